@@ -1,0 +1,117 @@
+"""The one exception tree of shoal; every error a user can see is one of these.
+
+::
+
+    ShoalError
+    ├── InputError              bad input from the outside world (dead-lettered, never fatal)
+    │   ├── DecodeError         the bytes are not a batch: framing, syntax, encoding, limits
+    │   └── SchemaError         a well-formed batch that breaks the contract: types, fields, rows
+    ├── ConfigError             an invalid pipeline spec, profile, option or flag
+    ├── BrokerError             the broker: missing binary, unreachable, refused, too large
+    │   ├── BrokerNotFoundError `mosquitto` is not on PATH
+    │   └── PayloadTooLargeError a message would exceed the broker's size limit
+    └── SpoolError              the gateway's on-disk spool cannot be read or written
+
+Foreign exceptions are wrapped ``from exc`` at the seam that imports the foreign library.
+Messages say what is wrong, where (topic, gateway, seq, field, row) and, where it helps, what
+to do. ``InputError`` carries a stable machine-readable ``reason`` used as a counter label and
+in dead-letter records.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerError",
+    "BrokerNotFoundError",
+    "ConfigError",
+    "DecodeError",
+    "InputError",
+    "PayloadTooLargeError",
+    "SchemaError",
+    "ShoalError",
+    "SpoolError",
+]
+
+
+class ShoalError(Exception):
+    """Base class of every error shoal raises on purpose."""
+
+
+class InputError(ShoalError):
+    """Input from outside (a gateway's payload) that shoal refuses.
+
+    Attributes:
+        reason: stable, machine-readable code (``"not_finite"``, ``"too_many_rows"``, ...).
+        field: the field at fault, if any (``"value"``, ``"seq"``, ``"rows"``).
+        row: the 0-based row at fault, if any.
+        expected: what the contract wants there, in words.
+        found: what was there instead, in words.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        field: str | None = None,
+        row: int | None = None,
+        expected: str | None = None,
+        found: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.field = field
+        self.row = row
+        self.expected = expected
+        self.found = found
+        super().__init__(self._compose(message))
+
+    def _compose(self, message: str) -> str:
+        where = []
+        if self.field is not None:
+            where.append(f"field {self.field!r}")
+        if self.row is not None:
+            where.append(f"row {self.row}")
+        text = message
+        if where:
+            text = f"{text} ({', '.join(where)})"
+        if self.expected is not None or self.found is not None:
+            text = f"{text}: expected {self.expected or '?'}, found {self.found or '?'}"
+        return text
+
+    def as_record(self) -> dict[str, str | int]:
+        """The error as a flat record, for dead-letter messages and logs."""
+        record: dict[str, str | int] = {"error": type(self).__name__, "reason": self.reason}
+        for key in ("field", "row", "expected", "found"):
+            value = getattr(self, key)
+            if value is not None:
+                record[key] = value
+        record["message"] = str(self)
+        return record
+
+
+class DecodeError(InputError):
+    """The bytes cannot be read as a batch (syntax, unknown encoding, limits, compression)."""
+
+
+class SchemaError(InputError):
+    """A readable batch that violates the wire contract (types, missing fields, bad rows)."""
+
+
+class ConfigError(ShoalError):
+    """An invalid configuration: pipeline spec, broker profile, CLI option."""
+
+
+class BrokerError(ShoalError):
+    """The MQTT broker could not be started, reached, or used as asked."""
+
+
+class BrokerNotFoundError(BrokerError):
+    """The ``mosquitto`` binary is not installed or not on PATH."""
+
+
+class PayloadTooLargeError(BrokerError):
+    """A message is larger than the broker accepts; it was not sent."""
+
+
+class SpoolError(ShoalError):
+    """The gateway spool on disk cannot be opened, read or written."""

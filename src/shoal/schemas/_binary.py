@@ -1,0 +1,279 @@
+"""Binary columnar: typed little-endian buffers in MsgPack, dictionary-coded strings, optional zstd.
+
+Layout (normative text in ``schemas/CONTRACT.md``)::
+
+    envelope + {"n": rows, "comp": "none" | "zstd", "body": bin}
+    body = MsgPack map {
+      "ts":        {"base": int, "dtype": "u1"|"u2"|"u4"|"i8", "data": bin},   ts = base + data
+      "value":     {"dtype": "f8"|"f4", "data": bin},
+      "sensor_id": {"dict": [str, ...], "dtype": "u1"|"u2"|"u4", "codes": bin},
+      "name"|"type"|"unit" (optional): {"dict": [str | nil, ...], "dtype": ..., "codes": bin},
+    }
+
+Decoding views the buffers with numpy and hands them to polars: no per-row Python objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+import zstandard
+
+from shoal.errors import DecodeError, SchemaError
+from shoal.schemas._checks import (
+    check_keys,
+    check_row_count,
+    check_strings,
+    describe,
+    read_envelope,
+    require_int,
+    require_map,
+)
+from shoal.schemas._lists import ALL_FIELDS, REQUIRED_FIELDS
+from shoal.schemas._model import (
+    ATTRIBUTE_COLUMNS,
+    MAX_TS_MS,
+    DecodeLimits,
+    DictColumn,
+    Envelope,
+    Measurements,
+    null_strings,
+)
+from shoal.schemas._msgpack import pack, unpack
+
+_TS_DTYPES: Final[dict[str, np.dtype[Any]]] = {
+    "u1": np.dtype("<u1"),
+    "u2": np.dtype("<u2"),
+    "u4": np.dtype("<u4"),
+    "i8": np.dtype("<i8"),
+}
+_VALUE_DTYPES: Final[dict[str, np.dtype[Any]]] = {"f8": np.dtype("<f8"), "f4": np.dtype("<f4")}
+_CODE_DTYPES: Final[dict[str, np.dtype[Any]]] = {
+    "u1": np.dtype("<u1"),
+    "u2": np.dtype("<u2"),
+    "u4": np.dtype("<u4"),
+}
+_COMPRESSIONS: Final = ("none", "zstd")
+ZSTD_LEVEL: Final = 3
+
+_decompressor = zstandard.ZstdDecompressor()
+
+
+def decode_binary(top: dict[str, Any], limits: DecodeLimits) -> tuple[Envelope, pl.DataFrame]:
+    """Decode an unpacked binary columnar batch."""
+    envelope = read_envelope(top)
+    n = require_int(top["n"], "n", 0, 2**63 - 1)
+    check_row_count(n, limits, field="n")
+    comp = top["comp"]
+    if comp not in _COMPRESSIONS:
+        raise DecodeError(
+            "unknown compression",
+            reason="bad_compression",
+            field="comp",
+            expected=" | ".join(_COMPRESSIONS),
+            found=describe(comp),
+        )
+    raw = top["body"]
+    if not isinstance(raw, bytes):
+        raise SchemaError(
+            "wrong type", reason="bad_type", field="body", expected="bin", found=describe(raw)
+        )
+    if comp == "zstd":
+        raw = _inflate(raw, limits)
+    body = require_map(unpack(raw, "the body"), "body")
+    check_keys(body, ALL_FIELDS, REQUIRED_FIELDS, "body")
+    ts = _timestamps(require_map(body["ts"], "ts"), n)
+    value = _values(require_map(body["value"], "value"), n)
+    columns = [
+        _strings(
+            require_map(body["sensor_id"], "sensor_id"), "sensor_id", n, limits, nullable=False
+        ),
+        pl.Series("ts", ts),
+        pl.Series("value", value),
+    ]
+    for name in ATTRIBUTE_COLUMNS:
+        spec = body.get(name)
+        columns.append(
+            null_strings(name, n)
+            if spec is None
+            else _strings(require_map(spec, name), name, n, limits, nullable=True)
+        )
+    return envelope, pl.DataFrame(columns)
+
+
+def encode_binary(header: dict[str, Any], block: Measurements, *, zstd: bool) -> bytes:
+    """Encode a block of measurements as a binary columnar batch."""
+    n = len(block)
+    ts = np.ascontiguousarray(block.ts, dtype=np.int64)
+    body: dict[str, Any] = {
+        "ts": _pack_ts(ts),
+        "value": {"dtype": "f8", "data": np.ascontiguousarray(block.value, dtype="<f8").tobytes()},
+        "sensor_id": _pack_dict(block.sensor_id),
+    }
+    for name, col in block.attributes.items():
+        body[name] = _pack_dict(col)
+    raw = pack(body)
+    if zstd:
+        raw = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw)
+    return pack({**header, "n": n, "comp": "zstd" if zstd else "none", "body": raw})
+
+
+def _pack_ts(ts: npt.NDArray[np.int64]) -> dict[str, Any]:
+    if len(ts) == 0:
+        return {"base": 0, "dtype": "u1", "data": b""}
+    base = int(ts.min())
+    span = int(ts.max()) - base
+    for name in ("u1", "u2", "u4"):
+        if span <= np.iinfo(_TS_DTYPES[name]).max:
+            offsets = (ts - base).astype(_TS_DTYPES[name])
+            return {"base": base, "dtype": name, "data": offsets.tobytes()}
+    return {"base": 0, "dtype": "i8", "data": ts.astype("<i8").tobytes()}
+
+
+def _pack_dict(col: DictColumn) -> dict[str, Any]:
+    # Ship only the entries this block uses, renumbered densely, so the dictionary of a
+    # gateway with many sensors does not ride along on every small batch.
+    codes: npt.NDArray[np.integer[Any]] = col.codes
+    size = len(col.values)
+    used = np.bincount(codes, minlength=size) > 0 if len(codes) else np.zeros(size, dtype=bool)
+    if used.all():
+        values: list[str | None] = list(col.values)
+    else:
+        remap = np.cumsum(used, dtype=np.int64) - 1
+        codes = remap[codes]
+        values = [v for v, u in zip(col.values, used.tolist(), strict=True) if u]
+    width = "u1" if len(values) <= 2**8 else "u2" if len(values) <= 2**16 else "u4"
+    return {"dict": values, "dtype": width, "codes": codes.astype(_CODE_DTYPES[width]).tobytes()}
+
+
+def _inflate(data: bytes, limits: DecodeLimits) -> bytes:
+    cap = limits.max_decompressed_bytes
+    try:
+        declared = zstandard.frame_content_size(data)
+        if declared > cap:
+            raise _too_big(cap, f"{declared} bytes declared")
+        if declared >= 0:
+            return _decompressor.decompress(data)
+        # No size in the frame header: stream, and stop one byte past the cap.
+        reader = _decompressor.stream_reader(data)
+        chunks, total = [], 0
+        while chunk := reader.read(min(1 << 20, cap + 1 - total)):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > cap:
+                raise _too_big(cap, "more")
+        return b"".join(chunks)
+    except zstandard.ZstdError as exc:
+        raise DecodeError(
+            f"invalid zstd body: {exc}", reason="bad_compression", field="body"
+        ) from exc
+
+
+def _too_big(cap: int, found: str) -> DecodeError:
+    return DecodeError(
+        "compressed body inflates beyond the limit",
+        reason="decompressed_too_large",
+        field="body",
+        expected=f"at most {cap} bytes (DecodeLimits.max_decompressed_bytes)",
+        found=found,
+    )
+
+
+def _buffer(
+    spec: dict[str, Any], field: str, key: str, dtypes: dict[str, np.dtype[Any]], n: int
+) -> npt.NDArray[Any]:
+    name = spec.get("dtype")
+    if name not in dtypes:
+        raise SchemaError(
+            "unknown buffer type",
+            reason="bad_dtype",
+            field=f"{field}.dtype",
+            expected=" | ".join(dtypes),
+            found=describe(name),
+        )
+    data = spec.get(key)
+    if not isinstance(data, bytes):
+        raise SchemaError(
+            "wrong type",
+            reason="bad_type",
+            field=f"{field}.{key}",
+            expected="bin",
+            found=describe(data),
+        )
+    dtype = dtypes[name]
+    if len(data) != n * dtype.itemsize:
+        raise SchemaError(
+            "buffer length does not match the row count",
+            reason="length_mismatch",
+            field=f"{field}.{key}",
+            expected=f"{n} x {dtype.itemsize} = {n * dtype.itemsize} bytes",
+            found=f"{len(data)} bytes",
+        )
+    return np.frombuffer(data, dtype=dtype)
+
+
+def _timestamps(spec: dict[str, Any], n: int) -> npt.NDArray[np.int64]:
+    check_keys(
+        spec, frozenset({"base", "dtype", "data"}), frozenset({"base", "dtype", "data"}), "ts"
+    )
+    offsets = _buffer(spec, "ts", "data", _TS_DTYPES, n)
+    if spec["dtype"] == "i8":
+        require_int(spec["base"], "ts.base", 0, 0)
+        return offsets.astype(np.int64, copy=False)
+    base = require_int(spec["base"], "ts.base", 0, MAX_TS_MS)
+    # base <= 2**53 and offsets < 2**32: the sum cannot overflow int64.
+    return offsets.astype(np.int64) + base
+
+
+def _values(spec: dict[str, Any], n: int) -> npt.NDArray[np.float64]:
+    check_keys(spec, frozenset({"dtype", "data"}), frozenset({"dtype", "data"}), "value")
+    return _buffer(spec, "value", "data", _VALUE_DTYPES, n).astype(np.float64, copy=False)
+
+
+def _strings(
+    spec: dict[str, Any], field: str, n: int, limits: DecodeLimits, *, nullable: bool
+) -> pl.Series:
+    keys = frozenset({"dict", "dtype", "codes"})
+    check_keys(spec, keys, keys, field)
+    entries = spec["dict"]
+    if not isinstance(entries, list):
+        raise SchemaError(
+            "wrong type",
+            reason="bad_type",
+            field=f"{field}.dict",
+            expected="array",
+            found=describe(entries),
+        )
+    codes = _buffer(spec, field, "codes", _CODE_DTYPES, n)
+    if n and int(codes.max()) >= len(entries):
+        row = int(np.argmax(codes >= len(entries)))
+        raise SchemaError(
+            "dictionary code out of range",
+            reason="bad_code",
+            field=f"{field}.codes",
+            row=row,
+            expected=f"< {len(entries)} (the dictionary size)",
+            found=str(int(codes[row])),
+        )
+    allowed = (str, type(None)) if nullable else (str,)
+    if not set(map(type, entries)) <= set(allowed):
+        index = next(i for i, e in enumerate(entries) if type(e) not in allowed)
+        raise SchemaError(
+            "wrong type in dictionary",
+            reason="bad_type",
+            field=f"{field}.dict[{index}]",
+            expected="string or nil" if nullable else "string",
+            found=describe(entries[index]),
+        )
+    dictionary = pl.Series(field, entries, dtype=pl.String)
+
+    def first_row(index: int) -> int | None:
+        hits = np.flatnonzero(codes == index)
+        return int(hits[0]) if len(hits) else None
+
+    # Every entry must be valid, even one no row uses: the dictionary is part of the contract.
+    check_strings(dictionary, field, limits, nullable=nullable, row_of=first_row)
+    return dictionary.gather(pl.Series(codes, dtype=pl.UInt32))

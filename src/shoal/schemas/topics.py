@@ -1,0 +1,125 @@
+"""Every MQTT topic name shoal uses, in one place.
+
+A ``Topics`` value carries an optional root prefix so that several deployments (or every
+test) can share one broker without seeing each other's traffic.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+_SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+_UNSAFE: Final = re.compile(r"[/+#\x00]")
+
+
+def check_segment(text: str, what: str) -> str:
+    """Return ``text`` if it is a safe single topic segment (stream, pipeline, gateway id)."""
+    if _SEGMENT.fullmatch(text) is None:
+        raise ValueError(
+            f"{what} {text!r} is not a valid name: use 1-128 characters of [A-Za-z0-9_.-], "
+            "starting with a letter or digit"
+        )
+    return text
+
+
+def key_segment(key: str) -> str:
+    """Make a result key safe as one topic segment (``/``, ``+``, ``#`` become ``_``)."""
+    return _UNSAFE.sub("_", key) or "_"
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Topic names, optionally below a root prefix such as ``site-7`` or ``test-42``."""
+
+    root: str = ""
+
+    def __post_init__(self) -> None:
+        """Refuse roots that would break topic filters."""
+        if self.root.startswith(("/", "$")) or any(c in self.root for c in "+#\x00"):
+            raise ValueError(
+                f"topic root {self.root!r} must not start with / or $ nor contain + or #"
+            )
+
+    def _t(self, *parts: str) -> str:
+        path = "/".join(parts)
+        return f"{self.root.rstrip('/')}/{path}" if self.root else path
+
+    # Ingest: gateways publish batches here; workers subscribe with a shared subscription.
+    def ingest(self, stream: str, gateway_id: str) -> str:
+        """Where a gateway publishes its batches."""
+        return self._t("ingest", stream, gateway_id)
+
+    def ingest_filter(self, stream: str) -> str:
+        """All gateways of a stream."""
+        return self._t("ingest", stream, "+")
+
+    def ingest_gateway(self, topic: str) -> tuple[str, str] | None:
+        """(stream, gateway id) of an ingest topic, or None if ``topic`` is not one."""
+        prefix = self._t("ingest", "")
+        if not topic.startswith(prefix):
+            return None
+        parts = topic[len(prefix) :].split("/")
+        if len(parts) != 2 or not all(parts):
+            return None
+        return parts[0], parts[1]
+
+    @staticmethod
+    def shared(group: str, topic_filter: str) -> str:
+        """An MQTT 5 shared subscription of ``group`` on ``topic_filter``."""
+        return f"$share/{group}/{topic_filter}"
+
+    # Pipeline internals.
+    def partials(self, pipeline: str, partition: int) -> str:
+        """Worker → combiner partition ``partition``."""
+        return self._t("shoal", "partials", pipeline, str(partition))
+
+    def confirm(self, gateway_id: str) -> str:
+        """Combiners → gateway: highest contiguous seq fully applied."""
+        return self._t("shoal", "confirm", gateway_id)
+
+    def confirm_all(self) -> str:
+        """Every gateway's confirmations (the lag monitor)."""
+        return self._t("shoal", "confirm", "+")
+
+    def gateway_status(self, gateway_id: str) -> str:
+        """Gateway → everyone (retained): latest seq published, spool depth."""
+        return self._t("shoal", "gateway", gateway_id)
+
+    def gateway_status_all(self) -> str:
+        """Every gateway's status."""
+        return self._t("shoal", "gateway", "+")
+
+    def deadletter(self, pipeline: str) -> str:
+        """Rejected input: raw payload and the reason."""
+        return self._t("shoal", "deadletter", pipeline)
+
+    def late(self, pipeline: str) -> str:
+        """Rows that arrived after their window closed."""
+        return self._t("shoal", "late", pipeline)
+
+    def metrics(self, component: str, instance: str) -> str:
+        """Heartbeats and counters of one component instance."""
+        return self._t("shoal", "metrics", component, instance)
+
+    def metrics_all(self) -> str:
+        """Every component's heartbeats."""
+        return self._t("shoal", "metrics", "#")
+
+    def control(self, instance: str) -> str:
+        """Commands to one component instance (drain markers, stop)."""
+        return self._t("shoal", "control", instance)
+
+    # Results, for dashboards and notebooks.
+    def results(self, pipeline: str) -> str:
+        """One message per closed window with all keys."""
+        return self._t("results", pipeline)
+
+    def result_key(self, pipeline: str, key: str) -> str:
+        """Latest result of one key, retained JSON."""
+        return self._t("results", pipeline, key_segment(key))
+
+    def result_keys(self, pipeline: str) -> str:
+        """Every key's latest result."""
+        return self._t("results", pipeline, "+")
