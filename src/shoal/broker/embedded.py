@@ -6,6 +6,8 @@ Used by ``shoal broker``, ``shoal up``, the tests and the benchmarks.
 from __future__ import annotations
 
 import contextlib
+import os
+import pwd
 import shutil
 import signal
 import socket
@@ -18,7 +20,7 @@ from types import TracebackType
 from typing import Final, Self
 
 from shoal._resources import resource_dir
-from shoal.broker.mqtt import wait_for_port
+from shoal.broker.mqtt import probe_broker
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError, BrokerNotFoundError, ConfigError
 
@@ -240,6 +242,9 @@ class EmbeddedBroker:
             "data_dir": str(self.data_dir),
             "log_file": str(self.log_path),
             "password_file": str(password_file),
+            # Started as root, mosquitto switches to this user; keep it the one who owns
+            # the data folder (otherwise it cannot write its log or read the passwords).
+            "user": pwd.getpwuid(os.getuid()).pw_name,
         }
         try:
             text = _ConfigTemplate(template_path.read_text()).substitute(values)
@@ -276,7 +281,7 @@ class EmbeddedBroker:
         while waited < self.startup_timeout_s:
             if process.poll() is not None:
                 return False
-            if wait_for_port(self.settings_host, self.port, step):
+            if probe_broker(self.settings_host, self.port, step):
                 return process.poll() is None
             waited += step
         process.kill()

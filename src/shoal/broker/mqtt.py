@@ -193,18 +193,39 @@ class AsyncSession:
         self.client_id = client_id
         self._manual_ack = manual_ack
         self._publish_timeout_s = publish_timeout_s
+        self._options = (clean_start, session_expiry_s, receive_maximum, will)
+        self._connack = _ConnackInfo()
+        self._pending: dict[int, asyncio.Future[None]] = {}
+        self._client_obj: aiomqtt.Client | None = None
+
+    @property
+    def _client(self) -> aiomqtt.Client:
+        if self._client_obj is None:
+            raise BrokerError("the session is not open (use `async with session:`)")
+        return self._client_obj
+
+    @property
+    def _paho(self) -> paho.Client:
+        # aiomqtt keeps the paho client private; the seams we need (manual ack, CONNACK
+        # properties, PUBACK reason codes) live there, so this is the one place we reach in.
+        client: paho.Client = self._client._client  # noqa: SLF001
+        return client
+
+    def _build(self) -> aiomqtt.Client:
+        clean_start, session_expiry_s, receive_maximum, will = self._options
         connect_props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         connect_props.SessionExpiryInterval = session_expiry_s
         if receive_maximum is not None:
             connect_props.ReceiveMaximum = receive_maximum
-        self._client = aiomqtt.Client(
+        settings = self.settings
+        client = aiomqtt.Client(
             settings.host,
             settings.port,
             username=settings.username,
             password=settings.password,
-            identifier=client_id,
+            identifier=self.client_id,
             protocol=aiomqtt.ProtocolVersion.V5,
-            clean_start=paho.MQTT_CLEAN_START_FIRST_ONLY if not clean_start else True,
+            clean_start=True if clean_start else paho.MQTT_CLEAN_START_FIRST_ONLY,
             keepalive=settings.keepalive_s,
             properties=connect_props,
             tls_context=_tls_context(settings),
@@ -212,14 +233,8 @@ class AsyncSession:
             will=aiomqtt.Will(will.topic, will.payload, will.qos, will.retain) if will else None,
             timeout=10,
         )
-        self._client.pending_calls_threshold = 1_000_000  # we bound in-flight work ourselves
-        # aiomqtt keeps the paho client private; the seams we need (manual ack, CONNACK
-        # properties, PUBACK reason codes) live there, so this is the one place we reach in.
-        self._paho: paho.Client = self._client._client
-        self._paho.manual_ack_set(manual_ack)
-        self._connack = _ConnackInfo()
-        self._pending: dict[int, asyncio.Future[None]] = {}
-        self._wrap_callbacks()
+        client.pending_calls_threshold = 1_000_000  # in-flight work is bounded by the caller
+        return client
 
     def _wrap_callbacks(self) -> None:
         on_connect: Any = self._paho.on_connect
@@ -248,6 +263,9 @@ class AsyncSession:
         self._paho.on_publish = publish_hook
 
     async def __aenter__(self) -> Self:
+        self._client_obj = self._build()
+        self._paho.manual_ack_set(self._manual_ack)
+        self._wrap_callbacks()
         try:
             await self._client.__aenter__()
         except aiomqtt.MqttError as exc:
@@ -599,11 +617,27 @@ class ThreadedSession:
                 log.exception("message handler failed for %s", msg.topic)
 
 
-def wait_for_port(host: str, port: int, timeout_s: float) -> bool:
-    """Poll until something accepts TCP connections on host:port (True) or time runs out."""
+_PROBE_CONNECT: Final = bytes(
+    # MQTT 3.1.1 CONNECT: protocol "MQTT" level 4, clean session, keepalive 10 s, empty id.
+    [0x10, 12, 0x00, 0x04, *b"MQTT", 0x04, 0x02, 0x00, 0x0A, 0x00, 0x00]
+)
+
+
+def probe_broker(host: str, port: int, timeout_s: float) -> bool:
+    """Whether an MQTT broker answers a CONNECT with a CONNACK on host:port.
+
+    Any CONNACK counts, even "not authorised": the broker is up. A bare TCP listener that
+    is not a broker does not pass.
+    """
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=0.5):
-            return True
+    while True:
+        with contextlib.suppress(OSError):
+            with socket.create_connection((host, port), timeout=0.5) as sock:
+                sock.sendall(_PROBE_CONNECT)
+                sock.settimeout(max(0.1, min(1.0, deadline - time.monotonic())))
+                reply = sock.recv(4)
+                if reply[:1] == b"\x20":
+                    return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.02)
-    return False

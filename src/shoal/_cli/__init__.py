@@ -1,0 +1,1 @@
+"""Command modules of the ``shoal`` CLI; each exposes ``register(subparsers)``."""

@@ -1,0 +1,82 @@
+"""Options shared by CLI commands, and the one place environment variables are read.
+
+Precedence: command-line flag, then environment variable, then default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from shoal.broker.settings import BrokerSettings, TlsSettings
+from shoal.errors import ConfigError
+from shoal.schemas.topics import Topics
+
+DEFAULT_BROKER_URL = "mqtt://127.0.0.1:1883"
+
+
+def add_broker_options(parser: argparse.ArgumentParser) -> None:
+    """``--broker``, credentials, TLS and topic root."""
+    group = parser.add_argument_group("broker")
+    group.add_argument(
+        "--broker",
+        metavar="URL",
+        help=f"broker URL, mqtt://host:port or mqtts://... (env SHOAL_BROKER; "
+        f"default {DEFAULT_BROKER_URL})",
+    )
+    group.add_argument("--username", help="MQTT user name (env SHOAL_USERNAME)")
+    group.add_argument("--password", help="MQTT password (env SHOAL_PASSWORD)")
+    group.add_argument("--tls-ca", metavar="FILE", help="CA file for mqtts:// (env SHOAL_TLS_CA)")
+    group.add_argument("--tls-cert", metavar="FILE", help="client certificate (env SHOAL_TLS_CERT)")
+    group.add_argument("--tls-key", metavar="FILE", help="client key (env SHOAL_TLS_KEY)")
+    group.add_argument(
+        "--topic-root",
+        metavar="PREFIX",
+        help="prefix for every topic, to share a broker (env SHOAL_TOPIC_ROOT; default none)",
+    )
+
+
+def broker_settings(
+    args: argparse.Namespace, env: Mapping[str, str] = os.environ
+) -> BrokerSettings:
+    """Build ``BrokerSettings`` from flags with environment fallbacks."""
+    url = args.broker or env.get("SHOAL_BROKER") or DEFAULT_BROKER_URL
+    settings = BrokerSettings.from_url(url)
+    settings = settings.with_credentials(
+        args.username or env.get("SHOAL_USERNAME"), args.password or env.get("SHOAL_PASSWORD")
+    )
+    ca = args.tls_ca or env.get("SHOAL_TLS_CA")
+    cert = args.tls_cert or env.get("SHOAL_TLS_CERT")
+    key = args.tls_key or env.get("SHOAL_TLS_KEY")
+    if ca or cert or key:
+        tls = TlsSettings(
+            ca_file=Path(ca) if ca else None,
+            cert_file=Path(cert) if cert else None,
+            key_file=Path(key) if key else None,
+        )
+        settings = dataclasses.replace(settings, tls=tls)
+    return settings
+
+
+def topics(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> Topics:
+    """The topic namespace from ``--topic-root`` or ``SHOAL_TOPIC_ROOT``."""
+    root = args.topic_root if args.topic_root is not None else env.get("SHOAL_TOPIC_ROOT", "")
+    try:
+        return Topics(root=root)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def setup_logging(verbosity: int) -> None:
+    """Structured-enough logs on stderr: time, level, component, message."""
+    level = logging.WARNING - 10 * verbosity
+    logging.basicConfig(
+        level=max(level, logging.DEBUG),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )

@@ -1,0 +1,110 @@
+"""The embedded broker starts from a profile, persists across restarts, and explains failures."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from shoal.broker import AsyncSession, EmbeddedBroker, unique_client_id
+from shoal.errors import BrokerError, BrokerNotFoundError, ConfigError, PayloadTooLargeError
+
+
+def _roundtrip(broker: EmbeddedBroker, topic: str) -> bytes:
+    async def go() -> bytes:
+        async with AsyncSession(broker.settings, unique_client_id("rt")) as session:
+            await session.subscribe([topic])
+            await session.publish(topic, b"ping", content_type="text/plain")
+            async for message in session.messages():
+                assert message.content_type == "text/plain"
+                return message.payload
+        raise AssertionError("unreachable")
+
+    return asyncio.run(asyncio.wait_for(go(), 10))
+
+
+def test_dev_profile_round_trip_and_packet_limit(broker: EmbeddedBroker) -> None:
+    assert broker.running
+    assert _roundtrip(broker, "probe/a") == b"ping"
+    text = broker.config_path.read_text()
+    assert "max_queued_messages 0" in text
+    assert "max_queued_bytes" in text
+
+    async def too_big() -> None:
+        async with AsyncSession(broker.settings, unique_client_id("big")) as session:
+            assert session.max_packet_size == 16 * 1024 * 1024
+            await session.publish("probe/big", b"x" * (session.max_packet_size + 1))
+
+    with pytest.raises(PayloadTooLargeError, match="was not sent"):
+        asyncio.run(too_big())
+
+
+def test_restart_keeps_port_and_retained_state(broker: EmbeddedBroker) -> None:
+    async def retain() -> None:
+        async with AsyncSession(broker.settings, unique_client_id("r")) as session:
+            await session.publish("probe/retained", b"kept", retain=True)
+
+    asyncio.run(retain())
+    port = broker.port
+    broker.restart()  # SIGTERM: mosquitto saves its state
+    assert broker.port == port
+    assert _roundtrip(broker, "probe/after") == b"ping"
+
+    async def read_retained() -> bytes:
+        async with AsyncSession(broker.settings, unique_client_id("r2")) as session:
+            await session.subscribe(["probe/retained"])
+            async for message in session.messages():
+                return message.payload
+        raise AssertionError("unreachable")
+
+    assert asyncio.run(asyncio.wait_for(read_retained(), 10)) == b"kept"
+
+
+def test_kill_and_start_again(broker: EmbeddedBroker) -> None:
+    pid = broker.pid
+    broker.kill()
+    assert not broker.running
+    broker.start()
+    assert broker.pid != pid
+    assert _roundtrip(broker, "probe/k") == b"ping"
+
+
+def test_edge_profile_refuses_anonymous_and_accepts_users(tmp_path) -> None:
+    with EmbeddedBroker("edge", data_dir=tmp_path, users={"gw-1": "s3cret"}) as edge:
+        anonymous = AsyncSession(edge.settings, unique_client_id("anon"))
+
+        async def connect(session: AsyncSession) -> None:
+            async with session:
+                pass
+
+        with pytest.raises(BrokerError, match="cannot connect"):
+            asyncio.run(connect(anonymous))
+        user = AsyncSession(edge.settings.with_credentials("gw-1", "s3cret"), unique_client_id("u"))
+        asyncio.run(connect(user))
+        assert "s3cret" not in (tmp_path / "passwd").read_text()  # stored hashed
+
+
+def test_missing_binary_is_one_actionable_sentence(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(BrokerNotFoundError) as info:
+        EmbeddedBroker(data_dir=tmp_path).start()
+    message = str(info.value)
+    assert "apt-get install -y mosquitto" in message
+    assert "\n" not in message
+
+
+def test_unknown_profile_is_a_config_error(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="unknown broker profile 'nope'"):
+        EmbeddedBroker("nope", data_dir=tmp_path).start()
+
+
+def test_taken_port_is_reported_with_the_log(tmp_path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        broker = EmbeddedBroker(data_dir=tmp_path, port=port, startup_timeout_s=3)
+        with pytest.raises(BrokerError, match="did not start") as info:
+            broker.start()
+    assert "Address already in use" in str(info.value)
