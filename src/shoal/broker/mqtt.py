@@ -208,7 +208,7 @@ class AsyncSession:
     def _paho(self) -> paho.Client:
         # aiomqtt keeps the paho client private; the seams we need (manual ack, CONNACK
         # properties, PUBACK reason codes) live there, so this is the one place we reach in.
-        client: paho.Client = self._client._client  # noqa: SLF001
+        client: paho.Client = self._client._client
         return client
 
     def _build(self) -> aiomqtt.Client:
@@ -631,13 +631,14 @@ def probe_broker(host: str, port: int, timeout_s: float) -> bool:
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        with contextlib.suppress(OSError):
-            with socket.create_connection((host, port), timeout=0.5) as sock:
-                sock.sendall(_PROBE_CONNECT)
-                sock.settimeout(max(0.1, min(1.0, deadline - time.monotonic())))
-                reply = sock.recv(4)
-                if reply[:1] == b"\x20":
-                    return True
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection((host, port), timeout=0.5) as sock,
+        ):
+            sock.sendall(_PROBE_CONNECT)
+            sock.settimeout(max(0.1, min(1.0, deadline - time.monotonic())))
+            if sock.recv(4)[:1] == b"\x20":
+                return True
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.02)
