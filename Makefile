@@ -1,0 +1,63 @@
+# shoal: the two commands of the README, and a few more for developers.
+#   make demo [DURATION=20]   bootstrap, then the embedded broker + pipeline + live view
+#   make test                 bootstrap, then ruff, mypy and the whole pytest suite
+# Bootstrap = a virtualenv in .venv with shoal installed (editable) and Mosquitto on PATH.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DURATION ?=
+PYTEST_ARGS ?=
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export DEBIAN_FRONTEND := noninteractive
+
+.PHONY: demo test bootstrap mosquitto lint test-slow bench clean
+
+demo: bootstrap
+	$(BIN)/shoal up $(if $(DURATION),--duration $(DURATION))
+
+test: bootstrap
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+test-slow: bootstrap
+	$(BIN)/pytest -m slow $(PYTEST_ARGS)
+
+bench: bootstrap
+	$(BIN)/pytest -m benchmark $(PYTEST_ARGS)
+
+lint: bootstrap
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bootstrap: $(VENV)/.installed mosquitto
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
+	  echo "shoal needs Python 3.11 or newer; '$(PYTHON)' is $$($(PYTHON) --version 2>&1). Run: make PYTHON=python3.11 ..." >&2; exit 1; }
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing python3-venv with apt-get"; \
+	    apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null && $(PYTHON) -m venv $(VENV); \
+	  else \
+	    echo "cannot create a virtualenv: run 'sudo apt-get install -y python3-venv' and try again" >&2; exit 1; \
+	  fi; }
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $@
+
+mosquitto:
+	@command -v mosquitto >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing mosquitto with apt-get"; \
+	    apt-get update -qq && apt-get install -y -qq mosquitto mosquitto-clients >/dev/null; \
+	  else \
+	    echo "mosquitto is missing: run 'sudo apt-get install -y mosquitto mosquitto-clients' (or put mosquitto on PATH) and try again" >&2; exit 1; \
+	  fi; }
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis var
