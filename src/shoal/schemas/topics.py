@@ -75,13 +75,17 @@ class Topics:
         """Worker → combiner partition ``partition``."""
         return self._t("shoal", "partials", pipeline, str(partition))
 
-    def confirm(self, gateway_id: str) -> str:
-        """Combiners → gateway: highest contiguous seq fully applied."""
-        return self._t("shoal", "confirm", gateway_id)
+    def confirm(self, gateway_id: str, pipeline: str, partition: int) -> str:
+        """Combiner partition → gateway (retained): highest contiguous seq fully applied."""
+        return self._t("shoal", "confirm", gateway_id, pipeline, str(partition))
+
+    def confirm_filter(self, gateway_id: str) -> str:
+        """Every confirmation addressed to one gateway (what a gateway subscribes to)."""
+        return self._t("shoal", "confirm", gateway_id, "#")
 
     def confirm_all(self) -> str:
         """Every gateway's confirmations (the lag monitor)."""
-        return self._t("shoal", "confirm", "+")
+        return self._t("shoal", "confirm", "#")
 
     def gateway_status(self, gateway_id: str) -> str:
         """Gateway → everyone (retained): latest seq published, spool depth."""
