@@ -1,0 +1,305 @@
+"""Phase two: one combiner partition merges partials, closes windows and knows what to confirm.
+
+This is the pure core (no MQTT, no files): ``receive`` a partial or a gateway status, ``tick``
+to close windows, ``snapshot``/``restore`` for checkpoints. The runtime in
+``shoal.runtime.combiner`` moves bytes in and out and decides when to checkpoint.
+
+Order of work for one partial (the exactness argument in four steps):
+
+1. Partials of another spec (fingerprint) are refused before sequencing: their gateway
+   re-sends the batch and a worker with the right spec handles it.
+2. ``ProgressTracker`` releases partials strictly in each gateway's seq order; duplicates die.
+3. Each released partial is split by lateness: state rows whose window ended at least
+   ``lateness_ms`` before the gateway's watermark *before this batch*, or whose window has
+   already closed, are late (counted, reported, never merged); the rest merge into the state.
+4. ``tick`` computes the pipeline watermark (minimum over gateways that still hold it) and
+   closes every window whose end is at or before it minus ``lateness_ms``; each closes once.
+
+Checkpoint contract: a snapshot holds the merged state, every gateway's next seq and
+watermark, the close threshold and the counters, but not early arrivals (they are re-sent,
+as they were never confirmed). Confirmations name only seqs covered by a durable snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final
+
+import msgpack
+import polars as pl
+
+from shoal.clock import Clock
+from shoal.errors import SchemaError
+from shoal.processors._ipc import from_ipc, to_ipc
+from shoal.processors.aggregates import AggregatePlan
+from shoal.processors.partials import Partial, spec_fingerprint
+from shoal.processors.progress import GatewayProgress, ProgressTracker
+from shoal.processors.spec import PipelineSpec
+from shoal.processors.state import ClosedWindows, WindowState
+from shoal.schemas.control import GatewayStatus
+
+SNAPSHOT_VERSION: Final = 1
+
+
+@dataclass
+class CombinerCounters:
+    """Everything a partition has counted since it was created (kept across restarts)."""
+
+    partials_received: int = 0
+    batches_applied: int = 0
+    batches_rejected: int = 0
+    duplicate_batches: int = 0
+    foreign_partials: int = 0
+    rows_applied: int = 0
+    rows_late: int = 0
+    windows_closed: int = 0
+    results_emitted: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class LateRows:
+    """State rows of one batch that arrived too late to count.
+
+    ``frame`` has ``window``, ``start``, ``end``, ``key``, ``rows``, ``min``, ``max``, ``sum``
+    (those the pipeline keeps) and ``reason``: ``behind_watermark`` (the window ended more than
+    ``lateness_ms`` before the gateway's own earlier data) or ``window_closed`` (the window had
+    already been emitted, e.g. after the gateway was idle).
+    """
+
+    gateway_id: str
+    seq: int
+    frame: pl.DataFrame
+
+    @property
+    def rows(self) -> int:
+        """Measurements that were late."""
+        return int(self.frame["rows"].sum())
+
+
+@dataclass
+class Step:
+    """What one call to the combiner produced."""
+
+    applied: int = 0
+    late: list[LateRows] = field(default_factory=list)
+    closed: ClosedWindows | None = None
+
+
+class Combiner:
+    """The merge/close core of one combiner partition (see the module docstring)."""
+
+    def __init__(self, spec: PipelineSpec, partition: int, clock: Clock) -> None:
+        if not 0 <= partition < spec.partitions:
+            raise ValueError(f"partition {partition} outside 0..{spec.partitions - 1}")
+        self.spec = spec
+        self.partition = partition
+        self.clock = clock
+        self.plan = AggregatePlan.for_spec(spec)
+        self.fingerprint = spec_fingerprint(spec)
+        self.tracker: ProgressTracker[Partial] = ProgressTracker(spec.idle_timeout_ms)
+        self.state = WindowState(spec, self.plan)
+        self.closed_through: int | None = None
+        self.counters = CombinerCounters()
+        self._sizes = pl.DataFrame(
+            {
+                "window": pl.Series(range(len(spec.windows)), dtype=pl.UInt8),
+                "size": [w.size_ms for w in spec.windows],
+                "name": [w.name for w in spec.windows],
+            }
+        )
+
+    # -- input -----------------------------------------------------------------------------
+
+    def receive(self, partial: Partial) -> Step:
+        """Take one partial; apply it and whatever it unblocks."""
+        self.counters.partials_received += 1
+        if partial.fingerprint != self.fingerprint or partial.partition != self.partition:
+            self.counters.foreign_partials += 1
+            return Step()
+        now = self.clock.now_ms()
+        ready = self.tracker.offer(partial.batch.gateway_id, partial.batch.seq, partial, now)
+        return self._apply_all(ready, now)
+
+    def receive_status(self, status: GatewayStatus) -> Step:
+        """Take a gateway's status (may set its starting seq, unblocking partials)."""
+        now = self.clock.now_ms()
+        return self._apply_all(self.tracker.note_status(status, now), now)
+
+    def _apply_all(self, ready: list[tuple[int, Partial]], now: int) -> Step:
+        step = Step()
+        for _, partial in ready:
+            late = self._apply(partial, now)
+            step.applied += 1
+            if late is not None:
+                step.late.append(late)
+        self.counters.duplicate_batches = sum(g.duplicates for g in self.tracker.gateways.values())
+        return step
+
+    def _apply(self, partial: Partial, now: int) -> LateRows | None:
+        batch = partial.batch
+        if batch.status != "ok":
+            self.counters.batches_rejected += 1
+            self.tracker.applied(batch.gateway_id, None, now)
+            return None
+        late = None
+        if partial.aggs is not None:
+            wm_before = self.tracker.watermark(batch.gateway_id)
+            aggs = partial.aggs.join(self._sizes, on="window", how="left")
+            behind, closed = self._late_flags(wm_before)
+            is_late = behind | closed
+            on_time = aggs.filter(~is_late)
+            late_rows = aggs.filter(is_late)
+            sketch = partial.sketch
+            if sketch is not None and late_rows.height:
+                sketch = (
+                    sketch.join(self._sizes, on="window", how="left")
+                    .filter(~is_late)
+                    .drop("size", "name")
+                )
+            self.state.add(on_time.drop("size", "name"), sketch)
+            self.counters.rows_applied += int(on_time["n"].sum())
+            if late_rows.height:
+                late = self._late(batch.gateway_id, batch.seq, late_rows, wm_before)
+                self.counters.rows_late += late.rows
+        self.counters.batches_applied += 1
+        self.tracker.applied(batch.gateway_id, batch.max_ts, now)
+        return late
+
+    def _late_flags(self, wm_before: int | None) -> tuple[pl.Expr, pl.Expr]:
+        end = pl.col("start") + pl.col("size")
+        behind = (
+            pl.lit(value=False) if wm_before is None else end + self.spec.lateness_ms <= wm_before
+        )
+        closed = pl.lit(value=False) if self.closed_through is None else end <= self.closed_through
+        return behind, closed
+
+    def _late(
+        self, gateway_id: str, seq: int, rows: pl.DataFrame, wm_before: int | None
+    ) -> LateRows:
+        end = pl.col("start") + pl.col("size")
+        behind, _ = self._late_flags(wm_before)
+        frame = rows.select(
+            pl.col("name").alias("window"),
+            "start",
+            end.alias("end"),
+            "key",
+            pl.col("n").alias("rows"),
+            *(pl.col(c) for c in ("min", "max", "sum") if c in rows.columns),
+            pl.when(behind)
+            .then(pl.lit("behind_watermark"))
+            .otherwise(pl.lit("window_closed"))
+            .alias("reason"),
+        )
+        return LateRows(gateway_id, seq, frame)
+
+    # -- time --------------------------------------------------------------------------------
+
+    def tick(self) -> Step:
+        """Start gateways that never announced themselves, then close what can close."""
+        now = self.clock.now_ms()
+        step = Step()
+        for gateway_id, _seq, partial in self.tracker.resolve_starts(now):
+            del gateway_id
+            late = self._apply(partial, now)
+            step.applied += 1
+            if late is not None:
+                step.late.append(late)
+        step.closed = self.close_ready(now)
+        return step
+
+    def close_threshold(self, now_ms: int) -> int | None:
+        """Windows ending at or before this may close (pipeline watermark minus lateness)."""
+        watermark = self.tracker.pipeline_watermark(now_ms)
+        return None if watermark is None else watermark - self.spec.lateness_ms
+
+    def close_ready(self, now_ms: int) -> ClosedWindows | None:
+        """Close every window the watermark has passed; None if the threshold did not move."""
+        threshold = self.close_threshold(now_ms)
+        if threshold is None or (
+            self.closed_through is not None and threshold <= self.closed_through
+        ):
+            return None
+        self.closed_through = threshold
+        closed = self.state.close(threshold)
+        if not closed.empty:
+            self.counters.windows_closed += closed.frame.select(
+                pl.struct("window", "start").n_unique()
+            ).item()
+            self.counters.results_emitted += closed.frame.height
+        return closed
+
+    # -- confirmations and checkpoints ---------------------------------------------------------
+
+    def confirmable(self) -> dict[str, int]:
+        """Highest contiguous applied seq per gateway."""
+        return self.tracker.confirmable()
+
+    def watermark(self) -> int | None:
+        """The pipeline watermark right now (for metrics)."""
+        return self.tracker.pipeline_watermark(self.clock.now_ms())
+
+    def snapshot(self) -> bytes:
+        """Serialise everything needed to resume exactly (see the module docstring)."""
+        aggs, sketch = self.state.frames()
+        gateways = [
+            {
+                "gateway_id": g.gateway_id,
+                "next_seq": g.next_seq,
+                "watermark_ms": g.watermark_ms,
+                "announced_next_seq": g.announced_next_seq,
+                "applied": g.applied,
+                "duplicates": g.duplicates,
+                "skipped": g.skipped,
+            }
+            for g in self.tracker.gateways.values()
+            if g.next_seq is not None
+        ]
+        packed = msgpack.packb(
+            {
+                "v": SNAPSHOT_VERSION,
+                "pipeline": self.spec.name,
+                "partition": self.partition,
+                "fingerprint": self.fingerprint,
+                "closed_through": self.closed_through,
+                "counters": asdict(self.counters),
+                "gateways": gateways,
+                "aggs": to_ipc(aggs, "lz4"),
+                "sketch": to_ipc(sketch, "lz4"),
+                "taken_at": self.clock.now_ms(),
+            },
+            use_bin_type=True,
+        )
+        assert isinstance(packed, bytes)
+        return packed
+
+    def restore(self, data: bytes) -> None:
+        """Resume from a snapshot taken by ``snapshot`` (same spec and partition).
+
+        Gateways count as freshly active: they hold the watermark for ``idle_timeout_ms``
+        after a restart, giving re-sent batches time to arrive before windows close.
+        """
+        try:
+            obj: dict[str, Any] = msgpack.unpackb(data, raw=False)
+        except Exception as exc:
+            raise SchemaError(f"unreadable checkpoint: {exc}", reason="bad_checkpoint") from exc
+        if obj.get("v") != SNAPSHOT_VERSION or obj.get("fingerprint") != self.fingerprint:
+            raise SchemaError(
+                "checkpoint was written for another pipeline spec or version",
+                reason="checkpoint_mismatch",
+                expected=self.fingerprint,
+                found=str(obj.get("fingerprint")),
+            )
+        now = self.clock.now_ms()
+        self.closed_through = obj["closed_through"]
+        self.counters = CombinerCounters(**obj["counters"])
+        self.tracker.gateways = {}
+        for g in obj["gateways"]:
+            progress: GatewayProgress[Partial] = GatewayProgress(
+                g["gateway_id"], g["next_seq"], g["watermark_ms"], now, now
+            )
+            progress.announced_next_seq = g["announced_next_seq"]
+            progress.applied = g["applied"]
+            progress.duplicates = g["duplicates"]
+            progress.skipped = g["skipped"]
+            self.tracker.gateways[progress.gateway_id] = progress
+        self.state.restore(from_ipc(obj["aggs"]), from_ipc(obj["sketch"]))

@@ -1,0 +1,192 @@
+"""Per-gateway progress: contiguous sequence numbers, deduplication and event-time watermarks.
+
+Batches of one gateway are applied strictly in ``seq`` order. A partial that arrives early waits
+in a reorder buffer until every earlier seq is applied; one whose seq was already applied is a
+duplicate and is dropped (counted). So a batch counts once, whatever the broker, the workers
+or the gateway's re-sends do.
+
+The gateway's *watermark* is the largest event time of its applied batches. Because batches
+are applied in seq order, the watermark seen by batch ``s`` depends only on batches ``< s``:
+lateness decisions are a pure function of each gateway's batch sequence, identical for any
+number of workers, any delivery order, replays and restarts.
+
+A gateway *holds* the pipeline watermark while it has something left for us: batches it
+announced (``GatewayStatus``) that we have not applied, or recent progress (within
+``idle_timeout_ms``). Idle gateways stop holding it; the pipeline watermark is the minimum over
+holding gateways.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, Generic, TypeVar
+
+from shoal.schemas.control import GatewayStatus
+
+DISCOVERY_GRACE_MS: Final = 2_000
+"""How long partials of a gateway never seen before wait for its status before the smallest
+seq seen so far is taken as its first."""
+
+T = TypeVar("T")
+
+
+@dataclass
+class GatewayProgress(Generic[T]):
+    """What one combiner partition knows about one gateway.
+
+    Attributes:
+        gateway_id: the gateway.
+        next_seq: the next seq to apply (None until the starting point is known).
+        watermark_ms: largest event time applied so far (None before any data).
+        last_progress_ms: clock time of the last applied batch (or of first sight).
+        first_seen_ms: clock time the gateway was first seen.
+        pending: early arrivals by seq, waiting for their turn.
+        announced_next_seq: ``next_seq`` of the gateway's latest status, if any.
+        status_seen_ms: clock time that status arrived.
+        applied: batches applied.
+        duplicates: batches dropped as already applied.
+        skipped: seqs the gateway no longer holds and we never saw (confirmed elsewhere).
+    """
+
+    gateway_id: str
+    next_seq: int | None
+    watermark_ms: int | None
+    last_progress_ms: int
+    first_seen_ms: int
+    pending: dict[int, T] = field(default_factory=dict)
+    announced_next_seq: int | None = None
+    status_seen_ms: int | None = None
+    applied: int = 0
+    duplicates: int = 0
+    skipped: int = 0
+
+    @property
+    def applied_through(self) -> int:
+        """Highest seq such that it and every earlier one is applied (-1: none yet)."""
+        return -1 if self.next_seq is None else self.next_seq - 1
+
+    def has_unapplied(self) -> bool:
+        """Whether the gateway announced batches we have not applied yet."""
+        if self.pending:
+            return True
+        if self.announced_next_seq is None:
+            return False
+        return self.next_seq is None or self.announced_next_seq > self.next_seq
+
+
+class ProgressTracker(Generic[T]):
+    """Sequence and watermark bookkeeping for all gateways of one combiner partition.
+
+    ``T`` is whatever the caller applies (a ``Partial``); the tracker only orders them.
+    """
+
+    def __init__(self, idle_timeout_ms: int, max_hold_ms: int | None = None) -> None:
+        self.idle_timeout_ms = idle_timeout_ms
+        # Even a gateway that keeps announcing batches we never receive lets go eventually.
+        self.max_hold_ms = (
+            max_hold_ms if max_hold_ms is not None else max(60_000, 6 * idle_timeout_ms)
+        )
+        self.gateways: dict[str, GatewayProgress[T]] = {}
+
+    def _gateway(self, gateway_id: str, now_ms: int) -> GatewayProgress[T]:
+        progress = self.gateways.get(gateway_id)
+        if progress is None:
+            progress = GatewayProgress(gateway_id, None, None, now_ms, now_ms)
+            self.gateways[gateway_id] = progress
+        return progress
+
+    def offer(self, gateway_id: str, seq: int, item: T, now_ms: int) -> list[tuple[int, T]]:
+        """Take one arrival; return the (seq, item) pairs now ready, in seq order.
+
+        A duplicate returns nothing and is counted. Items of a gateway whose starting seq is
+        unknown wait until ``note_status`` or ``resolve_starts`` sets it.
+        """
+        progress = self._gateway(gateway_id, now_ms)
+        if (progress.next_seq is not None and seq < progress.next_seq) or seq in progress.pending:
+            progress.duplicates += 1
+            return []
+        progress.pending[seq] = item
+        return self._drain(progress)
+
+    def note_status(self, status: GatewayStatus, now_ms: int) -> list[tuple[int, T]]:
+        """Take a gateway's announcement; may set its starting seq or skip confirmed gaps."""
+        progress = self._gateway(status.gateway_id, now_ms)
+        progress.announced_next_seq = status.next_seq
+        progress.status_seen_ms = now_ms
+        first = status.first_unconfirmed_seq
+        if progress.next_seq is None:
+            progress.next_seq = min([first, *progress.pending]) if progress.pending else first
+        elif first > progress.next_seq and progress.next_seq not in progress.pending:
+            # The gateway dropped batches it had confirmed for another pipeline: we will
+            # never see them. Move on, and say so in the counters.
+            progress.skipped += first - progress.next_seq
+            progress.next_seq = first
+        return self._drain(progress)
+
+    def resolve_starts(self, now_ms: int) -> list[tuple[str, int, T]]:
+        """Give gateways without status a start (their smallest pending seq) after a grace time."""
+        ready: list[tuple[str, int, T]] = []
+        for progress in self.gateways.values():
+            if (
+                progress.next_seq is None
+                and progress.pending
+                and now_ms - progress.first_seen_ms >= DISCOVERY_GRACE_MS
+            ):
+                progress.next_seq = min(progress.pending)
+                ready.extend((progress.gateway_id, s, item) for s, item in self._drain(progress))
+        return ready
+
+    def _drain(self, progress: GatewayProgress[T]) -> list[tuple[int, T]]:
+        ready: list[tuple[int, T]] = []
+        if progress.next_seq is None:
+            return ready
+        while progress.next_seq in progress.pending:
+            seq = progress.next_seq
+            ready.append((seq, progress.pending.pop(seq)))
+            progress.next_seq = seq + 1
+        return ready
+
+    def applied(self, gateway_id: str, max_ts: int | None, now_ms: int) -> None:
+        """Record that a ready item was applied (advances the gateway's watermark)."""
+        progress = self.gateways[gateway_id]
+        progress.applied += 1
+        progress.last_progress_ms = now_ms
+        if max_ts is not None and (progress.watermark_ms is None or max_ts > progress.watermark_ms):
+            progress.watermark_ms = max_ts
+
+    def watermark(self, gateway_id: str) -> int | None:
+        """The gateway's watermark (largest applied event time)."""
+        progress = self.gateways.get(gateway_id)
+        return None if progress is None else progress.watermark_ms
+
+    def holds(self, progress: GatewayProgress[T], now_ms: int) -> bool:
+        """Whether this gateway still holds the pipeline watermark back."""
+        quiet_for = now_ms - progress.last_progress_ms
+        if quiet_for >= self.max_hold_ms:
+            return False
+        if progress.has_unapplied():
+            return True
+        return quiet_for < self.idle_timeout_ms
+
+    def pipeline_watermark(self, now_ms: int) -> int | None:
+        """Minimum watermark over holding gateways (None: nothing can close yet).
+
+        A holding gateway without data yet blocks everything. When no gateway holds, the
+        largest watermark counts: everyone is idle, so windows up to it can close.
+        """
+        holding = [g for g in self.gateways.values() if self.holds(g, now_ms)]
+        if holding:
+            marks = [g.watermark_ms for g in holding]
+            if any(m is None for m in marks):
+                return None
+            return min(m for m in marks if m is not None)
+        known = [g.watermark_ms for g in self.gateways.values() if g.watermark_ms is not None]
+        return max(known) if known else None
+
+    def confirmable(self) -> dict[str, int]:
+        """Highest contiguous applied seq per gateway (for confirmations)."""
+        return {
+            g.gateway_id: g.applied_through
+            for g in self.gateways.values()
+            if g.next_seq is not None and g.applied_through >= 0
+        }

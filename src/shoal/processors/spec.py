@@ -1,0 +1,344 @@
+"""Pipeline specs: ``processors/*.toml`` parsed once into frozen, validated config objects.
+
+A spec says what to read (topic filters), how to key and window it, which aggregates to
+compute, how late data may be, and how results leave. ``PipelineSpec`` objects are the only
+configuration the processing code sees; nothing below reads files or the environment.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from shoal.errors import ConfigError
+from shoal.schemas import ATTRIBUTE_COLUMNS, DecodeLimits
+from shoal.schemas.topics import check_segment
+
+WindowKind = Literal["tumbling", "hopping"]
+OutputEncoding = Literal["json", "msgpack"]
+
+SIMPLE_AGGREGATES: Final = ("count", "sum", "mean", "min", "max", "stddev", "first", "last")
+_QUANTILE: Final = re.compile(r"p(\d{1,2}(?:\.\d+)?)")
+_ALIASES: Final = {"median": "p50", "avg": "mean", "std": "stddev"}
+KEY_COLUMNS: Final = ("sensor_id", *ATTRIBUTE_COLUMNS)
+MAX_WINDOWS_PER_ROW: Final = 64
+"""A hopping window puts each row into size/slide windows; beyond this the spec is refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSpec:
+    """An event-time window aligned to the epoch.
+
+    Attributes:
+        name: label carried by results (``tumbling-10s`` unless given).
+        kind: ``tumbling`` (slide = size) or ``hopping``.
+        size_ms: window length.
+        slide_ms: distance between window starts (= size for tumbling).
+    """
+
+    name: str
+    kind: WindowKind
+    size_ms: int
+    slide_ms: int
+
+    @property
+    def windows_per_row(self) -> int:
+        """How many windows each timestamp falls into."""
+        return self.size_ms // self.slide_ms
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateSpec:
+    """One requested aggregate: its output name and, for quantiles, the quantile in (0, 1)."""
+
+    name: str
+    quantile: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSpec:
+    """A pipeline: one processor group (workers + combiners) and its results.
+
+    Attributes:
+        name: the pipeline (shared-subscription group, topic segment, result label).
+        inputs: topic filters below the topic root, e.g. ``ingest/+/+``.
+        key: column results are grouped by (``sensor_id`` or an attribute).
+        windows: one or more windows computed side by side.
+        aggregates: requested aggregates, in output order.
+        lateness_ms: how long after a window's end data may still arrive (per gateway).
+        idle_timeout_ms: a gateway silent this long stops holding the watermark back.
+        partitions: combiner partitions (keys are spread over them by a stable hash).
+        output_encodings: encodings of the per-window result message (first = main topic).
+        sketch_accuracy: relative error bound of quantile estimates.
+        checkpoint_interval_ms: how often combiners persist state and confirm.
+        limits: decode limits applied by workers.
+        source: the file the spec came from, if any.
+    """
+
+    name: str
+    inputs: tuple[str, ...]
+    key: str
+    windows: tuple[WindowSpec, ...]
+    aggregates: tuple[AggregateSpec, ...]
+    lateness_ms: int = 2_000
+    idle_timeout_ms: int = 10_000
+    partitions: int = 1
+    output_encodings: tuple[OutputEncoding, ...] = ("json",)
+    sketch_accuracy: float = 0.01
+    checkpoint_interval_ms: int = 1_000
+    limits: DecodeLimits = field(default_factory=DecodeLimits)
+    source: Path | None = None
+
+    @property
+    def aggregate_names(self) -> tuple[str, ...]:
+        """Output names of the aggregates, in order."""
+        return tuple(a.name for a in self.aggregates)
+
+    @property
+    def quantiles(self) -> tuple[float, ...]:
+        """Requested quantiles in (0, 1), in order."""
+        return tuple(a.quantile for a in self.aggregates if a.quantile is not None)
+
+    def window(self, name: str) -> WindowSpec:
+        """The window called ``name``."""
+        for window in self.windows:
+            if window.name == name:
+                return window
+        raise KeyError(name)
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing
+
+
+def load_pipeline(path: Path) -> PipelineSpec:
+    """Read and validate a pipeline spec file.
+
+    Raises:
+        ConfigError: unreadable TOML or an invalid spec; the message names file and field.
+    """
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read pipeline spec: {exc}") from exc
+    return parse_pipeline(raw, source=path)
+
+
+def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> PipelineSpec:
+    """Validate a spec given as a mapping (the parsed TOML)."""
+    where = str(source) if source else "pipeline spec"
+    reader = _Reader(raw, where)
+    name = reader.name("name")
+    inputs = reader.strings("inputs", default=("ingest/+/+",))
+    for topic_filter in inputs:
+        _check_filter(topic_filter, where)
+    key = reader.choice("key", KEY_COLUMNS, default="sensor_id")
+    windows = tuple(
+        _window(w, f"{where}: windows[{i}]") for i, w in enumerate(reader.tables("windows"))
+    )
+    if not windows:
+        raise ConfigError(f"{where}: at least one [[windows]] table is required")
+    if len({w.name for w in windows}) != len(windows):
+        raise ConfigError(f"{where}: window names must be unique: {[w.name for w in windows]}")
+    aggregates = tuple(
+        _aggregate(a, where)
+        for a in reader.strings("aggregates", default=("count", "mean", "min", "max"))
+    )
+    if len({a.name for a in aggregates}) != len(aggregates):
+        raise ConfigError(f"{where}: an aggregate is listed twice: {[a.name for a in aggregates]}")
+    encodings = reader.strings("output_encodings", default=("json",))
+    for enc in encodings:
+        if enc not in ("json", "msgpack"):
+            raise ConfigError(f"{where}: output_encodings: {enc!r} is not json or msgpack")
+    sketch = _Reader(reader.table("sketch"), f"{where}: [sketch]")
+    accuracy = sketch.number("relative_accuracy", default=0.01, low=1e-4, high=0.2)
+    sketch.finish()
+    limits = _limits(reader.table("limits"), f"{where}: [limits]")
+    spec = PipelineSpec(
+        name=name,
+        inputs=inputs,
+        key=key,
+        windows=windows,
+        aggregates=aggregates,
+        lateness_ms=reader.integer("lateness_ms", default=2_000, low=0, high=86_400_000),
+        idle_timeout_ms=reader.integer("idle_timeout_ms", default=10_000, low=100, high=86_400_000),
+        partitions=reader.integer("partitions", default=1, low=1, high=64),
+        output_encodings=tuple(encodings),  # type: ignore[arg-type]
+        sketch_accuracy=accuracy,
+        checkpoint_interval_ms=reader.integer(
+            "checkpoint_interval_ms", default=1_000, low=50, high=60_000
+        ),
+        limits=limits,
+        source=source,
+    )
+    reader.finish()
+    return spec
+
+
+class _Reader:
+    """Typed access to one TOML table that remembers which keys were used."""
+
+    def __init__(self, raw: Mapping[str, Any], where: str) -> None:
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{where}: expected a table")
+        self.raw = raw
+        self.where = where
+        self.used: set[str] = set()
+
+    def _get(self, key: str) -> Any:
+        self.used.add(key)
+        return self.raw.get(key)
+
+    def finish(self) -> None:
+        unknown = sorted(set(self.raw) - self.used)
+        if unknown:
+            raise ConfigError(f"{self.where}: unknown setting(s) {unknown}")
+
+    def name(self, key: str) -> str:
+        value = self._get(key)
+        if not isinstance(value, str):
+            raise ConfigError(f"{self.where}: {key} must be a string")
+        try:
+            return check_segment(value, key)
+        except ValueError as exc:
+            raise ConfigError(f"{self.where}: {exc}") from None
+
+    def strings(self, key: str, *, default: tuple[str, ...]) -> tuple[str, ...]:
+        value = self._get(key)
+        if value is None:
+            return default
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{self.where}: {key} must be a non-empty list of strings")
+        return tuple(value)
+
+    def choice(self, key: str, options: tuple[str, ...], *, default: str) -> str:
+        value = self._get(key)
+        if value is None:
+            return default
+        if value not in options:
+            raise ConfigError(f"{self.where}: {key} must be one of {list(options)}, not {value!r}")
+        return str(value)
+
+    def integer(self, key: str, *, default: int, low: int, high: int) -> int:
+        value = self._get(key)
+        if value is None:
+            return default
+        if type(value) is not int or not low <= value <= high:
+            raise ConfigError(
+                f"{self.where}: {key} must be an integer in [{low}, {high}], not {value!r}"
+            )
+        return value
+
+    def number(self, key: str, *, default: float, low: float, high: float) -> float:
+        value = self._get(key)
+        if value is None:
+            return default
+        if type(value) not in (int, float) or not low <= value <= high:
+            raise ConfigError(
+                f"{self.where}: {key} must be a number in [{low}, {high}], not {value!r}"
+            )
+        return float(value)
+
+    def table(self, key: str) -> Mapping[str, Any]:
+        value = self._get(key)
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{self.where}: [{key}] must be a table")
+        return value
+
+    def tables(self, key: str) -> list[Mapping[str, Any]]:
+        value = self._get(key)
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
+            raise ConfigError(f"{self.where}: {key} must be an array of tables ([[{key}]])")
+        return value
+
+
+def _window(raw: Mapping[str, Any], where: str) -> WindowSpec:
+    reader = _Reader(raw, where)
+    kind = reader.choice("kind", ("tumbling", "hopping"), default="tumbling")
+    size = reader.integer("size_ms", default=0, low=1, high=31 * 86_400_000)
+    if size == 0:
+        raise ConfigError(f"{where}: size_ms is required")
+    if kind == "tumbling":
+        slide = size
+        if "slide_ms" in raw:
+            raise ConfigError(f"{where}: slide_ms is only for hopping windows")
+    else:
+        slide = reader.integer("slide_ms", default=0, low=1, high=size)
+        if slide == 0:
+            raise ConfigError(f"{where}: hopping windows need slide_ms")
+        if size % slide:
+            raise ConfigError(f"{where}: size_ms ({size}) must be a multiple of slide_ms ({slide})")
+        if size // slide > MAX_WINDOWS_PER_ROW:
+            raise ConfigError(
+                f"{where}: size_ms/slide_ms = {size // slide} windows per row; at most "
+                f"{MAX_WINDOWS_PER_ROW} are supported"
+            )
+    default_name = f"{kind}-{_duration(size)}" + (
+        f"-{_duration(slide)}" if kind == "hopping" else ""
+    )
+    name = reader.name("name") if "name" in raw else default_name
+    reader.used.add("slide_ms")
+    reader.finish()
+    return WindowSpec(name=name, kind=kind, size_ms=size, slide_ms=slide)  # type: ignore[arg-type]
+
+
+def _aggregate(text: str, where: str) -> AggregateSpec:
+    name = _ALIASES.get(text.strip().lower(), text.strip().lower())
+    if name in SIMPLE_AGGREGATES:
+        return AggregateSpec(name)
+    match = _QUANTILE.fullmatch(name)
+    if match:
+        q = float(match.group(1)) / 100.0
+        if 0.0 < q < 1.0:
+            return AggregateSpec(name, quantile=q)
+    raise ConfigError(
+        f"{where}: unknown aggregate {text!r}; use {', '.join(SIMPLE_AGGREGATES)} or a quantile "
+        "like p50, p95, p99, p99.9"
+    )
+
+
+def _limits(raw: Mapping[str, Any], where: str) -> DecodeLimits:
+    reader = _Reader(raw, where)
+    defaults = DecodeLimits()
+    values: dict[str, int | None] = {}
+    for name in ("max_payload_bytes", "max_rows", "max_string_bytes", "max_decompressed_bytes"):
+        values[name] = reader.integer(name, default=getattr(defaults, name), low=1, high=2**40)
+    for name in ("max_future_ms", "max_past_ms"):
+        raw_value = reader._get(name)
+        if raw_value is None:
+            values[name] = getattr(defaults, name)
+        elif raw_value is False:
+            values[name] = None
+        elif type(raw_value) is int and raw_value >= 0:
+            values[name] = raw_value
+        else:
+            raise ConfigError(f"{where}: {name} must be a non-negative integer or false")
+    reader.finish()
+    return DecodeLimits(**values)  # type: ignore[arg-type]
+
+
+def _check_filter(topic_filter: str, where: str) -> None:
+    levels = topic_filter.split("/")
+    bad = (
+        not topic_filter
+        or topic_filter.startswith(("/", "$"))
+        or any(("+" in lv and lv != "+") or ("#" in lv and lv != "#") for lv in levels)
+        or ("#" in levels and levels.index("#") != len(levels) - 1)
+    )
+    if bad:
+        raise ConfigError(f"{where}: inputs: {topic_filter!r} is not a valid MQTT topic filter")
+
+
+def _duration(ms: int) -> str:
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"

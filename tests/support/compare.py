@@ -1,0 +1,70 @@
+"""Compare emitted results with the oracle, with the tolerances the docs promise."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+
+from shoal.processors.spec import PipelineSpec
+
+EXACT = ("rows", "batches", "count", "min", "max", "first", "last")
+RELATIVE_1E9 = ("sum", "mean")
+
+
+def assert_matches_oracle(
+    emitted: pl.DataFrame, expected: pl.DataFrame, spec: PipelineSpec, scale: pl.DataFrame
+) -> None:
+    """Every expected (window, start, key) is emitted once with matching values, and nothing else.
+
+    ``scale`` holds ``window``, ``start``, ``key`` and ``abs_sum`` (sum of |value|) per group,
+    the yardstick for float tolerances (sums of mixed-sign values can cancel).
+    """
+    keys = ["window", "start", "key"]
+    dupes = emitted.group_by(keys).len().filter(pl.col("len") > 1)
+    assert dupes.height == 0, f"emitted more than once:\n{dupes}"
+    missing = expected.join(emitted, on=keys, how="anti")
+    assert missing.height == 0, f"expected but not emitted:\n{missing}"
+    extra = emitted.join(expected, on=keys, how="anti")
+    assert extra.height == 0, f"emitted but not expected:\n{extra}"
+    joined = expected.join(emitted, on=keys, suffix="_got").join(scale, on=keys, how="left")
+    for row in joined.iter_rows(named=True):
+        where = f"{row['window']} start={row['start']} key={row['key']}"
+        n = row["rows"]
+        abs_sum = row["abs_sum"] or 0.0
+        for name in ("rows", "batches", *spec.aggregate_names):
+            want, got = row[name], row[f"{name}_got"]
+            if name in EXACT:
+                assert got == want, f"{where}: {name} {got!r} != {want!r}"
+            elif name == "sum":
+                assert math.isclose(got, want, rel_tol=0, abs_tol=1e-9 * max(abs_sum, 1e-300)), (
+                    f"{where}: sum {got!r} != {want!r}"
+                )
+            elif name == "mean":
+                tol = 1e-9 * max(abs_sum / n, 1e-300)
+                assert math.isclose(got, want, rel_tol=0, abs_tol=tol), (
+                    f"{where}: mean {got} != {want}"
+                )
+            elif name == "stddev":
+                if want is None:
+                    assert got is None, f"{where}: stddev {got} != None"
+                else:
+                    tol = 1e-7 * max(want, abs_sum / n, 1e-300)
+                    assert math.isclose(got, want, rel_tol=0, abs_tol=tol), (
+                        f"{where}: stddev {got} != {want}"
+                    )
+            else:  # a quantile from the sketch
+                bound = spec.sketch_accuracy * abs(want) * (1 + 1e-9) + 1e-9
+                assert abs(got - want) <= bound, f"{where}: {name} {got} vs exact {want}"
+
+
+def scale_of(rows: pl.DataFrame, spec: PipelineSpec) -> pl.DataFrame:
+    """Per (window, start, key) sum of |value| over on-time rows, for tolerances."""
+    from tests.support.oracle import late_flags  # noqa: PLC0415
+
+    return (
+        late_flags(rows, spec)
+        .filter(~pl.col("late"))
+        .group_by("window", "start", "key")
+        .agg(abs_sum=pl.col("value").abs().sum())
+    )
