@@ -58,6 +58,7 @@ _CODE_DTYPES: Final[dict[str, np.dtype[Any]]] = {
 }
 _COMPRESSIONS: Final = ("none", "zstd")
 ZSTD_LEVEL: Final = 3
+_FEED_BYTES: Final = 256
 
 _decompressor = zstandard.ZstdDecompressor()
 
@@ -156,20 +157,34 @@ def _inflate(data: bytes, limits: DecodeLimits) -> bytes:
         if declared > cap:
             raise _too_big(cap, f"{declared} bytes declared")
         if declared >= 0:
-            return _decompressor.decompress(data)
-        # No size in the frame header: stream, and stop one byte past the cap.
-        reader = _decompressor.stream_reader(data)
-        chunks, total = [], 0
-        while chunk := reader.read(min(1 << 20, cap + 1 - total)):
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > cap:
-                raise _too_big(cap, "more")
-        return b"".join(chunks)
+            # Exactly one frame: bytes after it (garbage, a second frame) are refused, since a
+            # decoder that reads across frames would see a different body.
+            return _decompressor.decompress(data, allow_extra_data=False)
+        return _inflate_unsized(data, cap)
     except zstandard.ZstdError as exc:
         raise DecodeError(
             f"invalid zstd body: {exc}", reason="bad_compression", field="body"
         ) from exc
+
+
+def _inflate_unsized(data: bytes, cap: int) -> bytes:
+    # No size in the frame header. Feed small slices so output beyond the cap is noticed
+    # early (one 4-byte RLE block inflates to 128 KiB), and insist on one complete frame.
+    inflater = _decompressor.decompressobj()
+    chunks, total = [], 0
+    for start in range(0, len(data), _FEED_BYTES):
+        chunk = inflater.decompress(data[start : start + _FEED_BYTES])
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > cap:
+            raise _too_big(cap, "more")
+        if inflater.eof:
+            if inflater.unused_data or start + _FEED_BYTES < len(data):
+                raise DecodeError(
+                    "bytes after the zstd frame", reason="bad_compression", field="body"
+                )
+            return b"".join(chunks)
+    raise DecodeError("truncated zstd frame", reason="bad_compression", field="body")
 
 
 def _too_big(cap: int, found: str) -> DecodeError:
@@ -186,7 +201,7 @@ def _buffer(
     spec: dict[str, Any], field: str, key: str, dtypes: dict[str, np.dtype[Any]], n: int
 ) -> npt.NDArray[Any]:
     name = spec.get("dtype")
-    if name not in dtypes:
+    if not isinstance(name, str) or name not in dtypes:  # a list or map is not hashable
         raise SchemaError(
             "unknown buffer type",
             reason="bad_dtype",

@@ -52,7 +52,7 @@ def describe(value: Any) -> str:
         return f"string {shown!r}"
     if isinstance(value, bytes | bytearray):
         return f"{len(value)} bytes of binary"
-    if isinstance(value, list | tuple):
+    if isinstance(value, list):  # not tuple: a MsgPack ExtType is a namedtuple, not an array
         return f"array of {len(value)}"
     if isinstance(value, dict):
         return f"map of {len(value)} keys"

@@ -26,6 +26,15 @@ def decode_json_rows(payload: bytes, limits: DecodeLimits) -> tuple[Envelope, pl
         raise DecodeError(f"invalid JSON: {exc}", reason="bad_json") from exc
     top = require_map(top, "the batch")
     envelope = read_envelope(top)
+    if not envelope.encoding.is_json:
+        # Refused before the body: a JSON text naming a columnar encoding has no "rows".
+        raise DecodeError(
+            "in-band encoding does not match the payload",
+            reason="encoding_mismatch",
+            field="enc",
+            expected="json-rows",
+            found=envelope.encoding.value,
+        )
     return envelope, frame_from_rows(top["rows"], limits)
 
 

@@ -109,7 +109,7 @@ def _typed_series(name: str, values: list[Any], dtype: pl.DataType) -> pl.Series
     allowed = _ALLOWED_TYPES[name]
     try:
         series = pl.Series(name, values, dtype=dtype, strict=True)
-    except (TypeError, OverflowError, pl.exceptions.PolarsError):
+    except (TypeError, ValueError, OverflowError, pl.exceptions.PolarsError):
         if not set(map(type, values)) <= allowed:
             _raise_wrong_type(name, values, allowed)
         row, found = _first_unrepresentable(values, dtype)
@@ -121,6 +121,10 @@ def _typed_series(name: str, values: list[Any], dtype: pl.DataType) -> pl.Series
             expected="a signed 64-bit integer" if dtype == pl.Int64 else "a float64",
             found=found,
         ) from None
+    if series.dtype != dtype:
+        # polars reads a column of tuples (MsgPack extension values) as a struct, whatever
+        # dtype it was asked for.
+        _raise_wrong_type(name, values, allowed)
     if dtype == pl.String:
         return series  # the strict constructor refused every non-string; nulls checked later
     # Numbers: the strict constructor lets nulls through and turns booleans into 0 or 1.

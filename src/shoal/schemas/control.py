@@ -29,13 +29,14 @@ def _load(payload: bytes, what: str) -> dict[str, Any]:
     except orjson.JSONDecodeError as exc:
         raise SchemaError(f"invalid JSON in {what}: {exc}", reason="bad_json") from exc
     obj = require_map(obj, what)
-    if obj.get("shoal") != SCHEMA_VERSION:
+    version = obj.get("shoal")
+    if type(version) is not int or version != SCHEMA_VERSION:  # true == 1 in Python
         raise SchemaError(
             f"unsupported {what} version",
             reason="unsupported_version",
             field="shoal",
             expected=str(SCHEMA_VERSION),
-            found=describe(obj.get("shoal")),
+            found=describe(version),
         )
     return obj
 
