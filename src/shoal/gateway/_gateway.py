@@ -1,0 +1,927 @@
+"""The gateway: measurements in, sealed and spooled batches out, until the pipeline confirms.
+
+Lifecycle: ``Gateway(config)`` opens the spool and recovers its seq; ``start()`` connects
+(a self-reconnecting session) and starts the background thread; ``add*`` buffer rows and
+seal full batches; ``flush()`` seals the rest; ``close()`` flushes, waits for confirmations
+and stops. Unconfirmed batches stay in the spool for the next start.
+
+The order that makes delivery end to end (design §3), per batch:
+
+1. rows are checked against the wire contract when added (``SchemaError`` otherwise);
+2. sealing encodes them (split until each payload fits the packet limit), writes the record
+   to the spool, *then* raises the spool's seq mark, *then* the seq counts as used;
+3. the batch is published QoS 1 in seq order, at most ``max_inflight`` without PUBACK;
+4. it leaves the spool only when confirmed (``Confirm`` from ``confirm_from``), and is
+   re-published after every reconnect and, with backoff, when confirmations stall.
+
+Never imports paho: MQTT goes through ``shoal.broker.mqtt.ThreadedSession``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Self
+
+import numpy.typing as npt
+import polars as pl
+
+from shoal.broker.mqtt import Message, PublishHandle, ThreadedSession, unique_client_id
+from shoal.clock import Clock, SystemClock
+from shoal.errors import BrokerError, PayloadTooLargeError, SchemaError, ShoalError, SpoolError
+from shoal.gateway._batcher import Batcher
+from shoal.gateway._blocks import (
+    BlockChecker,
+    ColumnInput,
+    RowBuffer,
+    block_from_columns,
+    check_row,
+    concat_blocks,
+    empty_block,
+)
+from shoal.gateway._confirms import ConfirmTracker
+from shoal.gateway._resend import ResendPolicy
+from shoal.gateway._seal import Part, Sealed, seal_block
+from shoal.gateway.config import GatewayConfig
+from shoal.gateway.spool import DiskSpool, MemorySpool, Spool, SpoolEntry
+from shoal.schemas import DecodeLimits, Measurements, decode_batch, encode_batch
+from shoal.schemas.control import Confirm, GatewayStatus
+
+log = logging.getLogger(__name__)
+
+_ROW_CHUNK: Final = 4096
+"""Single-row adds are turned into a block every this many rows."""
+
+_RESEAL_LIMITS: Final = DecodeLimits(
+    max_payload_bytes=1 << 28, max_decompressed_bytes=1 << 31, max_future_ms=None
+)
+"""Reading back our own spooled batches: our limits, not a worker's."""
+
+_PAYLOAD_CACHE: Final = 8
+"""Freshly sealed payloads kept in memory for their first publish (the rest are re-read)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayStats:
+    """Counters of one gateway since it was created (``Gateway.stats()``).
+
+    Attributes:
+        rows_added: measurements accepted by ``add*``.
+        rows_buffered: accepted but not yet sealed.
+        rows_sealed: sealed into spooled batches.
+        rows_published: in batches the broker accepted (first PUBACK of each batch).
+        bytes_published: payload bytes of those batches (first PUBACK of each).
+        batches_sealed: batches written to the spool (splits and empty fillers included).
+        batches_published: distinct batches the broker accepted at least once.
+        publishes: batch publishes handed to the broker, re-sends included.
+        resends: publishes of batches that had been published before.
+        batches_confirmed: batches confirmed and dropped from the spool.
+        next_seq: the seq the next batch will carry.
+        confirmed_seq: every batch up to this seq is confirmed (-1: none yet).
+        spool_batches: batches in the spool (unconfirmed).
+        spool_bytes: payload bytes in the spool.
+        splits: times a batch was cut in half to fit the packet limit.
+        rejected: rows refused by ``add*`` (invalid, spool full) or too large to send alone.
+        connected: whether the broker connection is up.
+    """
+
+    rows_added: int
+    rows_buffered: int
+    rows_sealed: int
+    rows_published: int
+    bytes_published: int
+    batches_sealed: int
+    batches_published: int
+    publishes: int
+    resends: int
+    batches_confirmed: int
+    next_seq: int
+    confirmed_seq: int
+    spool_batches: int
+    spool_bytes: int
+    splits: int
+    rejected: int
+    connected: bool
+
+
+class _NotStoredError(Exception):
+    """Sealed parts that did not reach the spool; their rows go back to the batcher."""
+
+    def __init__(self, error: SpoolError, rows: Measurements) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.rows = rows
+
+
+@dataclass(slots=True)
+class _Counters:
+    rows_added: int = 0
+    rows_sealed: int = 0
+    rows_published: int = 0
+    bytes_published: int = 0
+    batches_sealed: int = 0
+    batches_published: int = 0
+    publishes: int = 0
+    resends: int = 0
+    batches_confirmed: int = 0
+    splits: int = 0
+    rejected: int = 0
+
+
+class Gateway:
+    """Batches measurements, spools them until confirmed, publishes them to the pipeline.
+
+    ``add*`` are thread-safe and never wait for the network: a full batch is sealed into the
+    spool in the caller's thread; publishing happens in the background thread (or in
+    ``poll()`` when started with ``background=False``).
+
+    Seqs start at 0 for a new spool and continue across restarts without gaps or reuse.
+
+    Args:
+        config: what to batch and where to send it.
+        clock: time source (batch age, sealed-at stamps, re-send timing, status).
+        spool: override the spool ``config.spool_dir`` implies (tests, simulations).
+
+    Raises:
+        SpoolError: the spool cannot be opened (missing permissions, in use by another
+            live gateway).
+    """
+
+    def __init__(
+        self, config: GatewayConfig, clock: Clock | None = None, *, spool: Spool | None = None
+    ) -> None:
+        self.config = config
+        self._clock: Clock = clock or SystemClock()
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._spool = spool or self._open_spool(config)
+        self._topic = config.ingest_topic
+        self._status_topic = config.topics.gateway_status(config.gateway_id)
+        self._checker = BlockChecker(DecodeLimits(max_future_ms=config.max_future_ms))
+        self._batcher = Batcher(config.batch_size, config.max_delay_ms)
+        self._rows = RowBuffer()
+        self._n = _Counters()
+        self._payload_limit = config.payload_limit(None)
+        self._resend = ResendPolicy(config.resend_after_ms, config.resend_window)
+        self._tracker = ConfirmTracker(config.gateway_id, config.confirm_from)
+        self._tracker_lock = threading.Lock()  # paho's thread writes, ours reads
+        self._cache: dict[int, bytes] = {}
+        self._inflight: dict[int, tuple[PublishHandle, int, int]] = {}  # seq: handle, rows, bytes
+        self._cursor = 0  # next seq to publish for the first time on this connection
+        self._unconfirmed_rows = 0
+        self._sent: set[int] = set()  # seqs published at least once (resends are counted)
+        self._acked: set[int] = set()  # seqs the broker accepted at least once
+        self._blocked = False  # a seal did not fit the spool: refuse rows until it does
+        self._session: ThreadedSession | None = None
+        self._connections = 0  # bumped on every CONNACK (paho's thread)
+        self._seen_connections = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._closed = False
+        self._status_due_s = 0.0
+        self._recover()
+
+    # -- public API ------------------------------------------------------------------------
+
+    def start(self, *, background: bool = True) -> Self:
+        """Connect to the broker and, with ``background``, start the publishing thread.
+
+        Returns at once; the session connects (and reconnects) in the background. Without
+        ``background`` the caller drives everything with ``poll()``.
+        """
+        with self._lock:
+            if self._closed:
+                raise ShoalError("the gateway is closed")
+            if self._session is not None:
+                return self
+            self._session = ThreadedSession(
+                self.config.broker,
+                unique_client_id(f"gw-{self.config.gateway_id}"),
+                on_message=self._on_message,
+                on_connect=self._on_connect,
+                on_disconnect=self._wake.set,
+            )
+            self._session.start()
+            if background:
+                self._thread = threading.Thread(
+                    target=self._run, name=f"shoal-gateway-{self.config.gateway_id}", daemon=True
+                )
+                self._thread.start()
+        return self
+
+    def add(
+        self,
+        sensor_id: str,
+        ts_ms: int,
+        value: float,
+        *,
+        name: str | None = None,
+        type: str | None = None,  # the research's field name
+        unit: str | None = None,
+    ) -> None:
+        """Add one measurement.
+
+        Raises:
+            SchemaError: the row breaks the wire contract (the row is not added).
+            SpoolError: the spool is full (the row is not added).
+            PayloadTooLargeError: sealing found a measurement too large to send alone.
+        """
+        attrs = (name, type, unit)
+        try:
+            ts, val = check_row(sensor_id, ts_ms, value, attrs, self._checker.limits)
+            self._check_future(ts)
+        except SchemaError:
+            with self._lock:
+                self._n.rejected += 1
+            raise
+        with self._lock:
+            self._admit(1)
+            self._rows.append(sensor_id, ts, val, attrs, self._clock.monotonic())
+            self._n.rows_added += 1
+            if len(self._rows) >= min(_ROW_CHUNK, self.config.batch_size - self._batcher.rows):
+                self._drain_rows()
+                self._seal(self._batcher.take_full(), raise_errors=True)
+
+    def add_many(
+        self,
+        sensor_ids: str | Sequence[str] | npt.NDArray[Any] | pl.Series,
+        ts: Sequence[int] | npt.NDArray[Any] | pl.Series,
+        values: Sequence[float] | npt.NDArray[Any] | pl.Series,
+        *,
+        name: ColumnInput = None,
+        type: ColumnInput = None,  # the research's field name
+        unit: ColumnInput = None,
+    ) -> None:
+        """Add many measurements from columns (numpy arrays, polars series or sequences).
+
+        ``sensor_ids`` and the attributes may also be one string for every row. Vectorised:
+        no per-row Python for arrays. All rows are added, or none.
+
+        Raises:
+            SchemaError: some row breaks the wire contract (its row number is named).
+            SpoolError: the spool is full.
+            PayloadTooLargeError: sealing found a measurement too large to send alone.
+        """
+        try:
+            block = block_from_columns(
+                sensor_ids, ts, values, {"name": name, "type": type, "unit": unit}
+            )
+        except SchemaError:
+            with self._lock:
+                self._n.rejected += len(values)
+            raise
+        self.add_block(block)
+
+    def add_block(self, block: Measurements) -> None:
+        """Add a block of measurements (the fast path: no conversion, checks vectorised).
+
+        Raises:
+            SchemaError: some row breaks the wire contract (no row is added).
+            SpoolError: the spool is full (no row is added).
+            PayloadTooLargeError: sealing found a measurement too large to send alone.
+        """
+        if not len(block):
+            return
+        with self._lock:
+            try:
+                self._checker.check(block, self._future_now())
+            except SchemaError:
+                self._n.rejected += len(block)
+                raise
+            self._admit(len(block))
+            self._drain_rows()
+            self._batcher.add(block, self._clock.monotonic())
+            self._n.rows_added += len(block)
+            self._seal(self._batcher.take_full(), raise_errors=True)
+
+    def flush(self) -> None:
+        """Seal everything buffered into the spool now.
+
+        Raises:
+            SpoolError: it does not fit (the rows stay buffered).
+            PayloadTooLargeError: a measurement is too large to send alone (it is dropped).
+        """
+        with self._lock:
+            self._drain_rows()
+            self._seal(self._batcher.take_all(), raise_errors=True)
+            if self._blocked:
+                raise self._full_error(self._batcher.rows)
+        self._wake.set()
+
+    def poll(self) -> None:
+        """Do one round of background work.
+
+        Seals aged batches, applies confirmations, publishes, re-sends and announces status.
+        The background thread calls this; call it yourself when started with
+        ``background=False``.
+        """
+        with self._lock:
+            now_s = self._clock.monotonic()
+            self._drain_rows()
+            self._seal(self._batcher.take_due(now_s), raise_errors=False)
+            self._apply_confirms()
+            session = self._session
+            if session is None or not session.connected:
+                return
+            if self._connections != self._seen_connections:
+                connections = self._connections
+                self._on_new_connection(session)
+                self._seen_connections = connections  # only once it worked: else retried
+            self._reap()
+            self._publish_new(session)
+            self._publish_resends(session)
+            if now_s >= self._status_due_s:
+                self._publish_status(session)
+
+    def wait_confirmed(self, timeout_s: float) -> bool:
+        """Wait until every sealed batch is confirmed; False if ``timeout_s`` passes first."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while not self._all_confirmed():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                if self._thread is None:
+                    self.poll()
+                    if self._all_confirmed():
+                        break
+                self._changed.wait(min(remaining, 0.02))
+        return True
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        """Flush, wait up to ``timeout_s`` for confirmations, publish a last status, stop.
+
+        Returns whether every batch was confirmed; those that were not stay in the spool
+        and are sent again by the next gateway started on it.
+
+        Raises:
+            SpoolError: the final flush did not fit the spool (after stopping).
+        """
+        if self._closed:
+            return self._all_confirmed()
+        error: ShoalError | None = None
+        try:
+            self.flush()
+        except ShoalError as exc:
+            error = exc
+        confirmed = self._all_confirmed()
+        if self._session is not None and not confirmed:
+            confirmed = self.wait_confirmed(timeout_s)
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        with self._lock:
+            session = self._session
+            if session is not None and session.connected:
+                handle = self._publish_status(session)
+                if handle is not None:
+                    handle.wait(1.0)
+            if session is not None:
+                session.stop()
+            self._spool.close()
+            self._closed = True
+        if error is not None:
+            raise error
+        return confirmed
+
+    def stats(self) -> GatewayStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            n = self._n
+            return GatewayStats(
+                rows_added=n.rows_added,
+                rows_buffered=self._batcher.rows + len(self._rows),
+                rows_sealed=n.rows_sealed,
+                rows_published=n.rows_published,
+                bytes_published=n.bytes_published,
+                batches_sealed=n.batches_sealed,
+                batches_published=n.batches_published,
+                publishes=n.publishes,
+                resends=n.resends,
+                batches_confirmed=n.batches_confirmed,
+                next_seq=self._next_seq,
+                confirmed_seq=self._confirmed,
+                spool_batches=len(self._spool),
+                spool_bytes=self._spool.bytes_used,
+                splits=n.splits,
+                rejected=n.rejected,
+                connected=self._session is not None and self._session.connected,
+            )
+
+    def status(self) -> GatewayStatus:
+        """What the gateway announces on its status topic."""
+        with self._lock:
+            first = self._spool.get(self._confirmed + 1)
+            return GatewayStatus(
+                gateway_id=self.config.gateway_id,
+                stream=self.config.stream,
+                next_seq=self._next_seq,
+                first_unconfirmed_seq=self._confirmed + 1,
+                unconfirmed_batches=len(self._spool),
+                unconfirmed_rows=self._unconfirmed_rows,
+                oldest_unconfirmed_ms=first.sealed_at_ms if first is not None else None,
+                spool_bytes=self._spool.bytes_used,
+                rows_total=self._n.rows_sealed,
+                at_ms=self._clock.now_ms(),
+            )
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- recovery ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _open_spool(config: GatewayConfig) -> Spool:
+        if config.spool_dir is None:
+            return MemorySpool(config.max_spool_bytes)
+        return DiskSpool(
+            config.spool_dir, max_bytes=config.max_spool_bytes, fsync=config.spool_fsync
+        )
+
+    def _recover(self) -> None:
+        """Derive the seq state from the spool; repair what a crash may have left behind."""
+        spool = self._spool
+        self._next_seq = spool.high_water + 1
+        held = [e.seq for e in spool.entries()] + spool.damaged
+        # Everything below the lowest record was confirmed and deleted.
+        self._confirmed = (min(held) if held else self._next_seq) - 1
+        self._cursor = self._confirmed + 1
+        self._fill_holes(held)
+        self._finish_reseals()
+        self._unconfirmed_rows = sum(e.rows for e in spool.entries())
+        self._sent.update(e.seq for e in spool.entries())  # may have been sent before
+        if len(spool):
+            log.info(
+                "gateway %s: %d unconfirmed batches in the spool (seq %d..%d); next seq %d",
+                self.config.gateway_id,
+                len(spool),
+                self._confirmed + 1,
+                self._next_seq - 1,
+                self._next_seq,
+            )
+
+    def _fill_holes(self, held: list[int]) -> None:
+        """Turn holes in the spool into empty batches.
+
+        Records between the lowest held one and the mark must all exist: a combiner waits
+        for every seq. Holes (a damaged record, power loss without fsync, a file deleted by
+        hand) become empty batches; their rows are lost, and we say so.
+        """
+        if not held:
+            return
+        missing = [s for s in range(min(held), self._next_seq) if self._spool.get(s) is None]
+        if missing:
+            log.error(
+                "gateway %s: spool records for %d seqs (%s..%s) are missing or damaged; "
+                "publishing them as empty batches so confirmations stay contiguous "
+                "(their measurements are lost: use spool_fsync=True to survive power loss)",
+                self.config.gateway_id,
+                len(missing),
+                missing[0],
+                missing[-1],
+            )
+        for seq in missing:
+            payload = self._encode(empty_block(), seq, self._clock.now_ms())
+            entry = SpoolEntry(seq, self._content_type, 0, len(payload), self._clock.now_ms())
+            self._spool.replace(entry, payload)
+
+    def _finish_reseals(self) -> None:
+        """Complete re-seals a crash interrupted.
+
+        Parts were written, the old record not yet replaced by its empty batch; ``_reseal``
+        carries on where the parts stop.
+        """
+        sources = {e.resealed_from[0] for e in self._spool.entries() if e.resealed_from}
+        for source in sorted(sources):
+            old = self._spool.get(source)
+            if old is not None and old.rows > 0:
+                log.warning(
+                    "gateway %s: finishing the re-seal of seq %d", self.config.gateway_id, source
+                )
+                self._reseal(old)
+
+    # -- input -------------------------------------------------------------------------------
+
+    def _future_now(self) -> int | None:
+        return self._clock.now_ms() if self.config.max_future_ms is not None else None
+
+    def _check_future(self, ts: int) -> None:
+        limit = self.config.max_future_ms
+        if limit is not None and ts > self._clock.now_ms() + limit:
+            raise SchemaError(
+                "timestamp too far in the future",
+                reason="ts_in_future",
+                field="ts",
+                expected=f"at most {limit} ms after the gateway's clock ({self._clock.now_ms()})",
+                found=str(ts),
+            )
+
+    def _admit(self, rows: int) -> None:
+        """Refuse rows while the spool cannot take the batches already waiting."""
+        if self._blocked:
+            self._seal(self._batcher.take_due(self._clock.monotonic()), raise_errors=False)
+        if self._blocked or self._spool.free_bytes() == 0:
+            self._n.rejected += rows
+            raise self._full_error(rows)
+
+    def _full_error(self, rows: int) -> SpoolError:
+        return SpoolError(
+            f"the spool of gateway {self.config.gateway_id} is full "
+            f"({self._spool.bytes_used} of {self._spool.max_bytes} bytes in {len(self._spool)} "
+            f"unconfirmed batches): {rows} rows were not accepted. Wait for the pipeline to "
+            "confirm (is it running and subscribed?) or raise max_spool_bytes"
+        )
+
+    def _drain_rows(self) -> None:
+        taken = self._rows.take()
+        if taken is not None:
+            self._batcher.add(*taken)
+
+    # -- sealing -------------------------------------------------------------------------------
+
+    @property
+    def _content_type(self) -> str:
+        return self.config.encoding.content_type
+
+    def _encode(self, block: Measurements, seq: int, now_ms: int) -> bytes:
+        return encode_batch(
+            block,
+            gateway_id=self.config.gateway_id,
+            seq=seq,
+            sent_at_ms=now_ms,
+            encoding=self.config.encoding,
+            zstd=self.config.zstd,
+        )
+
+    def _seal(self, items: list[tuple[Measurements, float]], *, raise_errors: bool) -> None:
+        """Seal blocks into the spool in order; what does not fit goes back to the batcher."""
+        too_large: PayloadTooLargeError | None = None
+        for index, (block, arrived_s) in enumerate(items):
+            try:
+                self._seal_one(block)
+            except _NotStoredError as exc:
+                if not self._blocked:
+                    log.warning("gateway %s: %s", self.config.gateway_id, exc.error)
+                self._blocked = True
+                for rest, rest_at in reversed(items[index + 1 :]):
+                    self._batcher.push_front(rest, rest_at)
+                self._batcher.push_front(exc.rows, arrived_s)
+                break
+            except PayloadTooLargeError as exc:
+                too_large = exc
+        else:
+            if items:
+                self._blocked = False
+        if too_large is not None:
+            if raise_errors:
+                raise too_large
+            log.error("gateway %s: %s", self.config.gateway_id, too_large)
+
+    def _seal_one(self, block: Measurements) -> None:
+        now_ms = self._clock.now_ms()
+        sealed = seal_block(
+            block,
+            first_seq=self._next_seq,
+            limit_bytes=self._payload_limit,
+            encode=lambda b, seq: self._encode(b, seq, now_ms),
+        )
+        self._store(sealed, now_ms, block, resealed_from=None)
+
+    def _store(
+        self,
+        sealed: Sealed,
+        now_ms: int,
+        block: Measurements,
+        *,
+        resealed_from: tuple[int, int] | None,
+    ) -> None:
+        """Write sealed parts to the spool, then count their seqs as used.
+
+        Raises:
+            _NotStoredError: the spool refused some parts (those before stay: their seqs are used).
+            PayloadTooLargeError: some rows did not fit a packet alone (they were dropped).
+        """
+        records = []
+        for part in sealed.parts:
+            origin = None
+            if resealed_from is not None:
+                source, offset = resealed_from
+                origin = (source, offset + part.row_start, offset + part.row_stop)
+            entry = SpoolEntry(
+                part.seq, self._content_type, part.rows, len(part.payload), now_ms, origin
+            )
+            records.append((entry, part.payload))
+        try:
+            self._spool.put(records, check_capacity=resealed_from is None)
+        except SpoolError as exc:
+            written = [p for p in sealed.parts if self._spool.get(p.seq) is not None]
+            unsealed = [p for p in sealed.parts if self._spool.get(p.seq) is None]
+            self._register(written, fresh=resealed_from is None)
+            rows = concat_blocks([block.slice(p.row_start, p.row_stop) for p in unsealed])
+            raise _NotStoredError(exc, rows) from exc
+        self._register(sealed.parts, fresh=resealed_from is None)
+        self._n.splits += sealed.splits
+        if sealed.too_large:
+            self._n.rejected += len(sealed.too_large)
+            row = sealed.too_large[0]
+            sensor = block.sensor_id.values[int(block.sensor_id.codes[row])]
+            raise PayloadTooLargeError(
+                f"gateway {self.config.gateway_id}: {len(sealed.too_large)} measurement(s) "
+                f"(the first of sensor {sensor!r}) do not fit a packet of "
+                f"{self._payload_limit} payload bytes even alone; they were dropped. Raise "
+                "max_packet_bytes and the broker's max_packet_size, or shorten the strings"
+            )
+
+    def _register(self, parts: Sequence[Part], *, fresh: bool) -> None:
+        """Count stored parts (``fresh``: new rows, not a re-seal of spooled ones)."""
+        for part in parts:
+            self._next_seq = max(self._next_seq, part.seq + 1)
+            self._n.batches_sealed += 1
+            if fresh:
+                self._n.rows_sealed += part.rows
+            self._unconfirmed_rows += part.rows
+            if len(self._cache) < _PAYLOAD_CACHE:
+                self._cache[part.seq] = part.payload
+        if parts:
+            self._wake.set()
+
+    def _reseal(self, entry: SpoolEntry) -> None:
+        """Re-cut a spooled batch into new batches with fresh seqs.
+
+        Used when it no longer fits the packet limit, or its seq is no longer usable. The old
+        record is then replaced by an empty batch so the sequence stays contiguous.
+
+        Parts name their origin and rows, so a crash (or a failed write) in between is
+        finished later from where the parts stop, instead of duplicating rows.
+
+        A batch that a previous connection already delivered may then count twice (once
+        whole, once in parts); this only happens when a broker's packet limit is lowered
+        below batches already sent, which the pipeline cannot tell from new data.
+        """
+        now_ms = self._clock.now_ms()
+        start_row = max(
+            (
+                e.resealed_from[2]
+                for e in self._spool.entries()
+                if e.resealed_from is not None and e.resealed_from[0] == entry.seq
+            ),
+            default=0,
+        )
+        payload = self._spool.read(entry.seq)
+        batch = decode_batch(payload, content_type=entry.content_type, limits=_RESEAL_LIMITS)
+        block = Measurements.from_frame(batch.frame).slice(start_row, batch.frame.height)
+        if len(block):
+            sealed = seal_block(
+                block,
+                first_seq=self._next_seq,
+                limit_bytes=self._payload_limit,
+                encode=lambda b, seq: self._encode(b, seq, now_ms),
+            )
+            try:
+                self._store(sealed, now_ms, block, resealed_from=(entry.seq, start_row))
+            except PayloadTooLargeError as exc:
+                log.warning("gateway %s: %s", self.config.gateway_id, exc)
+            except _NotStoredError as exc:
+                raise exc.error from exc  # the old batch stays whole; retried later
+        empty = self._encode(empty_block(), entry.seq, now_ms)
+        self._spool.replace(SpoolEntry(entry.seq, self._content_type, 0, len(empty), now_ms), empty)
+        self._cache.pop(entry.seq, None)
+        self._unconfirmed_rows -= entry.rows
+        log.warning(
+            "gateway %s: re-sealed batch %d (%d rows, %d bytes) into seqs up to %d",
+            self.config.gateway_id,
+            entry.seq,
+            entry.rows,
+            entry.payload_bytes,
+            self._next_seq - 1,
+        )
+
+    # -- confirmations -------------------------------------------------------------------------
+
+    def _all_confirmed(self) -> bool:
+        return self._confirmed >= self._next_seq - 1
+
+    def _on_message(self, message: Message) -> None:
+        """Paho's thread: fold a confirmation into the tracker, wake the publisher."""
+        if not message.payload:
+            return  # a retained confirm being cleared
+        try:
+            confirm = Confirm.from_json(message.payload)
+        except SchemaError as exc:
+            log.warning(
+                "gateway %s: ignoring a bad confirmation on %s: %s",
+                self.config.gateway_id,
+                message.topic,
+                exc,
+            )
+            return
+        with self._tracker_lock:
+            changed = self._tracker.update(confirm)
+        if changed:
+            self._wake.set()
+
+    def _apply_confirms(self) -> None:
+        if self.config.release_on_puback:
+            return
+        with self._tracker_lock:
+            confirmed = self._tracker.confirmed_seq()
+        if confirmed <= self._confirmed:
+            return
+        if confirmed >= self._next_seq:
+            self._adopt_foreign_confirm(confirmed)
+        self._advance(confirmed)
+
+    def _adopt_foreign_confirm(self, confirmed: int) -> None:
+        """Continue above a confirmation for seqs this gateway never sealed.
+
+        Its spool was lost, or another gateway used this id. New batches at or below that seq
+        would be dropped as duplicates, so continue above it, re-sealing what we hold under
+        fresh seqs.
+        """
+        log.warning(
+            "gateway %s: the pipeline confirms seq %d but the next seq here is %d (spool lost, "
+            "or another gateway with this id?); continuing at %d",
+            self.config.gateway_id,
+            confirmed,
+            self._next_seq,
+            confirmed + 1,
+        )
+        held = [e for e in self._spool.entries() if e.rows > 0]
+        self._spool.raise_mark(confirmed)
+        self._next_seq = confirmed + 1
+        for entry in held:
+            self._reseal(entry)
+
+    def _advance(self, confirmed: int) -> None:
+        """Everything up to ``confirmed`` is confirmed: drop it from the spool."""
+        gone = self._spool.delete_through(confirmed)
+        self._confirmed = confirmed
+        self._n.batches_confirmed += len(gone)
+        for entry in gone:
+            if entry.seq not in self._acked:  # confirmed before its PUBACK was collected
+                self._n.batches_published += 1
+                self._n.rows_published += entry.rows
+                self._n.bytes_published += entry.payload_bytes
+            self._unconfirmed_rows -= entry.rows
+            self._cache.pop(entry.seq, None)
+            self._sent.discard(entry.seq)
+            self._acked.discard(entry.seq)
+        self._resend.progressed(confirmed, self._now_ms())
+        if self._blocked:  # room again: seal what waited
+            self._seal(self._batcher.take_due(self._clock.monotonic()), raise_errors=False)
+        self._status_due_s = min(self._status_due_s, self._clock.monotonic() + 0.1)
+        self._changed.notify_all()
+
+    # -- publishing --------------------------------------------------------------------------
+
+    def _now_ms(self) -> int:
+        return int(self._clock.monotonic() * 1000)
+
+    def _on_connect(self, session: ThreadedSession) -> None:
+        """Paho's thread, after every CONNACK: (re)subscribe, let the publisher catch up."""
+        session.subscribe(self.config.topics.confirm_filter(self.config.gateway_id), qos=1)
+        with self._tracker_lock:
+            self._connections += 1
+        self._wake.set()
+
+    def _on_new_connection(self, session: ThreadedSession) -> None:
+        limit = self.config.payload_limit(session.max_packet_size)
+        shrunk = limit < self._payload_limit
+        self._payload_limit = limit
+        if shrunk:
+            for entry in self._spool.entries():
+                if entry.payload_bytes > limit and entry.seq > self._confirmed:
+                    self._reseal(entry)
+        # Everything unconfirmed goes out again: the broker may have lost it (design §3).
+        self._inflight.clear()
+        self._cursor = self._confirmed + 1
+        self._resend.reconnected(self._now_ms())
+        self._status_due_s = 0.0
+
+    def _reap(self) -> None:
+        """Collect PUBACKs (and failures) of batches in flight."""
+        for seq, (handle, rows, size) in list(self._inflight.items()):
+            if handle.is_acknowledged():
+                del self._inflight[seq]
+                self._on_acked(seq, rows, size)
+            elif handle.failed is not None:
+                del self._inflight[seq]
+                log.debug(
+                    "gateway %s: publish of seq %d failed: %s",
+                    self.config.gateway_id,
+                    seq,
+                    handle.failed,
+                )
+
+    def _on_acked(self, seq: int, rows: int, size: int) -> None:
+        if seq in self._acked or seq <= self._confirmed:
+            return  # counted already (at its first PUBACK, or when it was confirmed)
+        self._acked.add(seq)
+        self._n.batches_published += 1
+        self._n.rows_published += rows
+        self._n.bytes_published += size
+        if self.config.release_on_puback:
+            confirmed = self._confirmed
+            while confirmed + 1 in self._acked:
+                confirmed += 1
+            if confirmed > self._confirmed:
+                self._advance(confirmed)
+
+    def _publish_new(self, session: ThreadedSession) -> None:
+        """First publishes on this connection, in seq order, within ``max_inflight``."""
+        cursor = max(self._cursor, self._confirmed + 1)
+        while cursor < self._next_seq and len(self._inflight) < self.config.max_inflight:
+            if cursor not in self._inflight and not self._publish(session, cursor, resend=False):
+                break
+            cursor += 1
+        self._cursor = cursor
+
+    def _publish_resends(self, session: ThreadedSession) -> None:
+        cursor = self._cursor
+        first = self._confirmed + 1
+        outstanding = (s for s in range(first, cursor) if s not in self._inflight)
+        for seq in self._resend.due(outstanding, self._now_ms()):
+            if len(self._inflight) >= self.config.max_inflight:
+                break
+            if not self._publish(session, seq, resend=True):
+                break
+
+    def _publish(self, session: ThreadedSession, seq: int, *, resend: bool) -> bool:
+        """Hand one spooled batch to the session; False if it cannot be sent now."""
+        entry = self._spool.get(seq)
+        if entry is None:
+            log.error("gateway %s: seq %d is not in the spool", self.config.gateway_id, seq)
+            return True  # skip it; there is nothing to send
+        if entry.payload_bytes > self._payload_limit:
+            # Reconnects re-seal oversized batches; this catches any that slipped through.
+            self._reseal(entry)
+            entry = self._spool.get(seq)
+            assert entry is not None
+        payload = self._cache.pop(seq, None)
+        if payload is None:
+            payload = self._spool.read(seq)
+        try:
+            handle = session.publish(self._topic, payload, qos=1, content_type=entry.content_type)
+        except BrokerError as exc:  # disconnected meanwhile, or over a limit: retried later
+            log.debug(
+                "gateway %s: publish of seq %d deferred: %s", self.config.gateway_id, seq, exc
+            )
+            return False
+        self._inflight[seq] = (handle, entry.rows, entry.payload_bytes)
+        self._n.publishes += 1
+        if seq in self._sent:
+            self._n.resends += 1
+        self._sent.add(seq)
+        self._resend.sent(seq, self._now_ms(), resend=resend)
+        return True
+
+    def _publish_status(self, session: ThreadedSession) -> PublishHandle | None:
+        self._status_due_s = self._clock.monotonic() + self.config.status_interval_ms / 1000.0
+        try:
+            return session.publish(self._status_topic, self.status().to_json(), qos=1, retain=True)
+        except BrokerError as exc:
+            log.debug("gateway %s: status not published: %s", self.config.gateway_id, exc)
+            return None
+
+    # -- background thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except ShoalError as exc:
+                log.error("gateway %s: %s", self.config.gateway_id, exc)  # noqa: TRY400 - expected, no traceback
+            except Exception:
+                log.exception("gateway %s: background work failed", self.config.gateway_id)
+            self._wake.wait(self._idle_s())
+            self._wake.clear()
+
+    def _idle_s(self) -> float:
+        """How long the background thread may sleep before something needs doing."""
+        if self._inflight:
+            return 0.005  # PUBACKs are noticed by polling the handles
+        wait = 0.05
+        with self._lock:
+            deadline = self._batcher.deadline_s()
+            if self._rows.first_at_s is not None:
+                row_deadline = self._rows.first_at_s + self.config.max_delay_ms / 1000.0
+                deadline = row_deadline if deadline is None else min(deadline, row_deadline)
+            now = self._clock.monotonic()
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - now))
+            return min(wait, max(0.0, self._status_due_s - now))

@@ -1,0 +1,82 @@
+"""When to re-send unconfirmed batches: stalled confirmations, per-batch exponential backoff.
+
+Pure: time comes in as arguments (monotonic milliseconds), so tests drive it with
+``FakeClock``. Re-sending after a reconnect is not decided here (the gateway re-publishes
+everything unconfirmed then); this policy covers a connection that stays up while the
+pipeline stops confirming, without flooding a pipeline that is merely slow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+BACKOFF_CAP_MS: Final = 60_000
+
+
+class ResendPolicy:
+    """Decides which published-but-unconfirmed batches to publish again.
+
+    A batch becomes eligible ``after_ms`` after it was last sent, and each re-send doubles
+    that wait (capped at ``cap_ms``). Nothing is re-sent while confirmations advance: only
+    when they have not moved for ``after_ms`` with batches outstanding, and then only the
+    ``window`` oldest outstanding batches.
+
+    Args:
+        after_ms: stall time before re-sending, and the first per-batch backoff.
+        window: how many of the oldest outstanding batches may be re-sent.
+        cap_ms: the longest per-batch backoff.
+    """
+
+    def __init__(self, after_ms: int, window: int, cap_ms: int = BACKOFF_CAP_MS) -> None:
+        if after_ms <= 0 or window <= 0:
+            raise ValueError("after_ms and window must be positive")
+        self.after_ms = after_ms
+        self.window = window
+        self.cap_ms = max(cap_ms, after_ms)
+        self._progress_ms: int | None = None
+        self._attempts: dict[int, int] = {}
+        self._eligible_ms: dict[int, int] = {}
+
+    def backoff_ms(self, attempts: int) -> int:
+        """Wait before the next re-send of a batch already re-sent ``attempts`` times."""
+        return min(self.after_ms << min(attempts, 30), self.cap_ms)
+
+    def sent(self, seq: int, now_ms: int, *, resend: bool = False) -> None:
+        """Record that ``seq`` was published (``resend``: by this policy)."""
+        if not self._attempts and self._progress_ms is None:
+            self._progress_ms = now_ms  # the stall clock starts with the first outstanding batch
+        attempts = self._attempts.get(seq, 0) + (1 if resend else 0)
+        self._attempts[seq] = attempts
+        self._eligible_ms[seq] = now_ms + self.backoff_ms(attempts)
+
+    def progressed(self, confirmed_seq: int, now_ms: int) -> None:
+        """Confirmations advanced to ``confirmed_seq``: forget those batches, reset the stall."""
+        for seq in [s for s in self._attempts if s <= confirmed_seq]:
+            del self._attempts[seq]
+            del self._eligible_ms[seq]
+        self._progress_ms = now_ms if self._attempts else None
+
+    def reconnected(self, now_ms: int) -> None:
+        """Everything outstanding is being re-published on a new connection: restart the clock."""
+        self._progress_ms = now_ms if self._attempts else None
+
+    def stalled(self, now_ms: int) -> bool:
+        """Whether confirmations have not advanced for ``after_ms`` with batches outstanding."""
+        return self._progress_ms is not None and now_ms - self._progress_ms >= self.after_ms
+
+    def due(self, outstanding: Iterable[int], now_ms: int) -> list[int]:
+        """Which of ``outstanding`` (published, unconfirmed seqs, oldest first) to re-send now."""
+        if not self.stalled(now_ms):
+            return []
+        due: list[int] = []
+        for count, seq in enumerate(outstanding):
+            if count >= self.window:
+                break
+            if now_ms >= self._eligible_ms.get(seq, now_ms):
+                due.append(seq)
+        return due
+
+    def attempts(self, seq: int) -> int:
+        """How many times ``seq`` was re-sent by this policy."""
+        return self._attempts.get(seq, 0)
