@@ -1,8 +1,14 @@
 """shoal: stream processing for MQTT at the edge.
 
 The public surface is what ``__all__`` lists (pinned by ``tests/unit/test_public_api.py``);
-modules and packages whose names start with ``_`` are internal.
+modules and packages whose names start with ``_`` are internal. Names are imported lazily,
+so ``import shoal`` stays cheap and processes can configure polars before it loads.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from shoal.errors import (
     BrokerError,
@@ -15,18 +21,31 @@ from shoal.errors import (
     ShoalError,
     SpoolError,
 )
-from shoal.schemas import (
-    Batch,
-    DecodeLimits,
-    Encoding,
-    Envelope,
-    Measurements,
-    Topics,
-    decode_batch,
-    encode_batch,
-)
+
+if TYPE_CHECKING:
+    from shoal.schemas import (
+        Batch,
+        DecodeLimits,
+        Encoding,
+        Envelope,
+        Measurements,
+        Topics,
+        decode_batch,
+        encode_batch,
+    )
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "Batch": "shoal.schemas",
+    "DecodeLimits": "shoal.schemas",
+    "Encoding": "shoal.schemas",
+    "Envelope": "shoal.schemas",
+    "Measurements": "shoal.schemas",
+    "Topics": "shoal.schemas",
+    "decode_batch": "shoal.schemas",
+    "encode_batch": "shoal.schemas",
+}
 
 __all__ = [
     "Batch",
@@ -48,3 +67,10 @@ __all__ = [
     "decode_batch",
     "encode_batch",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shoal' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

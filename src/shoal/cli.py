@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import Final
 
 from shoal import __version__
-from shoal._cli.common import setup_logging
 from shoal.errors import ShoalError
 
-COMMANDS: Final = ("broker",)
+COMMANDS: Final = ("broker", "worker", "combiner", "tail")
 """Sub-command modules, in the order ``--help`` lists them."""
+
+SINGLE_THREADED: Final = frozenset({"worker", "combiner"})
+"""Processes meant to use one core each: several share a machine, and polars' default of
+one thread per core would make them fight. Set POLARS_MAX_THREADS to override."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,8 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if any(a in SINGLE_THREADED for a in args_list[:3]):
+        # Must happen before polars is imported (it sizes its thread pool at import).
+        os.environ.setdefault("POLARS_MAX_THREADS", "1")
+    from shoal._cli.common import setup_logging  # noqa: PLC0415 - after the thread setting
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
     setup_logging(args.verbose)
     try:
         code: int = args.run(args)

@@ -12,10 +12,14 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shoal.broker.settings import BrokerSettings, TlsSettings
 from shoal.errors import ConfigError
 from shoal.schemas.topics import Topics
+
+if TYPE_CHECKING:
+    from shoal.processors.spec import PipelineSpec
 
 DEFAULT_BROKER_URL = "mqtt://127.0.0.1:1883"
 
@@ -80,3 +84,30 @@ def setup_logging(verbosity: int) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+
+
+def add_pipeline_option(parser: argparse.ArgumentParser) -> None:
+    """``--pipeline NAME|FILE``."""
+    parser.add_argument(
+        "--pipeline",
+        default="default",
+        metavar="NAME|FILE",
+        help="pipeline spec: a TOML file, or the name of one in processors/ (default: default)",
+    )
+
+
+def load_spec(name_or_path: str) -> PipelineSpec:
+    """Load a pipeline spec from a file path or by name from ``processors/``."""
+    from shoal._resources import resource_dir  # noqa: PLC0415
+    from shoal.processors.spec import load_pipeline  # noqa: PLC0415
+
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.exists():
+            raise ConfigError(f"pipeline spec {path} does not exist")
+        return load_pipeline(path)
+    candidate = resource_dir("processors") / f"{name_or_path}.toml"
+    if not candidate.exists():
+        known = sorted(p.stem for p in resource_dir("processors").glob("*.toml"))
+        raise ConfigError(f"no pipeline named {name_or_path!r}; known: {', '.join(known)}")
+    return load_pipeline(candidate)

@@ -413,6 +413,28 @@ class AsyncSession:
                 mid=msg.mid,
             )
 
+    async def messages_until(self, stop: asyncio.Event) -> AsyncIterator[Message]:
+        """Received messages until ``stop`` is set (then it simply ends).
+
+        Raises:
+            BrokerError: the connection was lost first.
+        """
+        iterator = self.messages().__aiter__()
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            while True:
+                nxt = asyncio.ensure_future(iterator.__anext__())
+                done, _ = await asyncio.wait({nxt, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                if nxt in done:
+                    yield nxt.result()
+                    continue
+                nxt.cancel()
+                with contextlib.suppress(asyncio.CancelledError, BrokerError):
+                    await nxt
+                return
+        finally:
+            stopper.cancel()
+
 
 # --------------------------------------------------------------------------------------------
 # The threaded session, for gateways.

@@ -3,7 +3,13 @@
 Imports nothing from the rest of shoal except ``errors``; everything else imports this.
 """
 
-from shoal.schemas._codec import DEFAULT_LIMITS, declared_encoding, decode_batch, encode_batch
+from shoal.schemas._codec import (
+    DEFAULT_LIMITS,
+    declared_encoding,
+    decode_batch,
+    encode_batch,
+    peek_envelope,
+)
 from shoal.schemas._model import (
     ATTRIBUTE_COLUMNS,
     FRAME_SCHEMA,
@@ -36,4 +42,5 @@ __all__ = [
     "declared_encoding",
     "decode_batch",
     "encode_batch",
+    "peek_envelope",
 ]

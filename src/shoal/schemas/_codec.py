@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Final
 
+import orjson
 import polars as pl
 
 from shoal.errors import DecodeError, SchemaError
@@ -131,6 +132,31 @@ def decode_batch(
         )
     _check_frame(frame, envelope.encoding, limits, now_ms)
     return Batch(dataclasses.replace(envelope, rows=frame.height), frame)
+
+
+def peek_envelope(payload: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> tuple[str, int] | None:
+    """(gateway_id, seq) of a payload whose rows may be bad, if its envelope is readable.
+
+    Lets a worker mark a refused batch as handled for its gateway's sequence; returns None
+    when the payload is too large, unreadable, or its gateway id or seq is invalid.
+    """
+    if not payload or len(payload) > limits.max_payload_bytes:
+        return None
+    try:
+        if payload[:1] in (b"{", b" ", b"\t", b"\r", b"\n"):
+            top = orjson.loads(payload)
+        else:
+            top = unpack(bytes(payload), "the batch")
+    except (DecodeError, ValueError):
+        return None
+    if not isinstance(top, dict):
+        return None
+    gateway_id, seq = top.get("gateway_id"), top.get("seq")
+    if not isinstance(gateway_id, str) or GATEWAY_ID_PATTERN.fullmatch(gateway_id) is None:
+        return None
+    if type(seq) is not int or not 0 <= seq <= MAX_SEQ:
+        return None
+    return gateway_id, seq
 
 
 def encode_batch(

@@ -24,9 +24,31 @@ def check_segment(text: str, what: str) -> str:
     return text
 
 
-def key_segment(key: str) -> str:
-    """Make a result key safe as one topic segment (``/``, ``+``, ``#`` become ``_``)."""
-    return _UNSAFE.sub("_", key) or "_"
+def key_segment(key: str | None) -> str:
+    """Make a result key safe as one topic segment.
+
+    ``/``, ``+``, ``#`` and NUL become ``_``; a leading ``_`` is doubled, because segments
+    starting with a single ``_`` are reserved (``results/<pipeline>/_msgpack``); an empty or
+    missing key becomes ``_``.
+    """
+    if not key:
+        return "_"
+    safe = _UNSAFE.sub("_", key)
+    return f"_{safe}" if safe.startswith("_") else safe
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """Whether an MQTT topic filter (with ``+`` and ``#``) matches a topic name."""
+    filter_levels = topic_filter.split("/")
+    topic_levels = topic.split("/")
+    for i, level in enumerate(filter_levels):
+        if level == "#":
+            return True
+        if i >= len(topic_levels):
+            return False
+        if level not in ("+", topic_levels[i]):
+            return False
+    return len(filter_levels) == len(topic_levels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +67,10 @@ class Topics:
     def _t(self, *parts: str) -> str:
         path = "/".join(parts)
         return f"{self.root.rstrip('/')}/{path}" if self.root else path
+
+    def under_root(self, topic_or_filter: str) -> str:
+        """A topic or filter given relative to the root (e.g. a pipeline's inputs)."""
+        return self._t(topic_or_filter)
 
     # Ingest: gateways publish batches here; workers subscribe with a shared subscription.
     def ingest(self, stream: str, gateway_id: str) -> str:
@@ -120,7 +146,11 @@ class Topics:
         """One message per closed window with all keys."""
         return self._t("results", pipeline)
 
-    def result_key(self, pipeline: str, key: str) -> str:
+    def results_encoded(self, pipeline: str, encoding: str) -> str:
+        """Window results in an additional encoding (``results/<pipeline>/_msgpack``)."""
+        return self._t("results", pipeline, f"_{encoding}")
+
+    def result_key(self, pipeline: str, key: str | None) -> str:
         """Latest result of one key, retained JSON."""
         return self._t("results", pipeline, key_segment(key))
 

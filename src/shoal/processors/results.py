@@ -1,0 +1,167 @@
+"""What leaves a pipeline, as bytes: window results, per-key results, late rows, dead letters.
+
+Window result message (``results/<pipeline>``), JSON::
+
+    {"shoal": 1, "pipeline": "default", "window": "tumbling-10s", "start": 1700000000000,
+     "end": 1700000010000, "revision": 1, "partition": 0, "partitions": 1,
+     "watermark": 1700000012345, "emitted_at": 1700000012400, "keys": 2, "rows": 500,
+     "results": [{"key": "gw00-s0001", "rows": 250, "batches": 3, "count": 250,
+                  "mean": 21.4, ...}, ...]}
+
+The MsgPack form carries the same header with ``"columns": {name: [values...]}`` instead of
+``results`` (columnar, one list per field). ``(pipeline, window, start, partition, revision)``
+identifies a message: after a combiner crash a window may be published again, with the same
+identity and the same values, so consumers can deduplicate.
+
+Per-key message (``results/<pipeline>/<key>``, retained JSON): one result row plus
+``pipeline``, ``window``, ``start``, ``end``, ``revision`` and ``emitted_at``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgpack
+import orjson
+import polars as pl
+
+from shoal.processors.combine import LateRows
+from shoal.schemas import SCHEMA_VERSION
+
+JSON_CONTENT_TYPE: Final = "application/json"
+MSGPACK_CONTENT_TYPE: Final = "application/msgpack"
+FIRST_REVISION: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class WindowResult:
+    """The results of one (window, start) closed by one partition."""
+
+    window: str
+    start: int
+    end: int
+    frame: pl.DataFrame  # key, rows, batches, aggregates...
+
+    @property
+    def rows(self) -> int:
+        """Measurements counted in this window (all keys)."""
+        return int(self.frame["rows"].sum())
+
+
+def split_windows(closed: pl.DataFrame) -> list[WindowResult]:
+    """Group a ``ClosedWindows.frame`` by (window, start), in close order."""
+    out = []
+    for (window, start), part in closed.group_by("window", "start", maintain_order=True):
+        end = int(part["end"][0])
+        out.append(WindowResult(str(window), int(start), end, part.drop("window", "start", "end")))
+    out.sort(key=lambda r: (r.end, r.window))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Emission:
+    """Who emits, and when: the common header of result messages."""
+
+    pipeline: str
+    partition: int
+    partitions: int
+    watermark: int | None
+    emitted_at_ms: int
+
+
+def _header(result: WindowResult, ctx: Emission) -> dict[str, Any]:
+    return {
+        "shoal": SCHEMA_VERSION,
+        "pipeline": ctx.pipeline,
+        "window": result.window,
+        "start": result.start,
+        "end": result.end,
+        "revision": FIRST_REVISION,
+        "partition": ctx.partition,
+        "partitions": ctx.partitions,
+        "watermark": ctx.watermark,
+        "emitted_at": ctx.emitted_at_ms,
+        "keys": result.frame.height,
+        "rows": result.rows,
+    }
+
+
+def window_json(result: WindowResult, ctx: Emission) -> bytes:
+    """The window's JSON message (all keys of this partition)."""
+    head = orjson.dumps(_header(result, ctx))
+    rows = result.frame.write_json().encode() if result.frame.height else b"[]"
+    return head[:-1] + b',"results":' + rows + b"}"
+
+
+def window_msgpack(result: WindowResult, ctx: Emission) -> bytes:
+    """The window's MsgPack message (columnar)."""
+    header = _header(result, ctx)
+    header["columns"] = {name: result.frame[name].to_list() for name in result.frame.columns}
+    packed = msgpack.packb(header, use_bin_type=True)
+    assert isinstance(packed, bytes)
+    return packed
+
+
+def key_messages(
+    result: WindowResult, pipeline: str, emitted_at_ms: int
+) -> list[tuple[str | None, bytes]]:
+    """(key, retained JSON) per key of the window."""
+    if result.frame.height == 0:
+        return []
+    framed = result.frame.select(
+        pl.lit(pipeline).alias("pipeline"),
+        pl.lit(result.window).alias("window"),
+        pl.lit(result.start).alias("start"),
+        pl.lit(result.end).alias("end"),
+        pl.lit(FIRST_REVISION).alias("revision"),
+        pl.lit(emitted_at_ms).alias("emitted_at"),
+        pl.all(),
+    )
+    lines = framed.write_ndjson().encode().splitlines()
+    keys = result.frame["key"].to_list()
+    return list(zip(keys, lines, strict=True))
+
+
+def late_message(late: LateRows, pipeline: str, partition: int, at_ms: int) -> bytes:
+    """The late side-topic record for one batch's late rows (JSON)."""
+    head = orjson.dumps(
+        {
+            "shoal": SCHEMA_VERSION,
+            "pipeline": pipeline,
+            "partition": partition,
+            "gateway_id": late.gateway_id,
+            "seq": late.seq,
+            "rows": late.rows,
+            "at": at_ms,
+        }
+    )
+    return head[:-1] + b',"late":' + late.frame.write_json().encode() + b"}"
+
+
+def deadletter_message(
+    *,
+    pipeline: str,
+    topic: str,
+    content_type: str | None,
+    payload: bytes,
+    error: dict[str, Any],
+    worker: str,
+    at_ms: int,
+) -> bytes:
+    """The dead-letter record: where it came from, why it was refused, and the raw bytes."""
+    packed = msgpack.packb(
+        {
+            "shoal": SCHEMA_VERSION,
+            "pipeline": pipeline,
+            "topic": topic,
+            "content_type": content_type,
+            "error": error,
+            "worker": worker,
+            "at": at_ms,
+            "payload": payload,
+        },
+        use_bin_type=True,
+    )
+    assert isinstance(packed, bytes)
+    return packed

@@ -1,0 +1,401 @@
+"""The combiner: one partition of a pipeline's second phase, with checkpoints and confirmations.
+
+Composition root around ``shoal.processors.combine.Combiner``. It subscribes to its partition's
+partials and to gateway status, closes windows as the watermark moves, publishes results, late
+rows and, after each durable checkpoint, confirmations.
+
+Checkpoint order (``_checkpoint``), the heart of "nothing lost, nothing counted twice":
+
+1. in one synchronous step, take the snapshot and note every result and late-row publish
+   started so far (they describe exactly the windows the snapshot no longer holds);
+2. wait for those publishes' PUBACKs;
+3. write the snapshot atomically (temp file, fsync, rename);
+4. publish confirmations for the seqs the snapshot covers; gateways may now forget them.
+
+After a kill -9 the combiner restarts from the last snapshot; every batch applied after it is
+unconfirmed, so its gateway sends it again and the result is the same. A window closed after
+the snapshot may be published a second time, with the same identity and values.
+
+The MQTT session is persistent (stable client id per partition, session expiry), so partials
+published while the combiner restarts wait in the broker; a second combiner started for the
+same partition takes the session over and the first is disconnected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import orjson
+
+from shoal.broker.mqtt import AsyncSession, Message
+from shoal.broker.settings import BrokerSettings
+from shoal.clock import Clock, SystemClock
+from shoal.errors import BrokerError, SchemaError
+from shoal.processors.combine import Combiner, LateRows, Step
+from shoal.processors.partials import Partial
+from shoal.processors.results import (
+    Emission,
+    key_messages,
+    late_message,
+    split_windows,
+    window_json,
+    window_msgpack,
+)
+from shoal.processors.spec import PipelineSpec
+from shoal.processors.state import ClosedWindows
+from shoal.runtime._tasks import supervised
+from shoal.schemas.control import Confirm, GatewayStatus
+from shoal.schemas.topics import Topics, topic_matches
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE: Final = "combiner.ckpt"
+LATENCY_SAMPLES: Final = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class CombinerConfig:
+    """How one combiner partition runs.
+
+    Attributes:
+        spec: the pipeline.
+        partition: which partition (0-based).
+        broker: where the broker is.
+        topics: topic namespace.
+        state_dir: where checkpoints live (None: no checkpoints, state is lost on exit;
+            only for tests and throwaway demos).
+        tick_ms: how often idle gateways and timers are looked at.
+        heartbeat_ms: how often metrics are published.
+        session_expiry_s: how long the broker keeps partials for a vanished combiner.
+        per_key_results: publish the retained per-key result topics.
+    """
+
+    spec: PipelineSpec
+    partition: int
+    broker: BrokerSettings
+    topics: Topics = field(default_factory=Topics)
+    state_dir: Path | None = None
+    tick_ms: int = 100
+    heartbeat_ms: int = 1_000
+    session_expiry_s: int = 600
+    per_key_results: bool = True
+
+    @property
+    def client_id(self) -> str:
+        """Stable per partition: a second instance takes the session over."""
+        root = self.topics.root.replace("/", "-")
+        prefix = f"{root}-" if root else ""
+        return f"{prefix}shoal-combiner-{self.spec.name}-{self.partition}"
+
+
+class _Latency:
+    """Recent latency samples (ms) and their quantiles."""
+
+    def __init__(self) -> None:
+        self.samples: deque[float] = deque(maxlen=LATENCY_SAMPLES)
+        self.count = 0
+
+    def add(self, ms: float) -> None:
+        self.samples.append(ms)
+        self.count += 1
+
+    def summary(self) -> dict[str, float | int] | None:
+        if not self.samples:
+            return None
+        values = np.fromiter(self.samples, dtype=np.float64)
+        p50, p95, p99 = np.percentile(values, [50, 95, 99])
+        return {
+            "p50": round(float(p50), 3),
+            "p95": round(float(p95), 3),
+            "p99": round(float(p99), 3),
+            "max": round(float(values.max()), 3),
+            "n": self.count,
+        }
+
+
+class CombinerRuntime:
+    """Runs one combiner partition until ``stop`` (see the module docstring)."""
+
+    def __init__(self, config: CombinerConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.core = Combiner(config.spec, config.partition, self.clock)
+        self._stop = asyncio.Event()
+        self._unacked: list[asyncio.Future[None]] = []
+        self._confirmed: dict[str, int] = {}
+        self._session: AsyncSession | None = None
+        self.apply_latency = _Latency()
+        self.result_latency = _Latency()
+        self.checkpoints = 0
+        self.last_checkpoint_ms: float | None = None
+        self.started_at = time.monotonic()
+        self._inputs = [config.topics.under_root(f) for f in config.spec.inputs]
+        if config.state_dir is not None:
+            self._restore(config.state_dir / CHECKPOINT_FILE)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Finish: take a last checkpoint and disconnect."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Connect, subscribe, combine until ``stop``; reconnect after broker failures."""
+        topics = self.config.topics
+        spec = self.config.spec
+        first = True
+        while not self._stop.is_set():
+            if not first:
+                # Outputs in flight on the lost connection may never have arrived, and partials
+                # applied since the last checkpoint are unconfirmed anyway: resume from the
+                # checkpoint and let the gateways re-send.
+                self._reload()
+            first = False
+            session = AsyncSession(
+                self.config.broker,
+                self.config.client_id,
+                clean_start=False,
+                session_expiry_s=self.config.session_expiry_s,
+            )
+            try:
+                async with session:
+                    self._session = session
+                    await session.subscribe(
+                        [
+                            topics.partials(spec.name, self.config.partition),
+                            topics.gateway_status_all(),
+                        ],
+                        qos=1,
+                    )
+                    await self._serve(session)
+                    await self._checkpoint(session)
+            except BrokerError as exc:
+                if self._stop.is_set():
+                    break
+                log.warning("combiner %s: %s; reconnecting", self.config.client_id, exc)
+                await asyncio.sleep(0.5)
+            finally:
+                self._session = None
+                self._unacked.clear()
+
+    async def _serve(self, session: AsyncSession) -> None:
+        async with supervised(
+            self._stop, self._ticker(session), self._checkpointer(session), self._heartbeat(session)
+        ) as ending:
+            async for message in session.messages_until(ending):
+                self._on_message(session, message)
+
+    # -- input -------------------------------------------------------------------------------
+
+    def _on_message(self, session: AsyncSession, message: Message) -> None:
+        if message.topic.startswith(self.config.topics.gateway_status_all()[:-1]):
+            self._on_status(session, message)
+            return
+        try:
+            partial = Partial.decode(message.payload)
+        except SchemaError as exc:
+            log.warning("combiner %s: unreadable partial dropped: %s", self.config.client_id, exc)
+            return
+        step = self.core.receive(partial)
+        now = self.clock.now_ms()
+        if step.applied and partial.batch.sent_at_ms:
+            self.apply_latency.add(now - partial.batch.sent_at_ms)
+        self._publish_step(session, step)
+        self._emit(session, self.core.close_ready(now))
+
+    def _on_status(self, session: AsyncSession, message: Message) -> None:
+        if not message.payload:
+            return  # a cleared retained status
+        try:
+            status = GatewayStatus.from_json(message.payload)
+        except SchemaError as exc:
+            log.warning("combiner: ignoring bad gateway status on %s: %s", message.topic, exc)
+            return
+        ingest = self.config.topics.ingest(status.stream, status.gateway_id)
+        if not any(topic_matches(f, ingest) for f in self._inputs):
+            return  # a gateway of a stream this pipeline does not read
+        self._publish_step(session, self.core.receive_status(status))
+
+    # -- output ------------------------------------------------------------------------------
+
+    def _publish_step(self, session: AsyncSession, step: Step) -> None:
+        for late in step.late:
+            self._publish_late(session, late)
+        if step.closed is not None:
+            self._emit(session, step.closed)
+
+    def _publish_late(self, session: AsyncSession, late: LateRows) -> None:
+        payload = late_message(
+            late, self.config.spec.name, self.config.partition, self.clock.now_ms()
+        )
+        self._unacked.append(
+            session.publish_started(
+                self.config.topics.late(self.config.spec.name),
+                payload,
+                content_type="application/json",
+            )
+        )
+
+    def _emit(self, session: AsyncSession, closed: ClosedWindows | None) -> None:
+        if closed is None or closed.empty:
+            return
+        spec = self.config.spec
+        topics = self.config.topics
+        started = self.clock.now_ms()
+        ctx = Emission(
+            spec.name, self.config.partition, spec.partitions, self.core.closed_through, started
+        )
+        for result in split_windows(closed.frame):
+            window_futures = []
+            for index, encoding in enumerate(spec.output_encodings):
+                topic = (
+                    topics.results(spec.name)
+                    if index == 0
+                    else topics.results_encoded(spec.name, encoding)
+                )
+                if encoding == "json":
+                    payload, content_type = window_json(result, ctx), "application/json"
+                else:
+                    payload, content_type = window_msgpack(result, ctx), "application/msgpack"
+                window_futures.append(
+                    session.publish_started(topic, payload, content_type=content_type)
+                )
+            self._unacked.extend(window_futures)
+            self._track_result_latency(window_futures, started)
+            if self.config.per_key_results:
+                for key, payload in key_messages(result, spec.name, started):
+                    self._unacked.append(
+                        session.publish_started(
+                            topics.result_key(spec.name, key),
+                            payload,
+                            retain=True,
+                            content_type="application/json",
+                        )
+                    )
+
+    def _track_result_latency(self, futures: list[asyncio.Future[None]], started_ms: int) -> None:
+        if not futures:
+            return
+        first = futures[0]
+
+        def done(fut: asyncio.Future[None]) -> None:
+            if not fut.cancelled() and fut.exception() is None:
+                self.result_latency.add(self.clock.now_ms() - started_ms)
+
+        first.add_done_callback(done)
+
+    # -- timers ------------------------------------------------------------------------------
+
+    async def _ticker(self, session: AsyncSession) -> None:
+        while True:
+            await asyncio.sleep(self.config.tick_ms / 1000)
+            self._publish_step(session, self.core.tick())
+            self._unacked = [f for f in self._unacked if not f.done() or f.exception() is not None]
+
+    async def _checkpointer(self, session: AsyncSession) -> None:
+        interval = self.config.spec.checkpoint_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            await self._checkpoint(session)
+
+    async def _checkpoint(self, session: AsyncSession) -> None:
+        """Snapshot, wait for the outputs it relies on, persist, then confirm."""
+        snapshot = self.core.snapshot() if self.config.state_dir is not None else None
+        confirmable = self.core.confirmable()
+        outputs, self._unacked = self._unacked, []
+        await session.wait_published(outputs)
+        if snapshot is not None and self.config.state_dir is not None:
+            await asyncio.to_thread(
+                _write_atomically, self.config.state_dir / CHECKPOINT_FILE, snapshot
+            )
+            self.checkpoints += 1
+            self.last_checkpoint_ms = self.clock.now_ms()
+        await self._confirm(session, confirmable)
+
+    async def _confirm(self, session: AsyncSession, confirmable: dict[str, int]) -> None:
+        spec = self.config.spec
+        now = self.clock.now_ms()
+        futures = []
+        for gateway_id, seq in confirmable.items():
+            if self._confirmed.get(gateway_id) == seq:
+                continue
+            confirm = Confirm(
+                gateway_id, spec.name, self.config.partition, spec.partitions, seq, now
+            )
+            topic = self.config.topics.confirm(gateway_id, spec.name, self.config.partition)
+            futures.append(session.publish_started(topic, confirm.to_json(), retain=True))
+            self._confirmed[gateway_id] = seq
+        await session.wait_published(futures)
+
+    async def _heartbeat(self, session: AsyncSession) -> None:
+        topic = self.config.topics.metrics(
+            "combiner", f"{self.config.spec.name}-{self.config.partition}"
+        )
+        while True:
+            await session.publish(topic, orjson.dumps(self.metrics()), qos=0)
+            await asyncio.sleep(self.config.heartbeat_ms / 1000)
+
+    def metrics(self) -> dict[str, object]:
+        """The heartbeat payload."""
+        gateways = self.core.tracker.gateways
+        return {
+            "component": "combiner",
+            "id": self.config.client_id,
+            "pipeline": self.config.spec.name,
+            "partition": self.config.partition,
+            "at": self.clock.now_ms(),
+            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "watermark": self.core.watermark(),
+            "closed_through": self.core.closed_through,
+            "gateways": len(gateways),
+            "applied_through": {g: p.applied_through for g, p in gateways.items()},
+            "pending_batches": sum(len(p.pending) for p in gateways.values()),
+            "state_rows": self.core.state.rows,
+            "checkpoints": self.checkpoints,
+            "apply_latency_ms": self.apply_latency.summary(),
+            "result_latency_ms": self.result_latency.summary(),
+            **asdict(self.core.counters),
+        }
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def _restore(self, path: Path) -> None:
+        if not path.exists():
+            return
+        self.core.restore(path.read_bytes())
+        self._confirmed = {}
+        log.info("combiner %s: restored from %s", self.config.client_id, path)
+
+    def _reload(self) -> None:
+        if self.config.state_dir is None:
+            log.warning(
+                "combiner %s runs without checkpoints: results in flight when the connection "
+                "dropped may be lost",
+                self.config.client_id,
+            )
+            return
+        self.core = Combiner(self.config.spec, self.config.partition, self.clock)
+        self._restore(self.config.state_dir / CHECKPOINT_FILE)
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

@@ -1,0 +1,297 @@
+"""The worker: a member of the pipeline's shared subscription that turns batches into partials.
+
+Composition root (imported by the CLI and tests only). The one function that acknowledges
+input is ``Worker._handle``; its order is the delivery guarantee:
+
+1. decode the batch strictly (a refused batch becomes a dead letter: raw payload + reason);
+2. compute the partials for every combiner partition in one vectorised pass (a refused batch
+   whose gateway and seq are readable gets empty "rejected" partials, so it still counts as
+   handled for its gateway's sequence);
+3. publish the partials and the dead letter, and wait for the broker's PUBACKs;
+4. only then PUBACK the input.
+
+A crash anywhere before step 4 leaves the batch unacknowledged: the broker or, failing that,
+the gateway's spool delivers it again, and the combiners drop whatever was already applied.
+Up to ``receive_maximum`` batches are in flight; acknowledgements leave in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import orjson
+import polars as pl
+
+from shoal.broker.mqtt import AsyncSession, Message, Will, unique_client_id
+from shoal.broker.settings import BrokerSettings
+from shoal.clock import Clock, SystemClock
+from shoal.errors import BrokerError, InputError
+from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
+from shoal.processors.results import deadletter_message
+from shoal.processors.spec import PipelineSpec
+from shoal.runtime._tasks import supervised
+from shoal.schemas import decode_batch, peek_envelope
+from shoal.schemas.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """How one worker runs.
+
+    Attributes:
+        spec: the pipeline.
+        broker: where the broker is.
+        topics: topic namespace.
+        worker_id: unique per live worker (also its MQTT client id); generated if empty.
+        receive_maximum: batches in flight to this worker (MQTT 5 Receive Maximum).
+        heartbeat_ms: how often metrics are published.
+        reconnect_delay_s: pause before reconnecting after a lost connection.
+    """
+
+    spec: PipelineSpec
+    broker: BrokerSettings
+    topics: Topics = field(default_factory=Topics)
+    worker_id: str = ""
+    receive_maximum: int = 8
+    heartbeat_ms: int = 1_000
+    reconnect_delay_s: float = 0.5
+
+
+@dataclass
+class WorkerCounters:
+    """What one worker has done since it started."""
+
+    batches: int = 0
+    rows: int = 0
+    deadletters: int = 0
+    partials: int = 0
+    busy_s: float = 0.0
+    reconnects: int = 0
+
+
+class Worker:
+    """One worker process's logic (see the module docstring for the ack order)."""
+
+    def __init__(self, config: WorkerConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.worker_id = config.worker_id or unique_client_id(f"shoal-worker-{config.spec.name}")
+        self.builder = PartialBuilder(config.spec, self.worker_id)
+        self.counters = WorkerCounters()
+        self.started_at = time.monotonic()
+        self._stop = asyncio.Event()
+        self._recent: deque[tuple[float, int, float]] = deque(maxlen=64)
+
+    def stop(self) -> None:
+        """Ask the worker to finish (it disconnects after acknowledging what it holds)."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Connect, subscribe, process until ``stop``; reconnect after broker failures."""
+        topics = self.config.topics
+        spec = self.config.spec
+        filters = [topics.shared(spec.name, topics.under_root(f)) for f in spec.inputs]
+        while not self._stop.is_set():
+            session = AsyncSession(
+                self.config.broker,
+                self.worker_id,
+                clean_start=True,
+                session_expiry_s=0,
+                receive_maximum=self.config.receive_maximum,
+                manual_ack=True,
+                will=Will(
+                    topics.metrics("worker", self.worker_id),
+                    orjson.dumps({"component": "worker", "id": self.worker_id, "state": "gone"}),
+                ),
+            )
+            try:
+                async with session:
+                    # Mosquitto does not restore $share subscriptions: subscribe on every connect.
+                    await session.subscribe(filters, qos=1)
+                    await self._serve(session)
+            except BrokerError as exc:
+                if self._stop.is_set():
+                    break
+                self.counters.reconnects += 1
+                log.warning("worker %s: %s; reconnecting", self.worker_id, exc)
+                await asyncio.sleep(self.config.reconnect_delay_s)
+
+    async def _serve(self, session: AsyncSession) -> None:
+        inflight: asyncio.Queue[tuple[Message, list[asyncio.Future[None]]] | None] = asyncio.Queue()
+        done = asyncio.Event()
+        async with supervised(
+            self._stop, self._ack_in_order(session, inflight, done), self._heartbeat(session)
+        ) as ending:
+            async for message in session.messages_until(ending):
+                await inflight.put((message, self._handle(session, message)))
+            # Acknowledge what we hold before leaving (the acker sets `done` even if it fails).
+            await inflight.put(None)
+            await done.wait()
+
+    def _handle(self, session: AsyncSession, message: Message) -> list[asyncio.Future[None]]:
+        """Decode, compute, start publishing; returns the PUBACK futures to wait for."""
+        started = time.perf_counter()
+        now = self.clock.now_ms()
+        spec = self.config.spec
+        futures: list[asyncio.Future[None]] = []
+        partials: list[Partial]
+        try:
+            frame, info = self._decode(message, now)
+            partials = self.builder.build(frame, info, now)
+            self.counters.batches += 1
+            self.counters.rows += frame.height
+        except InputError as exc:
+            partials = self._refuse(session, message, exc, now=now, futures=futures)
+        futures.extend(
+            session.publish_started(
+                self.config.topics.partials(spec.name, partial.partition), partial.encode()
+            )
+            for partial in partials
+        )
+        self.counters.partials += len(partials)
+        elapsed = time.perf_counter() - started
+        self.counters.busy_s += elapsed
+        rows = partials[0].batch.rows if partials else 0
+        self._recent.append((time.monotonic(), rows, elapsed))
+        return futures
+
+    def _decode(self, message: Message, now: int) -> tuple[pl.DataFrame, BatchInfo]:
+        """The batch's frame and identity, or an ``InputError`` saying why not."""
+        route = self.config.topics.ingest_gateway(message.topic)
+        if route is None:
+            raise InputError(
+                f"message on {message.topic!r}, which is not an ingest topic", reason="bad_topic"
+            )
+        stream, gateway_id = route
+        batch = decode_batch(
+            message.payload,
+            content_type=message.content_type,
+            limits=self.config.spec.limits,
+            now_ms=now,
+        )
+        if batch.envelope.gateway_id != gateway_id:
+            raise InputError(
+                "the batch names another gateway than its topic",
+                reason="gateway_mismatch",
+                field="gateway_id",
+                expected=gateway_id,
+                found=batch.envelope.gateway_id,
+            )
+        info = BatchInfo(
+            gateway_id=gateway_id,
+            seq=batch.envelope.seq,
+            stream=stream,
+            rows=batch.frame.height,
+            min_ts=None,
+            max_ts=None,
+            sent_at_ms=batch.envelope.sent_at_ms,
+            received_at_ms=now,
+            worker=self.worker_id,
+        )
+        return batch.frame, info
+
+    def _refuse(
+        self,
+        session: AsyncSession,
+        message: Message,
+        exc: InputError,
+        *,
+        now: int,
+        futures: list[asyncio.Future[None]],
+    ) -> list[Partial]:
+        """Dead-letter a refused message; mark its batch handled if we can name it."""
+        self.counters.deadletters += 1
+        spec = self.config.spec
+        log.info("worker %s: dead-lettering %s: %s", self.worker_id, message.topic, exc)
+        record = deadletter_message(
+            pipeline=spec.name,
+            topic=message.topic,
+            content_type=message.content_type,
+            payload=message.payload,
+            error=exc.as_record(),
+            worker=self.worker_id,
+            at_ms=now,
+        )
+        futures.append(
+            session.publish_started(
+                self.config.topics.deadletter(spec.name),
+                record,
+                user_properties=[("reason", exc.reason)],
+            )
+        )
+        route = self.config.topics.ingest_gateway(message.topic)
+        if route is None or exc.reason == "gateway_mismatch":
+            return []  # no trustworthy (gateway, seq): nothing to mark as handled
+        named = peek_envelope(message.payload, spec.limits)
+        if named is None or named[0] != route[1]:
+            return []
+        info = BatchInfo(
+            gateway_id=named[0],
+            seq=named[1],
+            stream=route[0],
+            rows=0,
+            min_ts=None,
+            max_ts=None,
+            sent_at_ms=0,
+            received_at_ms=now,
+            worker=self.worker_id,
+            status="rejected",
+            reason=exc.reason,
+        )
+        return self.builder.rejected(info, now)
+
+    async def _ack_in_order(
+        self,
+        session: AsyncSession,
+        inflight: asyncio.Queue[tuple[Message, list[asyncio.Future[None]]] | None],
+        done: asyncio.Event,
+    ) -> None:
+        # MQTT wants PUBACKs in arrival order; each waits for its outputs' PUBACKs first.
+        try:
+            while (item := await inflight.get()) is not None:
+                message, futures = item
+                await session.wait_published(futures)
+                session.ack(message)
+        finally:
+            done.set()
+
+    def capacity_rows_per_s(self) -> float | None:
+        """Rows this worker processes per second of busy time (recent batches)."""
+        busy = sum(e for _, _, e in self._recent)
+        rows = sum(r for _, r, _ in self._recent)
+        return rows / busy if busy > 0 and rows else None
+
+    def metrics(self) -> dict[str, object]:
+        """The heartbeat payload."""
+        uptime = time.monotonic() - self.started_at
+        return {
+            "component": "worker",
+            "id": self.worker_id,
+            "pipeline": self.config.spec.name,
+            "state": "stopping" if self._stop.is_set() else "running",
+            "at": self.clock.now_ms(),
+            "uptime_s": round(uptime, 3),
+            "batches": self.counters.batches,
+            "rows": self.counters.rows,
+            "deadletters": self.counters.deadletters,
+            "partials": self.counters.partials,
+            "busy_s": round(self.counters.busy_s, 6),
+            "busy_fraction": round(self.counters.busy_s / uptime, 4) if uptime > 0 else 0.0,
+            "capacity_rows_per_s": self.capacity_rows_per_s(),
+            "reconnects": self.counters.reconnects,
+        }
+
+    async def _heartbeat(self, session: AsyncSession) -> None:
+        topic = self.config.topics.metrics("worker", self.worker_id)
+        while True:
+            try:
+                await session.publish(topic, orjson.dumps(self.metrics()), qos=0)
+            except BrokerError:
+                return
+            await asyncio.sleep(self.config.heartbeat_ms / 1000)
