@@ -1,0 +1,197 @@
+"""Window arithmetic: a table of boundary cases, and the vectorised form against the scalar one."""
+
+from __future__ import annotations
+
+import itertools
+
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.processors.spec import WindowSpec
+from shoal.processors.windows import window_end, window_start, window_starts, with_window_starts
+
+TUMBLING_1S = WindowSpec("t1s", "tumbling", 1_000, 1_000)
+TUMBLING_7 = WindowSpec("t7", "tumbling", 7, 7)
+HOPPING_3S_1S = WindowSpec("h3s", "hopping", 3_000, 1_000)
+HOPPING_10_5 = WindowSpec("h10", "hopping", 10, 5)
+HOPPING_SIZE_IS_SLIDE = WindowSpec("h1s", "hopping", 1_000, 1_000)
+HOPPING_64 = WindowSpec("h64", "hopping", 6_400, 100)
+
+TWO_53 = 2**53  # 9_007_199_254_740_992
+
+# (window, timestamp, every window start containing it, oldest first). Written out by hand:
+# these are the contract, not a re-derivation of the formula.
+CASES: list[tuple[WindowSpec, int, list[int]]] = [
+    # tumbling: edges are inclusive at the start, exclusive at the end
+    (TUMBLING_1S, 0, [0]),
+    (TUMBLING_1S, 1, [0]),
+    (TUMBLING_1S, 999, [0]),
+    (TUMBLING_1S, 1_000, [1_000]),
+    (TUMBLING_1S, 1_001, [1_000]),
+    (TUMBLING_1S, 1_999, [1_000]),
+    # negative timestamps fall into the window before zero (floor, not truncation)
+    (TUMBLING_1S, -1, [-1_000]),
+    (TUMBLING_1S, -999, [-1_000]),
+    (TUMBLING_1S, -1_000, [-1_000]),
+    (TUMBLING_1S, -1_001, [-2_000]),
+    # huge values near 2^53 (the largest timestamp the contract admits is 2^53 - 1)
+    (TUMBLING_1S, TWO_53 - 1, [9_007_199_254_740_000]),
+    (TUMBLING_1S, TWO_53, [9_007_199_254_740_000]),
+    (TUMBLING_1S, 9_007_199_254_740_000, [9_007_199_254_740_000]),
+    (TUMBLING_1S, 9_007_199_254_739_999, [9_007_199_254_739_000]),
+    (TUMBLING_1S, -TWO_53, [-9_007_199_254_741_000]),
+    # an odd size
+    (TUMBLING_7, 0, [0]),
+    (TUMBLING_7, 6, [0]),
+    (TUMBLING_7, 7, [7]),
+    (TUMBLING_7, 13, [7]),
+    (TUMBLING_7, 14, [14]),
+    (TUMBLING_7, -1, [-7]),
+    (TUMBLING_7, -7, [-7]),
+    (TUMBLING_7, -8, [-14]),
+    # hopping: size/slide windows per timestamp, oldest first
+    (HOPPING_3S_1S, 0, [-2_000, -1_000, 0]),
+    (HOPPING_3S_1S, 999, [-2_000, -1_000, 0]),
+    (HOPPING_3S_1S, 1_000, [-1_000, 0, 1_000]),
+    (HOPPING_3S_1S, 2_999, [0, 1_000, 2_000]),
+    (HOPPING_3S_1S, 3_000, [1_000, 2_000, 3_000]),
+    (HOPPING_3S_1S, -1, [-3_000, -2_000, -1_000]),
+    (HOPPING_3S_1S, -1_000, [-3_000, -2_000, -1_000]),
+    (HOPPING_3S_1S, -1_001, [-4_000, -3_000, -2_000]),
+    (
+        HOPPING_3S_1S,
+        TWO_53 - 1,
+        [9_007_199_254_738_000, 9_007_199_254_739_000, 9_007_199_254_740_000],
+    ),
+    (HOPPING_10_5, 4, [-5, 0]),
+    (HOPPING_10_5, 5, [0, 5]),
+    (HOPPING_10_5, 9, [0, 5]),
+    (HOPPING_10_5, 10, [5, 10]),
+    (HOPPING_10_5, -5, [-10, -5]),
+    (HOPPING_10_5, -6, [-15, -10]),
+    # a hopping window whose slide equals its size behaves like a tumbling one
+    (HOPPING_SIZE_IS_SLIDE, 999, [0]),
+    (HOPPING_SIZE_IS_SLIDE, 1_000, [1_000]),
+    (HOPPING_SIZE_IS_SLIDE, -1, [-1_000]),
+]
+
+
+@pytest.mark.parametrize(("window", "ts", "starts"), CASES)
+def test_window_starts_table(window: WindowSpec, ts: int, starts: list[int]) -> None:
+    assert window_starts(ts, window) == starts
+    assert window_start(ts, window) == starts[-1]
+    for start in starts:
+        assert start <= ts < window_end(start, window)
+
+
+@pytest.mark.parametrize(("window", "ts", "starts"), CASES)
+def test_with_window_starts_table(window: WindowSpec, ts: int, starts: list[int]) -> None:
+    frame = pl.DataFrame({"ts": [ts]}, schema={"ts": pl.Int64})
+    out = with_window_starts(frame, window)
+    assert sorted(out["start"].to_list()) == starts
+    assert out["start"].dtype == pl.Int64
+    assert out["ts"].to_list() == [ts] * len(starts)
+
+
+@pytest.mark.parametrize(
+    ("start", "window", "end"),
+    [
+        (0, TUMBLING_1S, 1_000),
+        (-1_000, TUMBLING_1S, 0),
+        (-2_000, HOPPING_3S_1S, 1_000),
+        (5, HOPPING_10_5, 15),
+        (9_007_199_254_740_000, TUMBLING_1S, 9_007_199_254_741_000),
+        (9_007_199_254_740_000, HOPPING_3S_1S, 9_007_199_254_743_000),
+    ],
+)
+def test_window_end(start: int, window: WindowSpec, end: int) -> None:
+    assert window_end(start, window) == end
+
+
+@pytest.mark.parametrize(
+    ("window", "overlap"),
+    [
+        (TUMBLING_1S, 1),
+        (TUMBLING_7, 1),
+        (HOPPING_SIZE_IS_SLIDE, 1),
+        (HOPPING_10_5, 2),
+        (HOPPING_3S_1S, 3),
+        (HOPPING_64, 64),
+    ],
+)
+def test_overlap_counts(window: WindowSpec, overlap: int) -> None:
+    assert window.windows_per_row == overlap
+    for ts in (-12_345, -1, 0, 1, 99, 100, 6_399, 6_400, TWO_53 - 1):
+        starts = window_starts(ts, window)
+        assert len(starts) == overlap
+        assert len(set(starts)) == overlap
+        assert all(b - a == window.slide_ms for a, b in itertools.pairwise(starts))
+    frame = pl.DataFrame({"ts": [0, 1, 2]}, schema={"ts": pl.Int64})
+    assert with_window_starts(frame, window).height == 3 * overlap
+
+
+def test_tumbling_keeps_rows_and_order() -> None:
+    frame = pl.DataFrame(
+        {"ts": [2_500, -1, 1_000, 999], "value": [1.0, 2.0, 3.0, 4.0]},
+        schema={"ts": pl.Int64, "value": pl.Float64},
+    )
+    out = with_window_starts(frame, TUMBLING_1S)
+    assert out.columns == ["ts", "value", "start"]
+    assert out["start"].to_list() == [2_000, -1_000, 1_000, 0]
+    assert out["value"].to_list() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_hopping_repeats_other_columns() -> None:
+    frame = pl.DataFrame(
+        {"event": [1_500], "key": ["a"]}, schema={"event": pl.Int64, "key": pl.String}
+    )
+    out = with_window_starts(frame, HOPPING_3S_1S, ts="event")
+    assert sorted(out.rows()) == [(1_500, "a", -1_000), (1_500, "a", 0), (1_500, "a", 1_000)]
+
+
+@pytest.mark.parametrize("window", [TUMBLING_1S, HOPPING_3S_1S])
+def test_empty_frame(window: WindowSpec) -> None:
+    frame = pl.DataFrame({"ts": []}, schema={"ts": pl.Int64})
+    out = with_window_starts(frame, window)
+    assert out.height == 0
+    assert out.schema == pl.Schema({"ts": pl.Int64, "start": pl.Int64})
+
+
+@st.composite
+def window_specs(draw: st.DrawFn) -> WindowSpec:
+    slide = draw(st.one_of(st.integers(1, 10), st.integers(1, 10**6), st.sampled_from([1_000])))
+    per_row = draw(st.integers(1, 8))
+    kind = "tumbling" if per_row == 1 and draw(st.booleans()) else "hopping"
+    return WindowSpec("w", kind, slide * per_row, slide)
+
+
+timestamps = st.one_of(
+    st.integers(-(2**53), 2**53),
+    st.integers(-5_000, 5_000),
+    st.sampled_from([0, -1, 1, 2**53 - 1, -(2**53)]),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(window=window_specs(), ts=timestamps)
+def test_scalar_matches_brute_force(window: WindowSpec, ts: int) -> None:
+    """Every aligned window containing ``ts``, found by walking back from ``ts``."""
+    first = -((ts - window.size_ms + 1) // -window.slide_ms) * window.slide_ms  # ceil to slide
+    expected = list(range(first, ts + 1, window.slide_ms))
+    assert window_starts(ts, window) == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(window=window_specs(), ts=st.lists(timestamps, max_size=30))
+def test_vectorised_matches_scalar(window: WindowSpec, ts: list[int]) -> None:
+    frame = pl.DataFrame(
+        {"ts": ts, "row": list(range(len(ts)))}, schema={"ts": pl.Int64, "row": pl.Int64}
+    )
+    out = with_window_starts(frame, window)
+    got = sorted(zip(out["row"].to_list(), out["start"].to_list(), strict=True))
+    expected = sorted(
+        (row, start) for row, t in enumerate(ts) for start in window_starts(t, window)
+    )
+    assert got == expected
