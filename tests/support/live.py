@@ -1,0 +1,183 @@
+"""A live pipeline for integration tests: real broker, in-process workers and combiners."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+import polars as pl
+
+from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.broker.settings import BrokerSettings
+from shoal.processors.spec import PipelineSpec
+from shoal.runtime.combiner import CombinerConfig, CombinerRuntime
+from shoal.runtime.worker import Worker, WorkerConfig
+from shoal.schemas import Encoding, Measurements, encode_batch
+from shoal.schemas.control import GatewayStatus
+from shoal.schemas.topics import Topics
+from tests.support.datasets import GeneratedBatch
+
+
+@dataclass
+class Collected:
+    """Everything the pipeline published that a consumer sees."""
+
+    windows: list[dict] = field(default_factory=list)
+    late: list[dict] = field(default_factory=list)
+    deadletters: list[bytes] = field(default_factory=list)
+    confirms: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def results_frame(self) -> pl.DataFrame:
+        rows = []
+        for message in self.windows:
+            for result in message["results"]:
+                rows.append(
+                    {"window": message["window"], "start": message["start"], "end": message["end"], **result}
+                )
+        return pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
+
+
+@contextlib.asynccontextmanager
+async def collector(settings: BrokerSettings, topics: Topics, pipeline: str) -> AsyncIterator[Collected]:
+    """Subscribe to results, late rows, dead letters and confirmations while the body runs."""
+    collected = Collected()
+    ready = asyncio.Event()
+
+    async def listen() -> None:
+        async with AsyncSession(settings, unique_client_id("collector")) as session:
+            await session.subscribe(
+                [topics.results(pipeline), topics.late(pipeline), topics.deadletter(pipeline), topics.confirm_all()],
+                qos=1,
+            )
+            ready.set()
+            async for message in session.messages():
+                if message.topic == topics.results(pipeline):
+                    collected.windows.append(orjson.loads(message.payload))
+                elif message.topic == topics.late(pipeline):
+                    collected.late.append(orjson.loads(message.payload))
+                elif message.topic == topics.deadletter(pipeline):
+                    collected.deadletters.append(message.payload)
+                else:
+                    body = orjson.loads(message.payload)
+                    collected.confirms[(body["gateway_id"], body["partition"])] = body["seq"]
+
+    task = asyncio.create_task(listen())
+    await asyncio.wait_for(ready.wait(), 10)
+    try:
+        yield collected
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+class InProcessPipeline:
+    """N workers and every combiner partition as asyncio tasks of the test process."""
+
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        settings: BrokerSettings,
+        topics: Topics,
+        *,
+        workers: int,
+        state_dir: Path | None,
+    ) -> None:
+        self.spec = spec
+        self.workers = [
+            Worker(WorkerConfig(spec, settings, topics, worker_id=f"{topics.root}-w{i}"))
+            for i in range(workers)
+        ]
+        self.combiners = [
+            CombinerRuntime(
+                CombinerConfig(
+                    spec,
+                    p,
+                    settings,
+                    topics,
+                    state_dir=None if state_dir is None else state_dir / f"p{p}",
+                    tick_ms=50,
+                    per_key_results=False,
+                )
+            )
+            for p in range(spec.partitions)
+        ]
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self.tasks = [asyncio.create_task(c.run()) for c in self.combiners]
+        self.tasks += [asyncio.create_task(w.run()) for w in self.workers]
+        await asyncio.sleep(0.5)  # let every member subscribe before traffic starts
+
+    async def stop(self) -> None:
+        for component in (*self.workers, *self.combiners):
+            component.stop()
+        await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True), 20)
+
+    def applied_through(self) -> list[dict[str, int]]:
+        return [c.core.confirmable() for c in self.combiners]
+
+    async def wait_applied(self, last_seq: dict[str, int], timeout_s: float = 30) -> None:
+        """Until every partition applied every gateway's batches up to ``last_seq``."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(
+                all(done.get(g, -1) >= seq for g, seq in last_seq.items())
+                for done in self.applied_through()
+            ):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"not applied in time: want {last_seq}, have {self.applied_through()}")
+
+    async def wait_closed_through(self, end_ms: int, timeout_s: float = 30) -> int:
+        """Until every partition closed windows up to ``end_ms``; returns the common threshold."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            marks = [c.core.closed_through for c in self.combiners]
+            if all(m is not None and m >= end_ms for m in marks):
+                return min(m for m in marks if m is not None)
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"windows not closed in time: {[c.core.closed_through for c in self.combiners]}")
+
+
+async def publish_batches(
+    settings: BrokerSettings,
+    topics: Topics,
+    batches: list[GeneratedBatch],
+    order: list[int],
+    *,
+    encoding: Encoding,
+    stream: str = "s",
+) -> None:
+    """Announce every gateway (retained status), then publish batches in ``order``."""
+    by_gateway: dict[str, list[int]] = {}
+    for batch in batches:
+        by_gateway.setdefault(batch.gateway_id, []).append(batch.seq)
+    async with AsyncSession(settings, unique_client_id("test-gateways")) as session:
+        now = int(time.time() * 1000)
+        for gateway_id, seqs in by_gateway.items():
+            status = GatewayStatus(
+                gateway_id, stream, max(seqs) + 1, min(seqs), len(seqs), 0, None, 0, 0, now
+            )
+            await session.publish(topics.gateway_status(gateway_id), status.to_json(), retain=True)
+        futures = []
+        for index in order:
+            batch = batches[index]
+            payload = encode_batch(
+                Measurements.from_frame(batch.frame) if encoding is Encoding.BINARY_COLUMNAR else batch.frame,
+                gateway_id=batch.gateway_id,
+                seq=batch.seq,
+                sent_at_ms=now,
+                encoding=encoding,
+            )
+            futures.append(
+                session.publish_started(
+                    topics.ingest(stream, batch.gateway_id), payload, content_type=encoding.content_type
+                )
+            )
+        await session.wait_published(futures)
