@@ -121,6 +121,9 @@ class ProgressTracker(Generic[T]):
             # never see them. Move on, and say so in the counters.
             progress.skipped += first - progress.next_seq
             progress.next_seq = first
+            # Early arrivals inside the skipped range can never be drained; left in the buffer
+            # they would hold the pipeline watermark until max_hold_ms.
+            progress.pending = {s: item for s, item in progress.pending.items() if s >= first}
         return self._drain(progress)
 
     def resolve_starts(self, now_ms: int) -> list[tuple[str, int, T]]:

@@ -1,0 +1,353 @@
+"""Per-gateway progress: seq ordering, duplicates, starting points, watermarks and holding."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.processors.progress import DISCOVERY_GRACE_MS, GatewayProgress, ProgressTracker
+from shoal.schemas.control import GatewayStatus
+
+T0 = 1_700_000_000_000
+IDLE = 1_000
+MAX_HOLD = 5_000
+
+
+def status(gateway_id: str, *, first: int, next_seq: int | None = None) -> GatewayStatus:
+    next_seq = first if next_seq is None else next_seq
+    return GatewayStatus(
+        gateway_id=gateway_id,
+        stream="s",
+        next_seq=next_seq,
+        first_unconfirmed_seq=first,
+        unconfirmed_batches=next_seq - first,
+        unconfirmed_rows=0,
+        oldest_unconfirmed_ms=None,
+        spool_bytes=0,
+        rows_total=0,
+        at_ms=T0,
+    )
+
+
+def tracker() -> ProgressTracker[str]:
+    return ProgressTracker(IDLE, max_hold_ms=MAX_HOLD)
+
+
+def started(first: int = 0, next_seq: int | None = None) -> ProgressTracker[str]:
+    t = tracker()
+    assert t.note_status(status("g", first=first, next_seq=next_seq), T0) == []
+    return t
+
+
+def apply_all(t: ProgressTracker[str], ready: list[tuple[int, str]], now: int) -> list[int]:
+    """Apply released items the way the combiner does (max_ts = seq * 100 here)."""
+    for seq, _ in ready:
+        t.applied("g", seq * 100, now)
+    return [seq for seq, _ in ready]
+
+
+# -- ordering and duplicates -------------------------------------------------------------------
+
+
+def test_in_order_release() -> None:
+    t = started(0)
+    assert t.offer("g", 0, "b0", T0) == [(0, "b0")]
+    assert t.offer("g", 1, "b1", T0) == [(1, "b1")]
+    assert t.gateways["g"].next_seq == 2
+
+
+def test_early_seqs_wait_for_the_gap() -> None:
+    t = started(0)
+    assert t.offer("g", 2, "b2", T0) == []
+    assert t.offer("g", 3, "b3", T0) == []
+    assert set(t.gateways["g"].pending) == {2, 3}
+    assert t.offer("g", 0, "b0", T0) == [(0, "b0")]
+    assert t.offer("g", 1, "b1", T0) == [(1, "b1"), (2, "b2"), (3, "b3")]
+    assert t.gateways["g"].pending == {}
+
+
+def test_duplicate_below_next_seq_is_dropped_and_counted() -> None:
+    t = started(0)
+    t.offer("g", 0, "b0", T0)
+    t.offer("g", 1, "b1", T0)
+    assert t.offer("g", 0, "again", T0) == []
+    assert t.offer("g", 1, "again", T0) == []
+    assert t.gateways["g"].duplicates == 2
+    assert t.gateways["g"].next_seq == 2
+
+
+def test_duplicate_of_a_pending_seq_keeps_the_first_copy() -> None:
+    t = started(0)
+    assert t.offer("g", 1, "first copy", T0) == []
+    assert t.offer("g", 1, "second copy", T0) == []
+    assert t.gateways["g"].duplicates == 1
+    assert t.offer("g", 0, "b0", T0) == [(0, "b0"), (1, "first copy")]
+
+
+def test_duplicates_of_a_gateway_without_a_start_are_counted() -> None:
+    t = tracker()
+    t.offer("g", 5, "x", T0)
+    t.offer("g", 5, "y", T0)
+    assert t.gateways["g"].duplicates == 1
+    assert t.gateways["g"].next_seq is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    order=st.lists(st.integers(0, 15), min_size=1, max_size=60),
+    first=st.integers(0, 3),
+)
+def test_any_delivery_order_releases_each_seq_once_in_order(order: list[int], first: int) -> None:
+    t = started(first)
+    released: list[int] = []
+    for seq in order:
+        released += [s for s, _ in t.offer("g", seq, f"b{seq}", T0)]
+    delivered = {s for s in order if s >= first}
+    contiguous = 0
+    while first + contiguous in delivered:
+        contiguous += 1
+    assert released == list(range(first, first + contiguous))
+    progress = t.gateways["g"]
+    assert set(progress.pending) == {s for s in delivered if s >= first + contiguous}
+    assert progress.duplicates == len(order) - len(released) - len(progress.pending)
+
+
+# -- starting points ---------------------------------------------------------------------------
+
+
+def test_start_from_first_unconfirmed_seq() -> None:
+    t = started(first=7, next_seq=9)
+    assert t.gateways["g"].next_seq == 7
+    assert t.offer("g", 5, "old", T0) == []  # confirmed long ago: a duplicate
+    assert t.gateways["g"].duplicates == 1
+    assert t.offer("g", 8, "b8", T0) == []
+    assert t.offer("g", 7, "b7", T0) == [(7, "b7"), (8, "b8")]
+
+
+def test_status_after_early_arrivals_releases_them() -> None:
+    t = tracker()
+    assert t.offer("g", 4, "b4", T0) == []
+    assert t.offer("g", 3, "b3", T0) == []
+    assert t.note_status(status("g", first=3, next_seq=5), T0 + 10) == [(3, "b3"), (4, "b4")]
+    assert t.gateways["g"].next_seq == 5
+
+
+def test_later_status_with_an_older_first_seq_changes_nothing() -> None:
+    t = started(0)
+    apply_all(t, t.offer("g", 0, "b0", T0) + t.offer("g", 1, "b1", T0), T0)
+    assert t.note_status(status("g", first=1, next_seq=2), T0) == []
+    assert t.gateways["g"].next_seq == 2
+    assert t.gateways["g"].skipped == 0
+
+
+def test_skip_ahead_when_the_gateway_dropped_batches_we_never_saw() -> None:
+    t = started(0, next_seq=2)
+    apply_all(t, t.offer("g", 0, "b0", T0) + t.offer("g", 1, "b1", T0), T0)
+    assert t.offer("g", 5, "b5", T0) == []
+    assert t.offer("g", 6, "b6", T0) == []
+    # 2, 3 and 4 were confirmed (for other pipelines) and dropped: we will never see them
+    ready = t.note_status(status("g", first=5, next_seq=7), T0)
+    assert ready == [(5, "b5"), (6, "b6")]
+    progress = t.gateways["g"]
+    assert progress.skipped == 3
+    assert progress.next_seq == 7
+    assert t.offer("g", 3, "late copy", T0) == []
+    assert progress.duplicates == 1
+
+
+def test_skip_ahead_leaves_no_stale_pending_batch() -> None:
+    """A batch we saw but could not apply before the skip must not hold the gateway forever."""
+    t = started(0, next_seq=2)
+    apply_all(t, t.offer("g", 0, "b0", T0) + t.offer("g", 1, "b1", T0), T0)
+    assert t.offer("g", 3, "b3", T0) == []
+    t.note_status(status("g", first=5, next_seq=5), T0)
+    progress = t.gateways["g"]
+    assert progress.next_seq == 5
+    assert progress.skipped == 3
+    assert all(seq >= progress.next_seq for seq in progress.pending)
+    assert not progress.has_unapplied()
+    assert not t.holds(progress, T0 + IDLE)
+    assert t.offer("g", 3, "b3 again", T0) == []
+    assert t.offer("g", 5, "b5", T0) == [(5, "b5")]
+
+
+def test_resolve_starts_after_the_grace_time() -> None:
+    t = tracker()
+    t.offer("g", 4, "b4", T0)
+    t.offer("g", 3, "b3", T0 + 500)  # later arrivals do not restart the grace period
+    assert t.resolve_starts(T0 + DISCOVERY_GRACE_MS - 1) == []
+    assert t.gateways["g"].next_seq is None
+    ready = t.resolve_starts(T0 + DISCOVERY_GRACE_MS)
+    assert ready == [("g", 3, "b3"), ("g", 4, "b4")]
+    assert t.gateways["g"].next_seq == 5
+    assert t.resolve_starts(T0 + 10 * DISCOVERY_GRACE_MS) == []
+
+
+def test_resolve_starts_leaves_announced_gateways_alone() -> None:
+    t = tracker()
+    t.note_status(status("g", first=2, next_seq=5), T0)
+    t.offer("g", 3, "b3", T0)
+    t.offer("h", 9, "h9", T0)
+    assert t.resolve_starts(T0 + DISCOVERY_GRACE_MS) == [("h", 9, "h9")]
+    assert t.gateways["g"].next_seq == 2
+    assert set(t.gateways["g"].pending) == {3}
+
+
+# -- watermarks --------------------------------------------------------------------------------
+
+
+def test_watermark_is_the_largest_applied_event_time() -> None:
+    t = started(0)
+    assert t.watermark("g") is None
+    assert t.watermark("unknown") is None
+    t.offer("g", 0, "b0", T0)
+    t.applied("g", 500, T0)
+    assert t.watermark("g") == 500
+    t.offer("g", 1, "b1", T0)
+    t.applied("g", 300, T0)  # an older batch never moves it back
+    assert t.watermark("g") == 500
+    t.offer("g", 2, "b2", T0)
+    t.applied("g", None, T0)  # an empty or rejected batch
+    assert t.watermark("g") == 500
+    assert t.gateways["g"].applied == 3
+    t.offer("g", 3, "b3", T0)
+    t.applied("g", 900, T0)
+    assert t.watermark("g") == 900
+
+
+# -- holding -----------------------------------------------------------------------------------
+
+
+def gateway(
+    t: ProgressTracker[str], gateway_id: str, *, watermark: int | None, at: int
+) -> GatewayProgress[str]:
+    """A gateway that applied seq 0 (with ``watermark``) at clock ``at``."""
+    t.note_status(status(gateway_id, first=0, next_seq=1), at)
+    t.offer(gateway_id, 0, "b0", at)
+    t.applied(gateway_id, watermark, at)
+    return t.gateways[gateway_id]
+
+
+def test_default_max_hold() -> None:
+    assert ProgressTracker[str](1_000).max_hold_ms == 60_000
+    assert ProgressTracker[str](20_000).max_hold_ms == 120_000
+    assert ProgressTracker[str](1_000, max_hold_ms=3_000).max_hold_ms == 3_000
+
+
+def test_recent_progress_holds_then_idles() -> None:
+    t = tracker()
+    progress = gateway(t, "g", watermark=100, at=T0)
+    assert t.holds(progress, T0)
+    assert t.holds(progress, T0 + IDLE - 1)
+    assert not t.holds(progress, T0 + IDLE)
+
+
+def test_unapplied_announced_batches_hold_until_max_hold() -> None:
+    t = tracker()
+    progress = gateway(t, "g", watermark=100, at=T0)
+    t.note_status(status("g", first=0, next_seq=3), T0)  # seqs 1 and 2 are on their way
+    assert progress.has_unapplied()
+    assert t.holds(progress, T0 + IDLE)
+    assert t.holds(progress, T0 + MAX_HOLD - 1)
+    assert not t.holds(progress, T0 + MAX_HOLD)
+
+
+def test_pending_batches_hold() -> None:
+    t = tracker()
+    progress = gateway(t, "g", watermark=100, at=T0)
+    t.offer("g", 2, "b2", T0)  # waiting for seq 1
+    assert t.holds(progress, T0 + IDLE + 1)
+    assert not t.holds(progress, T0 + MAX_HOLD)
+
+
+def test_progress_renews_the_hold() -> None:
+    t = tracker()
+    progress = gateway(t, "g", watermark=100, at=T0)
+    t.offer("g", 1, "b1", T0 + 900)
+    t.applied("g", 200, T0 + 900)
+    assert t.holds(progress, T0 + 1_500)
+    assert not t.holds(progress, T0 + 900 + IDLE)
+
+
+def test_pipeline_watermark_is_min_over_holding() -> None:
+    t = tracker()
+    assert t.pipeline_watermark(T0) is None
+    gateway(t, "a", watermark=100, at=T0)
+    gateway(t, "b", watermark=250, at=T0)
+    assert t.pipeline_watermark(T0) == 100
+
+
+def test_holding_gateway_without_data_blocks_everything() -> None:
+    t = tracker()
+    gateway(t, "a", watermark=100, at=T0)
+    t.note_status(status("new", first=0, next_seq=0), T0)
+    assert t.pipeline_watermark(T0) is None
+    # once the silent newcomer goes idle, it stops holding
+    t.offer("a", 1, "b1", T0 + IDLE)
+    t.applied("a", 400, T0 + IDLE)
+    assert t.pipeline_watermark(T0 + IDLE) == 400
+
+
+def test_idle_gateway_no_longer_holds_the_minimum() -> None:
+    t = tracker()
+    gateway(t, "slow", watermark=100, at=T0)
+    fast = gateway(t, "fast", watermark=5_000, at=T0)
+    assert t.pipeline_watermark(T0) == 100
+    t.offer("fast", 1, "b1", T0 + IDLE)
+    t.applied("fast", 6_000, T0 + IDLE)
+    assert fast.watermark_ms == 6_000
+    assert t.pipeline_watermark(T0 + IDLE) == 6_000
+
+
+def test_idle_gateway_with_the_higher_watermark_is_ignored() -> None:
+    t = tracker()
+    gateway(t, "idle", watermark=9_000, at=T0)
+    gateway(t, "busy", watermark=100, at=T0 + IDLE)
+    assert t.pipeline_watermark(T0 + IDLE) == 100
+
+
+def test_all_idle_gives_the_largest_watermark() -> None:
+    t = tracker()
+    gateway(t, "a", watermark=100, at=T0)
+    gateway(t, "b", watermark=700, at=T0)
+    gateway(t, "c", watermark=None, at=T0)
+    assert t.pipeline_watermark(T0 + IDLE) == 700
+
+
+def test_all_idle_without_data_gives_none() -> None:
+    t = tracker()
+    gateway(t, "a", watermark=None, at=T0)
+    assert t.pipeline_watermark(T0 + IDLE) is None
+
+
+def test_gateway_with_unknown_start_holds_while_recent() -> None:
+    t = tracker()
+    gateway(t, "a", watermark=100, at=T0)
+    t.offer("new", 7, "x", T0)  # no status yet
+    assert t.pipeline_watermark(T0) is None
+    assert t.pipeline_watermark(T0 + MAX_HOLD) is not None
+
+
+# -- confirmations -----------------------------------------------------------------------------
+
+
+def test_confirmable() -> None:
+    t = tracker()
+    assert t.confirmable() == {}
+    t.offer("unknown", 3, "x", T0)  # start not known: nothing to confirm
+    t.note_status(status("g", first=0, next_seq=4), T0)
+    assert t.confirmable() == {}
+    t.offer("g", 0, "b0", T0)
+    t.offer("g", 2, "b2", T0)
+    assert t.confirmable() == {"g": 0}
+    t.offer("g", 1, "b1", T0)
+    assert t.confirmable() == {"g": 2}
+    # a gateway that starts at 5 has 0..4 settled already
+    t.note_status(status("h", first=5, next_seq=6), T0)
+    assert t.confirmable() == {"g": 2, "h": 4}
+
+
+@pytest.mark.parametrize(("next_seq", "through"), [(None, -1), (0, -1), (1, 0), (10, 9)])
+def test_applied_through(next_seq: int | None, through: int) -> None:
+    assert GatewayProgress[str]("g", next_seq, None, T0, T0).applied_through == through
