@@ -6,6 +6,7 @@ import io
 from typing import Literal
 
 import polars as pl
+from polars.exceptions import PanicException
 
 
 def to_ipc(
@@ -20,5 +21,12 @@ def to_ipc(
 
 
 def from_ipc(data: bytes | None) -> pl.DataFrame | None:
-    """Parse bytes written by ``to_ipc``."""
-    return None if data is None else pl.read_ipc_stream(io.BytesIO(data))
+    """Parse bytes written by ``to_ipc``; corrupt bytes raise ``ValueError``."""
+    if data is None:
+        return None
+    try:
+        return pl.read_ipc_stream(io.BytesIO(data))
+    except PanicException as exc:
+        # Some corrupt streams make polars' reader panic, and a panic is a BaseException that
+        # would get past every ``except Exception`` bad-input policy.
+        raise ValueError(f"corrupt Arrow IPC stream: {exc}") from exc
