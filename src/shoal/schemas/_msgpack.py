@@ -31,10 +31,14 @@ def unpack(data: bytes, what: str) -> Any:
     """Unpack one MsgPack object, turning every failure into a ``DecodeError``.
 
     The unpacker bounds every declared length by the input size, refuses maps larger than
-    any the contract defines, and refuses non-string map keys and invalid UTF-8.
+    any the contract defines, and refuses non-string map keys and invalid UTF-8. The
+    timestamp extension becomes a ``datetime``: as a ``msgpack.Timestamp`` nested in a list
+    it made polars panic instead of refusing it; a ``datetime`` every check refuses cleanly.
     """
     try:
-        return msgpack.unpackb(data, raw=False, strict_map_key=True, max_map_len=MAX_MAP_KEYS)
+        return msgpack.unpackb(
+            data, raw=False, strict_map_key=True, max_map_len=MAX_MAP_KEYS, timestamp=3
+        )
     except Exception as exc:
         raise DecodeError(f"invalid MsgPack in {what}: {exc}", reason="bad_msgpack") from exc
 

@@ -95,3 +95,14 @@ def test_confirm_version_true_is_not_version_1() -> None:
     with pytest.raises(SchemaError) as info:
         Confirm.from_json(orjson.dumps({**good, "shoal": True}))
     assert (info.value.reason, info.value.field) == ("unsupported_version", "shoal")
+
+
+@pytest.mark.parametrize("column", ["sensor_id", "ts", "value", "unit"])
+def test_a_nested_msgpack_timestamp_is_bad_type_not_a_polars_panic(column: str) -> None:
+    # polars raised PanicException (a BaseException) on a list holding a msgpack.Timestamp.
+    cols: dict[str, list[object]] = {"sensor_id": ["a"], "ts": [T0], "value": [1.0]}
+    cols[column] = [[msgpack.Timestamp(1, 0)]]
+    payload = msgpack.packb({**head("msgpack-columnar"), "n": 1, "cols": cols})
+    with pytest.raises(SchemaError) as info:
+        decode_batch(payload)
+    assert (info.value.reason, info.value.field, info.value.row) == ("bad_type", column, 0)
