@@ -282,12 +282,18 @@ class Combiner:
             obj: dict[str, Any] = msgpack.unpackb(data, raw=False)
         except Exception as exc:
             raise SchemaError(f"unreadable checkpoint: {exc}", reason="bad_checkpoint") from exc
-        if obj.get("v") != SNAPSHOT_VERSION or obj.get("fingerprint") != self.fingerprint:
+        if not isinstance(obj, dict):
+            raise SchemaError("unreadable checkpoint: not a map", reason="bad_checkpoint")
+        if (
+            obj.get("v") != SNAPSHOT_VERSION
+            or obj.get("fingerprint") != self.fingerprint
+            or obj.get("partition") != self.partition
+        ):
             raise SchemaError(
-                "checkpoint was written for another pipeline spec or version",
+                "checkpoint was written for another pipeline spec, partition or version",
                 reason="checkpoint_mismatch",
-                expected=self.fingerprint,
-                found=str(obj.get("fingerprint")),
+                expected=f"{self.fingerprint} partition {self.partition}",
+                found=f"{obj.get('fingerprint')} partition {obj.get('partition')}",
             )
         now = self.clock.now_ms()
         self.closed_through = obj["closed_through"]

@@ -74,7 +74,7 @@ def assert_same(a: Partial, b: Partial) -> None:
         if left is None:
             assert right is None, name
         else:
-            assert_frame_equal(left, right)
+            assert_frame_equal(left, right, check_exact=True)
 
 
 def test_round_trip_with_state() -> None:

@@ -1,0 +1,597 @@
+"""The combiner core: lateness, closing, refusals, counters, and snapshot/restore exactness."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgpack
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from polars.testing import assert_frame_equal
+
+from shoal.clock import FakeClock
+from shoal.errors import SchemaError
+from shoal.processors.combine import Combiner, CombinerCounters, LateRows, Step
+from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
+from shoal.processors.progress import DISCOVERY_GRACE_MS
+from shoal.processors.spec import PipelineSpec, parse_pipeline
+from shoal.schemas import FRAME_SCHEMA
+from shoal.schemas.control import GatewayStatus
+from tests.support.datasets import GeneratedBatch, all_rows, make_batches
+from tests.support.in_memory import run_in_memory, statuses_for
+
+LATENESS = 500
+IDLE = 1_000
+
+
+def make_spec(**changes: Any) -> PipelineSpec:
+    raw: dict[str, Any] = {
+        "name": "c",
+        "windows": [{"kind": "tumbling", "size_ms": 1_000}],
+        "aggregates": ["count", "sum", "min", "max", "p50"],
+        "lateness_ms": LATENESS,
+        "idle_timeout_ms": IDLE,
+    }
+    return parse_pipeline({**raw, **changes})
+
+
+SPEC = make_spec()
+
+
+def frame_of(rows: list[tuple[str, int, float]]) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "sensor_id": [r[0] for r in rows],
+            "ts": [r[1] for r in rows],
+            "value": [r[2] for r in rows],
+            "name": None,
+            "type": None,
+            "unit": None,
+        },
+        schema=FRAME_SCHEMA,
+    )
+
+
+def status(gateway_id: str, first: int, next_seq: int) -> GatewayStatus:
+    return GatewayStatus(gateway_id, "s", next_seq, first, next_seq - first, 0, None, 0, 0, 0)
+
+
+class Harness:
+    """One combiner partition fed through a builder, checking every close as it happens."""
+
+    def __init__(self, spec: PipelineSpec = SPEC, partition: int = 0) -> None:
+        self.spec = spec
+        self.clock = FakeClock()
+        self.builder = PartialBuilder(spec, "w1")
+        self.combiner = Combiner(spec, partition, self.clock)
+        self.emitted: list[pl.DataFrame] = []
+        self.late: list[LateRows] = []
+
+    def announce(self, gateway_id: str, first: int = 0, next_seq: int = 100) -> Step:
+        return self.combiner.receive_status(status(gateway_id, first, next_seq))
+
+    def partial(
+        self,
+        gateway_id: str,
+        seq: int,
+        rows: list[tuple[str, int, float]],
+        *,
+        rejected: bool = False,
+    ) -> Partial:
+        batch = BatchInfo(gateway_id, seq, "s", 0, None, None, 0, 0, "w1")
+        if rejected:
+            batch = dataclasses.replace(batch, status="rejected", reason="bad_json")
+            partials = self.builder.rejected(batch, self.clock.now_ms())
+        else:
+            partials = self.builder.build(frame_of(rows), batch, self.clock.now_ms())
+        return partials[self.combiner.partition]
+
+    def send(
+        self,
+        gateway_id: str,
+        seq: int,
+        rows: list[tuple[str, int, float]],
+        *,
+        rejected: bool = False,
+    ) -> Step:
+        step = self.combiner.receive(self.partial(gateway_id, seq, rows, rejected=rejected))
+        self.late.extend(step.late)
+        return step
+
+    def tick(self) -> pl.DataFrame | None:
+        """Tick; check that what closed had ends in (previous threshold, new threshold]."""
+        before = self.combiner.closed_through
+        step = self.combiner.tick()
+        self.late.extend(step.late)
+        after = self.combiner.closed_through
+        if step.closed is None:
+            assert after == before
+            return None
+        assert after is not None
+        assert before is None or after > before
+        frame = step.closed.frame
+        if frame.height:
+            assert frame["end"].max() <= after  # type: ignore[operator]
+            if before is not None:
+                assert frame["end"].min() > before  # type: ignore[operator]
+            self.emitted.append(frame)
+        return frame
+
+    def results(self) -> pl.DataFrame:
+        if not self.emitted:
+            return self.combiner.state.empty_result()
+        return pl.concat(self.emitted)
+
+    def late_frame(self) -> pl.DataFrame:
+        return pl.concat([item.frame for item in self.late])
+
+
+# -- lateness ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("watermark", "ts", "late"),
+    [
+        (10_000, 8_999, True),  # window ends 9_000; 9_000 + 500 <= 10_000
+        (10_000, 9_000, False),  # window ends 10_000
+        (10_000, 9_999, False),
+        (10_000, 12_000, False),  # ahead of the watermark
+        (9_500, 8_000, True),  # 9_000 + 500 == 9_500: exactly lateness behind is late
+        (9_499, 8_000, False),
+        (9_501, 8_999, True),
+        (10_000, 0, True),
+        (10_000, -1, True),
+    ],
+)
+def test_behind_the_gateways_own_watermark(watermark: int, ts: int, late: bool) -> None:
+    h = Harness()
+    h.announce("g")
+    assert h.send("g", 0, [("k", watermark, 1.0)]).late == []
+    step = h.send("g", 1, [("k", ts, 2.0), ("other", watermark, 3.0)])
+    assert step.applied == 1
+    counters = h.combiner.counters
+    if late:
+        [item] = step.late
+        assert (item.gateway_id, item.seq, item.rows) == ("g", 1, 1)
+        assert item.frame["reason"].to_list() == ["behind_watermark"]
+        assert item.frame["key"].to_list() == ["k"]
+        assert (counters.rows_applied, counters.rows_late) == (2, 1)
+    else:
+        assert step.late == []
+        assert (counters.rows_applied, counters.rows_late) == (3, 0)
+
+
+def test_late_rows_frame() -> None:
+    h = Harness(make_spec(aggregates=["mean", "p90"]))
+    h.announce("g")
+    h.send("g", 0, [("k", 20_000, 1.0)])
+    [item] = h.send("g", 1, [("k", 1_100, 2.0), ("k", 1_900, -4.0), ("j", 2_500, 8.0)]).late
+    assert item.rows == 3
+    expected = pl.DataFrame(
+        {
+            "window": ["tumbling-1s", "tumbling-1s"],
+            "start": [1_000, 2_000],
+            "end": [2_000, 3_000],
+            "key": ["k", "j"],
+            "rows": [2, 1],
+            "sum": [-2.0, 8.0],
+            "reason": ["behind_watermark", "behind_watermark"],
+        },
+        schema_overrides={"start": pl.Int64, "end": pl.Int64, "rows": pl.Int64},
+    )
+    assert_frame_equal(item.frame, expected, check_row_order=False)
+
+
+def test_lateness_uses_the_watermark_before_the_batch() -> None:
+    h = Harness()
+    h.announce("g")
+    h.announce("h")
+    # one batch spanning far: nothing in it is behind *earlier* data
+    assert h.send("g", 0, [("k", 50_000, 1.0), ("k", 1_000, 2.0)]).late == []
+    # another gateway's watermark does not make this one's data late
+    assert h.send("h", 0, [("k", 1_000, 3.0)]).late == []
+    assert h.combiner.counters.rows_late == 0
+    assert h.combiner.counters.rows_applied == 3
+
+
+def test_window_closed_when_an_idle_gateway_resumes() -> None:
+    h = Harness()
+    h.announce("quiet", next_seq=1)
+    h.announce("busy", next_seq=100)  # always has batches on the way: always holds
+    h.send("quiet", 0, [("k", 5_100, 1.0)])
+    h.send("busy", 0, [("k", 20_000, 1.0)])
+    h.tick()
+    assert h.results().height == 0  # the quiet gateway still holds the watermark at 5_100
+    h.clock.advance(IDLE)
+    h.send("busy", 1, [("k", 20_500, 2.0)])
+    closed = h.tick()
+    assert closed is not None
+    assert closed["start"].to_list() == [5_000]
+    assert h.combiner.closed_through == 20_000
+    # The quiet gateway wakes up with data for the window that closed meanwhile.
+    h.announce("quiet", next_seq=2)
+    step = h.send("quiet", 1, [("k", 5_200, 7.0), ("k", 1_000, 9.0), ("k", 20_100, 3.0)])
+    [item] = step.late
+    assert item.frame.sort("start").select("start", "reason").rows() == [
+        (1_000, "behind_watermark"),  # behind its own watermark too: that reason wins
+        (5_000, "window_closed"),
+    ]
+    assert h.combiner.counters.rows_late == 2
+    assert h.combiner.counters.rows_applied == 4
+    # ...and the closed window is never emitted again, its result unchanged
+    h.clock.advance(IDLE)
+    h.send("busy", 2, [("k", 22_000, 2.0)])
+    h.tick()
+    assert h.combiner.closed_through == 21_500
+    results = h.results()
+    assert results.select("start", "count").rows() == [(5_000, 1), (20_000, 3)]
+
+
+# -- closing -----------------------------------------------------------------------------------
+
+
+def test_windows_close_exactly_when_the_threshold_reaches_their_end() -> None:
+    h = Harness()
+    h.announce("g")
+    h.send("g", 0, [("k", 100, 1.0)])
+    assert h.tick() is not None  # first threshold (-400): nothing to close yet
+    assert h.combiner.closed_through == 100 - LATENESS
+    assert h.results().height == 0
+    h.send("g", 1, [("k", 1_499, 2.0)])
+    h.tick()
+    assert h.results().height == 0  # threshold 999 < end 1_000
+    h.send("g", 2, [("k", 1_500, 3.0)])
+    closed = h.tick()
+    assert closed is not None
+    assert closed.select("start", "end", "count").rows() == [(0, 1_000, 1)]
+    assert h.tick() is None  # threshold unchanged: nothing to do
+    h.send("g", 3, [("k", 1_600, 4.0)])
+    again = h.tick()
+    assert again is not None
+    assert again.height == 0
+    assert h.combiner.counters.windows_closed == 1
+    assert h.combiner.counters.results_emitted == 1
+
+
+def test_threshold_never_goes_backwards() -> None:
+    h = Harness()
+    h.announce("a")
+    h.send("a", 0, [("k", 10_000, 1.0), ("k", 3_000, 1.0)])
+    h.tick()
+    assert h.combiner.closed_through == 9_500
+    # a new gateway shows up far behind: the pipeline watermark drops, the threshold does not
+    h.announce("b")
+    h.send("b", 0, [("k", 2_000, 5.0), ("k", 9_700, 6.0)])
+    assert h.combiner.close_threshold(h.clock.now_ms()) == 9_700 - LATENESS
+    assert h.tick() is None
+    assert h.combiner.closed_through == 9_500
+    reasons = h.late_frame().select("start", "reason").rows()
+    assert reasons == [(2_000, "window_closed")]
+    h.send("a", 1, [("k", 12_000, 1.0)])
+    h.send("b", 1, [("k", 12_000, 1.0)])
+    h.tick()
+    assert h.combiner.closed_through == 11_500
+    results = h.results()
+    assert results.group_by("window", "start", "key").len()["len"].max() == 1
+    assert results.filter(pl.col("start") == 9_000)["count"].to_list() == [1]
+
+
+def test_gateway_without_status_starts_after_the_grace_time() -> None:
+    h = Harness()
+    assert h.send("g", 4, [("k", 1_000, 1.0)]).applied == 0
+    assert h.send("g", 5, [("k", 1_100, 1.0)]).applied == 0
+    assert h.combiner.tick().applied == 0
+    h.clock.advance(DISCOVERY_GRACE_MS)
+    step = h.combiner.tick()
+    assert step.applied == 2
+    assert h.combiner.confirmable() == {"g": 5}
+    assert h.combiner.counters.rows_applied == 2
+
+
+# -- refusals, rejections, duplicates ----------------------------------------------------------
+
+
+def test_foreign_fingerprint_is_refused_before_sequencing() -> None:
+    h = Harness()
+    h.announce("g")
+    stranger = PartialBuilder(make_spec(aggregates=["count"]), "w9")
+    info = BatchInfo("g", 0, "s", 0, None, None, 0, 0, "w9")
+    [foreign] = stranger.build(frame_of([("k", 1_000, 1.0)]), info, 0)
+    assert h.combiner.receive(foreign) == Step()
+    counters = h.combiner.counters
+    assert (counters.foreign_partials, counters.partials_received) == (1, 1)
+    assert h.combiner.confirmable() == {}
+    assert counters.rows_applied == 0
+    # the right partial for the same seq is applied, not taken for a duplicate
+    assert h.send("g", 0, [("k", 1_000, 1.0)]).applied == 1
+    assert h.combiner.counters.duplicate_batches == 0
+    assert h.combiner.confirmable() == {"g": 0}
+
+
+def test_foreign_partition_is_refused() -> None:
+    spec = make_spec(partitions=2)
+    h = Harness(spec, partition=0)
+    h.announce("g")
+    info = BatchInfo("g", 0, "s", 0, None, None, 0, 0, "w1")
+    partials = h.builder.build(frame_of([("k", 1_000, 1.0)]), info, 0)
+    assert h.combiner.receive(partials[1]) == Step()
+    assert h.combiner.counters.foreign_partials == 1
+    assert h.combiner.confirmable() == {}
+    assert h.combiner.receive(partials[0]).applied == 1
+    assert h.combiner.confirmable() == {"g": 0}
+
+
+@pytest.mark.parametrize("partition", [-1, 2])
+def test_partition_out_of_range(partition: int) -> None:
+    with pytest.raises(ValueError, match="partition"):
+        Combiner(make_spec(partitions=2), partition, FakeClock())
+
+
+def test_rejected_batches_advance_seq_without_rows() -> None:
+    h = Harness()
+    h.announce("g")
+    assert h.send("g", 1, [("k", 2_000, 5.0)]).applied == 0  # waits for seq 0
+    step = h.send("g", 0, [], rejected=True)
+    assert step.applied == 2
+    assert step.late == []
+    counters = h.combiner.counters
+    assert (counters.batches_rejected, counters.batches_applied) == (1, 1)
+    assert counters.rows_applied == 1
+    assert h.combiner.confirmable() == {"g": 1}
+    assert h.combiner.tracker.watermark("g") == 2_000
+    assert h.send("g", 0, [], rejected=True).applied == 0
+    assert h.combiner.counters.duplicate_batches == 1
+
+
+def test_rejected_batch_does_not_move_the_watermark() -> None:
+    h = Harness()
+    h.announce("g")
+    h.send("g", 0, [], rejected=True)
+    assert h.combiner.tracker.watermark("g") is None
+    assert h.combiner.confirmable() == {"g": 0}
+
+
+def test_empty_batch_still_moves_seq() -> None:
+    h = Harness()
+    h.announce("g")
+    assert h.send("g", 0, []).applied == 1
+    assert h.combiner.counters.batches_applied == 1
+    assert h.combiner.confirmable() == {"g": 0}
+
+
+def check_counters(
+    combiners: list[Combiner], batches: list[GeneratedBatch], emitted: pl.DataFrame
+) -> None:
+    spec = combiners[0].spec
+    total_rows = all_rows(batches).height * sum(w.windows_per_row for w in spec.windows)
+    assert sum(c.counters.rows_applied + c.counters.rows_late for c in combiners) == total_rows
+    open_rows = 0
+    for c in combiners:
+        counters = c.counters
+        assert counters.batches_applied + counters.batches_rejected == len(batches)
+        assert counters.partials_received == (
+            counters.batches_applied
+            + counters.batches_rejected
+            + counters.duplicate_batches
+            + counters.foreign_partials
+        )
+        aggs, _ = c.state.frames()
+        open_rows += 0 if aggs is None else int(aggs["n"].sum())
+    assert int(emitted["rows"].sum()) + open_rows == sum(c.counters.rows_applied for c in combiners)
+    assert sum(c.counters.results_emitted for c in combiners) == emitted.height
+    assert emitted.group_by("window", "start", "key").len()["len"].max() in (1, None)
+    assert (
+        sum(c.counters.windows_closed for c in combiners)
+        >= emitted.select(pl.struct("window", "start").n_unique()).item()
+    )
+
+
+@pytest.mark.parametrize(("partitions", "seed"), [(1, 1), (2, 2), (3, 3)])
+def test_counters_add_up(partitions: int, seed: int) -> None:
+    spec = make_spec(
+        windows=[
+            {"kind": "tumbling", "size_ms": 1_000},
+            {"kind": "hopping", "size_ms": 2_000, "slide_ms": 1_000},
+        ],
+        partitions=partitions,
+    )
+    batches = make_batches(seed=seed, gateways=3, batches_per_gateway=8, gap_every=3)
+    emitted, late, combiners = run_in_memory(spec, batches, seed=seed, duplicate_fraction=0.5)
+    check_counters(combiners, batches, emitted)
+    assert sum(item.rows for item in late) == sum(c.counters.rows_late for c in combiners)
+    assert sum(c.counters.rows_late for c in combiners) > 0
+    assert sum(c.counters.duplicate_batches for c in combiners) > 0
+
+
+# -- snapshot / restore ------------------------------------------------------------------------
+
+
+class Run:
+    """Deliver partials of ``batches`` in ``order``, possibly restarting from a snapshot."""
+
+    def __init__(self, spec: PipelineSpec, batches: list[GeneratedBatch]) -> None:
+        self.spec = spec
+        self.batches = batches
+        self.clock = FakeClock()
+        builder = PartialBuilder(spec, "w1")
+        self.partials = [
+            builder.build(
+                b.frame, BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w1"), 0
+            )
+            for b in batches
+        ]
+        self.combiners = [Combiner(spec, p, self.clock) for p in range(spec.partitions)]
+        self.emitted: list[pl.DataFrame] = []
+        self.late_rows = 0
+        for s in statuses_for(batches, self.clock.now_ms()):
+            for c in self.combiners:
+                c.receive_status(s)
+
+    def deliver(self, index: int) -> None:
+        for partial in self.partials[index]:
+            combiner = self.combiners[partial.partition]
+            # through the wire form, as a restarted combiner would get it
+            step = combiner.receive(Partial.decode(partial.encode()))
+            self.late_rows += sum(item.rows for item in step.late)
+            self.tick(combiner)
+        self.clock.advance(1)
+
+    def tick(self, combiner: Combiner) -> None:
+        step = combiner.tick()
+        self.late_rows += sum(item.rows for item in step.late)
+        if step.closed is not None and not step.closed.empty:
+            self.emitted.append(step.closed.frame)
+
+    def restart(self) -> None:
+        """Checkpoint every partition, then continue with fresh combiners restored from it."""
+        snapshots = [c.snapshot() for c in self.combiners]
+        self.combiners = [Combiner(self.spec, p, self.clock) for p in range(self.spec.partitions)]
+        for combiner, snapshot in zip(self.combiners, snapshots, strict=True):
+            combiner.restore(snapshot)
+
+    def finish(self) -> pl.DataFrame:
+        self.clock.advance(self.spec.idle_timeout_ms + 1)
+        for combiner in self.combiners:
+            self.tick(combiner)
+        if not self.emitted:
+            return self.combiners[0].state.empty_result()
+        return pl.concat(self.emitted).sort("window", "start", "key")
+
+
+STABLE_COUNTERS = (
+    "batches_applied",
+    "batches_rejected",
+    "rows_applied",
+    "rows_late",
+    "windows_closed",
+    "results_emitted",
+)
+
+
+def compare_runs(
+    spec: PipelineSpec, batches: list[GeneratedBatch], seed: int, cut: float, dup: float
+) -> None:
+    rng = np.random.default_rng(seed)
+    order = list(range(len(batches)))
+    order += [i for i in order if rng.random() < dup]
+    rng.shuffle(order)
+    at = round(cut * len(order))
+
+    straight = Run(spec, batches)
+    for index in order:
+        straight.deliver(index)
+    expected = straight.finish()
+
+    restarted = Run(spec, batches)
+    for index in order[:at]:
+        restarted.deliver(index)
+    restarted.restart()
+    # Everything delivered before the checkpoint comes again (early arrivals were not in the
+    # snapshot; the rest are duplicates), shuffled, then the rest of the stream.
+    again = [int(i) for i in rng.permutation(order[:at])]
+    for index in again + order[at:]:
+        restarted.deliver(index)
+    got = restarted.finish()
+
+    assert_frame_equal(got, expected, check_exact=False, rel_tol=1e-12, abs_tol=1e-9)
+    assert restarted.late_rows == straight.late_rows
+    for a, b in zip(restarted.combiners, straight.combiners, strict=True):
+        for name in STABLE_COUNTERS:
+            assert getattr(a.counters, name) == getattr(b.counters, name), name
+        assert a.confirmable() == b.confirmable()
+        assert a.closed_through == b.closed_through
+
+
+@pytest.mark.parametrize(
+    ("seed", "partitions", "cut"),
+    [(11, 1, 0.5), (12, 2, 0.3), (13, 2, 0.9), (14, 1, 0.0), (15, 3, 1.0)],
+)
+def test_restore_mid_stream_gives_the_same_results(seed: int, partitions: int, cut: float) -> None:
+    spec = make_spec(
+        windows=[
+            {"kind": "tumbling", "size_ms": 1_000},
+            {"kind": "hopping", "size_ms": 3_000, "slide_ms": 1_000},
+        ],
+        aggregates=["count", "sum", "mean", "min", "max", "stddev", "first", "last", "p50"],
+        partitions=partitions,
+    )
+    batches = make_batches(seed=seed, gateways=3, batches_per_gateway=10, gap_every=4)
+    compare_runs(spec, batches, seed, cut, dup=0.3)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    partitions=st.integers(1, 2),
+    cut=st.floats(0.0, 1.0),
+    dup=st.floats(0.0, 0.6),
+    gateways=st.integers(1, 3),
+    hop=st.booleans(),
+)
+def test_property_restore_anywhere(
+    seed: int, partitions: int, cut: float, dup: float, gateways: int, hop: bool
+) -> None:
+    window = (
+        {"kind": "hopping", "size_ms": 2_000, "slide_ms": 1_000}
+        if hop
+        else {"kind": "tumbling", "size_ms": 1_000}
+    )
+    spec = make_spec(windows=[window], partitions=partitions, lateness_ms=300)
+    batches = make_batches(seed=seed, gateways=gateways, batches_per_gateway=8, gap_every=3)
+    compare_runs(spec, batches, seed, cut, dup)
+
+
+def test_restore_keeps_counters_and_progress() -> None:
+    h = Harness()
+    h.announce("g", next_seq=5)
+    h.send("g", 0, [("k", 3_000, 1.0)])
+    h.send("g", 1, [("k", 1_000, 1.0)])  # late
+    h.send("g", 1, [("k", 1_000, 1.0)])  # duplicate
+    h.send("g", 3, [("k", 4_000, 1.0)])  # early: not in the snapshot
+    snapshot = h.combiner.snapshot()
+    fresh = Combiner(SPEC, 0, h.clock)
+    fresh.restore(snapshot)
+    assert fresh.counters == h.combiner.counters
+    assert fresh.confirmable() == {"g": 1}
+    assert fresh.tracker.watermark("g") == 3_000
+    assert fresh.tracker.gateways["g"].pending == {}
+    assert fresh.tracker.gateways["g"].announced_next_seq == 5
+    assert fresh.closed_through == h.combiner.closed_through
+
+
+def test_restore_refuses_another_specs_checkpoint() -> None:
+    snapshot = Harness().combiner.snapshot()
+    other = Combiner(make_spec(aggregates=["count"]), 0, FakeClock())
+    with pytest.raises(SchemaError) as caught:
+        other.restore(snapshot)
+    assert caught.value.reason == "checkpoint_mismatch"
+
+
+def test_restore_refuses_another_partitions_checkpoint() -> None:
+    spec = make_spec(partitions=2)
+    snapshot = Combiner(spec, 0, FakeClock()).snapshot()
+    with pytest.raises(SchemaError) as caught:
+        Combiner(spec, 1, FakeClock()).restore(snapshot)
+    assert caught.value.reason == "checkpoint_mismatch"
+
+
+def test_restore_refuses_another_version() -> None:
+    h = Harness()
+    obj = msgpack.unpackb(h.combiner.snapshot(), raw=False)
+    obj["v"] = 99
+    with pytest.raises(SchemaError):
+        Combiner(SPEC, 0, FakeClock()).restore(msgpack.packb(obj, use_bin_type=True))
+
+
+@pytest.mark.parametrize("data", [b"", b"\xc1", b"\x01", msgpack.packb([1, 2]), b"\x92\x01"])
+def test_restore_refuses_garbage(data: bytes) -> None:
+    with pytest.raises(SchemaError):
+        Combiner(SPEC, 0, FakeClock()).restore(data)
+
+
+def test_counters_start_at_zero() -> None:
+    assert Combiner(SPEC, 0, FakeClock()).counters == CombinerCounters()
