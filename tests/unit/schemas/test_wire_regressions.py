@@ -106,3 +106,12 @@ def test_a_nested_msgpack_timestamp_is_bad_type_not_a_polars_panic(column: str) 
     with pytest.raises(SchemaError) as info:
         decode_batch(payload)
     assert (info.value.reason, info.value.field, info.value.row) == ("bad_type", column, 0)
+
+
+def test_a_signalling_nan_in_an_f4_buffer_is_not_finite_without_a_warning() -> None:
+    # Widening it to float64 raised RuntimeWarning, an error under pytest's -W error.
+    body = msgpack.unpackb(BODY)
+    body["value"] = {"dtype": "f4", "data": bytes.fromhex("0100807f")}
+    with pytest.raises(SchemaError) as info:
+        decode_batch(binary(msgpack.packb(body), comp="none"))
+    assert (info.value.reason, info.value.field, info.value.row) == ("not_finite", "value", 0)
