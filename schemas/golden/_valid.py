@@ -10,6 +10,7 @@ from typing import Final
 import polars as pl
 from _wire import (
     ATTRIBUTED,
+    EXAMPLE,
     FRAME,
     MAX_TS,
     NUMBERS,
@@ -84,6 +85,28 @@ TEXT_CASES: Final = [
     ("unicode", UNICODE, "non-ASCII and escaped sensor ids; a 256-byte id"),
     ("numbers", NUMBERS, "-0.0, a subnormal, extremes, integer values; ts 0 and 2^53-1"),
 ]
+
+
+def example_cases(out: ValidCases) -> None:
+    """The examples of CONTRACT.md: two rows, one unit, every encoding."""
+    for enc, ext, comp in [
+        ("json-rows", "json", "none"),
+        ("msgpack-rows", "msgpack", "none"),
+        ("msgpack-columnar", "msgpack", "none"),
+        ("binary-columnar", "msgpack", "none"),
+        ("binary-columnar", "msgpack", "zstd"),
+    ]:
+        head = header(enc, 42, sent_at=T0 + 1000)
+        if enc == "json-rows":
+            payload = json_rows(head, EXAMPLE)
+        elif enc == "msgpack-rows":
+            payload = msgpack_rows(head, EXAMPLE)
+        elif enc == "msgpack-columnar":
+            payload = msgpack_columnar(head, EXAMPLE)
+        else:
+            payload = binary(head, EXAMPLE, comp=comp)
+        folder = "binary-columnar-zstd" if comp == "zstd" else enc
+        out.add(f"{folder}/example.{ext}", payload, VENDOR[enc], head, EXAMPLE, "CONTRACT.md")
 
 
 def rows_cases(out: ValidCases) -> None:
@@ -198,6 +221,7 @@ def encoder_cases(out: ValidCases) -> None:
 def valid_cases() -> list[Valid]:
     """Every valid case."""
     out = ValidCases()
+    example_cases(out)
     rows_cases(out)
     binary_cases(out)
     encoder_cases(out)

@@ -38,6 +38,12 @@ def row(sensor_id: str, ts: int, value: float, **attributes: str | None) -> Row:
     return out
 
 
+EXAMPLE: Final = [
+    row("t1", T0, 21.5, unit="°C"),
+    row("t1", T0 + 250, 21.625),
+]
+"""The two-row batch CONTRACT.md shows in every encoding."""
+
 PLAIN: Final = [
     row("gw-01-s0000", T0, 21.5),
     row("gw-01-s0001", T0 + 7, 19.875),
