@@ -113,7 +113,7 @@ class GatewayConfig:
                 f"max_packet_bytes must be in [{MIN_PACKET_BYTES}, {MAX_PACKET_BYTES}], "
                 f"not {self.max_packet_bytes}"
             )
-        if self.payload_limit(None) < MIN_PACKET_BYTES // 2:
+        if self.payload_limit(None) < MIN_PACKET_BYTES // 4:
             raise ConfigError(
                 f"max_packet_bytes {self.max_packet_bytes} leaves too little room for a payload "
                 f"after the topic {self.ingest_topic!r} and {PROTOCOL_OVERHEAD} bytes of headers"
