@@ -552,6 +552,8 @@ def test_restore_keeps_counters_and_progress() -> None:
     h.send("g", 1, [("k", 1_000, 1.0)])  # late
     h.send("g", 1, [("k", 1_000, 1.0)])  # duplicate
     h.send("g", 3, [("k", 4_000, 1.0)])  # early: not in the snapshot
+    h.tick()
+    assert h.combiner.closed_through == 2_500
     snapshot = h.combiner.snapshot()
     fresh = Combiner(SPEC, 0, h.clock)
     fresh.restore(snapshot)
@@ -561,6 +563,31 @@ def test_restore_keeps_counters_and_progress() -> None:
     assert fresh.tracker.gateways["g"].pending == {}
     assert fresh.tracker.gateways["g"].announced_next_seq == 5
     assert fresh.closed_through == h.combiner.closed_through
+
+
+def test_restore_remembers_closed_windows() -> None:
+    """An idle gateway resuming after a restart finds its window closed, as without one."""
+    h = Harness()
+    h.announce("quiet", next_seq=1)
+    h.announce("busy", next_seq=100)
+    h.send("quiet", 0, [("k", 5_100, 1.0)])
+    h.send("busy", 0, [("k", 20_000, 1.0)])
+    h.clock.advance(IDLE)
+    h.send("busy", 1, [("k", 20_500, 2.0)])
+    h.tick()
+    assert h.results().select("start", "count").rows() == [(5_000, 1)]
+    snapshot = h.combiner.snapshot()
+    h.combiner = Combiner(SPEC, 0, h.clock)
+    h.combiner.restore(snapshot)
+    assert h.combiner.closed_through == 20_000
+    h.announce("quiet", next_seq=2)
+    h.tick()
+    [item] = h.send("quiet", 1, [("k", 5_200, 7.0)]).late
+    assert item.frame["reason"].to_list() == ["window_closed"]
+    h.clock.advance(IDLE)
+    h.send("busy", 2, [("k", 22_000, 2.0)])
+    h.tick()
+    assert h.results().select("start", "count").rows() == [(5_000, 1), (20_000, 2)]
 
 
 def test_restore_refuses_another_specs_checkpoint() -> None:
