@@ -20,6 +20,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Final
 
+import polars as pl
+import psutil
+
 from shoal.loadtest.data import synthetic_block
 from shoal.schemas import Encoding, Measurements, decode_batch, encode_batch
 
@@ -100,6 +103,8 @@ class Machine:
     polars_threads: int
     numpy: str
     platform: str
+    load_1m: float
+    """Load average when measured: other work on the machine makes the figures noisy."""
 
     def as_record(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -108,9 +113,6 @@ class Machine:
 
 def machine() -> Machine:
     """CPU model, core counts and library versions of this process."""
-    import polars as pl  # noqa: PLC0415 - only the benchmark needs these
-    import psutil  # noqa: PLC0415
-
     return Machine(
         cpu=_cpu_model(),
         cores_logical=os.cpu_count() or 1,
@@ -120,6 +122,7 @@ def machine() -> Machine:
         polars_threads=pl.thread_pool_size(),
         numpy=metadata.version("numpy"),
         platform=platform.platform(terse=True),
+        load_1m=os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan"),
     )
 
 
@@ -269,6 +272,6 @@ def describe(facts: Machine, repeats: int) -> str:
             "payload to a polars DataFrame with the full contract checks",
             f"machine: {facts.cpu}, {facts.cores_logical} cores{physical}; Python "
             f"{facts.python}, polars {facts.polars} ({facts.polars_threads} threads), numpy "
-            f"{facts.numpy}; {facts.platform}",
+            f"{facts.numpy}; {facts.platform}; load average {facts.load_1m:.2f}",
         ]
     )
