@@ -490,7 +490,7 @@ class ThreadedSession:
         self._on_connect = on_connect
         self._on_disconnect = on_disconnect
         self._connected = threading.Event()
-        self._lock = threading.RLock()  # paho may call on_publish inside publish()
+        self._lock = threading.Lock()  # guards _pending/_early; never held while calling paho
         self._pending: dict[int, PublishHandle] = {}
         self._early: dict[int, ReasonCode | int] = {}
         self._max_packet_size: int | None = None
@@ -576,19 +576,21 @@ class ThreadedSession:
         if not self._connected.is_set():
             raise BrokerError(f"not connected to {self.settings.url}")
         props = _publish_properties(content_type, None, None)
+        # Not under self._lock: paho's thread calls on_publish holding paho's message mutex,
+        # which paho's publish() takes too; holding ours across it would deadlock (AB/BA).
+        info = self._client.publish(topic, payload, qos=qos, retain=retain, properties=props)
+        if info.rc != paho.MQTT_ERR_SUCCESS:
+            raise BrokerError(f"publish to {topic!r} failed: {paho.error_string(info.rc)}")
+        handle = PublishHandle(info, threading.Event())
+        if qos == 0:
+            handle._done.set()
+            return handle
         with self._lock:
-            info = self._client.publish(topic, payload, qos=qos, retain=retain, properties=props)
-            if info.rc != paho.MQTT_ERR_SUCCESS:
-                raise BrokerError(f"publish to {topic!r} failed: {paho.error_string(info.rc)}")
-            handle = PublishHandle(info, threading.Event())
-            if qos == 0:
-                handle._done.set()
-            else:
-                early = self._early.pop(info.mid, None)
-                if early is not None:
-                    self._settle(handle, early)
-                else:
-                    self._pending[info.mid] = handle
+            early = self._early.pop(info.mid, None)
+            if early is None:
+                self._pending[info.mid] = handle
+        if early is not None:  # the PUBACK raced ahead of publish() returning
+            self._settle(handle, early)
         return handle
 
     def _settle(self, handle: PublishHandle, reason: ReasonCode | int) -> None:

@@ -379,14 +379,16 @@ class Gateway:
             self._thread = None
         with self._lock:
             session = self._session
+            handle = None
             if session is not None and session.connected:
                 handle = self._publish_status(session)
-                if handle is not None:
-                    handle.wait(1.0)
-            if session is not None:
-                session.stop()
-            self._spool.close()
             self._closed = True
+        if handle is not None:
+            handle.wait(1.0)
+        if session is not None:
+            session.stop()
+        with self._lock:
+            self._spool.close()
         if error is not None:
             raise error
         return confirmed
