@@ -30,7 +30,12 @@ AGGREGATES = ["count", "sum", "mean", "min", "max", "stddev", "first", "last", "
     ],
 )
 def test_results_equal_the_oracle(
-    broker: EmbeddedBroker, topics: Topics, tmp_path, workers: int, partitions: int, encoding: Encoding
+    broker: EmbeddedBroker,
+    topics: Topics,
+    tmp_path,
+    workers: int,
+    partitions: int,
+    encoding: Encoding,
 ) -> None:
     spec = parse_pipeline(
         {
@@ -48,7 +53,11 @@ def test_results_equal_the_oracle(
         }
     )
     batches = make_batches(
-        seed=workers * 7 + partitions, gateways=3, batches_per_gateway=25, rows_per_batch=(0, 120), gap_every=6
+        seed=workers * 7 + partitions,
+        gateways=3,
+        batches_per_gateway=25,
+        rows_per_batch=(0, 120),
+        gap_every=6,
     )
     rng = np.random.default_rng(workers)
     order = list(range(len(batches)))
@@ -56,11 +65,16 @@ def test_results_equal_the_oracle(
     order += [i for i in range(len(batches)) if rng.random() < 0.25]  # duplicated batches
 
     async def scenario() -> None:
-        pipeline = InProcessPipeline(spec, broker.settings, topics, workers=workers, state_dir=tmp_path)
+        pipeline = InProcessPipeline(
+            spec, broker.settings, topics, workers=workers, state_dir=tmp_path
+        )
         async with collector(broker.settings, topics, spec.name) as seen:
             await pipeline.start()
             await publish_batches(broker.settings, topics, batches, order, encoding=encoding)
-            last = {b.gateway_id: max(x.seq for x in batches if x.gateway_id == b.gateway_id) for b in batches}
+            last = {
+                b.gateway_id: max(x.seq for x in batches if x.gateway_id == b.gateway_id)
+                for b in batches
+            }
             await pipeline.wait_applied(last)
             max_ts = max(int(b.frame["ts"].max()) for b in batches if b.frame.height)
             threshold = await pipeline.wait_closed_through(max_ts - spec.lateness_ms)

@@ -37,13 +37,20 @@ class Collected:
         for message in self.windows:
             for result in message["results"]:
                 rows.append(
-                    {"window": message["window"], "start": message["start"], "end": message["end"], **result}
+                    {
+                        "window": message["window"],
+                        "start": message["start"],
+                        "end": message["end"],
+                        **result,
+                    }
                 )
         return pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
 
 
 @contextlib.asynccontextmanager
-async def collector(settings: BrokerSettings, topics: Topics, pipeline: str) -> AsyncIterator[Collected]:
+async def collector(
+    settings: BrokerSettings, topics: Topics, pipeline: str
+) -> AsyncIterator[Collected]:
     """Subscribe to results, late rows, dead letters and confirmations while the body runs."""
     collected = Collected()
     ready = asyncio.Event()
@@ -51,7 +58,12 @@ async def collector(settings: BrokerSettings, topics: Topics, pipeline: str) -> 
     async def listen() -> None:
         async with AsyncSession(settings, unique_client_id("collector")) as session:
             await session.subscribe(
-                [topics.results(pipeline), topics.late(pipeline), topics.deadletter(pipeline), topics.confirm_all()],
+                [
+                    topics.results(pipeline),
+                    topics.late(pipeline),
+                    topics.deadletter(pipeline),
+                    topics.confirm_all(),
+                ],
                 qos=1,
             )
             ready.set()
@@ -142,7 +154,9 @@ class InProcessPipeline:
             if all(m is not None and m >= end_ms for m in marks):
                 return min(m for m in marks if m is not None)
             await asyncio.sleep(0.05)
-        raise AssertionError(f"windows not closed in time: {[c.core.closed_through for c in self.combiners]}")
+        raise AssertionError(
+            f"windows not closed in time: {[c.core.closed_through for c in self.combiners]}"
+        )
 
 
 async def publish_batches(
@@ -169,7 +183,9 @@ async def publish_batches(
         for index in order:
             batch = batches[index]
             payload = encode_batch(
-                Measurements.from_frame(batch.frame) if encoding is Encoding.BINARY_COLUMNAR else batch.frame,
+                Measurements.from_frame(batch.frame)
+                if encoding is Encoding.BINARY_COLUMNAR
+                else batch.frame,
                 gateway_id=batch.gateway_id,
                 seq=batch.seq,
                 sent_at_ms=now,
@@ -177,7 +193,9 @@ async def publish_batches(
             )
             futures.append(
                 session.publish_started(
-                    topics.ingest(stream, batch.gateway_id), payload, content_type=encoding.content_type
+                    topics.ingest(stream, batch.gateway_id),
+                    payload,
+                    content_type=encoding.content_type,
                 )
             )
         await session.wait_published(futures)

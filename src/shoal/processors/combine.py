@@ -39,6 +39,15 @@ from shoal.processors.state import ClosedWindows, WindowState
 from shoal.schemas.control import GatewayStatus
 
 SNAPSHOT_VERSION: Final = 1
+SKETCH_SCHEMA: Final = pl.Schema(
+    {
+        "window": pl.UInt8(),
+        "start": pl.Int64(),
+        "key": pl.String(),
+        "bucket": pl.Int32(),
+        "count": pl.Int64(),
+    }
+)
 
 
 @dataclass
@@ -100,6 +109,9 @@ class Combiner:
         self.state = WindowState(spec, self.plan)
         self.closed_through: int | None = None
         self.counters = CombinerCounters()
+        self._aggs_schema = self.plan.state_schema(
+            {"window": pl.UInt8(), "start": pl.Int64(), "key": pl.String()}
+        )
         self._sizes = pl.DataFrame(
             {
                 "window": pl.Series(range(len(spec.windows)), dtype=pl.UInt8),
@@ -111,9 +123,18 @@ class Combiner:
     # -- input -----------------------------------------------------------------------------
 
     def receive(self, partial: Partial) -> Step:
-        """Take one partial; apply it and whatever it unblocks."""
+        """Take one partial; apply it and whatever it unblocks.
+
+        Partials of another spec, partition or frame layout are refused before sequencing
+        (counted as ``foreign_partials``): their gateway re-sends the batch.
+        """
         self.counters.partials_received += 1
-        if partial.fingerprint != self.fingerprint or partial.partition != self.partition:
+        if (
+            partial.fingerprint != self.fingerprint
+            or partial.partition != self.partition
+            or (partial.aggs is not None and partial.aggs.schema != self._aggs_schema)
+            or (partial.sketch is not None and partial.sketch.schema != SKETCH_SCHEMA)
+        ):
             self.counters.foreign_partials += 1
             return Step()
         now = self.clock.now_ms()

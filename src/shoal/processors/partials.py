@@ -59,7 +59,8 @@ class BatchInfo:
         sent_at_ms: gateway clock when the batch was sealed.
         received_at_ms: worker clock when the batch arrived.
         worker: id of the worker that processed it.
-        status: ``ok``, or ``rejected`` when it was dead-lettered (it still counts as applied).
+        status: ``ok``, or ``rejected`` when it was dead-lettered (it still advances its
+            gateway's sequence, with no rows).
         reason: the dead-letter reason, for rejected batches.
     """
 

@@ -115,7 +115,13 @@ class ProgressTracker(Generic[T]):
         progress.status_seen_ms = now_ms
         first = status.first_unconfirmed_seq
         if progress.next_seq is None:
-            progress.next_seq = min([first, *progress.pending]) if progress.pending else first
+            # Everything before `first` is confirmed, by this pipeline in an earlier life or by
+            # another one: copies of those batches still in flight must not count again.
+            progress.next_seq = first
+            stale = [s for s in progress.pending if s < first]
+            progress.duplicates += len(stale)
+            for s in stale:
+                del progress.pending[s]
         elif first > progress.next_seq and progress.next_seq not in progress.pending:
             # The gateway dropped batches it had confirmed for another pipeline: we will
             # never see them. Move on, and say so in the counters.

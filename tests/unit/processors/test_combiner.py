@@ -312,6 +312,19 @@ def test_foreign_fingerprint_is_refused_before_sequencing() -> None:
     assert h.combiner.confirmable() == {"g": 0}
 
 
+def test_partial_with_an_unexpected_frame_layout_is_refused() -> None:
+    h = Harness()
+    h.announce("g")
+    builder = PartialBuilder(h.combiner.spec, "w1")
+    info = BatchInfo("g", 0, "s", 0, None, None, 0, 0, "w1")
+    [partial] = builder.build(frame_of([("k", 1_000, 1.0)]), info, 0)
+    assert partial.aggs is not None
+    renamed = dataclasses.replace(partial, aggs=partial.aggs.rename({"sum": "total"}))
+    assert h.combiner.receive(renamed) == Step()
+    assert h.combiner.counters.foreign_partials == 1
+    assert h.combiner.confirmable() == {}
+
+
 def test_foreign_partition_is_refused() -> None:
     spec = make_spec(partitions=2)
     h = Harness(spec, partition=0)

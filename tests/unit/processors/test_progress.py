@@ -133,6 +133,16 @@ def test_status_after_early_arrivals_releases_them() -> None:
     assert t.gateways["g"].next_seq == 5
 
 
+def test_stale_copies_below_the_first_unconfirmed_seq_are_duplicates() -> None:
+    # A copy of a batch confirmed before this tracker existed must not count again.
+    t = tracker()
+    assert t.offer("g", 2, "stale", T0) == []
+    assert t.offer("g", 5, "b5", T0) == []
+    assert t.note_status(status("g", first=5, next_seq=6), T0 + 10) == [(5, "b5")]
+    assert t.gateways["g"].duplicates == 1
+    assert t.gateways["g"].pending == {}
+
+
 def test_later_status_with_an_older_first_seq_changes_nothing() -> None:
     t = started(0)
     apply_all(t, t.offer("g", 0, "b0", T0) + t.offer("g", 1, "b1", T0), T0)
