@@ -60,6 +60,7 @@ class CombinerCounters:
     duplicate_batches: int = 0
     foreign_partials: int = 0
     rows_applied: int = 0
+    batch_rows: int = 0
     rows_late: int = 0
     windows_closed: int = 0
     results_emitted: int = 0
@@ -183,6 +184,7 @@ class Combiner:
                 late = self._late(batch.gateway_id, batch.seq, late_rows, wm_before)
                 self.counters.rows_late += late.rows
         self.counters.batches_applied += 1
+        self.counters.batch_rows += batch.rows
         self.tracker.applied(batch.gateway_id, batch.max_ts, now)
         return late
 
@@ -243,6 +245,22 @@ class Combiner:
         self.closed_through = threshold
         closed = self.state.close(threshold)
         if not closed.empty:
+            self.counters.windows_closed += closed.frame.select(
+                pl.struct("window", "start").n_unique()
+            ).item()
+            self.counters.results_emitted += closed.frame.height
+        return closed
+
+    def flush(self) -> ClosedWindows:
+        """Close every open window now, as at the end of the input.
+
+        Later rows for these windows count as late (``window_closed``). Used when a pipeline
+        is shut down on purpose, so that no result stays behind in an open window.
+        """
+        closed = self.state.close(2**62)
+        if not closed.empty:
+            last_end = int(closed.frame["end"].max())  # type: ignore[arg-type]
+            self.closed_through = max(self.closed_through or last_end, last_end)
             self.counters.windows_closed += closed.frame.select(
                 pl.struct("window", "start").n_unique()
             ).item()

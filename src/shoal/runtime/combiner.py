@@ -172,6 +172,7 @@ class CombinerRuntime:
                         [
                             topics.partials(spec.name, self.config.partition),
                             topics.gateway_status_all(),
+                            topics.combiner_control(spec.name),
                         ],
                         qos=1,
                     )
@@ -199,6 +200,9 @@ class CombinerRuntime:
         if message.topic.startswith(self.config.topics.gateway_status_all()[:-1]):
             self._on_status(session, message)
             return
+        if message.topic == self.config.topics.combiner_control(self.config.spec.name):
+            self._on_control(session, message)
+            return
         try:
             partial = Partial.decode(message.payload)
         except SchemaError as exc:
@@ -223,6 +227,21 @@ class CombinerRuntime:
         if not any(topic_matches(f, ingest) for f in self._inputs):
             return  # a gateway of a stream this pipeline does not read
         self._publish_step(session, self.core.receive_status(status))
+
+    def _on_control(self, session: AsyncSession, message: Message) -> None:
+        try:
+            command = orjson.loads(message.payload).get("cmd")
+        except (orjson.JSONDecodeError, AttributeError):
+            command = None
+        if command == "flush":
+            log.info("combiner %s: flushing every open window", self.config.client_id)
+            self._emit(session, self.core.flush())
+        else:
+            log.warning(
+                "combiner %s: unknown control message %r",
+                self.config.client_id,
+                message.payload[:100],
+            )
 
     # -- output ------------------------------------------------------------------------------
 

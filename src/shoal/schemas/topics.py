@@ -141,6 +141,10 @@ class Topics:
         """Commands to one component instance (drain markers, stop)."""
         return self._t("shoal", "control", instance)
 
+    def combiner_control(self, pipeline: str) -> str:
+        """Commands to every combiner partition of a pipeline (``{"cmd": "flush"}``)."""
+        return self._t("shoal", "control", "combiners", pipeline)
+
     # Results, for dashboards and notebooks.
     def results(self, pipeline: str) -> str:
         """One message per closed window with all keys."""
