@@ -27,12 +27,10 @@ import asyncio
 import logging
 import os
 import time
-from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Final
 
-import numpy as np
 import orjson
 
 from shoal.broker.mqtt import AsyncSession, Message
@@ -52,13 +50,13 @@ from shoal.processors.results import (
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows
 from shoal.runtime._tasks import supervised
+from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas.control import Confirm, GatewayStatus
 from shoal.schemas.topics import Topics, topic_matches
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE: Final = "combiner.ckpt"
-LATENCY_SAMPLES: Final = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,31 +94,6 @@ class CombinerConfig:
         return f"{prefix}shoal-combiner-{self.spec.name}-{self.partition}"
 
 
-class _Latency:
-    """Recent latency samples (ms) and their quantiles."""
-
-    def __init__(self) -> None:
-        self.samples: deque[float] = deque(maxlen=LATENCY_SAMPLES)
-        self.count = 0
-
-    def add(self, ms: float) -> None:
-        self.samples.append(ms)
-        self.count += 1
-
-    def summary(self) -> dict[str, float | int] | None:
-        if not self.samples:
-            return None
-        values = np.fromiter(self.samples, dtype=np.float64)
-        p50, p95, p99 = np.percentile(values, [50, 95, 99])
-        return {
-            "p50": round(float(p50), 3),
-            "p95": round(float(p95), 3),
-            "p99": round(float(p99), 3),
-            "max": round(float(values.max()), 3),
-            "n": self.count,
-        }
-
-
 class CombinerRuntime:
     """Runs one combiner partition until ``stop`` (see the module docstring)."""
 
@@ -132,8 +105,8 @@ class CombinerRuntime:
         self._unacked: list[asyncio.Future[None]] = []
         self._confirmed: dict[str, int] = {}
         self._session: AsyncSession | None = None
-        self.apply_latency = _Latency()
-        self.result_latency = _Latency()
+        self.apply_latency = LatencyHistogram()
+        self.result_latency = LatencyHistogram()
         self.checkpoints = 0
         self.last_checkpoint_ms: float | None = None
         self.started_at = time.monotonic()
