@@ -1,0 +1,218 @@
+"""``shoal simulate``: run simulated gateways (scenario A or B of the research, or custom)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import orjson
+
+from shoal._cli.common import add_broker_options, broker_settings, topics
+from shoal.errors import ConfigError
+
+_DEFAULTS = {"gateways": 1, "sensors": 1000, "rate": 25.0, "batch": 16_000, "duration": 60.0}
+
+
+def register(sub: Any) -> None:
+    """Add the ``simulate`` sub-command."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "simulate",
+        help="simulated gateways: open-loop synthetic sensors → batches → broker",
+        description="Run simulated gateways that publish synthetic sensor batches in an open "
+        "loop, and report offered vs achieved rate, bytes, re-sends, spool depth and CPU. "
+        "Flags override the scenario's defaults.",
+    )
+    load = parser.add_argument_group("load")
+    load.add_argument(
+        "--scenario", metavar="NAME|FILE", help="A, B (loadtest/scenarios) or a scenario file"
+    )
+    load.add_argument("--gateways", type=int, help="number of gateways (default 1)")
+    load.add_argument("--sensors", type=int, help="sensors per gateway (default 1000)")
+    load.add_argument("--rate", type=float, help="measurements/s per sensor (default 25)")
+    load.add_argument("--batch", type=int, help="rows per batch (default 16000)")
+    load.add_argument("--encoding", help="json, msgpack, columnar or binary (default binary)")
+    load.add_argument("--zstd", action="store_true", help="zstd-compress binary batches")
+    load.add_argument("--duration", type=float, help="seconds to generate (default 60)")
+    load.add_argument("--seed", type=int, default=0, help="random seed of the sensors")
+    load.add_argument("--stream", default="sim", help="stream name (default sim)")
+    load.add_argument("--gateway-prefix", default="sim-gw", help="gateway ids' prefix")
+    load.add_argument("--tick-ms", type=int, default=50, help="scheduler period (default 50)")
+    gateway = parser.add_argument_group("gateway")
+    gateway.add_argument(
+        "--spool",
+        choices=("disk", "memory", "off"),
+        default="disk",
+        help="disk (default), memory, or off (drop once the broker accepted: broker-only)",
+    )
+    gateway.add_argument("--spool-dir", type=Path, help="disk spool folder (default: temporary)")
+    gateway.add_argument(
+        "--sink",
+        choices=("none", "count", "confirm"),
+        help="a subscriber in a child process that counts what arrives, and with confirm also "
+        "confirms it (default: count with --embedded, else none)",
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
+    out.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    add_broker_options(parser)
+    parser.add_argument(
+        "--embedded",
+        action="store_true",
+        help="start an embedded Mosquitto (dev profile) instead of using --broker",
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the simulation; exit 0 if achieved is within 2% of offered, 1 otherwise."""
+    # Heavy imports here, not at registration: `shoal --help` stays fast.
+    from shoal.broker.embedded import EmbeddedBroker  # noqa: PLC0415
+    from shoal.loadtest.simulate import Simulator  # noqa: PLC0415
+
+    if args.embedded and args.broker:
+        raise ConfigError("--embedded starts its own broker; drop --broker (or --embedded)")
+    stop = threading.Event()
+    with contextlib.ExitStack() as stack:
+        observe: dict[str, int] = {}
+        settings = broker_settings(args)
+        if args.embedded:
+            broker = stack.enter_context(EmbeddedBroker("dev"))
+            settings = broker.settings
+            if broker.pid is not None:
+                observe["broker"] = broker.pid
+        config = _config(args, settings)
+        if not args.quiet:
+            _print_header(config, embedded=args.embedded)
+        stack.enter_context(_stop_on_signals(stop))
+        report = Simulator(config, observe=observe).run(
+            stop, progress=None if args.quiet else _print_progress
+        )
+    if args.json:
+        args.json.write_bytes(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2))
+    _print_summary(report)
+    return 0 if report.within_tolerance or report.stopped_early else 1
+
+
+def _config(args: argparse.Namespace, settings: Any) -> Any:
+    from shoal.loadtest.scenario import load_scenario  # noqa: PLC0415
+    from shoal.loadtest.simulate import SimulationConfig  # noqa: PLC0415
+    from shoal.schemas import Encoding  # noqa: PLC0415
+
+    values: dict[str, Any] = dict(_DEFAULTS)
+    encoding = Encoding.BINARY_COLUMNAR
+    if args.scenario:
+        scenario = load_scenario(args.scenario)
+        values = {
+            "gateways": scenario.gateways,
+            "sensors": scenario.sensors_per_gateway,
+            "rate": scenario.rate_hz,
+            "batch": scenario.batch_size,
+            "duration": scenario.duration_s,
+        }
+        encoding = scenario.encoding
+    for name in values:
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    if args.encoding:
+        encoding = Encoding.parse(args.encoding)
+    sink: Any = args.sink or ("count" if args.embedded else "none")
+    return SimulationConfig(
+        gateways=values["gateways"],
+        sensors=values["sensors"],
+        rate_hz=values["rate"],
+        batch_size=values["batch"],
+        encoding=encoding,
+        zstd=args.zstd,
+        duration_s=values["duration"],
+        spool=args.spool,
+        spool_dir=args.spool_dir,
+        sink=sink,
+        seed=args.seed,
+        stream=args.stream,
+        gateway_prefix=args.gateway_prefix,
+        topics=topics(args),
+        broker=settings,
+        tick_ms=args.tick_ms,
+    )
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """Ctrl-C (or SIGTERM) ends the run cleanly with a summary; a second Ctrl-C aborts."""
+
+    def handle(_signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        print("\nstopping: flushing and draining (Ctrl-C again to abort)", file=sys.stderr)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _print_header(config: Any, *, embedded: bool) -> None:
+    where = f"embedded broker {config.broker.url}" if embedded else config.broker.url
+    print(
+        f"shoal simulate: {config.gateways} gateway(s) x {config.sensors} sensors x "
+        f"{config.rate_hz:g}/s = {config.offered_rate:,.0f} measurements/s offered, "
+        f"{config.encoding.value}{' +zstd' if config.zstd else ''} batches of "
+        f"{config.batch_size:,}, {config.duration_s:g} s, spool {config.spool}, "
+        f"sink {config.sink}, {where}",
+        file=sys.stderr,
+    )
+
+
+def _print_progress(p: Any) -> None:
+    rate = p.rows_published / p.elapsed_s if p.elapsed_s > 0 else 0.0
+    sink = f"  sink {p.sink_rows:,}" if p.sink_rows is not None else ""
+    print(
+        f"[{p.elapsed_s:5.1f}s] offered {p.offered_rows:,}  sealed {p.rows_sealed:,}  "
+        f"published {p.rows_published:,} ({rate:,.0f}/s)  batches {p.batches_published:,}  "
+        f"{p.bytes_published / 2**20:,.1f} MiB  resends {p.resends}  "
+        f"spool {p.spool_batches} ({p.spool_bytes / 2**20:,.1f} MiB)  cpu {p.cpu_percent:.0f}%"
+        f"{sink}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _print_summary(r: Any) -> None:
+    verdict = "OK" if r.within_tolerance else "MISSED"
+    lines = [
+        f"shoal simulate: {'stopped early after' if r.stopped_early else 'ran'} "
+        f"{r.duration_s:.1f} s",
+        f"  offered    {r.offered_rows:>14,} rows  {r.offered_rate:>12,.0f}/s "
+        f"(nominal {r.nominal_rate:,.0f}/s)",
+        f"  sealed     {r.rows_sealed:>14,} rows in {r.batches_sealed:,} batches "
+        f"({r.splits} splits, {r.rejected} rejected)",
+        f"  published  {r.rows_published:>14,} rows  {r.achieved_rate:>12,.0f}/s = "
+        f"{100 * r.achieved_ratio:.2f}% of offered [{verdict}: within 2% required]",
+        f"  wire       {r.bytes_published / 2**20:,.1f} MiB, {r.bytes_per_row:.2f} bytes/row, "
+        f"{r.publishes:,} publishes, {r.resends:,} re-sends",
+        f"  spool      peak {r.spool_batches_max:,} batches "
+        f"({r.spool_bytes_max / 2**20:,.1f} MiB), {r.spool_batches_end:,} left at the end"
+        + ("" if r.confirmed is None else f", all confirmed: {r.confirmed}"),
+        f"  cpu        {r.cpu_s:.1f} s over {r.wall_s:.1f} s = {r.cpu_percent:.1f}% of one core "
+        f"(simulator process), rss {r.rss_mb:.0f} MiB",
+    ]
+    if r.observed_cpu:
+        others = ", ".join(f"{name} {cpu:.1f}%" for name, cpu in r.observed_cpu.items())
+        lines.append(f"  other cpu  {others}")
+    if r.sink is not None:
+        s = r.sink
+        lines.append(
+            f"  sink       received {s['rows']:,} rows in {s['batches']:,} batches "
+            f"({s['duplicates']} duplicates, {s['errors']} errors)"
+        )
+    print("\n".join(lines))

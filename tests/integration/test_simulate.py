@@ -1,0 +1,97 @@
+"""The simulator against a real broker: open loop, achieved ≈ offered, numbers that add up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from shoal.cli import main
+from shoal.loadtest.simulate import SimulationConfig, Simulator
+from shoal.schemas import Encoding
+
+
+@pytest.mark.parametrize(
+    ("spool", "sink"), [("disk", "confirm"), ("memory", "count"), ("off", "count")]
+)
+def test_a_short_run_achieves_the_offered_rate(broker, topics, tmp_path, spool, sink) -> None:
+    config = SimulationConfig(
+        gateways=2,
+        sensors=200,
+        rate_hz=25,  # 10,000 measurements/s
+        batch_size=2000,
+        encoding=Encoding.BINARY_COLUMNAR,
+        duration_s=3,
+        spool=spool,
+        spool_dir=tmp_path / "spool" if spool == "disk" else None,
+        sink=sink,
+        topics=topics,
+        broker=broker.settings,
+    )
+    progress = []
+    report = Simulator(config, observe={"broker": broker.pid}).run(progress=progress.append)
+
+    assert not report.stopped_early
+    assert report.offered_rows == pytest.approx(30_000, rel=0.01)
+    assert report.offered_rate == pytest.approx(config.offered_rate, rel=0.01)
+    # Short runs pay the final flush and PUBACK within few seconds: 5% rather than 2%.
+    assert report.achieved_ratio == pytest.approx(1.0, abs=0.05)
+    assert report.all_published
+    # Everything generated was sealed, published, and counted by the subscriber once.
+    assert report.rows_sealed == report.offered_rows
+    assert report.rows_published == report.rows_sealed
+    assert report.sink is not None
+    assert report.sink["rows"] == report.rows_published
+    assert report.sink["batches"] == report.batches_published == report.batches_sealed
+    assert report.sink["errors"] == 0
+    assert report.bytes_published > 0
+    assert report.cpu_s > 0
+    assert 0 < report.cpu_percent < 100
+    assert "broker" in report.observed_cpu
+    assert "sink" in report.observed_cpu
+    if sink == "confirm" or spool == "off":
+        assert report.confirmed is True
+        assert report.spool_batches_end == 0
+    else:
+        assert report.spool_batches_end == report.batches_sealed  # nobody confirmed
+    assert len(progress) >= 2
+    assert progress[-1].offered_rows <= report.offered_rows
+
+
+def test_cli_runs_a_scenario_with_an_embedded_broker(tmp_path, capsys) -> None:
+    out = tmp_path / "report.json"
+    code = main(
+        [
+            "simulate",
+            "--scenario",
+            "A",
+            "--sensors",
+            "100",
+            "--batch",
+            "1000",
+            "--duration",
+            "2",
+            "--embedded",
+            "--spool",
+            "memory",
+            "--sink",
+            "confirm",
+            "--json",
+            str(out),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    report = json.loads(out.read_text())
+    assert report["config"]["gateways"] == 1
+    assert report["config"]["sensors"] == 100
+    assert report["config"]["encoding"] == "binary-columnar"
+    assert report["sink"]["rows"] == report["rows_published"] == report["offered_rows"]
+    assert "of offered [OK" in captured.out
+    assert "% of one core" in captured.out
+    assert "offered" in captured.err  # progress lines
+
+
+def test_cli_refuses_embedded_with_a_broker_url(capsys) -> None:
+    assert main(["simulate", "--embedded", "--broker", "mqtt://localhost:1"]) == 2
+    assert "--embedded" in capsys.readouterr().err
