@@ -26,28 +26,21 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 import msgpack
+import numpy as np
+import numpy.typing as npt
 import polars as pl
 
 from shoal.clock import Clock
 from shoal.errors import SchemaError
 from shoal.processors._ipc import from_ipc, to_ipc
 from shoal.processors.aggregates import AggregatePlan
-from shoal.processors.partials import Partial, spec_fingerprint
+from shoal.processors.partials import SKETCH_SCHEMA, Partial, spec_fingerprint
 from shoal.processors.progress import GatewayProgress, ProgressTracker
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows, WindowState
 from shoal.schemas.control import GatewayStatus
 
 SNAPSHOT_VERSION: Final = 1
-SKETCH_SCHEMA: Final = pl.Schema(
-    {
-        "window": pl.UInt8(),
-        "start": pl.Int64(),
-        "key": pl.String(),
-        "bucket": pl.Int32(),
-        "count": pl.Int64(),
-    }
-)
 
 
 @dataclass
@@ -113,13 +106,8 @@ class Combiner:
         self._aggs_schema = self.plan.state_schema(
             {"window": pl.UInt8(), "start": pl.Int64(), "key": pl.String()}
         )
-        self._sizes = pl.DataFrame(
-            {
-                "window": pl.Series(range(len(spec.windows)), dtype=pl.UInt8),
-                "size": [w.size_ms for w in spec.windows],
-                "name": [w.name for w in spec.windows],
-            }
-        )
+        self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
+        self._names = [w.name for w in spec.windows]
 
     # -- input -----------------------------------------------------------------------------
 
@@ -164,54 +152,57 @@ class Combiner:
             self.tracker.applied(batch.gateway_id, None, now)
             return None
         late = None
-        if partial.aggs is not None:
+        aggs = partial.aggs
+        if aggs is not None and aggs.height:
             wm_before = self.tracker.watermark(batch.gateway_id)
-            aggs = partial.aggs.join(self._sizes, on="window", how="left")
-            behind, closed = self._late_flags(wm_before)
+            end = (
+                aggs.get_column("start").to_numpy()
+                + self._sizes[aggs.get_column("window").to_numpy().astype(np.int64)]
+            )
+            behind = (
+                np.zeros(len(end), dtype=bool)
+                if wm_before is None
+                else end + self.spec.lateness_ms <= wm_before
+            )
+            closed = (
+                np.zeros(len(end), dtype=bool)
+                if self.closed_through is None
+                else end <= self.closed_through
+            )
             is_late = behind | closed
-            on_time = aggs.filter(~is_late)
-            late_rows = aggs.filter(is_late)
-            sketch = partial.sketch
-            if sketch is not None and late_rows.height:
-                sketch = (
-                    sketch.join(self._sizes, on="window", how="left")
-                    .filter(~is_late)
-                    .drop("size", "name")
+            self.state.add(aggs, partial.sketch, keep=~is_late)
+            n = aggs.get_column("n").to_numpy()
+            self.counters.rows_applied += int(n[~is_late].sum())
+            if is_late.any():
+                late = self._late(
+                    batch.gateway_id, batch.seq, aggs, is_late=is_late, behind=behind, end=end
                 )
-            self.state.add(on_time.drop("size", "name"), sketch)
-            self.counters.rows_applied += int(on_time["n"].sum())
-            if late_rows.height:
-                late = self._late(batch.gateway_id, batch.seq, late_rows, wm_before)
                 self.counters.rows_late += late.rows
         self.counters.batches_applied += 1
         self.counters.batch_rows += batch.rows
         self.tracker.applied(batch.gateway_id, batch.max_ts, now)
         return late
 
-    def _late_flags(self, wm_before: int | None) -> tuple[pl.Expr, pl.Expr]:
-        end = pl.col("start") + pl.col("size")
-        behind = (
-            pl.lit(value=False) if wm_before is None else end + self.spec.lateness_ms <= wm_before
-        )
-        closed = pl.lit(value=False) if self.closed_through is None else end <= self.closed_through
-        return behind, closed
-
     def _late(
-        self, gateway_id: str, seq: int, rows: pl.DataFrame, wm_before: int | None
+        self,
+        gateway_id: str,
+        seq: int,
+        aggs: pl.DataFrame,
+        *,
+        is_late: npt.NDArray[np.bool_],
+        behind: npt.NDArray[np.bool_],
+        end: npt.NDArray[np.int64],
     ) -> LateRows:
-        end = pl.col("start") + pl.col("size")
-        behind, _ = self._late_flags(wm_before)
-        frame = rows.select(
-            pl.col("name").alias("window"),
+        rows = np.flatnonzero(is_late)
+        picked = aggs[rows]
+        frame = picked.select(
+            pl.Series("window", [self._names[w] for w in picked["window"].to_list()]),
             "start",
-            end.alias("end"),
+            pl.Series("end", end[rows]),
             "key",
             pl.col("n").alias("rows"),
-            *(pl.col(c) for c in ("min", "max", "sum") if c in rows.columns),
-            pl.when(behind)
-            .then(pl.lit("behind_watermark"))
-            .otherwise(pl.lit("window_closed"))
-            .alias("reason"),
+            *(pl.col(c) for c in ("min", "max", "sum") if c in picked.columns),
+            pl.Series("reason", np.where(behind[rows], "behind_watermark", "window_closed")),
         )
         return LateRows(gateway_id, seq, frame)
 

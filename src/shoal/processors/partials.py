@@ -21,12 +21,20 @@ import polars as pl
 
 from shoal.errors import SchemaError
 from shoal.processors._ipc import from_ipc, to_ipc
+from shoal.processors._kernels import partial_state
 from shoal.processors.aggregates import AggregatePlan
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
-from shoal.processors.windows import with_window_starts
 
-PARTIAL_VERSION: Final = 1
+PARTIAL_VERSION: Final = 2
+AGGS_GROUPS: Final[dict[str, pl.DataType]] = {
+    "window": pl.UInt8(),
+    "start": pl.Int64(),
+    "key": pl.String(),
+}
+NULL_KEY_ID: Final = 0xFFFFFFFF
+SKETCH_SCHEMA: Final = pl.Schema({"row": pl.UInt32(), "bucket": pl.Int32(), "count": pl.Int64()})
+"""Sketch rows of a partial: ``row`` indexes the partial's state rows (no repeated keys)."""
 Status = Literal["ok", "rejected"]
 _ROUTE_CACHE_LIMIT: Final = 1_000_000
 
@@ -88,7 +96,7 @@ class Partial:
         partitions: number of partitions.
         batch: the source batch.
         aggs: state rows (``window`` index, ``start``, ``key``, state fields) or None.
-        sketch: bucket counts (``window``, ``start``, ``key``, ``bucket``, ``count``) or None.
+        sketch: bucket counts (``row`` of ``aggs``, ``bucket`` key, ``count``) or None.
         produced_at_ms: worker clock when published.
     """
 
@@ -203,7 +211,12 @@ class KeyRouter:
 
 
 class PartialBuilder:
-    """Compiles a pipeline spec once and turns decoded batches into partials."""
+    """Compiles a pipeline spec once and turns decoded batches into partials.
+
+    The state of all (window, start, key) groups of a batch comes from one sort and
+    ``reduceat`` passes (``_kernels.partial_state``), the numpy twin of the polars
+    expressions in ``aggregates.py``.
+    """
 
     def __init__(self, spec: PipelineSpec, worker_id: str) -> None:
         self.spec = spec
@@ -212,37 +225,73 @@ class PartialBuilder:
         self.buckets = LogBuckets(spec.sketch_accuracy)
         self.router = KeyRouter(spec.partitions)
         self.fingerprint = spec_fingerprint(spec)
-        self._partial_exprs = self.plan.partial_exprs()
+        self._fields = self.plan.field_names
+        self._schema = self.plan.state_schema(AGGS_GROUPS)
 
     def build(self, frame: pl.DataFrame, batch: BatchInfo, now_ms: int) -> list[Partial]:
         """One partial per partition for a decoded batch (``FRAME_SCHEMA`` frame)."""
-        rows = frame.select(pl.col(self.spec.key).alias("key"), pl.col("ts"), pl.col("value"))
-        if rows.height:
-            batch = replace(
-                batch,
-                rows=rows.height,
-                min_ts=int(rows["ts"].min()),  # type: ignore[arg-type]
-                max_ts=int(rows["ts"].max()),  # type: ignore[arg-type]
-            )
-        aggs_parts, sketch_parts = [], []
+        if frame.height == 0:
+            return self._split(replace(batch, rows=0), None, None, now_ms)
+        keys = frame.get_column(self.spec.key)
+        ts = frame.get_column("ts").to_numpy()
+        value = frame.get_column("value").to_numpy()
+        batch = replace(batch, rows=frame.height, min_ts=int(ts.min()), max_ts=int(ts.max()))
+        # Key ids: polars' categorical codes are exact and cheap (no Python per row); rows
+        # without a key (an attribute key may be null) share the largest id.
+        key_ids = (
+            keys.cast(pl.Categorical)
+            .to_physical()
+            .fill_null(NULL_KEY_ID)
+            .to_numpy()
+            .astype(np.int64)
+        )
+        unique_ids, first_row = np.unique(key_ids, return_index=True)
+        bucket_all = self.buckets.keys_np(value) if self.plan.needs_sketch else None
+        aggs_parts: list[pl.DataFrame] = []
+        sketch_parts: list[pl.DataFrame] = []
+        offset = 0
         for index, window in enumerate(self.spec.windows):
-            windowed = with_window_starts(rows, window)
-            aggs_parts.append(
-                windowed.group_by("start", "key")
-                .agg(self._partial_exprs)
-                .select(pl.lit(index, dtype=pl.UInt8).alias("window"), pl.all())
-            )
-            if self.plan.needs_sketch:
+            per_row = window.windows_per_row
+            last = (ts // window.slide_ms) * window.slide_ms
+            if per_row == 1:
+                starts, rows_ts, rows_value, rows_key = last, ts, value, key_ids
+                rows_bucket = bucket_all
+            else:
+                hop = np.arange(per_row, dtype=np.int64) * window.slide_ms
+                starts = (last[:, None] - hop[None, :]).ravel()
+                rows_ts, rows_value = np.repeat(ts, per_row), np.repeat(value, per_row)
+                rows_key = np.repeat(key_ids, per_row)
+                rows_bucket = None if bucket_all is None else np.repeat(bucket_all, per_row)
+            base = int(starts.min())
+            slot = (starts - base) // window.slide_ms
+            groups = (slot << 32) | rows_key
+            g, state, sketch = partial_state(groups, rows_ts, rows_value, self._fields, rows_bucket)
+            key_rows = first_row[np.searchsorted(unique_ids, g & 0xFFFFFFFF)]
+            columns: dict[str, object] = {
+                "window": np.full(len(g), index, dtype=np.uint8),
+                "start": (g >> 32) * window.slide_ms + base,
+                "key": keys.gather(pl.Series(key_rows, dtype=pl.UInt32)),
+                **state,
+            }
+            aggs_parts.append(pl.DataFrame(columns, schema=self._schema))
+            if sketch is not None:
+                group_index, bucket, count = sketch
                 sketch_parts.append(
-                    windowed.group_by(
-                        "start", "key", self.buckets.key_expr(pl.col("value")).alias("bucket")
+                    pl.DataFrame(
+                        {"row": group_index + offset, "bucket": bucket, "count": count},
+                        schema=SKETCH_SCHEMA,
                     )
-                    .agg(count=pl.len().cast(pl.Int64))
-                    .select(pl.lit(index, dtype=pl.UInt8).alias("window"), pl.all())
                 )
-        aggs = pl.concat(aggs_parts) if rows.height else None
-        sketch = pl.concat(sketch_parts) if sketch_parts and rows.height else None
-        return self._split(batch, aggs, sketch, now_ms)
+            offset += len(g)
+        aggs = pl.concat(aggs_parts) if len(aggs_parts) > 1 else aggs_parts[0]
+        sketch_frame = (
+            None
+            if not sketch_parts
+            else pl.concat(sketch_parts)
+            if len(sketch_parts) > 1
+            else sketch_parts[0]
+        )
+        return self._split(batch, aggs, sketch_frame, now_ms)
 
     def rejected(self, batch: BatchInfo, now_ms: int) -> list[Partial]:
         """Empty partials marking a dead-lettered batch as handled (it still advances seq)."""
@@ -256,18 +305,11 @@ class PartialBuilder:
         now_ms: int,
     ) -> list[Partial]:
         partitions = self.spec.partitions
-        by_part_aggs: dict[int, pl.DataFrame] = {}
-        by_part_sketch: dict[int, pl.DataFrame] = {}
-        if partitions == 1:
-            if aggs is not None:
-                by_part_aggs[0] = aggs
-            if sketch is not None:
-                by_part_sketch[0] = sketch
-        else:
-            if aggs is not None:
-                by_part_aggs = _split_frame(aggs, self.router)
-            if sketch is not None:
-                by_part_sketch = _split_frame(sketch, self.router)
+        by_part: dict[int, tuple[pl.DataFrame | None, pl.DataFrame | None]] = {}
+        if aggs is not None and partitions == 1:
+            by_part[0] = (aggs, sketch)
+        elif aggs is not None:
+            by_part = split_by_partition(aggs, sketch, self.router)
         return [
             Partial(
                 pipeline=self.spec.name,
@@ -275,17 +317,31 @@ class PartialBuilder:
                 partition=p,
                 partitions=partitions,
                 batch=batch,
-                aggs=by_part_aggs.get(p),
-                sketch=by_part_sketch.get(p),
+                aggs=by_part.get(p, (None, None))[0],
+                sketch=by_part.get(p, (None, None))[1],
                 produced_at_ms=now_ms,
             )
             for p in range(partitions)
         ]
 
 
-def _split_frame(frame: pl.DataFrame, router: KeyRouter) -> dict[int, pl.DataFrame]:
-    routed = frame.with_columns(router.route(frame["key"]).alias("_partition"))
-    return {
-        int(part[0]): chunk.drop("_partition")
-        for part, chunk in routed.partition_by("_partition", as_dict=True).items()
-    }
+def split_by_partition(
+    aggs: pl.DataFrame, sketch: pl.DataFrame | None, router: KeyRouter
+) -> dict[int, tuple[pl.DataFrame | None, pl.DataFrame | None]]:
+    """Split state rows by the partition of their key; sketch rows follow their state row."""
+    part = router.route(aggs.get_column("key")).to_numpy()
+    out: dict[int, tuple[pl.DataFrame | None, pl.DataFrame | None]] = {}
+    # The new row number of every state row inside its partition's frame.
+    renumber = np.zeros(len(part), dtype=np.int64)
+    for p in np.unique(part).tolist():
+        rows = np.flatnonzero(part == p)
+        renumber[rows] = np.arange(len(rows))
+        sub_sketch = None
+        if sketch is not None:
+            sketch_rows = sketch.get_column("row").to_numpy()
+            keep = np.flatnonzero(part[sketch_rows] == p)
+            sub_sketch = sketch[keep].with_columns(
+                pl.Series("row", renumber[sketch_rows[keep]], dtype=pl.UInt32)
+            )
+        out[int(p)] = (aggs[rows], sub_sketch)
+    return out

@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
+import numpy as np
+import numpy.typing as npt
 import polars as pl
 
 MIN_INDEXABLE: Final = 1e-9
@@ -69,6 +71,17 @@ class LogBuckets:
         gamma = self.gamma
         magnitude = 2.0 * (pl.lit(gamma).pow(key.abs() - self.bias)) / (gamma + 1.0)
         return pl.when(key > 0).then(magnitude).when(key < 0).then(-magnitude).otherwise(0.0)
+
+    def keys_np(self, values: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+        """Numpy twin of ``key_expr`` (the worker's hot path)."""
+        magnitude = np.maximum(np.abs(values), MIN_INDEXABLE)
+        index = np.ceil(np.log(magnitude) / math.log(self.gamma)).astype(np.int64) + self.bias
+        return np.where(values > MIN_INDEXABLE, index, np.where(values < -MIN_INDEXABLE, -index, 0))
+
+    def values_np(self, keys: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """Numpy twin of ``value_expr``."""
+        magnitude = 2.0 * np.power(self.gamma, np.abs(keys) - self.bias) / (self.gamma + 1.0)
+        return np.where(keys > 0, magnitude, np.where(keys < 0, -magnitude, 0.0))
 
     def key_of(self, value: float) -> int:
         """The bucket key of one value (reference implementation for tests)."""

@@ -1,26 +1,43 @@
 """Open windows of one combiner partition: merged partial state, closing and finalising.
 
-Partials are appended cheaply and merged lazily (``compact``): once enough rows are pending,
-or when windows close. Merging is a polars group-by with the aggregates' merge expressions,
-so state is always exactly "the merge of everything applied", whatever the order.
+State lives in numpy arrays keyed by an int64 group id ``slot << KEY_BITS | key_id``: a *slot*
+is one open (window, start), a *key id* one result key. Sketch buckets are cells
+``group << BUCKET_BITS | bucket``. Partials are appended cheaply and merged lazily (sorted
+``reduceat`` passes in ``_kernels``): when enough rows are pending, or when windows close.
+Merging is associative and commutative, so state is always exactly "the merge of everything
+applied", whatever the order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
+import numpy as np
+import numpy.typing as npt
 import polars as pl
 
-from shoal.processors.aggregates import AggregatePlan
-from shoal.processors.sketch import LogBuckets, quantiles_from_buckets
+from shoal.errors import ConfigError
+from shoal.processors._kernels import (
+    BUCKET_BITS,
+    cell_groups,
+    cell_ids,
+    merge_cells,
+    merge_state,
+    quantile_buckets,
+)
+from shoal.processors.aggregates import STATE_FIELDS, AggregatePlan
+from shoal.processors.partials import AGGS_GROUPS, SKETCH_SCHEMA
+from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
 
-COMPACT_ROWS: Final = 250_000
-"""Pending partial rows that trigger a merge (bounds memory between window closes)."""
+COMPACT_ROWS: Final = 2_000_000
+"""Pending rows (state + sketch) that trigger a merge: bounds memory between window closes."""
 
-GROUPS: Final = ["window", "start", "key"]
-_SKETCH_GROUPS: Final = [*GROUPS, "bucket"]
+KEY_BITS: Final = 24
+"""Key ids per partition: up to 16.7 million distinct keys."""
+SLOT_LIMIT: Final = 1 << (63 - KEY_BITS - BUCKET_BITS)
+"""Open (window, start) pairs at once: 32,768."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,91 +63,208 @@ class WindowState:
         self.spec = spec
         self.plan = plan
         self.buckets = LogBuckets(spec.sketch_accuracy)
-        self._merge = plan.merge_exprs()
-        self._aggs: list[pl.DataFrame] = []
-        self._sketch: list[pl.DataFrame] = []
+        self._fields = plan.field_names
+        self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
+        self._names = [w.name for w in spec.windows]
+        self._reset()
+
+    def _reset(self) -> None:
+        self._key_ids: dict[str, int] = {}
+        self._key_names: list[str] = []
+        self._slots: dict[tuple[int, int], int] = {}
+        self._slot_info: dict[int, tuple[int, int, int]] = {}  # slot -> (window, start, end)
+        self._free_slots: list[int] = []
+        self._groups: list[npt.NDArray[np.int64]] = []
+        self._columns: list[dict[str, npt.NDArray[Any]]] = []
+        self._cells: list[npt.NDArray[np.int64]] = []
+        self._counts: list[npt.NDArray[np.int64]] = []
         self._pending_rows = 0
-        self._sizes = pl.DataFrame(
-            {
-                "window": pl.Series(range(len(spec.windows)), dtype=pl.UInt8),
-                "size": [w.size_ms for w in spec.windows],
-                "name": [w.name for w in spec.windows],
-            }
-        )
 
     @property
     def rows(self) -> int:
-        """State rows held (merged and pending)."""
-        return sum(f.height for f in self._aggs) + sum(f.height for f in self._sketch)
-
-    def add(self, aggs: pl.DataFrame | None, sketch: pl.DataFrame | None) -> None:
-        """Append partial state; merged later."""
-        if aggs is not None and aggs.height:
-            self._aggs.append(aggs)
-            self._pending_rows += aggs.height
-        if sketch is not None and sketch.height:
-            self._sketch.append(sketch)
-            self._pending_rows += sketch.height
-        if self._pending_rows >= COMPACT_ROWS:
-            self.compact()
-
-    def compact(self) -> None:
-        """Merge all pending partial state into one frame per kind."""
-        if len(self._aggs) > 1:
-            merged = pl.concat(self._aggs, how="vertical_relaxed").group_by(GROUPS).agg(self._merge)
-            self._aggs = [merged]
-        if len(self._sketch) > 1:
-            merged = (
-                pl.concat(self._sketch, how="vertical_relaxed")
-                .group_by(_SKETCH_GROUPS)
-                .agg(pl.col("count").sum())
-            )
-            self._sketch = [merged]
-        self._pending_rows = 0
+        """State rows held (merged and pending, sketch cells included)."""
+        return sum(len(g) for g in self._groups) + sum(len(c) for c in self._cells)
 
     def open_windows(self) -> int:
         """Distinct (window, start) pairs with state."""
-        self.compact()
-        if not self._aggs:
-            return 0
-        return self._aggs[0].select(pl.struct("window", "start").n_unique()).item()  # type: ignore[no-any-return]
+        return len(self._slots)
+
+    # -- input -------------------------------------------------------------------------------
+
+    def add(
+        self,
+        aggs: pl.DataFrame,
+        sketch: pl.DataFrame | None,
+        keep: npt.NDArray[np.bool_] | None = None,
+    ) -> None:
+        """Append a partial's state rows (``keep``: which state rows to take; sketch follows)."""
+        if aggs.height == 0:
+            return
+        rows = np.arange(aggs.height) if keep is None else np.flatnonzero(keep)
+        if len(rows) == 0:
+            return
+        window = aggs.get_column("window").to_numpy()[rows].astype(np.int64)
+        start = aggs.get_column("start").to_numpy()[rows]
+        slots = self._slot_ids(window, start)
+        keys = self._key_ids_of(aggs.get_column("key").gather(pl.Series(rows, dtype=pl.UInt32)))
+        groups = (slots << KEY_BITS) | keys
+        self._groups.append(groups)
+        self._columns.append({f: aggs.get_column(f).to_numpy()[rows] for f in self._fields})
+        self._pending_rows += len(rows)
+        if sketch is not None and sketch.height and self.plan.needs_sketch:
+            sketch_row = sketch.get_column("row").to_numpy().astype(np.int64)
+            group_of_row = np.full(aggs.height, -1, dtype=np.int64)
+            group_of_row[rows] = groups
+            sketch_groups = group_of_row[sketch_row]
+            taken = sketch_groups >= 0
+            self._cells.append(
+                cell_ids(
+                    sketch_groups[taken],
+                    sketch.get_column("bucket").to_numpy()[taken].astype(np.int64),
+                )
+            )
+            self._counts.append(sketch.get_column("count").to_numpy()[taken])
+            self._pending_rows += int(taken.sum())
+        if self._pending_rows >= COMPACT_ROWS:
+            self.compact()
+
+    def _slot_ids(
+        self, window: npt.NDArray[np.int64], start: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.int64]:
+        pairs = np.stack([window, start], axis=1)
+        unique, inverse = np.unique(pairs, axis=0, return_inverse=True)
+        ids = np.empty(len(unique), dtype=np.int64)
+        for i, (w, s) in enumerate(unique.tolist()):
+            slot = self._slots.get((w, s))
+            if slot is None:
+                slot = self._free_slots.pop() if self._free_slots else len(self._slot_info)
+                if slot >= SLOT_LIMIT:
+                    raise ConfigError(
+                        f"more than {SLOT_LIMIT} windows open at once; shorten lateness_ms or "
+                        "use larger slides"
+                    )
+                self._slots[(w, s)] = slot
+                self._slot_info[slot] = (w, s, s + int(self._sizes[w]))
+            ids[i] = slot
+        return ids[inverse.reshape(-1)]
+
+    def _key_ids_of(self, keys: pl.Series) -> npt.NDArray[np.int64]:
+        ids = self._key_ids
+        out = np.empty(keys.len(), dtype=np.int64)
+        for i, key in enumerate(keys.to_list()):
+            key_id = ids.get(key)
+            if key_id is None:
+                key_id = len(self._key_names)
+                if key_id >= 1 << KEY_BITS:
+                    raise ConfigError(f"more than {1 << KEY_BITS} distinct keys in one partition")
+                ids[key] = key_id
+                self._key_names.append(key)
+            out[i] = key_id
+        return out
+
+    def compact(self) -> None:
+        """Merge all pending state into one sorted set of arrays (the form ``close`` needs)."""
+        if self._pending_rows == 0:
+            return
+        if self._groups:
+            groups = np.concatenate(self._groups)
+            columns = {f: np.concatenate([c[f] for c in self._columns]) for f in self._fields}
+            merged_groups, merged = merge_state(groups, columns)
+            self._groups, self._columns = [merged_groups], [merged]
+        if self._cells:
+            cells, counts = merge_cells(np.concatenate(self._cells), np.concatenate(self._counts))
+            self._cells, self._counts = [cells], [counts]
+        self._pending_rows = 0
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def next_end(self) -> int | None:
+        """The earliest end among open windows (None: nothing open)."""
+        return min((end for _, _, end in self._slot_info.values()), default=None)
 
     def close(self, through_ms: int) -> ClosedWindows:
         """Finalise and remove every window whose end is at or before ``through_ms``."""
+        closing = [slot for slot, (_, _, end) in self._slot_info.items() if end <= through_ms]
+        if not closing:
+            return ClosedWindows(self.empty_result())
         self.compact()
-        if not self._aggs:
+        closing_arr = np.array(sorted(closing), dtype=np.int64)
+        if not self._groups:
+            self._release(closing)
             return ClosedWindows(self.empty_result())
-        state = self._aggs[0].join(self._sizes, on="window", how="left")
-        closing = pl.col("start") + pl.col("size") <= through_ms
-        done = state.filter(closing)
-        if done.height == 0:
-            return ClosedWindows(self.empty_result())
-        self._aggs = [state.filter(~closing).drop("size", "name")]
-        result = done.select(
-            pl.col("name").alias("window"),
-            pl.col("window").alias("_window"),
+        groups, columns = self._groups[0], self._columns[0]
+        take = np.isin(groups >> KEY_BITS, closing_arr)
+        done_groups = groups[take]
+        done = {f: c[take] for f, c in columns.items()}
+        self._groups = [groups[~take]]
+        self._columns = [{f: c[~take] for f, c in columns.items()}]
+        quantiles: list[npt.NDArray[np.float64]] = []
+        if self.plan.needs_sketch and self._cells:
+            cells, counts = self._cells[0], self._counts[0]
+            cell_take = np.isin(cell_groups(cells) >> KEY_BITS, closing_arr)
+            self._cells = [cells[~cell_take]]
+            self._counts = [counts[~cell_take]]
+            order = np.argsort(done_groups)
+            buckets = quantile_buckets(
+                cells[cell_take],
+                counts[cell_take],
+                done_groups[order],
+                list(self.plan.quantiles.values()),
+            )
+            inverse = np.empty_like(order)
+            inverse[order] = np.arange(len(order))
+            quantiles = [self.buckets.values_np(b)[inverse] for b in buckets]
+        result = self._finalise(done_groups, done, quantiles)
+        self._release(closing)
+        return ClosedWindows(result)
+
+    def _release(self, slots: list[int]) -> None:
+        for slot in slots:
+            window, start, _ = self._slot_info.pop(slot)
+            del self._slots[(window, start)]
+            self._free_slots.append(slot)
+
+    def _finalise(
+        self,
+        groups: npt.NDArray[np.int64],
+        state: dict[str, npt.NDArray[Any]],
+        quantiles: list[npt.NDArray[np.float64]],
+    ) -> pl.DataFrame:
+        slots = groups >> KEY_BITS
+        info = self._slot_info_for(slots)
+        key_names = pl.Series("key", self._key_names, dtype=pl.String)
+        frame = pl.DataFrame(
+            {
+                "window": [self._names[w] for w in info[0].tolist()],
+                "start": info[1],
+                "end": info[2],
+                "key": key_names.gather(pl.Series(groups & ((1 << KEY_BITS) - 1), dtype=pl.UInt32)),
+                **{f: state[f] for f in self._fields},
+                **dict(zip(self.plan.quantiles, quantiles, strict=True)),
+            },
+            schema_overrides={f: STATE_FIELDS[f].dtype for f in self._fields},
+        )
+        return frame.select(
+            "window",
             "start",
-            (pl.col("start") + pl.col("size")).alias("end"),
+            "end",
             "key",
             pl.col("n").alias("rows"),
             "batches",
-            *self.plan.outputs.values(),
-        )
-        if self.plan.needs_sketch and self._sketch:
-            sketch = self._sketch[0].join(self._sizes, on="window", how="left")
-            closing_sketch = sketch.filter(closing)
-            self._sketch = [sketch.filter(~closing).drop("size", "name")]
-            estimates = quantiles_from_buckets(
-                closing_sketch.drop("size", "name"), GROUPS, self.plan.quantiles, self.buckets
-            )
-            result = result.join(
-                estimates.rename({"window": "_window"}),
-                on=["_window", "start", "key"],
-                how="left",
-                nulls_equal=True,
-            )
-        order = ["window", "start", "end", "key", "rows", "batches", *self.spec.aggregate_names]
-        return ClosedWindows(result.select(order).sort("window", "start", "key", nulls_last=True))
+            *(
+                pl.col(name) if name in self.plan.quantiles else self.plan.outputs[name]
+                for name in self.spec.aggregate_names
+            ),
+        ).sort("window", "start", "key")
+
+    def _slot_info_for(
+        self, slots: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        table = np.array(
+            [(s, *self._slot_info[s]) for s in np.unique(slots).tolist()], dtype=np.int64
+        ).reshape(-1, 4)
+        index = np.searchsorted(table[:, 0], slots)
+        return table[index, 1], table[index, 2], table[index, 3]
 
     def empty_result(self) -> pl.DataFrame:
         """A results frame with no rows (the schema of every ``ClosedWindows.frame``)."""
@@ -149,12 +283,40 @@ class WindowState:
     # -- checkpoints -------------------------------------------------------------------------
 
     def frames(self) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
-        """The merged state, for a checkpoint."""
+        """The merged state in the partials' layout (state rows + sketch rows), for a snapshot."""
         self.compact()
-        return (self._aggs[0] if self._aggs else None, self._sketch[0] if self._sketch else None)
+        if not self._groups or len(self._groups[0]) == 0:
+            return None, None
+        groups, columns = self._groups[0], self._columns[0]
+        slots = groups >> KEY_BITS
+        window, start, _ = self._slot_info_for(slots)
+        key_names = pl.Series("key", self._key_names, dtype=pl.String)
+        aggs = pl.DataFrame(
+            {
+                "window": window.astype(np.uint8),
+                "start": start,
+                "key": key_names.gather(pl.Series(groups & ((1 << KEY_BITS) - 1), dtype=pl.UInt32)),
+                **columns,
+            },
+            schema=self.plan.state_schema(AGGS_GROUPS),
+        )
+        sketch = None
+        if self._cells and len(self._cells[0]):
+            cells, counts = self._cells[0], self._counts[0]
+            row = np.searchsorted(groups, cell_groups(cells))
+            sketch = pl.DataFrame(
+                {
+                    "row": row,
+                    "bucket": (cells & ((1 << BUCKET_BITS) - 1)) - (1 << (BUCKET_BITS - 1)),
+                    "count": counts,
+                },
+                schema=SKETCH_SCHEMA,
+            )
+        return aggs, sketch
 
     def restore(self, aggs: pl.DataFrame | None, sketch: pl.DataFrame | None) -> None:
-        """Replace the state with a checkpoint's frames."""
-        self._aggs = [aggs] if aggs is not None and aggs.height else []
-        self._sketch = [sketch] if sketch is not None and sketch.height else []
-        self._pending_rows = 0
+        """Replace the state with a snapshot's frames."""
+        self._reset()
+        if aggs is not None and aggs.height:
+            self.add(aggs, sketch)
+            self.compact()

@@ -263,14 +263,12 @@ class CombinerRuntime:
             self._unacked.extend(window_futures)
             self._track_result_latency(window_futures, started)
             if self.config.per_key_results:
+                # A latest-value cache for dashboards: QoS 0 and no properties, because a
+                # window can hold many thousands of keys. The authoritative copy is the
+                # window message above (QoS 1, awaited before the checkpoint).
                 for key, payload in key_messages(result, spec.name, started):
-                    self._unacked.append(
-                        session.publish_started(
-                            topics.result_key(spec.name, key),
-                            payload,
-                            retain=True,
-                            content_type="application/json",
-                        )
+                    session.publish_started(
+                        topics.result_key(spec.name, key), payload, qos=0, retain=True
                     )
 
     def _track_result_latency(self, futures: list[asyncio.Future[None]], started_ms: int) -> None:

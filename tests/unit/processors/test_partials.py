@@ -17,6 +17,7 @@ from polars.testing import assert_frame_equal
 
 from shoal.errors import SchemaError
 from shoal.processors.partials import (
+    PARTIAL_VERSION,
     BatchInfo,
     KeyRouter,
     Partial,
@@ -132,7 +133,7 @@ def test_every_truncation_is_a_schema_error() -> None:
 @pytest.mark.parametrize(
     ("change", "drop"),
     [
-        ({"v": 2}, None),
+        ({"v": PARTIAL_VERSION + 1}, None),
         ({"v": "1"}, None),
         ({"seq": "seven"}, None),
         ({"aggs": b"not arrow"}, None),
@@ -285,10 +286,14 @@ def test_one_partial_per_partition(partitions: int) -> None:
             assert p.fingerprint == spec_fingerprint(spec)
             assert p.pipeline == "p"
             assert p.produced_at_ms == 5_000
-            for frame in (p.aggs, p.sketch):
-                if frame is not None:
-                    parts = router.route(frame["key"]).unique().to_list()
-                    assert parts == [p.partition]
+            if p.aggs is not None:
+                assert router.route(p.aggs["key"]).unique().to_list() == [p.partition]
+            if p.sketch is not None:
+                # sketch rows point at this partial's own state rows
+                assert p.aggs is not None
+                assert int(p.sketch["row"].max()) < p.aggs.height  # type: ignore[arg-type]
+                keys = p.aggs["key"].gather(p.sketch["row"])
+                assert router.route(keys).unique().to_list() == [p.partition]
 
 
 def test_build_fills_in_the_batch_range_and_counts() -> None:
@@ -300,7 +305,13 @@ def test_build_fills_in_the_batch_range_and_counts() -> None:
     assert batch.max_ts == max(r[1] for r in ROWS)
     assert batch.worker == "w1"
     aggs = pl.concat([p.aggs for p in partials if p.aggs is not None])
-    sketch = pl.concat([p.sketch for p in partials if p.sketch is not None])
+    sketch = pl.concat(
+        [
+            p.sketch.with_columns(window=p.aggs["window"].gather(p.sketch["row"]))
+            for p in partials
+            if p.sketch is not None and p.aggs is not None
+        ]
+    )
     for index, window in enumerate(spec.windows):
         in_window = aggs.filter(pl.col("window") == index)
         assert in_window["n"].sum() == len(ROWS) * window.windows_per_row

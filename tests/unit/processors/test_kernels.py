@@ -1,0 +1,128 @@
+"""The numpy kernels compute exactly what the polars reference expressions define."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.processors._kernels import (
+    cell_buckets,
+    cell_groups,
+    cell_ids,
+    merge_cells,
+    merge_state,
+    partial_state,
+    quantile_buckets,
+)
+from shoal.processors.aggregates import STATE_FIELDS
+from shoal.processors.sketch import LogBuckets, quantiles_from_buckets
+
+FIELDS = (
+    "n",
+    "batches",
+    "sum",
+    "min",
+    "max",
+    "m2",
+    "first_ts",
+    "first_value",
+    "last_ts",
+    "last_value",
+)
+EXACT = ("n", "batches", "min", "max", "first_ts", "first_value", "last_ts", "last_value")
+
+rows = st.lists(
+    st.tuples(
+        st.integers(0, 6),  # group
+        st.integers(0, 20),  # ts (few values: many ties)
+        st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False),
+    ),
+    min_size=1,
+    max_size=80,
+)
+
+
+def reference_partial(data: list[tuple[int, int, float]]) -> pl.DataFrame:
+    frame = pl.DataFrame(
+        data, schema={"g": pl.Int64, "ts": pl.Int64, "value": pl.Float64}, orient="row"
+    )
+    return frame.group_by("g").agg(STATE_FIELDS[f].partial.alias(f) for f in FIELDS).sort("g")
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, name: str, scale: np.ndarray) -> None:
+    if name in EXACT:
+        np.testing.assert_array_equal(got, want, err_msg=name)
+    else:
+        tolerance = 1e-9 * np.maximum(scale, 1.0)
+        assert (np.abs(got - want) <= tolerance).all(), (name, got, want)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=rows)
+def test_partial_state_matches_the_polars_expressions(data) -> None:
+    g = np.array([r[0] for r in data], dtype=np.int64)
+    ts = np.array([r[1] for r in data], dtype=np.int64)
+    v = np.array([r[2] for r in data], dtype=np.float64)
+    groups, state, _ = partial_state(g, ts, v, FIELDS)
+    want = reference_partial(data)
+    np.testing.assert_array_equal(groups, want["g"].to_numpy())
+    scale = (
+        pl.DataFrame({"g": g, "a": np.abs(v) * np.abs(v)})
+        .group_by("g")
+        .agg(pl.col("a").sum())
+        .sort("g")["a"]
+        .to_numpy()
+    )
+    for name in FIELDS:
+        assert_close(state[name], want[name].to_numpy(), name, scale)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=rows, split=st.integers(1, 6))
+def test_merge_state_matches_the_polars_merges(data, split) -> None:
+    # Partials of arbitrary chunks, merged by numpy and by the polars merge expressions.
+    chunks = [data[i::split] for i in range(split)]
+    parts = [reference_partial(c) for c in chunks if c]
+    stacked = pl.concat(parts)
+    want = stacked.group_by("g").agg(STATE_FIELDS[f].merge.alias(f) for f in FIELDS).sort("g")
+    groups, merged = merge_state(
+        stacked["g"].to_numpy(), {f: stacked[f].to_numpy() for f in FIELDS}
+    )
+    np.testing.assert_array_equal(groups, want["g"].to_numpy())
+    scale = np.abs(want["sum"].to_numpy()) + want["m2"].to_numpy() + 1.0
+    for name in FIELDS:
+        assert_close(merged[name], want[name].to_numpy(), name, scale * 1e3)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    data=st.lists(
+        st.tuples(st.integers(0, 5), st.floats(-1e4, 1e4, allow_nan=False)),
+        min_size=1,
+        max_size=120,
+    ),
+    quantiles=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4),
+)
+def test_sketch_kernels_match_the_polars_reference(data, quantiles) -> None:
+    mapping = LogBuckets(0.01)
+    g = np.array([r[0] for r in data], dtype=np.int64)
+    v = np.array([r[1] for r in data], dtype=np.float64)
+    keys = mapping.keys_np(v)
+    assert (
+        keys.tolist()
+        == pl.Series(v).to_frame("v").select(mapping.key_expr(pl.col("v")))["v"].to_list()
+    )
+    groups, _, sketch = partial_state(g, np.zeros(len(g), dtype=np.int64), v, ("n",), keys)
+    assert sketch is not None
+    index, bucket, count = sketch
+    cells, counts = merge_cells(cell_ids(groups[index], bucket), count)
+    assert (cell_groups(cells) == groups[index]).all() or len(set(cells.tolist())) == len(cells)
+    np.testing.assert_array_equal(cell_buckets(cells), bucket)
+    picks = quantile_buckets(cells, counts, groups, quantiles)
+    frame = pl.DataFrame({"g": groups[index], "bucket": bucket.astype(np.int32), "count": count})
+    names = {f"q{i}": q for i, q in enumerate(quantiles)}
+    want = quantiles_from_buckets(frame, ["g"], names, mapping).sort("g")
+    for i, name in enumerate(names):
+        np.testing.assert_allclose(mapping.values_np(picks[i]), want[name].to_numpy(), rtol=1e-15)
