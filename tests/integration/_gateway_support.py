@@ -133,6 +133,5 @@ def stop_process(proc: subprocess.Popen[str]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            stream.close()
+    if proc.stdout is not None:
+        proc.stdout.close()

@@ -61,6 +61,11 @@ _RESEAL_LIMITS: Final = DecodeLimits(
 )
 """Reading back our own spooled batches: our limits, not a worker's."""
 
+_SETTLE_S: Final = 0.25
+"""After a CONNACK, publishing waits this long: the broker sends the retained confirmations
+right after the SUBACK, and a restarted gateway should drop what is already confirmed
+instead of re-sending it (or sending a seq the pipeline would drop as a duplicate)."""
+
 _PAYLOAD_CACHE: Final = 8
 """Freshly sealed payloads kept in memory for their first publish (the rest are re-read)."""
 
@@ -179,11 +184,16 @@ class Gateway:
         self._session: ThreadedSession | None = None
         self._connections = 0  # bumped on every CONNACK (paho's thread)
         self._seen_connections = 0
+        # Up from our on_connect to on_disconnect. The session's own `connected` turns true
+        # before on_connect runs; publishing before we handled the connection would skip
+        # the settle window and the re-publish of everything unconfirmed.
+        self._link_up = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._closed = False
         self._status_due_s = 0.0
+        self._publish_from_s = 0.0
         self._recover()
 
     # -- public API ------------------------------------------------------------------------
@@ -204,7 +214,7 @@ class Gateway:
                 unique_client_id(f"gw-{self.config.gateway_id}"),
                 on_message=self._on_message,
                 on_connect=self._on_connect,
-                on_disconnect=self._wake.set,
+                on_disconnect=self._on_disconnect,
             )
             self._session.start()
             if background:
@@ -326,13 +336,15 @@ class Gateway:
             self._seal(self._batcher.take_due(now_s), raise_errors=False)
             self._apply_confirms()
             session = self._session
-            if session is None or not session.connected:
+            if session is None or not session.connected or not self._link_up:
                 return
             if self._connections != self._seen_connections:
                 connections = self._connections
                 self._on_new_connection(session)
                 self._seen_connections = connections  # only once it worked: else retried
             self._reap()
+            if now_s < self._publish_from_s:
+                return
             self._publish_new(session)
             self._publish_resends(session)
             if now_s >= self._status_due_s:
@@ -414,7 +426,7 @@ class Gateway:
                 spool_bytes=self._spool.bytes_used,
                 splits=n.splits,
                 rejected=n.rejected,
-                connected=self._session is not None and self._session.connected,
+                connected=self._link_up and self._session is not None and self._session.connected,
             )
 
     def status(self) -> GatewayStatus:
@@ -799,6 +811,13 @@ class Gateway:
         session.subscribe(self.config.topics.confirm_filter(self.config.gateway_id), qos=1)
         with self._tracker_lock:
             self._connections += 1
+            self._link_up = True
+        self._wake.set()
+
+    def _on_disconnect(self) -> None:
+        """Paho's thread: the connection is gone."""
+        with self._tracker_lock:
+            self._link_up = False
         self._wake.set()
 
     def _on_new_connection(self, session: ThreadedSession) -> None:
@@ -813,7 +832,8 @@ class Gateway:
         self._inflight.clear()
         self._cursor = self._confirmed + 1
         self._resend.reconnected(self._now_ms())
-        self._status_due_s = 0.0
+        self._publish_from_s = self._clock.monotonic() + _SETTLE_S
+        self._status_due_s = self._publish_from_s
 
     def _reap(self) -> None:
         """Collect PUBACKs (and failures) of batches in flight."""
