@@ -275,6 +275,7 @@ class SinkProcess:
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
+            start_new_session=True,  # a terminal's Ctrl-C is the simulator's to handle
         )
         assert self._process.stdin is not None
         self._process.stdin.write(orjson.dumps(asdict(config)).decode() + "\n")
