@@ -13,7 +13,8 @@ confirms it, and publishes it QoS 1 to ``ingest/<stream>/<gateway_id>``::
 Imports the broker only through ``shoal.broker.mqtt``; never imports ``shoal.processors``.
 """
 
-from shoal.gateway._gateway import Gateway, GatewayStats
+from shoal.gateway._gateway import Gateway
+from shoal.gateway._stats import GatewayStats
 from shoal.gateway.config import GatewayConfig
 from shoal.gateway.spool import DiskSpool, MemorySpool, Spool, SpoolEntry
 

@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -40,15 +39,15 @@ from shoal.gateway._blocks import (
     RowBuffer,
     block_from_columns,
     check_row,
-    concat_blocks,
-    empty_block,
 )
 from shoal.gateway._confirms import ConfirmTracker
+from shoal.gateway._outbox import Acked, Outbox
 from shoal.gateway._resend import ResendPolicy
-from shoal.gateway._seal import Part, Sealed, seal_block
+from shoal.gateway._sealer import NotStoredError, Sealer
+from shoal.gateway._stats import Counters, GatewayStats
 from shoal.gateway.config import GatewayConfig
 from shoal.gateway.spool import DiskSpool, MemorySpool, Spool, SpoolEntry
-from shoal.schemas import DecodeLimits, Measurements, decode_batch, encode_batch
+from shoal.schemas import DecodeLimits, Measurements
 from shoal.schemas.control import Confirm, GatewayStatus
 
 log = logging.getLogger(__name__)
@@ -56,85 +55,10 @@ log = logging.getLogger(__name__)
 _ROW_CHUNK: Final = 4096
 """Single-row adds are turned into a block every this many rows."""
 
-_RESEAL_LIMITS: Final = DecodeLimits(
-    max_payload_bytes=1 << 28, max_decompressed_bytes=1 << 31, max_future_ms=None
-)
-"""Reading back our own spooled batches: our limits, not a worker's."""
-
 _SETTLE_S: Final = 0.25
 """After a CONNACK, publishing waits this long: the broker sends the retained confirmations
 right after the SUBACK, and a restarted gateway should drop what is already confirmed
 instead of re-sending it (or sending a seq the pipeline would drop as a duplicate)."""
-
-_PAYLOAD_CACHE: Final = 8
-"""Freshly sealed payloads kept in memory for their first publish (the rest are re-read)."""
-
-
-@dataclass(frozen=True, slots=True)
-class GatewayStats:
-    """Counters of one gateway since it was created (``Gateway.stats()``).
-
-    Attributes:
-        rows_added: measurements accepted by ``add*``.
-        rows_buffered: accepted but not yet sealed.
-        rows_sealed: sealed into spooled batches.
-        rows_published: in batches the broker accepted (first PUBACK of each batch).
-        bytes_published: payload bytes of those batches (first PUBACK of each).
-        batches_sealed: batches written to the spool (splits and empty fillers included).
-        batches_published: distinct batches the broker accepted at least once.
-        publishes: batch publishes handed to the broker, re-sends included.
-        resends: publishes of batches that had been published before.
-        batches_confirmed: batches confirmed and dropped from the spool.
-        next_seq: the seq the next batch will carry.
-        confirmed_seq: every batch up to this seq is confirmed (-1: none yet).
-        spool_batches: batches in the spool (unconfirmed).
-        spool_bytes: payload bytes in the spool.
-        splits: times a batch was cut in half to fit the packet limit.
-        rejected: rows refused by ``add*`` (invalid, spool full) or too large to send alone.
-        connected: whether the broker connection is up.
-    """
-
-    rows_added: int
-    rows_buffered: int
-    rows_sealed: int
-    rows_published: int
-    bytes_published: int
-    batches_sealed: int
-    batches_published: int
-    publishes: int
-    resends: int
-    batches_confirmed: int
-    next_seq: int
-    confirmed_seq: int
-    spool_batches: int
-    spool_bytes: int
-    splits: int
-    rejected: int
-    connected: bool
-
-
-class _NotStoredError(Exception):
-    """Sealed parts that did not reach the spool; their rows go back to the batcher."""
-
-    def __init__(self, error: SpoolError, rows: Measurements) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.rows = rows
-
-
-@dataclass(slots=True)
-class _Counters:
-    rows_added: int = 0
-    rows_sealed: int = 0
-    rows_published: int = 0
-    bytes_published: int = 0
-    batches_sealed: int = 0
-    batches_published: int = 0
-    publishes: int = 0
-    resends: int = 0
-    batches_confirmed: int = 0
-    splits: int = 0
-    rejected: int = 0
 
 
 class Gateway:
@@ -164,22 +88,29 @@ class Gateway:
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._spool = spool or self._open_spool(config)
-        self._topic = config.ingest_topic
         self._status_topic = config.topics.gateway_status(config.gateway_id)
         self._checker = BlockChecker(DecodeLimits(max_future_ms=config.max_future_ms))
         self._batcher = Batcher(config.batch_size, config.max_delay_ms)
         self._rows = RowBuffer()
-        self._n = _Counters()
-        self._payload_limit = config.payload_limit(None)
-        self._resend = ResendPolicy(config.resend_after_ms, config.resend_window)
+        self._n = Counters()
         self._tracker = ConfirmTracker(config.gateway_id, config.confirm_from)
         self._tracker_lock = threading.Lock()  # paho's thread writes, ours reads
-        self._cache: dict[int, bytes] = {}
-        self._inflight: dict[int, tuple[PublishHandle, int, int]] = {}  # seq: handle, rows, bytes
-        self._cursor = 0  # next seq to publish for the first time on this connection
-        self._unconfirmed_rows = 0
-        self._sent: set[int] = set()  # seqs published at least once (resends are counted)
-        self._acked: set[int] = set()  # seqs the broker accepted at least once
+        self._outbox = Outbox(
+            config.ingest_topic,
+            config.max_inflight,
+            ResendPolicy(config.resend_after_ms, config.resend_window),
+            self._spool,
+            self._now_ms,
+        )
+        self._acked: set[int] = set()  # unconfirmed seqs the broker accepted at least once
+        self._sealer = Sealer(
+            config,
+            self._spool,
+            self._clock,
+            self._n,
+            on_sealed=self._on_sealed,
+            on_replaced=self._outbox.drop,
+        )
         self._blocked = False  # a seal did not fit the spool: refuse rows until it does
         self._session: ThreadedSession | None = None
         self._connections = 0  # bumped on every CONNACK (paho's thread)
@@ -342,11 +273,16 @@ class Gateway:
                 connections = self._connections
                 self._on_new_connection(session)
                 self._seen_connections = connections  # only once it worked: else retried
-            self._reap()
+            for acked in self._outbox.collect():
+                self._on_acked(acked)
             if now_s < self._publish_from_s:
                 return
-            self._publish_new(session)
-            self._publish_resends(session)
+            self._outbox.send(
+                session,
+                first_unconfirmed=self._confirmed + 1,
+                next_seq=self._sealer.next_seq,
+                fit=self._fit,
+            )
             if now_s >= self._status_due_s:
                 self._publish_status(session)
 
@@ -417,10 +353,10 @@ class Gateway:
                 bytes_published=n.bytes_published,
                 batches_sealed=n.batches_sealed,
                 batches_published=n.batches_published,
-                publishes=n.publishes,
-                resends=n.resends,
+                publishes=self._outbox.publishes,
+                resends=self._outbox.resends,
                 batches_confirmed=n.batches_confirmed,
-                next_seq=self._next_seq,
+                next_seq=self._sealer.next_seq,
                 confirmed_seq=self._confirmed,
                 spool_batches=len(self._spool),
                 spool_bytes=self._spool.bytes_used,
@@ -436,10 +372,10 @@ class Gateway:
             return GatewayStatus(
                 gateway_id=self.config.gateway_id,
                 stream=self.config.stream,
-                next_seq=self._next_seq,
+                next_seq=self._sealer.next_seq,
                 first_unconfirmed_seq=self._confirmed + 1,
                 unconfirmed_batches=len(self._spool),
-                unconfirmed_rows=self._unconfirmed_rows,
+                unconfirmed_rows=self._spool.rows_held,
                 oldest_unconfirmed_ms=first.sealed_at_ms if first is not None else None,
                 spool_bytes=self._spool.bytes_used,
                 rows_total=self._n.rows_sealed,
@@ -470,64 +406,21 @@ class Gateway:
     def _recover(self) -> None:
         """Derive the seq state from the spool; repair what a crash may have left behind."""
         spool = self._spool
-        self._next_seq = spool.high_water + 1
         held = [e.seq for e in spool.entries()] + spool.damaged
         # Everything below the lowest record was confirmed and deleted.
-        self._confirmed = (min(held) if held else self._next_seq) - 1
-        self._cursor = self._confirmed + 1
-        self._fill_holes(held)
-        self._finish_reseals()
-        self._unconfirmed_rows = sum(e.rows for e in spool.entries())
-        self._sent.update(e.seq for e in spool.entries())  # may have been sent before
+        self._confirmed = (min(held) if held else self._sealer.next_seq) - 1
+        self._sealer.fill_holes(held)
+        self._sealer.finish_reseals()
+        self._outbox.sent_before(e.seq for e in spool.entries())
         if len(spool):
             log.info(
                 "gateway %s: %d unconfirmed batches in the spool (seq %d..%d); next seq %d",
                 self.config.gateway_id,
                 len(spool),
                 self._confirmed + 1,
-                self._next_seq - 1,
-                self._next_seq,
+                self._sealer.next_seq - 1,
+                self._sealer.next_seq,
             )
-
-    def _fill_holes(self, held: list[int]) -> None:
-        """Turn holes in the spool into empty batches.
-
-        Records between the lowest held one and the mark must all exist: a combiner waits
-        for every seq. Holes (a damaged record, power loss without fsync, a file deleted by
-        hand) become empty batches; their rows are lost, and we say so.
-        """
-        if not held:
-            return
-        missing = [s for s in range(min(held), self._next_seq) if self._spool.get(s) is None]
-        if missing:
-            log.error(
-                "gateway %s: spool records for %d seqs (%s..%s) are missing or damaged; "
-                "publishing them as empty batches so confirmations stay contiguous "
-                "(their measurements are lost: use spool_fsync=True to survive power loss)",
-                self.config.gateway_id,
-                len(missing),
-                missing[0],
-                missing[-1],
-            )
-        for seq in missing:
-            payload = self._encode(empty_block(), seq, self._clock.now_ms())
-            entry = SpoolEntry(seq, self._content_type, 0, len(payload), self._clock.now_ms())
-            self._spool.replace(entry, payload)
-
-    def _finish_reseals(self) -> None:
-        """Complete re-seals a crash interrupted.
-
-        Parts were written, the old record not yet replaced by its empty batch; ``_reseal``
-        carries on where the parts stop.
-        """
-        sources = {e.resealed_from[0] for e in self._spool.entries() if e.resealed_from}
-        for source in sorted(sources):
-            old = self._spool.get(source)
-            if old is not None and old.rows > 0:
-                log.warning(
-                    "gateway %s: finishing the re-seal of seq %d", self.config.gateway_id, source
-                )
-                self._reseal(old)
 
     # -- input -------------------------------------------------------------------------------
 
@@ -568,27 +461,13 @@ class Gateway:
 
     # -- sealing -------------------------------------------------------------------------------
 
-    @property
-    def _content_type(self) -> str:
-        return self.config.encoding.content_type
-
-    def _encode(self, block: Measurements, seq: int, now_ms: int) -> bytes:
-        return encode_batch(
-            block,
-            gateway_id=self.config.gateway_id,
-            seq=seq,
-            sent_at_ms=now_ms,
-            encoding=self.config.encoding,
-            zstd=self.config.zstd,
-        )
-
     def _seal(self, items: list[tuple[Measurements, float]], *, raise_errors: bool) -> None:
         """Seal blocks into the spool in order; what does not fit goes back to the batcher."""
         too_large: PayloadTooLargeError | None = None
         for index, (block, arrived_s) in enumerate(items):
             try:
-                self._seal_one(block)
-            except _NotStoredError as exc:
+                self._sealer.seal(block)
+            except NotStoredError as exc:
                 if not self._blocked:
                     log.warning("gateway %s: %s", self.config.gateway_id, exc.error)
                 self._blocked = True
@@ -606,129 +485,10 @@ class Gateway:
                 raise too_large
             log.error("gateway %s: %s", self.config.gateway_id, too_large)
 
-    def _seal_one(self, block: Measurements) -> None:
-        now_ms = self._clock.now_ms()
-        sealed = seal_block(
-            block,
-            first_seq=self._next_seq,
-            limit_bytes=self._payload_limit,
-            encode=lambda b, seq: self._encode(b, seq, now_ms),
-        )
-        self._store(sealed, now_ms, block, resealed_from=None)
-
-    def _store(
-        self,
-        sealed: Sealed,
-        now_ms: int,
-        block: Measurements,
-        *,
-        resealed_from: tuple[int, int] | None,
-    ) -> None:
-        """Write sealed parts to the spool, then count their seqs as used.
-
-        Raises:
-            _NotStoredError: the spool refused some parts (those before stay: their seqs are used).
-            PayloadTooLargeError: some rows did not fit a packet alone (they were dropped).
-        """
-        records = []
-        for part in sealed.parts:
-            origin = None
-            if resealed_from is not None:
-                source, offset = resealed_from
-                origin = (source, offset + part.row_start, offset + part.row_stop)
-            entry = SpoolEntry(
-                part.seq, self._content_type, part.rows, len(part.payload), now_ms, origin
-            )
-            records.append((entry, part.payload))
-        try:
-            self._spool.put(records, check_capacity=resealed_from is None)
-        except SpoolError as exc:
-            written = [p for p in sealed.parts if self._spool.get(p.seq) is not None]
-            unsealed = [p for p in sealed.parts if self._spool.get(p.seq) is None]
-            self._register(written, fresh=resealed_from is None)
-            rows = concat_blocks([block.slice(p.row_start, p.row_stop) for p in unsealed])
-            raise _NotStoredError(exc, rows) from exc
-        self._register(sealed.parts, fresh=resealed_from is None)
-        self._n.splits += sealed.splits
-        if sealed.too_large:
-            self._n.rejected += len(sealed.too_large)
-            row = sealed.too_large[0]
-            sensor = block.sensor_id.values[int(block.sensor_id.codes[row])]
-            raise PayloadTooLargeError(
-                f"gateway {self.config.gateway_id}: {len(sealed.too_large)} measurement(s) "
-                f"(the first of sensor {sensor!r}) do not fit a packet of "
-                f"{self._payload_limit} payload bytes even alone; they were dropped. Raise "
-                "max_packet_bytes and the broker's max_packet_size, or shorten the strings"
-            )
-
-    def _register(self, parts: Sequence[Part], *, fresh: bool) -> None:
-        """Count stored parts (``fresh``: new rows, not a re-seal of spooled ones)."""
-        for part in parts:
-            self._next_seq = max(self._next_seq, part.seq + 1)
-            self._n.batches_sealed += 1
-            if fresh:
-                self._n.rows_sealed += part.rows
-            self._unconfirmed_rows += part.rows
-            if len(self._cache) < _PAYLOAD_CACHE:
-                self._cache[part.seq] = part.payload
-        if parts:
-            self._wake.set()
-
-    def _reseal(self, entry: SpoolEntry) -> None:
-        """Re-cut a spooled batch into new batches with fresh seqs.
-
-        Used when it no longer fits the packet limit, or its seq is no longer usable. The old
-        record is then replaced by an empty batch so the sequence stays contiguous.
-
-        Parts name their origin and rows, so a crash (or a failed write) in between is
-        finished later from where the parts stop, instead of duplicating rows.
-
-        A batch that a previous connection already delivered may then count twice (once
-        whole, once in parts); this only happens when a broker's packet limit is lowered
-        below batches already sent, which the pipeline cannot tell from new data.
-        """
-        now_ms = self._clock.now_ms()
-        start_row = max(
-            (
-                e.resealed_from[2]
-                for e in self._spool.entries()
-                if e.resealed_from is not None and e.resealed_from[0] == entry.seq
-            ),
-            default=0,
-        )
-        payload = self._spool.read(entry.seq)
-        batch = decode_batch(payload, content_type=entry.content_type, limits=_RESEAL_LIMITS)
-        block = Measurements.from_frame(batch.frame).slice(start_row, batch.frame.height)
-        if len(block):
-            sealed = seal_block(
-                block,
-                first_seq=self._next_seq,
-                limit_bytes=self._payload_limit,
-                encode=lambda b, seq: self._encode(b, seq, now_ms),
-            )
-            try:
-                self._store(sealed, now_ms, block, resealed_from=(entry.seq, start_row))
-            except PayloadTooLargeError as exc:
-                log.warning("gateway %s: %s", self.config.gateway_id, exc)
-            except _NotStoredError as exc:
-                raise exc.error from exc  # the old batch stays whole; retried later
-        empty = self._encode(empty_block(), entry.seq, now_ms)
-        self._spool.replace(SpoolEntry(entry.seq, self._content_type, 0, len(empty), now_ms), empty)
-        self._cache.pop(entry.seq, None)
-        self._unconfirmed_rows -= entry.rows
-        log.warning(
-            "gateway %s: re-sealed batch %d (%d rows, %d bytes) into seqs up to %d",
-            self.config.gateway_id,
-            entry.seq,
-            entry.rows,
-            entry.payload_bytes,
-            self._next_seq - 1,
-        )
-
     # -- confirmations -------------------------------------------------------------------------
 
     def _all_confirmed(self) -> bool:
-        return self._confirmed >= self._next_seq - 1
+        return self._confirmed >= self._sealer.next_seq - 1
 
     def _on_message(self, message: Message) -> None:
         """Paho's thread: fold a confirmation into the tracker, wake the publisher."""
@@ -756,7 +516,7 @@ class Gateway:
             confirmed = self._tracker.confirmed_seq()
         if confirmed <= self._confirmed:
             return
-        if confirmed >= self._next_seq:
+        if confirmed >= self._sealer.next_seq:
             self._adopt_foreign_confirm(confirmed)
         self._advance(confirmed)
 
@@ -772,14 +532,13 @@ class Gateway:
             "or another gateway with this id?); continuing at %d",
             self.config.gateway_id,
             confirmed,
-            self._next_seq,
+            self._sealer.next_seq,
             confirmed + 1,
         )
         held = [e for e in self._spool.entries() if e.rows > 0]
-        self._spool.raise_mark(confirmed)
-        self._next_seq = confirmed + 1
+        self._sealer.skip_to(confirmed)
         for entry in held:
-            self._reseal(entry)
+            self._sealer.reseal(entry)
 
     def _advance(self, confirmed: int) -> None:
         """Everything up to ``confirmed`` is confirmed: drop it from the spool."""
@@ -791,11 +550,8 @@ class Gateway:
                 self._n.batches_published += 1
                 self._n.rows_published += entry.rows
                 self._n.bytes_published += entry.payload_bytes
-            self._unconfirmed_rows -= entry.rows
-            self._cache.pop(entry.seq, None)
-            self._sent.discard(entry.seq)
             self._acked.discard(entry.seq)
-        self._resend.progressed(confirmed, self._now_ms())
+        self._outbox.confirmed(confirmed)
         if self._blocked:  # room again: seal what waited
             self._seal(self._batcher.take_due(self._clock.monotonic()), raise_errors=False)
         self._status_due_s = min(self._status_due_s, self._clock.monotonic() + 0.1)
@@ -822,41 +578,28 @@ class Gateway:
 
     def _on_new_connection(self, session: ThreadedSession) -> None:
         limit = self.config.payload_limit(session.max_packet_size)
-        shrunk = limit < self._payload_limit
-        self._payload_limit = limit
+        shrunk = limit < self._sealer.payload_limit
+        self._sealer.payload_limit = limit
         if shrunk:
             for entry in self._spool.entries():
                 if entry.payload_bytes > limit and entry.seq > self._confirmed:
-                    self._reseal(entry)
-        # Everything unconfirmed goes out again: the broker may have lost it (design §3).
-        self._inflight.clear()
-        self._cursor = self._confirmed + 1
-        self._resend.reconnected(self._now_ms())
+                    self._sealer.reseal(entry)
+        self._outbox.reconnected(self._confirmed + 1)
         self._publish_from_s = self._clock.monotonic() + _SETTLE_S
         self._status_due_s = self._publish_from_s
 
-    def _reap(self) -> None:
-        """Collect PUBACKs (and failures) of batches in flight."""
-        for seq, (handle, rows, size) in list(self._inflight.items()):
-            if handle.is_acknowledged():
-                del self._inflight[seq]
-                self._on_acked(seq, rows, size)
-            elif handle.failed is not None:
-                del self._inflight[seq]
-                log.debug(
-                    "gateway %s: publish of seq %d failed: %s",
-                    self.config.gateway_id,
-                    seq,
-                    handle.failed,
-                )
+    def _on_sealed(self, seq: int, payload: bytes) -> None:
+        self._outbox.sealed(seq, payload)
+        self._wake.set()
 
-    def _on_acked(self, seq: int, rows: int, size: int) -> None:
+    def _on_acked(self, acked: Acked) -> None:
+        seq = acked.seq
         if seq in self._acked or seq <= self._confirmed:
             return  # counted already (at its first PUBACK, or when it was confirmed)
         self._acked.add(seq)
         self._n.batches_published += 1
-        self._n.rows_published += rows
-        self._n.bytes_published += size
+        self._n.rows_published += acked.rows
+        self._n.bytes_published += acked.payload_bytes
         if self.config.release_on_puback:
             confirmed = self._confirmed
             while confirmed + 1 in self._acked:
@@ -864,53 +607,17 @@ class Gateway:
             if confirmed > self._confirmed:
                 self._advance(confirmed)
 
-    def _publish_new(self, session: ThreadedSession) -> None:
-        """First publishes on this connection, in seq order, within ``max_inflight``."""
-        cursor = max(self._cursor, self._confirmed + 1)
-        while cursor < self._next_seq and len(self._inflight) < self.config.max_inflight:
-            if cursor not in self._inflight and not self._publish(session, cursor, resend=False):
-                break
-            cursor += 1
-        self._cursor = cursor
+    def _fit(self, entry: SpoolEntry) -> SpoolEntry:
+        """The batch to send for ``entry``: re-sealed first if over the packet limit.
 
-    def _publish_resends(self, session: ThreadedSession) -> None:
-        cursor = self._cursor
-        first = self._confirmed + 1
-        outstanding = (s for s in range(first, cursor) if s not in self._inflight)
-        for seq in self._resend.due(outstanding, self._now_ms()):
-            if len(self._inflight) >= self.config.max_inflight:
-                break
-            if not self._publish(session, seq, resend=True):
-                break
-
-    def _publish(self, session: ThreadedSession, seq: int, *, resend: bool) -> bool:
-        """Hand one spooled batch to the session; False if it cannot be sent now."""
-        entry = self._spool.get(seq)
-        if entry is None:
-            log.error("gateway %s: seq %d is not in the spool", self.config.gateway_id, seq)
-            return True  # skip it; there is nothing to send
-        if entry.payload_bytes > self._payload_limit:
-            # Reconnects re-seal oversized batches; this catches any that slipped through.
-            self._reseal(entry)
-            entry = self._spool.get(seq)
-            assert entry is not None
-        payload = self._cache.pop(seq, None)
-        if payload is None:
-            payload = self._spool.read(seq)
-        try:
-            handle = session.publish(self._topic, payload, qos=1, content_type=entry.content_type)
-        except BrokerError as exc:  # disconnected meanwhile, or over a limit: retried later
-            log.debug(
-                "gateway %s: publish of seq %d deferred: %s", self.config.gateway_id, seq, exc
-            )
-            return False
-        self._inflight[seq] = (handle, entry.rows, entry.payload_bytes)
-        self._n.publishes += 1
-        if seq in self._sent:
-            self._n.resends += 1
-        self._sent.add(seq)
-        self._resend.sent(seq, self._now_ms(), resend=resend)
-        return True
+        Reconnects re-seal oversized batches already; this catches any that slipped through.
+        """
+        if entry.payload_bytes <= self._sealer.payload_limit:
+            return entry
+        self._sealer.reseal(entry)
+        refit = self._spool.get(entry.seq)
+        assert refit is not None
+        return refit
 
     def _publish_status(self, session: ThreadedSession) -> PublishHandle | None:
         self._status_due_s = self._clock.monotonic() + self.config.status_interval_ms / 1000.0
@@ -935,7 +642,7 @@ class Gateway:
 
     def _idle_s(self) -> float:
         """How long the background thread may sleep before something needs doing."""
-        if self._inflight:
+        if self._outbox.in_flight:
             return 0.005  # PUBACKs are noticed by polling the handles
         wait = 0.05
         with self._lock:

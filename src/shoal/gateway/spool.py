@@ -114,6 +114,7 @@ class Spool(ABC):
         self.max_bytes = max_bytes
         self._entries: dict[int, SpoolEntry] = {}
         self._bytes = 0
+        self._rows = 0
         self._high_water = -1
         self.damaged: list[int] = []
         """Seqs whose records could not be read back on open (moved aside)."""
@@ -130,6 +131,11 @@ class Spool(ABC):
     def bytes_used(self) -> int:
         """Payload bytes held."""
         return self._bytes
+
+    @property
+    def rows_held(self) -> int:
+        """Measurements in the records held."""
+        return self._rows
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -187,6 +193,7 @@ class Spool(ABC):
             self._store(entry, payload)
             self._entries[entry.seq] = entry
             self._bytes += len(payload)
+            self._rows += entry.rows
             top = entry.seq
         self._commit()
         self._high_water = top
@@ -200,6 +207,7 @@ class Spool(ABC):
         self._store(entry, payload)
         self._commit()
         self._bytes += len(payload) - (old.payload_bytes if old else 0)
+        self._rows += entry.rows - (old.rows if old else 0)
         self._entries[entry.seq] = entry
 
     def delete_through(self, seq: int) -> list[SpoolEntry]:
@@ -209,6 +217,7 @@ class Spool(ABC):
             self._remove(entry.seq)
             del self._entries[entry.seq]
             self._bytes -= entry.payload_bytes
+            self._rows -= entry.rows
         return gone
 
     def raise_mark(self, seq: int) -> None:
@@ -316,6 +325,7 @@ class DiskSpool(Spool):
                 continue
             self._entries[seq] = entry
             self._bytes += entry.payload_bytes
+            self._rows += entry.rows
         self._high_water = self._read_mark()
 
     def _check(self, path: Path, seq: int) -> SpoolEntry | None:

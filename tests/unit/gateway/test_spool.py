@@ -35,6 +35,7 @@ def test_write_read_delete(spool: Spool) -> None:
     assert spool.read(1) == b"payload-1"
     assert spool.get(2).sealed_at_ms == 1_700_000_000_002
     assert spool.bytes_used == 3 * len(b"payload-0")
+    assert spool.rows_held == 3
     gone = spool.delete_through(1)
     assert [e.seq for e in gone] == [0, 1]
     assert [e.seq for e in spool.entries()] == [2]
@@ -67,6 +68,7 @@ def test_replace_swaps_a_record_in_place(spool: Spool) -> None:
     spool.replace(SpoolEntry(0, CT, 0, 3, 5), b"nil")
     assert spool.read(0) == b"nil"
     assert spool.get(0).rows == 0
+    assert spool.rows_held == 1
     assert spool.bytes_used == 3 + len(b"payload-1")
 
 
@@ -80,6 +82,7 @@ def test_restart_recovers_records_and_the_mark(tmp_path: Path) -> None:
     again = DiskSpool(path)
     assert [e.seq for e in again.entries()] == [1, 2, 3]
     assert again.get(2).rows == 7
+    assert again.rows_held == 1 + 7 + 4
     assert again.get(3).resealed_from == (2, 0, 4)
     assert again.read(3) == b"abc"
     assert again.high_water == 3
