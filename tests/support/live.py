@@ -12,8 +12,9 @@ from pathlib import Path
 import orjson
 import polars as pl
 
-from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.broker.mqtt import AsyncSession, Message, unique_client_id
 from shoal.broker.settings import BrokerSettings
+from shoal.errors import BrokerError
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime.combiner import CombinerConfig, CombinerRuntime
 from shoal.runtime.worker import Worker, WorkerConfig
@@ -51,32 +52,43 @@ class Collected:
 async def collector(
     settings: BrokerSettings, topics: Topics, pipeline: str
 ) -> AsyncIterator[Collected]:
-    """Subscribe to results, late rows, dead letters and confirmations while the body runs."""
+    """Subscribe to results, late rows, dead letters and confirmations while the body runs.
+
+    A persistent session that reconnects: what is published while the broker restarts
+    waits in the session and arrives afterwards, as it would for a real consumer.
+    """
     collected = Collected()
     ready = asyncio.Event()
+    client_id = unique_client_id("collector")
+    filters = [
+        topics.results(pipeline),
+        topics.late(pipeline),
+        topics.deadletter(pipeline),
+        topics.confirm_all(),
+    ]
+
+    def take(message: Message) -> None:
+        if message.topic == topics.results(pipeline):
+            collected.windows.append(orjson.loads(message.payload))
+        elif message.topic == topics.late(pipeline):
+            collected.late.append(orjson.loads(message.payload))
+        elif message.topic == topics.deadletter(pipeline):
+            collected.deadletters.append(message.payload)
+        elif message.payload:
+            body = orjson.loads(message.payload)
+            collected.confirms[(body["gateway_id"], body["partition"])] = body["seq"]
 
     async def listen() -> None:
-        async with AsyncSession(settings, unique_client_id("collector")) as session:
-            await session.subscribe(
-                [
-                    topics.results(pipeline),
-                    topics.late(pipeline),
-                    topics.deadletter(pipeline),
-                    topics.confirm_all(),
-                ],
-                qos=1,
-            )
-            ready.set()
-            async for message in session.messages():
-                if message.topic == topics.results(pipeline):
-                    collected.windows.append(orjson.loads(message.payload))
-                elif message.topic == topics.late(pipeline):
-                    collected.late.append(orjson.loads(message.payload))
-                elif message.topic == topics.deadletter(pipeline):
-                    collected.deadletters.append(message.payload)
-                else:
-                    body = orjson.loads(message.payload)
-                    collected.confirms[(body["gateway_id"], body["partition"])] = body["seq"]
+        while True:
+            session = AsyncSession(settings, client_id, clean_start=False, session_expiry_s=600)
+            try:
+                async with session:
+                    await session.subscribe(filters, qos=1)
+                    ready.set()
+                    async for message in session.messages():
+                        take(message)
+            except BrokerError:
+                await asyncio.sleep(0.2)
 
     task = asyncio.create_task(listen())
     await asyncio.wait_for(ready.wait(), 10)
