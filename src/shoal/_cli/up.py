@@ -54,5 +54,5 @@ def run(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         run_dir=args.run_dir,
     )
-    summary = Up(config).run()
-    return 0 if summary.lost == 0 and summary.duplicated == 0 and summary.lag_batches == 0 else 1
+    accounting = Up(config).run()
+    return 0 if accounting.exact else 1
