@@ -1,4 +1,4 @@
-"""``shoal bench <name>``: benchmarks run as commands (only ``encodings`` so far).
+"""``shoal bench <name>``: benchmarks run as commands (``encodings``, ``pipeline``).
 
 Each sub-command imports its benchmark module only when it runs.
 """
@@ -46,6 +46,43 @@ def register(sub: Any) -> None:
     )
     encodings.add_argument("--json", type=Path, metavar="FILE", help="also write the records here")
     encodings.set_defaults(run=run_encodings)
+    _register_pipeline(benches)
+
+
+def _register_pipeline(benches: Any) -> None:
+    pipeline: argparse.ArgumentParser = benches.add_parser(
+        "pipeline",
+        help="simulator -> broker -> workers -> combiners on this machine",
+        description="Run the whole pipeline as processes on this machine at a fixed offered "
+        "rate and report achieved rate, loss and duplication (count oracle), latencies, and "
+        "CPU and peak memory per component. --max steps the rate up to the highest sustained.",
+    )
+    pipeline.add_argument(
+        "--pipeline", default="default", metavar="NAME|FILE", help="pipeline spec"
+    )
+    pipeline.add_argument(
+        "--scenario", default="B", choices=["A", "B"], help="A: 1 x 1,000 sensors; B: 10 x 1,000"
+    )
+    pipeline.add_argument(
+        "--rate", type=float, default=25.0, help="measurements/s per sensor (default 25)"
+    )
+    pipeline.add_argument(
+        "--batch", type=int, default=16_000, help="rows per batch (default 16000)"
+    )
+    pipeline.add_argument("--encoding", default="binary", help="batch encoding (default binary)")
+    pipeline.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    pipeline.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="seconds of measured load per run (default 30; 20 per --max step)",
+    )
+    pipeline.add_argument("--max", action="store_true", help="find the highest sustained rate")
+    pipeline.add_argument(
+        "--no-key-topics", action="store_true", help="skip per-key retained results"
+    )
+    pipeline.add_argument("--json", type=Path, metavar="FILE", help="also write the record(s) here")
+    pipeline.set_defaults(run=run_pipeline)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -78,3 +115,40 @@ def run_encodings(args: argparse.Namespace) -> int:
         args.json.write_bytes(orjson.dumps(records, option=orjson.OPT_INDENT_2) + b"\n")
         print(f"\nwrote {len(records)} records to {args.json}")
     return 0
+
+
+def run_pipeline(args: argparse.Namespace) -> int:
+    """Run the pipeline benchmark (one rate, or ``--max``)."""
+    from shoal._cli.common import load_spec  # noqa: PLC0415
+    from shoal.loadtest import bench_pipeline as bench  # noqa: PLC0415 - heavy, run-time only
+
+    if args.workers < 1:
+        raise ConfigError("--workers must be at least 1")
+    config = bench.PipelineBenchConfig(
+        spec=load_spec(args.pipeline),
+        spec_source=args.pipeline,
+        scenario=args.scenario,
+        rate=args.rate,
+        batch=args.batch,
+        encoding=args.encoding,
+        workers=args.workers,
+        duration_s=args.duration or (20.0 if args.max else 30.0),
+        per_key_results=not args.no_key_topics,
+    )
+    if args.max:
+        result = bench.run_max(config, sys.stderr)
+        best = result["best"]
+        print(f"\nhighest sustained rate: {result['max_sustained_meas_per_s']:,.0f} meas/s")
+        if best is not None:
+            print(bench.format_record(best))
+        code = 0 if best is not None else 1
+    else:
+        result = bench.run_pipeline(config, sys.stderr)
+        print(bench.format_record(result))
+        code = (
+            0 if result["lost_measurements"] == 0 and result["duplicated_measurements"] == 0 else 1
+        )
+    if args.json is not None:
+        args.json.write_text(bench.dumps(result) + "\n")
+        print(f"wrote {args.json}")
+    return code

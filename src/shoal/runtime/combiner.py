@@ -209,6 +209,10 @@ class CombinerRuntime:
         if command == "flush":
             log.info("combiner %s: flushing every open window", self.config.client_id)
             self._emit(session, self.core.flush())
+        elif command == "reset_stats":
+            # Benchmarks measure steady state: forget the warm-up's latencies.
+            self.apply_latency = LatencyHistogram()
+            self.result_latency = LatencyHistogram()
         else:
             log.warning(
                 "combiner %s: unknown control message %r",

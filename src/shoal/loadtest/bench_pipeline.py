@@ -1,0 +1,308 @@
+"""``shoal bench pipeline``: simulator → broker → workers → combiners, measured on this machine.
+
+One run (``run_pipeline``) starts a fresh ``LocalPipeline``, lets the simulator offer a fixed
+rate for the duration, and reports what the pipeline achieved, its latencies, every
+component's CPU and peak memory, and an exact accounting of measurements (count oracle: every
+generated measurement must be applied exactly once; after the run, the combiners close every
+window and the rows in results plus late rows must equal the rows generated).
+
+``--max`` steps the offered rate up (geometrically, then by bisection) and reports the highest
+rate the pipeline sustained: the simulator kept up, the pipeline applied at least 98 % of what
+was offered, lag stayed under two seconds of data, and nothing was lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import platform
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Final, TextIO
+
+import orjson
+import polars as pl
+import psutil
+
+from shoal.processors.spec import PipelineSpec
+from shoal.runtime.local import LocalPipeline, LocalPipelineConfig
+
+SUSTAIN_FRACTION: Final = 0.98
+MAX_LAG_SECONDS: Final = 2.0
+WARMUP_S: Final = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineBenchConfig:
+    """One benchmark run.
+
+    Attributes:
+        spec: the pipeline.
+        spec_source: how child processes find it.
+        scenario: simulator scenario, ``A`` (1 x 1,000 sensors) or ``B`` (10 x 1,000).
+        rate: measurements per second per sensor.
+        batch: rows per batch.
+        encoding: batch encoding.
+        workers: worker processes.
+        duration_s: how long the simulator offers load (after a warm-up).
+        per_key_results: publish per-key retained results too.
+    """
+
+    spec: PipelineSpec
+    spec_source: str
+    scenario: str = "B"
+    rate: float = 25.0
+    batch: int = 16_000
+    encoding: str = "binary"
+    workers: int = 2
+    duration_s: float = 30.0
+    per_key_results: bool = True
+
+
+def _sensors(scenario: str) -> int:
+    return {"A": 1_000, "B": 10_000}[scenario.upper()]
+
+
+def offered_rate(config: PipelineBenchConfig) -> float:
+    """Measurements per second the simulator offers."""
+    return _sensors(config.scenario) * config.rate
+
+
+def run_pipeline(config: PipelineBenchConfig, progress: TextIO | None = None) -> dict[str, Any]:
+    """Run once; returns the JSON record."""
+    local = LocalPipeline(
+        LocalPipelineConfig(
+            spec=config.spec,
+            spec_source=config.spec_source,
+            workers=config.workers,
+            per_key_results=config.per_key_results,
+        )
+    )
+    try:
+        local.start()
+        return asyncio.run(_measure(local, config, progress))
+    finally:
+        local.stop()
+
+
+async def _measure(
+    local: LocalPipeline, config: PipelineBenchConfig, progress: TextIO | None
+) -> dict[str, Any]:
+    offered = offered_rate(config)
+    summary_path = local.run_dir / "simulator.json"
+    async with local.watching() as session:
+        await asyncio.sleep(1.5)
+        local.start_simulator(
+            [
+                "--scenario",
+                config.scenario,
+                "--rate",
+                str(config.rate),
+                "--batch",
+                str(config.batch),
+                "--encoding",
+                config.encoding,
+                "--duration",
+                str(WARMUP_S + config.duration_s),
+                "--spool-dir",
+                str(local.run_dir / "spool"),
+                "--json",
+                str(summary_path),
+                "--quiet",
+            ]
+        )
+        await asyncio.sleep(WARMUP_S)
+        await session.publish(
+            local.topics.combiner_control(config.spec.name), orjson.dumps({"cmd": "reset_stats"})
+        )
+        start = time.monotonic()
+        applied_start = local.monitor.snapshot().batch_rows_applied
+        peak_lag_rows = 0
+        while time.monotonic() - start < config.duration_s:
+            await asyncio.sleep(1.0)
+            snap = local.monitor.snapshot()
+            peak_lag_rows = max(peak_lag_rows, snap.lag_rows)
+            if progress is not None:
+                print(
+                    f"  [{time.monotonic() - start:5.1f} s] out {snap.rows_out_per_s:>12,.0f}/s  "
+                    f"lag {snap.lag_rows:>10,} meas  workers {len(snap.workers)}",
+                    file=progress,
+                    flush=True,
+                )
+            dead = local.dead_children()
+            if dead:
+                raise RuntimeError(f"components exited: {dead}; logs in {local.logs}")
+        elapsed = time.monotonic() - start
+        end_snap = local.monitor.snapshot()
+        achieved = (end_snap.batch_rows_applied - applied_start) / elapsed
+        lag_at_end = end_snap.lag_rows
+        accounting = await local.settle(session)
+        combiners = local.monitor.snapshot().combiners
+    simulator = _read_json(summary_path)
+    apply_latency = _worst(combiners, "apply_latency_ms")
+    result_latency = _worst(combiners, "result_latency_ms")
+    sustained = (
+        accounting.exact
+        and achieved >= SUSTAIN_FRACTION * offered
+        and float(simulator.get("achieved_meas_per_s", 0.0)) >= SUSTAIN_FRACTION * offered
+        and lag_at_end <= MAX_LAG_SECONDS * offered
+    )
+    return {
+        "scenario": config.scenario,
+        "rate_per_sensor": config.rate,
+        "batch": config.batch,
+        "encoding": config.encoding,
+        "workers": config.workers,
+        "partitions": config.spec.partitions,
+        "aggregates": list(config.spec.aggregate_names),
+        "duration_s": round(elapsed, 2),
+        "offered_meas_per_s": round(offered, 1),
+        "simulator_meas_per_s": simulator.get("achieved_meas_per_s"),
+        "achieved_meas_per_s": round(achieved, 1),
+        "generated_measurements": accounting.generated,
+        "lost_measurements": accounting.lost,
+        "duplicated_measurements": accounting.duplicated,
+        "late_measurements": accounting.late,
+        "unconfirmed_batches": accounting.unconfirmed_batches,
+        "peak_lag_measurements": peak_lag_rows,
+        "lag_at_end_measurements": lag_at_end,
+        "sustained": sustained,
+        "apply_latency_ms": apply_latency,
+        "result_latency_ms": (
+            None
+            if result_latency is None
+            else {k: result_latency[k] for k in ("p50", "p99", "max", "n")}
+        ),
+        "components": local.sampler.report(),
+        "machine": machine(),
+    }
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _worst(combiners: dict[int, dict[str, Any]], name: str) -> dict[str, Any] | None:
+    """Per quantile, the worst over combiner partitions (a batch is done when all are)."""
+    summaries = [c[name] for c in combiners.values() if c.get(name)]
+    if not summaries:
+        return None
+    return {k: max(s[k] for s in summaries) for k in ("p50", "p95", "p99", "max", "n")}
+
+
+def machine() -> dict[str, Any]:
+    """Facts about this machine, stored with every result."""
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cores": psutil.cpu_count(logical=True),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "polars": pl.__version__,
+        "load_average": [round(x, 2) for x in psutil.getloadavg()],
+    }
+
+
+def run_max(
+    config: PipelineBenchConfig,
+    progress: TextIO | None = None,
+    *,
+    factor: float = 1.6,
+    refine: int = 2,
+) -> dict[str, Any]:
+    """Step the offered rate up until a step is not sustained; refine by bisection."""
+    steps: list[dict[str, Any]] = []
+    good: dict[str, Any] | None = None
+    bad_rate: float | None = None
+    rate = config.rate
+    while bad_rate is None:
+        record = _step(replace(config, rate=rate), progress)
+        steps.append(record)
+        if record["sustained"]:
+            good = record
+            rate *= factor
+        else:
+            bad_rate = rate
+    low = good["rate_per_sensor"] if good else 0.0
+    for _ in range(refine):
+        if bad_rate - low < 0.05 * bad_rate:
+            break
+        middle = (low + bad_rate) / 2 if low else bad_rate / factor
+        record = _step(replace(config, rate=middle), progress)
+        steps.append(record)
+        if record["sustained"]:
+            good, low = record, middle
+        else:
+            bad_rate = middle
+    return {
+        "max_sustained_meas_per_s": good["achieved_meas_per_s"] if good else 0.0,
+        "max_sustained_offered_meas_per_s": good["offered_meas_per_s"] if good else 0.0,
+        "best": good,
+        "steps": steps,
+        "machine": machine(),
+    }
+
+
+def _step(config: PipelineBenchConfig, progress: TextIO | None) -> dict[str, Any]:
+    if progress is not None:
+        print(
+            f"step: offering {offered_rate(config):,.0f} meas/s "
+            f"({config.scenario}, {config.rate:g}/s per sensor, batch {config.batch}, "
+            f"{config.encoding}, {config.workers} workers)",
+            file=progress,
+            flush=True,
+        )
+    record = run_pipeline(config, progress)
+    if progress is not None:
+        print(
+            f"  -> achieved {record['achieved_meas_per_s']:,.0f}/s, lost "
+            f"{record['lost_measurements']}, duplicated {record['duplicated_measurements']}, "
+            f"{'sustained' if record['sustained'] else 'NOT sustained'}",
+            file=progress,
+            flush=True,
+        )
+    return record
+
+
+def format_record(record: dict[str, Any]) -> str:
+    """A human-readable block for one run."""
+    share = record["achieved_meas_per_s"] / max(record["offered_meas_per_s"], 1)
+    lines = [
+        f"pipeline: scenario {record['scenario']}, {record['rate_per_sensor']:g}/s per sensor, "
+        f"batch {record['batch']}, {record['encoding']}, {record['workers']} workers, "
+        f"{record['partitions']} partition(s), {record['duration_s']} s",
+        f"  offered   {record['offered_meas_per_s']:>14,.0f} meas/s"
+        f"   (simulator {record['simulator_meas_per_s'] or 0:,.0f}/s)",
+        f"  achieved  {record['achieved_meas_per_s']:>14,.0f} meas/s   ({share:.1%} of offered)",
+        f"  generated {record['generated_measurements']:,}; lost {record['lost_measurements']}, "
+        f"duplicated {record['duplicated_measurements']}, late {record['late_measurements']}; "
+        f"peak lag {record['peak_lag_measurements']:,} meas; "
+        f"{'sustained' if record['sustained'] else 'NOT sustained'}",
+    ]
+    apply = record["apply_latency_ms"]
+    if apply:
+        lines.append(
+            f"  publish -> batch applied   p50 {apply['p50']:.1f} ms  p95 {apply['p95']:.1f} ms  "
+            f"p99 {apply['p99']:.1f} ms  (n={apply['n']})"
+        )
+    result = record["result_latency_ms"]
+    if result:
+        lines.append(
+            f"  window close -> result     p50 {result['p50']:.1f} ms  p99 {result['p99']:.1f} ms"
+            f"  (n={result['n']})"
+        )
+    lines.append("  component          CPU %   peak RSS MB")
+    lines.extend(
+        f"  {c['name']:<16} {c['cpu_percent']:>7.1f}   {c['rss_mb']:>10.1f}"
+        for c in record["components"]
+    )
+    return "\n".join(lines)
+
+
+def dumps(data: dict[str, Any]) -> str:
+    """JSON for files."""
+    return json.dumps(data, indent=2)
