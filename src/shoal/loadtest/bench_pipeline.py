@@ -145,7 +145,7 @@ async def _measure(
     sustained = (
         accounting.exact
         and achieved >= SUSTAIN_FRACTION * offered
-        and float(simulator.get("achieved_meas_per_s", 0.0)) >= SUSTAIN_FRACTION * offered
+        and float(simulator.get("achieved_rate", 0.0)) >= SUSTAIN_FRACTION * offered
         and lag_at_end <= MAX_LAG_SECONDS * offered
     )
     return {
@@ -158,7 +158,8 @@ async def _measure(
         "aggregates": list(config.spec.aggregate_names),
         "duration_s": round(elapsed, 2),
         "offered_meas_per_s": round(offered, 1),
-        "simulator_meas_per_s": simulator.get("achieved_meas_per_s"),
+        "simulator_meas_per_s": simulator.get("achieved_rate"),
+        "simulator_cpu_percent": simulator.get("cpu_percent"),
         "achieved_meas_per_s": round(achieved, 1),
         "generated_measurements": accounting.generated,
         "lost_measurements": accounting.lost,

@@ -100,6 +100,9 @@ class Up:
                         self.config.encoding,
                         "--spool-dir",
                         str(self.local.run_dir / "spool"),
+                        # Until we stop it (SIGINT makes it seal, send and report).
+                        "--duration",
+                        str(365 * 86_400),
                     ]
                 )
             await self._show(started)
