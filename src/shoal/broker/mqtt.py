@@ -39,6 +39,10 @@ from shoal.errors import BrokerError, PayloadTooLargeError
 
 log = logging.getLogger(__name__)
 
+NO_DELAY: Final = (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+"""Disable Nagle's algorithm: paho leaves it on, and Nagle plus delayed ACKs holds small
+packets (PUBACKs, small partials) back for up to 40 ms."""
+
 PROTOCOL_OVERHEAD: Final = 512
 """Bytes a PUBLISH needs beyond its payload for the fixed header, topic and properties; used
 when checking a payload against the broker's maximum packet size."""
@@ -232,6 +236,7 @@ class AsyncSession:
             tls_insecure=(not settings.tls.verify_hostname) if settings.tls else None,
             will=aiomqtt.Will(will.topic, will.payload, will.qos, will.retain) if will else None,
             timeout=10,
+            socket_options=[NO_DELAY],
         )
         client.pending_calls_threshold = 1_000_000  # in-flight work is bounded by the caller
         return client
@@ -514,6 +519,7 @@ class ThreadedSession:
         self._client.on_disconnect = self._handle_disconnect
         self._client.on_publish = self._handle_publish
         self._client.on_message = self._handle_message
+        self._client.on_socket_open = _no_delay
         self._started = False
 
     @property
@@ -639,6 +645,11 @@ class ThreadedSession:
                 self._on_message(_message_from_paho(msg))
             except Exception:
                 log.exception("message handler failed for %s", msg.topic)
+
+
+def _no_delay(client: paho.Client, userdata: Any, sock: Any) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        sock.setsockopt(*NO_DELAY)
 
 
 _PROBE_CONNECT: Final = bytes(

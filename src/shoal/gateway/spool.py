@@ -116,6 +116,7 @@ class Spool(ABC):
         self._bytes = 0
         self._rows = 0
         self._high_water = -1
+        self._mark_stored = -1
         self.damaged: list[int] = []
         """Seqs whose records could not be read back on open (moved aside)."""
 
@@ -197,7 +198,8 @@ class Spool(ABC):
             top = entry.seq
         self._commit()
         self._high_water = top
-        self._store_mark(top)
+        # The mark is persisted lazily, before the record holding the highest seq is deleted
+        # (``delete_through``): until then that record itself carries the high-water mark.
 
     def replace(self, entry: SpoolEntry, payload: bytes) -> None:
         """Atomically replace (or fill in) the record of ``entry.seq`` below the mark."""
@@ -213,6 +215,9 @@ class Spool(ABC):
     def delete_through(self, seq: int) -> list[SpoolEntry]:
         """Delete every record with a seq up to ``seq`` (confirmed); returns them."""
         gone = sorted((e for s, e in self._entries.items() if s <= seq), key=lambda e: e.seq)
+        if gone and gone[-1].seq > self._mark_stored:
+            # Records are about to stop carrying the high-water mark: persist it first.
+            self._persist_mark(self.high_water)
         for entry in gone:
             self._remove(entry.seq)
             del self._entries[entry.seq]
@@ -224,7 +229,11 @@ class Spool(ABC):
         """Persist a high-water mark of at least ``seq`` (seqs up to it are never reused)."""
         if seq > self.high_water:
             self._high_water = seq
-            self._store_mark(seq)
+            self._persist_mark(seq)
+
+    def _persist_mark(self, seq: int) -> None:
+        self._store_mark(seq)
+        self._mark_stored = max(self._mark_stored, seq)
 
     def close(self) -> None:  # noqa: B027 - a no-op by default; disk spools release a lock
         """Release resources (the spool's records stay)."""
@@ -327,6 +336,7 @@ class DiskSpool(Spool):
             self._bytes += entry.payload_bytes
             self._rows += entry.rows
         self._high_water = self._read_mark()
+        self._mark_stored = self._high_water
 
     def _check(self, path: Path, seq: int) -> SpoolEntry | None:
         """The record's entry if it is complete and intact, else None."""

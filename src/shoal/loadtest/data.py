@@ -8,6 +8,7 @@ are. The same seed gives the same data, so runs are comparable.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -21,12 +22,19 @@ def sensor_ids(gateway_id: str, count: int) -> tuple[str, ...]:
     return tuple(f"{gateway_id}-s{i:0{width}d}" for i in range(count))
 
 
+_NOISE_POOL: Final = 1 << 16
+
+
 @dataclass
 class SensorField:
     """A gateway's sensors, emitting at ``rate_hz`` each, from ``start_ms`` on.
 
     ``take(until_ms)`` returns every measurement with ``ts < until_ms`` not returned before,
     in timestamp order: calling it on a timer yields an open-loop stream.
+
+    Sensors are kept in order of their phase, so the measurements of consecutive ticks are
+    already in time order when laid out tick by tick: no sorting, a few array operations per
+    call. Noise comes from a pre-drawn pool of normal deviates read at a random offset.
 
     Attributes:
         gateway_id: prefix of the sensor ids.
@@ -46,18 +54,23 @@ class SensorField:
     ids: tuple[str, ...] = field(init=False)
     _rng: np.random.Generator = field(init=False, repr=False)
     _phase_ms: npt.NDArray[np.float64] = field(init=False, repr=False)
+    _codes: npt.NDArray[np.uint32] = field(init=False, repr=False)
     _level: npt.NDArray[np.float64] = field(init=False, repr=False)
-    _tick: int = field(init=False, default=0, repr=False)
+    _noise: npt.NDArray[np.float64] = field(init=False, repr=False)
+    _next: int = field(init=False, default=0, repr=False)
 
     def __post_init__(self) -> None:
-        """Draw the per-sensor phases and levels."""
+        """Draw the per-sensor phases, levels and the noise pool."""
         if self.sensors <= 0 or self.rate_hz <= 0:
             raise ValueError("sensors and rate_hz must be positive")
         self.ids = sensor_ids(self.gateway_id, self.sensors)
         self._rng = np.random.default_rng(self.seed)
-        period_ms = 1000.0 / self.rate_hz
-        self._phase_ms = self._rng.uniform(0.0, period_ms, self.sensors)
-        self._level = self._rng.uniform(15.0, 35.0, self.sensors)
+        phase = self._rng.uniform(0.0, self.period_ms, self.sensors)
+        order = np.argsort(phase, kind="stable")
+        self._phase_ms = phase[order]
+        self._codes = order.astype(np.uint32)
+        self._level = self._rng.uniform(15.0, 35.0, self.sensors)[order]
+        self._noise = self._rng.normal(0.0, 0.5, _NOISE_POOL)
 
     @property
     def period_ms(self) -> float:
@@ -66,34 +79,27 @@ class SensorField:
 
     def take(self, until_ms: int) -> Measurements:
         """All measurements with event time before ``until_ms`` not yet taken."""
-        period = self.period_ms
-        # Tick k of sensor i happens at start + k * period + phase_i.
-        last_tick = int(np.floor((until_ms - self.start_ms) / period)) + 1
-        ticks = np.arange(self._tick, max(self._tick, last_tick), dtype=np.int64)
-        if len(ticks) == 0:
+        n = self.sensors
+        first_tick, offset = divmod(self._next, n)
+        # Tick k of the j-th sensor (in phase order) is at start + k * period + phase_j.
+        last_tick = int(np.floor((until_ms - self.start_ms) / self.period_ms))
+        if last_tick < first_tick:
             return _empty(self.ids)
-        times = self.start_ms + ticks[:, None] * period + self._phase_ms[None, :]
-        ts = np.floor(times).astype(np.int64).ravel()
-        codes = np.tile(np.arange(self.sensors, dtype=np.uint32), len(ticks))
-        keep = ts < until_ms
-        # Rows of the last tick that fall at or after until_ms are taken next time.
-        complete = keep.reshape(len(ticks), self.sensors).all(axis=1)
-        done_ticks = int(np.argmin(complete)) if not complete.all() else len(ticks)
-        rows = done_ticks * self.sensors
-        ts, codes = ts[:rows], codes[:rows]
-        self._tick += done_ticks
-        order = np.argsort(ts, kind="stable")
-        ts, codes = ts[order], codes[order]
-        values = self._values(ts, codes)
-        return Measurements(DictColumn(self.ids, codes), ts, values)
-
-    def _values(
-        self, ts: npt.NDArray[np.int64], codes: npt.NDArray[np.uint32]
-    ) -> npt.NDArray[np.float64]:
-        slow = 2.0 * np.sin(ts / 60_000.0 + codes)
-        noise = self._rng.normal(0.0, 0.5, len(ts))
-        raw = self._level[codes] + slow + noise
-        return np.round(raw / self.resolution) * self.resolution
+        ticks = np.arange(first_tick, last_tick + 1, dtype=np.int64)
+        times = self.start_ms + ticks[:, None] * self.period_ms + self._phase_ms[None, :]
+        ts = np.floor(times).astype(np.int64).ravel()[offset:]
+        count = int(np.searchsorted(ts, until_ms, side="left"))  # ts is already sorted
+        if count == 0:
+            return _empty(self.ids)
+        ts = ts[:count]
+        positions = (offset + np.arange(count)) % n
+        self._next += count
+        slow = 2.0 * np.sin(float(ts[0]) / 60_000.0 + self._codes)  # slow drift, per sensor
+        start = int(self._rng.integers(0, _NOISE_POOL))
+        noise = self._noise[(start + np.arange(count)) & (_NOISE_POOL - 1)]
+        raw = (self._level + slow)[positions] + noise
+        values = np.round(raw / self.resolution) * self.resolution
+        return Measurements(DictColumn(self.ids, self._codes[positions]), ts, values)
 
 
 def synthetic_block(

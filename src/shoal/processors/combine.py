@@ -32,15 +32,14 @@ import polars as pl
 
 from shoal.clock import Clock
 from shoal.errors import SchemaError
-from shoal.processors._ipc import from_ipc, to_ipc
 from shoal.processors.aggregates import AggregatePlan
-from shoal.processors.partials import SKETCH_SCHEMA, Partial, spec_fingerprint
+from shoal.processors.partials import Partial, PartialRows, spec_fingerprint
 from shoal.processors.progress import GatewayProgress, ProgressTracker
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows, WindowState
 from shoal.schemas.control import GatewayStatus
 
-SNAPSHOT_VERSION: Final = 1
+SNAPSHOT_VERSION: Final = 2
 
 
 @dataclass
@@ -103,9 +102,7 @@ class Combiner:
         self.state = WindowState(spec, self.plan)
         self.closed_through: int | None = None
         self.counters = CombinerCounters()
-        self._aggs_schema = self.plan.state_schema(
-            {"window": pl.UInt8(), "start": pl.Int64(), "key": pl.String()}
-        )
+        self._field_names = frozenset(self.plan.field_names)
         self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
         self._names = [w.name for w in spec.windows]
 
@@ -118,17 +115,26 @@ class Combiner:
         (counted as ``foreign_partials``): their gateway re-sends the batch.
         """
         self.counters.partials_received += 1
+        rows = partial.rows
         if (
             partial.fingerprint != self.fingerprint
             or partial.partition != self.partition
-            or (partial.aggs is not None and partial.aggs.schema != self._aggs_schema)
-            or (partial.sketch is not None and partial.sketch.schema != SKETCH_SCHEMA)
+            or (rows is not None and not self._fits(rows))
         ):
             self.counters.foreign_partials += 1
             return Step()
         now = self.clock.now_ms()
         ready = self.tracker.offer(partial.batch.gateway_id, partial.batch.seq, partial, now)
         return self._apply_all(ready, now)
+
+    def _fits(self, rows: PartialRows) -> bool:
+        """Whether a partial's rows have this pipeline's state layout."""
+        return (
+            set(rows.fields) == self._field_names
+            and int(rows.window.max(initial=0)) < len(self.spec.windows)
+            and (rows.sketch_row is None) != self.plan.needs_sketch
+            and (rows.sketch_row is None or int(rows.sketch_row.max(initial=0)) < len(rows))
+        )
 
     def receive_status(self, status: GatewayStatus) -> Step:
         """Take a gateway's status (may set its starting seq, unblocking partials)."""
@@ -152,13 +158,10 @@ class Combiner:
             self.tracker.applied(batch.gateway_id, None, now)
             return None
         late = None
-        aggs = partial.aggs
-        if aggs is not None and aggs.height:
+        rows = partial.rows
+        if rows is not None and len(rows):
             wm_before = self.tracker.watermark(batch.gateway_id)
-            end = (
-                aggs.get_column("start").to_numpy()
-                + self._sizes[aggs.get_column("window").to_numpy().astype(np.int64)]
-            )
+            end = rows.start + self._sizes[rows.window.astype(np.int64)]
             behind = (
                 np.zeros(len(end), dtype=bool)
                 if wm_before is None
@@ -170,12 +173,12 @@ class Combiner:
                 else end <= self.closed_through
             )
             is_late = behind | closed
-            self.state.add(aggs, partial.sketch, keep=~is_late)
-            n = aggs.get_column("n").to_numpy()
+            self.state.add(rows, keep=~is_late)
+            n = rows.fields["n"]
             self.counters.rows_applied += int(n[~is_late].sum())
             if is_late.any():
                 late = self._late(
-                    batch.gateway_id, batch.seq, aggs, is_late=is_late, behind=behind, end=end
+                    batch.gateway_id, batch.seq, rows, is_late=is_late, behind=behind, end=end
                 )
                 self.counters.rows_late += late.rows
         self.counters.batches_applied += 1
@@ -187,24 +190,23 @@ class Combiner:
         self,
         gateway_id: str,
         seq: int,
-        aggs: pl.DataFrame,
+        rows: PartialRows,
         *,
         is_late: npt.NDArray[np.bool_],
         behind: npt.NDArray[np.bool_],
         end: npt.NDArray[np.int64],
     ) -> LateRows:
-        rows = np.flatnonzero(is_late)
-        picked = aggs[rows]
-        frame = picked.select(
-            pl.Series("window", [self._names[w] for w in picked["window"].to_list()]),
-            "start",
-            pl.Series("end", end[rows]),
-            "key",
-            pl.col("n").alias("rows"),
-            *(pl.col(c) for c in ("min", "max", "sum") if c in picked.columns),
-            pl.Series("reason", np.where(behind[rows], "behind_watermark", "window_closed")),
-        )
-        return LateRows(gateway_id, seq, frame)
+        picked = np.flatnonzero(is_late)
+        columns: dict[str, object] = {
+            "window": [self._names[w] for w in rows.window[picked].tolist()],
+            "start": rows.start[picked],
+            "end": end[picked],
+            "key": pl.Series([rows.keys[i] for i in picked.tolist()], dtype=pl.String),
+            "rows": rows.fields["n"][picked],
+            **{c: rows.fields[c][picked] for c in ("min", "max", "sum") if c in rows.fields},
+            "reason": np.where(behind[picked], "behind_watermark", "window_closed"),
+        }
+        return LateRows(gateway_id, seq, pl.DataFrame(columns))
 
     # -- time --------------------------------------------------------------------------------
 
@@ -270,7 +272,7 @@ class Combiner:
 
     def snapshot(self) -> bytes:
         """Serialise everything needed to resume exactly (see the module docstring)."""
-        aggs, sketch = self.state.frames()
+        state = self.state.snapshot_rows()
         gateways = [
             {
                 "gateway_id": g.gateway_id,
@@ -293,8 +295,7 @@ class Combiner:
                 "closed_through": self.closed_through,
                 "counters": asdict(self.counters),
                 "gateways": gateways,
-                "aggs": to_ipc(aggs, "lz4"),
-                "sketch": to_ipc(sketch, "lz4"),
+                "state": None if state is None else state.pack(),
                 "taken_at": self.clock.now_ms(),
             },
             use_bin_type=True,
@@ -338,4 +339,4 @@ class Combiner:
             progress.duplicates = g["duplicates"]
             progress.skipped = g["skipped"]
             self.tracker.gateways[progress.gateway_id] = progress
-        self.state.restore(from_ipc(obj["aggs"]), from_ipc(obj["sketch"]))
+        self.state.restore(None if obj["state"] is None else PartialRows.unpack(obj["state"]))

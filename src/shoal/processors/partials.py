@@ -17,16 +17,16 @@ from typing import Any, Final, Literal
 
 import msgpack
 import numpy as np
+import numpy.typing as npt
 import polars as pl
 
 from shoal.errors import SchemaError
-from shoal.processors._ipc import from_ipc, to_ipc
 from shoal.processors._kernels import partial_state
 from shoal.processors.aggregates import AggregatePlan
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
 
-PARTIAL_VERSION: Final = 2
+PARTIAL_VERSION: Final = 3
 AGGS_GROUPS: Final[dict[str, pl.DataType]] = {
     "window": pl.UInt8(),
     "start": pl.Int64(),
@@ -85,6 +85,159 @@ class BatchInfo:
     reason: str | None = None
 
 
+_INT_FIELDS: Final = frozenset({"n", "batches", "first_ts", "last_ts"})
+
+
+def _field_dtype(name: str) -> np.dtype[Any]:
+    return np.dtype("<i8") if name in _INT_FIELDS else np.dtype("<f8")
+
+
+@dataclass(frozen=True, slots=True)
+class PartialRows:
+    """State rows of one partial, as columns.
+
+    Attributes:
+        window: index of the window spec per row.
+        start: window start per row.
+        keys: result key per row.
+        fields: state field name → values per row (``aggregates.STATE_FIELDS`` dtypes).
+        sketch_row: per sketch bucket, the state row it belongs to (None: no sketch).
+        sketch_bucket: per sketch bucket, its key (``sketch.LogBuckets``).
+        sketch_count: per sketch bucket, its count.
+    """
+
+    window: npt.NDArray[np.uint8]
+    start: npt.NDArray[np.int64]
+    keys: list[str | None]
+    fields: dict[str, npt.NDArray[Any]]
+    sketch_row: npt.NDArray[np.int64] | None = None
+    sketch_bucket: npt.NDArray[np.int64] | None = None
+    sketch_count: npt.NDArray[np.int64] | None = None
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def take(self, rows: npt.NDArray[np.int64]) -> PartialRows:
+        """Only ``rows`` (sketch buckets follow their row and are renumbered)."""
+        sketch_row = sketch_bucket = sketch_count = None
+        if self.sketch_row is not None:
+            renumber = np.full(len(self), -1, dtype=np.int64)
+            renumber[rows] = np.arange(len(rows))
+            kept = renumber[self.sketch_row]
+            mask = kept >= 0
+            sketch_row = kept[mask]
+            sketch_bucket = None if self.sketch_bucket is None else self.sketch_bucket[mask]
+            sketch_count = None if self.sketch_count is None else self.sketch_count[mask]
+        return PartialRows(
+            window=self.window[rows],
+            start=self.start[rows],
+            keys=[self.keys[i] for i in rows.tolist()],
+            fields={name: values[rows] for name, values in self.fields.items()},
+            sketch_row=sketch_row,
+            sketch_bucket=sketch_bucket,
+            sketch_count=sketch_count,
+        )
+
+    def frame(self) -> pl.DataFrame:
+        """The state rows as a DataFrame (``window``, ``start``, ``key``, fields)."""
+        return pl.DataFrame(
+            [
+                pl.Series("window", self.window, dtype=pl.UInt8),
+                pl.Series("start", self.start, dtype=pl.Int64),
+                pl.Series("key", self.keys, dtype=pl.String),
+                *(pl.Series(name, values) for name, values in self.fields.items()),
+            ]
+        )
+
+    def sketch_frame(self) -> pl.DataFrame | None:
+        """The sketch buckets as a DataFrame (``row``, ``bucket``, ``count``)."""
+        if self.sketch_row is None:
+            return None
+        return pl.DataFrame(
+            [
+                pl.Series("row", self.sketch_row, dtype=pl.UInt32),
+                pl.Series("bucket", self.sketch_bucket, dtype=pl.Int32),
+                pl.Series("count", self.sketch_count, dtype=pl.Int64),
+            ]
+        )
+
+    @classmethod
+    def from_frames(cls, aggs: pl.DataFrame, sketch: pl.DataFrame | None) -> PartialRows:
+        """Build from DataFrames laid out like ``frame()`` and ``sketch_frame()``."""
+        fields = {
+            name: aggs.get_column(name).to_numpy().astype(_field_dtype(name), copy=False)
+            for name in aggs.columns
+            if name not in ("window", "start", "key")
+        }
+        return cls(
+            window=aggs.get_column("window").to_numpy().astype(np.uint8, copy=False),
+            start=aggs.get_column("start").to_numpy().astype(np.int64, copy=False),
+            keys=aggs.get_column("key").to_list(),
+            fields=fields,
+            sketch_row=None
+            if sketch is None
+            else sketch.get_column("row").to_numpy().astype(np.int64),
+            sketch_bucket=None
+            if sketch is None
+            else sketch.get_column("bucket").to_numpy().astype(np.int64),
+            sketch_count=None
+            if sketch is None
+            else sketch.get_column("count").to_numpy().astype(np.int64),
+        )
+
+    def pack(self) -> dict[str, Any]:
+        """The wire form: typed little-endian buffers and the key list."""
+        out: dict[str, Any] = {
+            "window": self.window.astype("<u1").tobytes(),
+            "start": self.start.astype("<i8").tobytes(),
+            "keys": self.keys,
+            "fields": {
+                name: v.astype(_field_dtype(name)).tobytes() for name, v in self.fields.items()
+            },
+        }
+        if self.sketch_row is not None:
+            assert self.sketch_bucket is not None
+            assert self.sketch_count is not None
+            out["sketch"] = {
+                "row": self.sketch_row.astype("<u4").tobytes(),
+                "bucket": self.sketch_bucket.astype("<i4").tobytes(),
+                "count": self.sketch_count.astype("<i8").tobytes(),
+            }
+        return out
+
+    @classmethod
+    def unpack(cls, obj: dict[str, Any]) -> PartialRows:
+        """Parse the wire form; raises ``ValueError`` on inconsistent buffers."""
+        keys = obj["keys"]
+        if not isinstance(keys, list):
+            raise TypeError("keys is not a list")
+        n = len(keys)
+        sketch = obj.get("sketch")
+        buckets = None if sketch is None else len(sketch["row"]) // 4
+        return cls(
+            window=_buffer(obj["window"], "<u1", n).astype(np.uint8),
+            start=_buffer(obj["start"], "<i8", n).astype(np.int64),
+            keys=keys,
+            fields={
+                name: _buffer(data, _field_dtype(name), n) for name, data in obj["fields"].items()
+            },
+            sketch_row=None
+            if sketch is None
+            else _buffer(sketch["row"], "<u4", buckets).astype(np.int64),
+            sketch_bucket=None
+            if sketch is None
+            else _buffer(sketch["bucket"], "<i4", buckets).astype(np.int64),
+            sketch_count=None if sketch is None else _buffer(sketch["count"], "<i8", buckets),
+        )
+
+
+def _buffer(data: bytes, dtype: str | np.dtype[Any], n: int | None) -> npt.NDArray[Any]:
+    array = np.frombuffer(data, dtype=dtype)
+    if n is not None and len(array) != n:
+        raise ValueError(f"buffer of {len(array)} values where {n} were expected")
+    return array
+
+
 @dataclass(frozen=True, slots=True)
 class Partial:
     """What one combiner partition receives for one batch.
@@ -95,9 +248,8 @@ class Partial:
         partition: the receiving partition.
         partitions: number of partitions.
         batch: the source batch.
-        aggs: state rows (``window`` index, ``start``, ``key``, state fields) or None.
-        sketch: bucket counts (``row`` of ``aggs``, ``bucket`` key, ``count``) or None.
-        produced_at_ms: worker clock when published.
+        rows: the partition's state rows (None: no rows for this partition).
+        produced_at_ms: worker clock when the partial was computed.
     """
 
     pipeline: str
@@ -105,9 +257,18 @@ class Partial:
     partition: int
     partitions: int
     batch: BatchInfo
-    aggs: pl.DataFrame | None
-    sketch: pl.DataFrame | None
+    rows: PartialRows | None
     produced_at_ms: int
+
+    @property
+    def aggs(self) -> pl.DataFrame | None:
+        """The state rows as a DataFrame (for inspection and tests)."""
+        return None if self.rows is None else self.rows.frame()
+
+    @property
+    def sketch(self) -> pl.DataFrame | None:
+        """The sketch buckets as a DataFrame (``row`` points into ``aggs``)."""
+        return None if self.rows is None else self.rows.sketch_frame()
 
     def encode(self) -> bytes:
         """Serialise for the partials topic."""
@@ -130,8 +291,7 @@ class Partial:
                 "worker": b.worker,
                 "status": b.status,
                 "reason": b.reason,
-                "aggs": to_ipc(self.aggs),
-                "sketch": to_ipc(self.sketch),
+                "state": None if self.rows is None else self.rows.pack(),
                 "produced_at": self.produced_at_ms,
             },
             use_bin_type=True,
@@ -164,14 +324,14 @@ class Partial:
             status=obj["status"],
             reason=obj["reason"],
         )
+        state = obj["state"]
         return cls(
             pipeline=obj["pipeline"],
             fingerprint=obj["fp"],
             partition=int(obj["partition"]),
             partitions=int(obj["partitions"]),
             batch=batch,
-            aggs=from_ipc(obj["aggs"]),
-            sketch=from_ipc(obj["sketch"]),
+            rows=None if state is None else PartialRows.unpack(state),
             produced_at_ms=int(obj["produced_at"]),
         )
 
@@ -231,7 +391,7 @@ class PartialBuilder:
     def build(self, frame: pl.DataFrame, batch: BatchInfo, now_ms: int) -> list[Partial]:
         """One partial per partition for a decoded batch (``FRAME_SCHEMA`` frame)."""
         if frame.height == 0:
-            return self._split(replace(batch, rows=0), None, None, now_ms)
+            return self._split(replace(batch, rows=0), None, now_ms)
         keys = frame.get_column(self.spec.key)
         ts = frame.get_column("ts").to_numpy()
         value = frame.get_column("value").to_numpy()
@@ -246,10 +406,9 @@ class PartialBuilder:
             .astype(np.int64)
         )
         unique_ids, first_row = np.unique(key_ids, return_index=True)
+        key_names = keys.gather(pl.Series(first_row, dtype=pl.UInt32)).to_list()
         bucket_all = self.buckets.keys_np(value) if self.plan.needs_sketch else None
-        aggs_parts: list[pl.DataFrame] = []
-        sketch_parts: list[pl.DataFrame] = []
-        offset = 0
+        parts: list[PartialRows] = []
         for index, window in enumerate(self.spec.windows):
             per_row = window.windows_per_row
             last = (ts // window.slide_ms) * window.slide_ms
@@ -266,50 +425,32 @@ class PartialBuilder:
             slot = (starts - base) // window.slide_ms
             groups = (slot << 32) | rows_key
             g, state, sketch = partial_state(groups, rows_ts, rows_value, self._fields, rows_bucket)
-            key_rows = first_row[np.searchsorted(unique_ids, g & 0xFFFFFFFF)]
-            columns: dict[str, object] = {
-                "window": np.full(len(g), index, dtype=np.uint8),
-                "start": (g >> 32) * window.slide_ms + base,
-                "key": keys.gather(pl.Series(key_rows, dtype=pl.UInt32)),
-                **state,
-            }
-            aggs_parts.append(pl.DataFrame(columns, schema=self._schema))
-            if sketch is not None:
-                group_index, bucket, count = sketch
-                sketch_parts.append(
-                    pl.DataFrame(
-                        {"row": group_index + offset, "bucket": bucket, "count": count},
-                        schema=SKETCH_SCHEMA,
-                    )
+            name_index = np.searchsorted(unique_ids, g & 0xFFFFFFFF)
+            parts.append(
+                PartialRows(
+                    window=np.full(len(g), index, dtype=np.uint8),
+                    start=(g >> 32) * window.slide_ms + base,
+                    keys=[key_names[i] for i in name_index.tolist()],
+                    fields=state,
+                    sketch_row=None if sketch is None else sketch[0],
+                    sketch_bucket=None if sketch is None else sketch[1],
+                    sketch_count=None if sketch is None else sketch[2],
                 )
-            offset += len(g)
-        aggs = pl.concat(aggs_parts) if len(aggs_parts) > 1 else aggs_parts[0]
-        sketch_frame = (
-            None
-            if not sketch_parts
-            else pl.concat(sketch_parts)
-            if len(sketch_parts) > 1
-            else sketch_parts[0]
-        )
-        return self._split(batch, aggs, sketch_frame, now_ms)
+            )
+        return self._split(batch, _concat(parts), now_ms)
 
     def rejected(self, batch: BatchInfo, now_ms: int) -> list[Partial]:
         """Empty partials marking a dead-lettered batch as handled (it still advances seq)."""
-        return self._split(batch, None, None, now_ms)
+        return self._split(batch, None, now_ms)
 
-    def _split(
-        self,
-        batch: BatchInfo,
-        aggs: pl.DataFrame | None,
-        sketch: pl.DataFrame | None,
-        now_ms: int,
-    ) -> list[Partial]:
+    def _split(self, batch: BatchInfo, rows: PartialRows | None, now_ms: int) -> list[Partial]:
         partitions = self.spec.partitions
-        by_part: dict[int, tuple[pl.DataFrame | None, pl.DataFrame | None]] = {}
-        if aggs is not None and partitions == 1:
-            by_part[0] = (aggs, sketch)
-        elif aggs is not None:
-            by_part = split_by_partition(aggs, sketch, self.router)
+        by_part: dict[int, PartialRows] = {}
+        if rows is not None and partitions == 1:
+            by_part[0] = rows
+        elif rows is not None:
+            part = np.array([self.router.partition_of(k) for k in rows.keys], dtype=np.int64)
+            by_part = {int(p): rows.take(np.flatnonzero(part == p)) for p in np.unique(part)}
         return [
             Partial(
                 pipeline=self.spec.name,
@@ -317,31 +458,39 @@ class PartialBuilder:
                 partition=p,
                 partitions=partitions,
                 batch=batch,
-                aggs=by_part.get(p, (None, None))[0],
-                sketch=by_part.get(p, (None, None))[1],
+                rows=by_part.get(p),
                 produced_at_ms=now_ms,
             )
             for p in range(partitions)
         ]
 
 
-def split_by_partition(
-    aggs: pl.DataFrame, sketch: pl.DataFrame | None, router: KeyRouter
-) -> dict[int, tuple[pl.DataFrame | None, pl.DataFrame | None]]:
-    """Split state rows by the partition of their key; sketch rows follow their state row."""
-    part = router.route(aggs.get_column("key")).to_numpy()
-    out: dict[int, tuple[pl.DataFrame | None, pl.DataFrame | None]] = {}
-    # The new row number of every state row inside its partition's frame.
-    renumber = np.zeros(len(part), dtype=np.int64)
-    for p in np.unique(part).tolist():
-        rows = np.flatnonzero(part == p)
-        renumber[rows] = np.arange(len(rows))
-        sub_sketch = None
-        if sketch is not None:
-            sketch_rows = sketch.get_column("row").to_numpy()
-            keep = np.flatnonzero(part[sketch_rows] == p)
-            sub_sketch = sketch[keep].with_columns(
-                pl.Series("row", renumber[sketch_rows[keep]], dtype=pl.UInt32)
-            )
-        out[int(p)] = (aggs[rows], sub_sketch)
-    return out
+def _concat(parts: list[PartialRows]) -> PartialRows:
+    """One ``PartialRows`` from several (sketch rows renumbered)."""
+    if len(parts) == 1:
+        return parts[0]
+    offsets = np.cumsum([0, *(len(p) for p in parts[:-1])])
+    with_sketch = parts[0].sketch_row is not None
+    return PartialRows(
+        window=np.concatenate([p.window for p in parts]),
+        start=np.concatenate([p.start for p in parts]),
+        keys=[k for p in parts for k in p.keys],
+        fields={name: np.concatenate([p.fields[name] for p in parts]) for name in parts[0].fields},
+        sketch_row=np.concatenate(
+            [
+                p.sketch_row + off
+                for p, off in zip(parts, offsets, strict=True)
+                if p.sketch_row is not None
+            ]
+        )
+        if with_sketch
+        else None,
+        sketch_bucket=np.concatenate(
+            [p.sketch_bucket for p in parts if p.sketch_bucket is not None]
+        )
+        if with_sketch
+        else None,
+        sketch_count=np.concatenate([p.sketch_count for p in parts if p.sketch_count is not None])
+        if with_sketch
+        else None,
+    )

@@ -20,6 +20,7 @@ import polars as pl
 from shoal.errors import ConfigError
 from shoal.processors._kernels import (
     BUCKET_BITS,
+    cell_buckets,
     cell_groups,
     cell_ids,
     merge_cells,
@@ -27,7 +28,7 @@ from shoal.processors._kernels import (
     quantile_buckets,
 )
 from shoal.processors.aggregates import STATE_FIELDS, AggregatePlan
-from shoal.processors.partials import AGGS_GROUPS, SKETCH_SCHEMA
+from shoal.processors.partials import PartialRows
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
 
@@ -69,8 +70,8 @@ class WindowState:
         self._reset()
 
     def _reset(self) -> None:
-        self._key_ids: dict[str, int] = {}
-        self._key_names: list[str] = []
+        self._key_ids: dict[str | None, int] = {}
+        self._key_names: list[str | None] = []
         self._slots: dict[tuple[int, int], int] = {}
         self._slot_info: dict[int, tuple[int, int, int]] = {}  # slot -> (window, start, end)
         self._free_slots: list[int] = []
@@ -91,50 +92,41 @@ class WindowState:
 
     # -- input -------------------------------------------------------------------------------
 
-    def add(
-        self,
-        aggs: pl.DataFrame,
-        sketch: pl.DataFrame | None,
-        keep: npt.NDArray[np.bool_] | None = None,
-    ) -> None:
-        """Append a partial's state rows (``keep``: which state rows to take; sketch follows)."""
-        if aggs.height == 0:
-            return
-        rows = np.arange(aggs.height) if keep is None else np.flatnonzero(keep)
+    def add(self, rows: PartialRows, keep: npt.NDArray[np.bool_] | None = None) -> None:
+        """Append a partial's state rows (``keep``: which rows to take; sketch follows)."""
         if len(rows) == 0:
             return
-        window = aggs.get_column("window").to_numpy()[rows].astype(np.int64)
-        start = aggs.get_column("start").to_numpy()[rows]
-        slots = self._slot_ids(window, start)
-        keys = self._key_ids_of(aggs.get_column("key").gather(pl.Series(rows, dtype=pl.UInt32)))
+        taken = np.arange(len(rows)) if keep is None else np.flatnonzero(keep)
+        if len(taken) == 0:
+            return
+        slots = self._slot_ids(rows.window[taken].astype(np.int64), rows.start[taken])
+        keys = self._key_ids_of([rows.keys[i] for i in taken.tolist()])
         groups = (slots << KEY_BITS) | keys
         self._groups.append(groups)
-        self._columns.append({f: aggs.get_column(f).to_numpy()[rows] for f in self._fields})
-        self._pending_rows += len(rows)
-        if sketch is not None and sketch.height and self.plan.needs_sketch:
-            sketch_row = sketch.get_column("row").to_numpy().astype(np.int64)
-            group_of_row = np.full(aggs.height, -1, dtype=np.int64)
-            group_of_row[rows] = groups
-            sketch_groups = group_of_row[sketch_row]
-            taken = sketch_groups >= 0
-            self._cells.append(
-                cell_ids(
-                    sketch_groups[taken],
-                    sketch.get_column("bucket").to_numpy()[taken].astype(np.int64),
-                )
-            )
-            self._counts.append(sketch.get_column("count").to_numpy()[taken])
-            self._pending_rows += int(taken.sum())
+        self._columns.append({f: rows.fields[f][taken] for f in self._fields})
+        self._pending_rows += len(taken)
+        if rows.sketch_row is not None and self.plan.needs_sketch:
+            assert rows.sketch_bucket is not None
+            assert rows.sketch_count is not None
+            group_of_row = np.full(len(rows), -1, dtype=np.int64)
+            group_of_row[taken] = groups
+            sketch_groups = group_of_row[rows.sketch_row]
+            used = sketch_groups >= 0
+            self._cells.append(cell_ids(sketch_groups[used], rows.sketch_bucket[used]))
+            self._counts.append(rows.sketch_count[used])
+            self._pending_rows += int(used.sum())
         if self._pending_rows >= COMPACT_ROWS:
             self.compact()
 
     def _slot_ids(
         self, window: npt.NDArray[np.int64], start: npt.NDArray[np.int64]
     ) -> npt.NDArray[np.int64]:
-        pairs = np.stack([window, start], axis=1)
-        unique, inverse = np.unique(pairs, axis=0, return_inverse=True)
+        # (window, start) packed into one int64: start < 2**55 ms (the contract caps ts at 2**53).
+        pairs = (window << 55) | (start + 2**54)
+        unique, inverse = np.unique(pairs, return_inverse=True)
         ids = np.empty(len(unique), dtype=np.int64)
-        for i, (w, s) in enumerate(unique.tolist()):
+        for i, packed in enumerate(unique.tolist()):
+            w, s = packed >> 55, (packed & (2**55 - 1)) - 2**54
             slot = self._slots.get((w, s))
             if slot is None:
                 slot = self._free_slots.pop() if self._free_slots else len(self._slot_info)
@@ -146,12 +138,13 @@ class WindowState:
                 self._slots[(w, s)] = slot
                 self._slot_info[slot] = (w, s, s + int(self._sizes[w]))
             ids[i] = slot
-        return ids[inverse.reshape(-1)]
+        result: npt.NDArray[np.int64] = ids[inverse.reshape(-1)]
+        return result
 
-    def _key_ids_of(self, keys: pl.Series) -> npt.NDArray[np.int64]:
+    def _key_ids_of(self, keys: list[str | None]) -> npt.NDArray[np.int64]:
         ids = self._key_ids
-        out = np.empty(keys.len(), dtype=np.int64)
-        for i, key in enumerate(keys.to_list()):
+        out = np.empty(len(keys), dtype=np.int64)
+        for i, key in enumerate(keys):
             key_id = ids.get(key)
             if key_id is None:
                 key_id = len(self._key_names)
@@ -282,41 +275,36 @@ class WindowState:
 
     # -- checkpoints -------------------------------------------------------------------------
 
-    def frames(self) -> tuple[pl.DataFrame | None, pl.DataFrame | None]:
-        """The merged state in the partials' layout (state rows + sketch rows), for a snapshot."""
+    def snapshot_rows(self) -> PartialRows | None:
+        """The merged state in the partials' layout, for a checkpoint."""
         self.compact()
         if not self._groups or len(self._groups[0]) == 0:
-            return None, None
+            return None
         groups, columns = self._groups[0], self._columns[0]
-        slots = groups >> KEY_BITS
-        window, start, _ = self._slot_info_for(slots)
-        key_names = pl.Series("key", self._key_names, dtype=pl.String)
-        aggs = pl.DataFrame(
-            {
-                "window": window.astype(np.uint8),
-                "start": start,
-                "key": key_names.gather(pl.Series(groups & ((1 << KEY_BITS) - 1), dtype=pl.UInt32)),
-                **columns,
-            },
-            schema=self.plan.state_schema(AGGS_GROUPS),
+        window, start, _ = self._slot_info_for(groups >> KEY_BITS)
+        keys = groups & ((1 << KEY_BITS) - 1)
+        rows = PartialRows(
+            window=window.astype(np.uint8),
+            start=start,
+            keys=[self._key_names[k] for k in keys.tolist()],
+            fields=dict(columns),
         )
-        sketch = None
         if self._cells and len(self._cells[0]):
             cells, counts = self._cells[0], self._counts[0]
-            row = np.searchsorted(groups, cell_groups(cells))
-            sketch = pl.DataFrame(
-                {
-                    "row": row,
-                    "bucket": (cells & ((1 << BUCKET_BITS) - 1)) - (1 << (BUCKET_BITS - 1)),
-                    "count": counts,
-                },
-                schema=SKETCH_SCHEMA,
+            rows = PartialRows(
+                window=rows.window,
+                start=rows.start,
+                keys=rows.keys,
+                fields=rows.fields,
+                sketch_row=np.searchsorted(groups, cell_groups(cells)),
+                sketch_bucket=cell_buckets(cells),
+                sketch_count=counts,
             )
-        return aggs, sketch
+        return rows
 
-    def restore(self, aggs: pl.DataFrame | None, sketch: pl.DataFrame | None) -> None:
-        """Replace the state with a snapshot's frames."""
+    def restore(self, rows: PartialRows | None) -> None:
+        """Replace the state with a snapshot's rows."""
         self._reset()
-        if aggs is not None and aggs.height:
-            self.add(aggs, sketch)
+        if rows is not None and len(rows):
+            self.add(rows)
             self.compact()

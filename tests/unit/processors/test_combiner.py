@@ -318,8 +318,10 @@ def test_partial_with_an_unexpected_frame_layout_is_refused() -> None:
     builder = PartialBuilder(h.combiner.spec, "w1")
     info = BatchInfo("g", 0, "s", 0, None, None, 0, 0, "w1")
     [partial] = builder.build(frame_of([("k", 1_000, 1.0)]), info, 0)
-    assert partial.aggs is not None
-    renamed = dataclasses.replace(partial, aggs=partial.aggs.rename({"sum": "total"}))
+    assert partial.rows is not None
+    fields = dict(partial.rows.fields)
+    fields["total"] = fields.pop("sum")
+    renamed = dataclasses.replace(partial, rows=dataclasses.replace(partial.rows, fields=fields))
     assert h.combiner.receive(renamed) == Step()
     assert h.combiner.counters.foreign_partials == 1
     assert h.combiner.confirmable() == {}
@@ -392,8 +394,8 @@ def check_counters(
             + counters.duplicate_batches
             + counters.foreign_partials
         )
-        aggs, _ = c.state.frames()
-        open_rows += 0 if aggs is None else int(aggs["n"].sum())
+        state = c.state.snapshot_rows()
+        open_rows += 0 if state is None else int(state.fields["n"].sum())
     assert int(emitted["rows"].sum()) + open_rows == sum(c.counters.rows_applied for c in combiners)
     assert sum(c.counters.results_emitted for c in combiners) == emitted.height
     assert emitted.group_by("window", "start", "key").len()["len"].max() in (1, None)
