@@ -25,6 +25,7 @@ from shoal.processors._kernels import partial_state
 from shoal.processors.aggregates import AggregatePlan
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
+from shoal.schemas import DictColumn
 
 PARTIAL_VERSION: Final = 3
 AGGS_GROUPS: Final[dict[str, pl.DataType]] = {
@@ -388,25 +389,42 @@ class PartialBuilder:
         self._fields = self.plan.field_names
         self._schema = self.plan.state_schema(AGGS_GROUPS)
 
-    def build(self, frame: pl.DataFrame, batch: BatchInfo, now_ms: int) -> list[Partial]:
-        """One partial per partition for a decoded batch (``FRAME_SCHEMA`` frame)."""
+    def build(
+        self,
+        frame: pl.DataFrame,
+        batch: BatchInfo,
+        now_ms: int,
+        codes: dict[str, DictColumn] | None = None,
+    ) -> list[Partial]:
+        """One partial per partition for a decoded batch (``FRAME_SCHEMA`` frame).
+
+        ``codes`` are the batch's dictionary-coded columns (``Batch.codes``), if any: keys
+        that arrived coded are grouped on their codes directly.
+        """
         if frame.height == 0:
             return self._split(replace(batch, rows=0), None, now_ms)
-        keys = frame.get_column(self.spec.key)
         ts = frame.get_column("ts").to_numpy()
         value = frame.get_column("value").to_numpy()
         batch = replace(batch, rows=frame.height, min_ts=int(ts.min()), max_ts=int(ts.max()))
-        # Key ids: polars' categorical codes are exact and cheap (no Python per row); rows
-        # without a key (an attribute key may be null) share the largest id.
-        key_ids = (
-            keys.cast(pl.Categorical)
-            .to_physical()
-            .fill_null(NULL_KEY_ID)
-            .to_numpy()
-            .astype(np.int64)
-        )
-        unique_ids, first_row = np.unique(key_ids, return_index=True)
-        key_names = keys.gather(pl.Series(first_row, dtype=pl.UInt32)).to_list()
+        coded = None if codes is None else codes.get(self.spec.key)
+        key_names: list[str | None]
+        if coded is not None:
+            key_ids = coded.codes.astype(np.int64)
+            unique_ids = np.arange(len(coded.values), dtype=np.int64)
+            key_names = list(coded.values)
+        else:
+            keys = frame.get_column(self.spec.key)
+            # Key ids: polars' categorical codes are exact and cheap (no Python per row);
+            # rows without a key (an attribute key may be null) share the largest id.
+            key_ids = (
+                keys.cast(pl.Categorical)
+                .to_physical()
+                .fill_null(NULL_KEY_ID)
+                .to_numpy()
+                .astype(np.int64)
+            )
+            unique_ids, first_row = np.unique(key_ids, return_index=True)
+            key_names = keys.gather(pl.Series(first_row, dtype=pl.UInt32)).to_list()
         bucket_all = self.buckets.keys_np(value) if self.plan.needs_sketch else None
         parts: list[PartialRows] = []
         for index, window in enumerate(self.spec.windows):

@@ -24,7 +24,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import orjson
-import polars as pl
 
 from shoal.broker.mqtt import AsyncSession, Message, Will, unique_client_id
 from shoal.broker.settings import BrokerSettings
@@ -34,7 +33,7 @@ from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.results import deadletter_message
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime._tasks import supervised
-from shoal.schemas import decode_batch, peek_envelope
+from shoal.schemas import Batch, decode_batch, peek_envelope
 from shoal.schemas.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -142,10 +141,10 @@ class Worker:
         futures: list[asyncio.Future[None]] = []
         partials: list[Partial]
         try:
-            frame, info = self._decode(message, now)
-            partials = self.builder.build(frame, info, now)
+            batch, info = self._decode(message, now)
+            partials = self.builder.build(batch.frame, info, now, batch.codes)
             self.counters.batches += 1
-            self.counters.rows += frame.height
+            self.counters.rows += batch.frame.height
         except InputError as exc:
             partials = self._refuse(session, message, exc, now=now, futures=futures)
         futures.extend(
@@ -161,7 +160,7 @@ class Worker:
         self._recent.append((time.monotonic(), rows, elapsed))
         return futures
 
-    def _decode(self, message: Message, now: int) -> tuple[pl.DataFrame, BatchInfo]:
+    def _decode(self, message: Message, now: int) -> tuple[Batch, BatchInfo]:
         """The batch's frame and identity, or an ``InputError`` saying why not."""
         route = self.config.topics.ingest_gateway(message.topic)
         if route is None:
@@ -194,7 +193,7 @@ class Worker:
             received_at_ms=now,
             worker=self.worker_id,
         )
-        return batch.frame, info
+        return batch, info
 
     def _refuse(
         self,

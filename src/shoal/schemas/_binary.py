@@ -15,6 +15,7 @@ Decoding views the buffers with numpy and hands them to polars: no per-row Pytho
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Final
 
 import numpy as np
@@ -63,8 +64,10 @@ _FEED_BYTES: Final = 256
 _decompressor = zstandard.ZstdDecompressor()
 
 
-def decode_binary(top: dict[str, Any], limits: DecodeLimits) -> tuple[Envelope, pl.DataFrame]:
-    """Decode an unpacked binary columnar batch."""
+def decode_binary(
+    top: dict[str, Any], limits: DecodeLimits
+) -> tuple[Envelope, pl.DataFrame, dict[str, DictColumn]]:
+    """Decode an unpacked binary columnar batch; also returns its dictionary-coded columns."""
     envelope = read_envelope(top)
     n = require_int(top["n"], "n", 0, 2**63 - 1)
     check_row_count(n, limits, field="n")
@@ -88,21 +91,20 @@ def decode_binary(top: dict[str, Any], limits: DecodeLimits) -> tuple[Envelope, 
     check_keys(body, ALL_FIELDS, REQUIRED_FIELDS, "body")
     ts = _timestamps(require_map(body["ts"], "ts"), n)
     value = _values(require_map(body["value"], "value"), n)
-    columns = [
-        _strings(
-            require_map(body["sensor_id"], "sensor_id"), "sensor_id", n, limits, nullable=False
-        ),
-        pl.Series("ts", ts),
-        pl.Series("value", value),
-    ]
+    sensor, sensor_codes = _strings(
+        require_map(body["sensor_id"], "sensor_id"), "sensor_id", n, limits, nullable=False
+    )
+    columns = [sensor, pl.Series("ts", ts), pl.Series("value", value)]
+    codes = {"sensor_id": sensor_codes}
     for name in ATTRIBUTE_COLUMNS:
         spec = body.get(name)
-        columns.append(
-            null_strings(name, n)
-            if spec is None
-            else _strings(require_map(spec, name), name, n, limits, nullable=True)
-        )
-    return envelope, pl.DataFrame(columns)
+        if spec is None:
+            columns.append(null_strings(name, n))
+        else:
+            series, coded = _strings(require_map(spec, name), name, n, limits, nullable=True)
+            columns.append(series)
+            codes[name] = coded
+    return envelope, pl.DataFrame(columns), codes
 
 
 def encode_binary(header: dict[str, Any], block: Measurements, *, zstd: bool) -> bytes:
@@ -254,7 +256,7 @@ def _values(spec: dict[str, Any], n: int) -> npt.NDArray[np.float64]:
 
 def _strings(
     spec: dict[str, Any], field: str, n: int, limits: DecodeLimits, *, nullable: bool
-) -> pl.Series:
+) -> tuple[pl.Series, DictColumn]:
     keys = frozenset({"dict", "dtype", "codes"})
     check_keys(spec, keys, keys, field)
     entries = spec["dict"]
@@ -277,6 +279,38 @@ def _strings(
             expected=f"< {len(entries)} (the dictionary size)",
             found=str(int(codes[row])),
         )
+    _check_entry_types(field, entries, nullable=nullable)  # also makes them hashable
+    dictionary = _DICTIONARIES.get(field, entries, limits.max_string_bytes, nullable=nullable)
+    if dictionary is None:
+        dictionary = _checked_dictionary(field, entries, codes, limits, nullable=nullable)
+        _DICTIONARIES.put(field, entries, limits.max_string_bytes, dictionary, nullable=nullable)
+    codes32 = codes.astype(np.uint32, copy=False)
+    return (
+        dictionary.gather(pl.Series(codes32, dtype=pl.UInt32)).alias(field),
+        DictColumn(tuple(entries), codes32),
+    )
+
+
+def _checked_dictionary(
+    field: str,
+    entries: list[Any],
+    codes: npt.NDArray[Any],
+    limits: DecodeLimits,
+    *,
+    nullable: bool,
+) -> pl.Series:
+    dictionary = pl.Series(field, entries, dtype=pl.String)
+
+    def first_row(index: int) -> int | None:
+        hits = np.flatnonzero(codes == index)
+        return int(hits[0]) if len(hits) else None
+
+    # Every entry must be valid, even one no row uses: the dictionary is part of the contract.
+    check_strings(dictionary, field, limits, nullable=nullable, row_of=first_row)
+    return dictionary
+
+
+def _check_entry_types(field: str, entries: list[Any], *, nullable: bool) -> None:
     allowed = (str, type(None)) if nullable else (str,)
     if not set(map(type, entries)) <= set(allowed):
         index = next(i for i, e in enumerate(entries) if type(e) not in allowed)
@@ -287,12 +321,34 @@ def _strings(
             expected="string or nil" if nullable else "string",
             found=describe(entries[index]),
         )
-    dictionary = pl.Series(field, entries, dtype=pl.String)
 
-    def first_row(index: int) -> int | None:
-        hits = np.flatnonzero(codes == index)
-        return int(hits[0]) if len(hits) else None
 
-    # Every entry must be valid, even one no row uses: the dictionary is part of the contract.
-    check_strings(dictionary, field, limits, nullable=nullable, row_of=first_row)
-    return dictionary.gather(pl.Series(codes, dtype=pl.UInt32))
+class _DictionaryCache:
+    """Dictionaries already checked, by content: gateways send the same one batch after batch.
+
+    Pure memoisation of ``_checked_dictionary`` (only dictionaries that passed are kept), so
+    a hit saves building and checking a series of a thousand strings per batch.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, tuple[Any, ...], int, bool], pl.Series] = OrderedDict()
+
+    def get(
+        self, field: str, entries: list[Any], max_bytes: int, *, nullable: bool
+    ) -> pl.Series | None:
+        key = (field, tuple(entries), max_bytes, nullable)
+        found = self._items.get(key)
+        if found is not None:
+            self._items.move_to_end(key)
+        return found
+
+    def put(
+        self, field: str, entries: list[Any], max_bytes: int, series: pl.Series, *, nullable: bool
+    ) -> None:
+        self._items[(field, tuple(entries), max_bytes, nullable)] = series
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+
+_DICTIONARIES: Final = _DictionaryCache(64)

@@ -32,6 +32,7 @@ from shoal.schemas._model import (
     SCHEMA_VERSION,
     Batch,
     DecodeLimits,
+    DictColumn,
     Encoding,
     Measurements,
 )
@@ -103,17 +104,21 @@ def decode_batch(
     declared = declared_encoding(content_type)
     payload = bytes(payload)
     is_json = payload[0] in _JSON_START
+    codes: dict[str, DictColumn] = {}
     if is_json:
         envelope, frame = decode_json_rows(payload, limits)
     else:
         top = require_map(unpack(payload, "the batch"), "the batch")
         enc = top.get("enc")
-        decoder = (
-            _MSGPACK_DECODERS.get(enc, decode_msgpack_rows)
-            if isinstance(enc, str)
-            else decode_msgpack_rows
-        )
-        envelope, frame = decoder(top, limits)
+        if enc == Encoding.BINARY_COLUMNAR.value:
+            envelope, frame, codes = decode_binary(top, limits)
+        else:
+            decoder = (
+                _MSGPACK_DECODERS.get(enc, decode_msgpack_rows)
+                if isinstance(enc, str)
+                else decode_msgpack_rows
+            )
+            envelope, frame = decoder(top, limits)
     if envelope.encoding.is_json != is_json:
         raise DecodeError(
             "in-band encoding does not match the payload",
@@ -131,7 +136,7 @@ def decode_batch(
             found=envelope.encoding.value,
         )
     _check_frame(frame, envelope.encoding, limits, now_ms)
-    return Batch(dataclasses.replace(envelope, rows=frame.height), frame)
+    return Batch(dataclasses.replace(envelope, rows=frame.height), frame, codes)
 
 
 def peek_envelope(payload: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> tuple[str, int] | None:
@@ -212,7 +217,6 @@ def encode_batch(
 _MSGPACK_DECODERS: Final = {
     Encoding.MSGPACK_ROWS.value: decode_msgpack_rows,
     Encoding.MSGPACK_COLUMNAR.value: decode_msgpack_columnar,
-    Encoding.BINARY_COLUMNAR.value: decode_binary,
 }
 
 

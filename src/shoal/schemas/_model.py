@@ -126,10 +126,15 @@ class Envelope:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """A decoded batch: its envelope and its measurements as a ``FRAME_SCHEMA`` DataFrame."""
+    """A decoded batch: its envelope and its measurements as a ``FRAME_SCHEMA`` DataFrame.
+
+    ``codes`` holds the string columns that arrived dictionary-coded (binary columnar), by
+    column name, so consumers can group on integer codes without re-hashing the strings.
+    """
 
     envelope: Envelope
     frame: pl.DataFrame
+    codes: dict[str, DictColumn] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
