@@ -57,11 +57,7 @@ def partial_state(
         (group ids ascending, field arrays aligned with them, sketch) where sketch is
         (group index into the first array, bucket key, count) per non-empty bucket, or None.
     """
-    if bucket is None:
-        order = np.argsort(groups, kind="stable")
-    else:
-        cells = (groups << BUCKET_BITS) | (bucket.astype(np.int64) + _BUCKET_OFFSET)
-        order = np.argsort(cells, kind="stable")
+    order = _group_order(groups)
     g = groups[order]
     v = value[order]
     t = ts[order]
@@ -102,20 +98,47 @@ def partial_state(
         )
     sketch = None
     if bucket is not None:
-        sorted_cells = cells[order]
-        cell_starts, cell_counts = _boundaries(sorted_cells)
-        group_index = np.repeat(
-            np.arange(len(starts), dtype=np.int64), _cells_per_group(cell_starts, starts)
-        )
-        keys = (sorted_cells[cell_starts] & ((1 << BUCKET_BITS) - 1)) - _BUCKET_OFFSET
-        sketch = (group_index, keys.astype(np.int64), cell_counts)
+        sketch = _bucket_counts(g[starts] if len(starts) else g[:0], groups, bucket)
     return g[starts] if len(starts) else g[:0], out, sketch
 
 
-def _cells_per_group(cell_starts: Int64Array, group_starts: Int64Array) -> Int64Array:
-    """How many distinct cells each group has (cells are sorted by group first)."""
-    group_of_cell = np.searchsorted(group_starts, cell_starts, side="right") - 1
-    return np.bincount(group_of_cell, minlength=len(group_starts)).astype(np.int64)
+def _group_order(groups: Int64Array) -> Int64Array:
+    """A stable order that makes equal group ids adjacent.
+
+    Small non-negative ids (the usual case: window slots times batch-local key codes) are
+    sorted as 16-bit integers, which numpy does with a radix sort in linear time.
+    """
+    if len(groups) and groups.min() >= 0 and groups.max() < 1 << 16:
+        order: Int64Array = np.argsort(groups.astype(np.uint16), kind="stable")
+    else:
+        order = np.argsort(groups, kind="stable")
+    return order
+
+
+def _bucket_counts(
+    unique_groups: Int64Array, groups: Int64Array, bucket: Int64Array
+) -> tuple[Int64Array, Int64Array, Int64Array]:
+    """(index into ``unique_groups``, bucket key, count) per non-empty (group, bucket).
+
+    Counted with ``bincount`` over a dense (group, bucket) grid when it is small enough,
+    which needs no sort; otherwise by sorting cell ids. Either way ordered by group, then
+    bucket.
+    """
+    low = int(bucket.min())
+    width = int(bucket.max()) - low + 1
+    if len(unique_groups) and unique_groups[0] >= 0 and unique_groups[-1] < 1 << 22:
+        lookup = np.empty(int(unique_groups[-1]) + 1, dtype=np.int64)
+        lookup[unique_groups] = np.arange(len(unique_groups))
+        group_index = lookup[groups]
+    else:
+        group_index = np.searchsorted(unique_groups, groups)
+    cells = len(unique_groups) * width
+    if cells <= 1 << 22:
+        counts = np.bincount(group_index * width + (bucket - low), minlength=cells)
+        filled = np.flatnonzero(counts)
+        return filled // width, filled % width + low, counts[filled].astype(np.int64)
+    merged, totals = merge_cells(cell_ids(group_index, bucket), np.ones(len(groups), np.int64))
+    return cell_groups(merged), cell_buckets(merged), totals
 
 
 def merge_state(

@@ -410,21 +410,22 @@ class PartialBuilder:
         key_names: list[str | None]
         if coded is not None:
             key_ids = coded.codes.astype(np.int64)
-            unique_ids = np.arange(len(coded.values), dtype=np.int64)
             key_names = list(coded.values)
         else:
             keys = frame.get_column(self.spec.key)
-            # Key ids: polars' categorical codes are exact and cheap (no Python per row);
-            # rows without a key (an attribute key may be null) share the largest id.
-            key_ids = (
+            # Dense key ids without a Python loop: polars' categorical codes, then their rank.
+            # Rows without a key (an attribute key may be null) share one id.
+            physical = (
                 keys.cast(pl.Categorical)
                 .to_physical()
                 .fill_null(NULL_KEY_ID)
                 .to_numpy()
                 .astype(np.int64)
             )
-            unique_ids, first_row = np.unique(key_ids, return_index=True)
+            _, first_row, key_ids = np.unique(physical, return_index=True, return_inverse=True)
+            key_ids = key_ids.reshape(-1).astype(np.int64)
             key_names = keys.gather(pl.Series(first_row, dtype=pl.UInt32)).to_list()
+        width = len(key_names)
         bucket_all = self.buckets.keys_np(value) if self.plan.needs_sketch else None
         parts: list[PartialRows] = []
         for index, window in enumerate(self.spec.windows):
@@ -441,14 +442,14 @@ class PartialBuilder:
                 rows_bucket = None if bucket_all is None else np.repeat(bucket_all, per_row)
             base = int(starts.min())
             slot = (starts - base) // window.slide_ms
-            groups = (slot << 32) | rows_key
+            # Dense group ids (slot-major): small enough for a radix sort in the kernel.
+            groups = slot * width + rows_key
             g, state, sketch = partial_state(groups, rows_ts, rows_value, self._fields, rows_bucket)
-            name_index = np.searchsorted(unique_ids, g & 0xFFFFFFFF)
             parts.append(
                 PartialRows(
                     window=np.full(len(g), index, dtype=np.uint8),
-                    start=(g >> 32) * window.slide_ms + base,
-                    keys=[key_names[i] for i in name_index.tolist()],
+                    start=(g // width) * window.slide_ms + base,
+                    keys=[key_names[i] for i in (g % width).tolist()],
                     fields=state,
                     sketch_row=None if sketch is None else sketch[0],
                     sketch_bucket=None if sketch is None else sketch[1],
