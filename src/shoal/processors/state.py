@@ -35,6 +35,9 @@ from shoal.processors.spec import PipelineSpec
 COMPACT_ROWS: Final = 2_000_000
 """Pending rows (state + sketch) that trigger a merge: bounds memory between window closes."""
 
+KEY_LIST_CACHE: Final = 256
+"""Key lists remembered (about one per gateway and window)."""
+
 KEY_BITS: Final = 24
 """Key ids per partition: up to 16.7 million distinct keys."""
 SLOT_LIMIT: Final = 1 << (63 - KEY_BITS - BUCKET_BITS)
@@ -72,6 +75,7 @@ class WindowState:
     def _reset(self) -> None:
         self._key_ids: dict[str | None, int] = {}
         self._key_names: list[str | None] = []
+        self._key_lists: dict[tuple[str | None, ...], npt.NDArray[np.int64]] = {}
         self._slots: dict[tuple[int, int], int] = {}
         self._slot_info: dict[int, tuple[int, int, int]] = {}  # slot -> (window, start, end)
         self._free_slots: list[int] = []
@@ -142,6 +146,12 @@ class WindowState:
         return result
 
     def _key_ids_of(self, keys: list[str | None]) -> npt.NDArray[np.int64]:
+        # A gateway's partials list the same keys in the same order batch after batch:
+        # remember the last few lists (ids only ever grow, so a remembered list stays valid).
+        signature = tuple(keys)
+        known = self._key_lists.get(signature)
+        if known is not None:
+            return known
         ids = self._key_ids
         out = np.empty(len(keys), dtype=np.int64)
         for i, key in enumerate(keys):
@@ -153,6 +163,9 @@ class WindowState:
                 ids[key] = key_id
                 self._key_names.append(key)
             out[i] = key_id
+        if len(self._key_lists) >= KEY_LIST_CACHE:
+            self._key_lists.pop(next(iter(self._key_lists)))
+        self._key_lists[signature] = out
         return out
 
     def compact(self) -> None:
