@@ -81,6 +81,12 @@ def _register_pipeline(benches: Any) -> None:
     pipeline.add_argument(
         "--no-key-topics", action="store_true", help="skip per-key retained results"
     )
+    pipeline.add_argument(
+        "--gateway-spool",
+        choices=["memory", "disk"],
+        default="memory",
+        help="simulated gateways' spool (default memory: gateways are separate devices)",
+    )
     pipeline.add_argument("--json", type=Path, metavar="FILE", help="also write the record(s) here")
     pipeline.set_defaults(run=run_pipeline)
 
@@ -134,6 +140,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
         workers=args.workers,
         duration_s=args.duration or (20.0 if args.max else 30.0),
         per_key_results=not args.no_key_topics,
+        gateway_spool=args.gateway_spool,
     )
     if args.max:
         result = bench.run_max(config, sys.stderr)

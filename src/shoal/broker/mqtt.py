@@ -474,7 +474,8 @@ class ThreadedSession:
     """A self-reconnecting MQTT 5 connection driven by paho's network thread (for gateways).
 
     Callbacks run on that thread. ``on_connect`` runs after every (re)connection: subscribe
-    there. Publishes made while disconnected fail fast with ``BrokerError``; the gateway's
+    there. ``on_acknowledged`` runs whenever a publish settles (PUBACK or failure), so an
+    owner can wake up instead of polling its handles. Publishes made while disconnected fail fast with ``BrokerError``; the gateway's
     spool owns retrying.
     """
 
@@ -486,10 +487,12 @@ class ThreadedSession:
         on_message: Callable[[Message], None] | None = None,
         on_connect: Callable[[ThreadedSession], None] | None = None,
         on_disconnect: Callable[[], None] | None = None,
+        on_acknowledged: Callable[[], None] | None = None,
         session_expiry_s: int = 0,
         will: Will | None = None,
     ) -> None:
         self.settings = settings
+        self._on_acknowledged = on_acknowledged
         self.client_id = client_id
         self._on_message = on_message
         self._on_connect = on_connect
@@ -603,6 +606,8 @@ class ThreadedSession:
         if _reason_failed(reason):
             handle.failed = str(reason)
         handle._done.set()
+        if self._on_acknowledged is not None:
+            self._on_acknowledged()
 
     def _handle_connect(
         self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode, props: Any = None

@@ -146,6 +146,7 @@ class Gateway:
                 on_message=self._on_message,
                 on_connect=self._on_connect,
                 on_disconnect=self._on_disconnect,
+                on_acknowledged=self._wake.set,
             )
             self._session.start()
             if background:
@@ -642,9 +643,7 @@ class Gateway:
 
     def _idle_s(self) -> float:
         """How long the background thread may sleep before something needs doing."""
-        if self._outbox.in_flight:
-            return 0.005  # PUBACKs are noticed by polling the handles
-        wait = 0.05
+        wait = 0.05  # PUBACKs wake us (on_acknowledged); this bounds the wait otherwise
         with self._lock:
             deadline = self._batcher.deadline_s()
             if self._rows.first_at_s is not None:

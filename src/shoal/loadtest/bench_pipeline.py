@@ -47,6 +47,9 @@ class PipelineBenchConfig:
         workers: worker processes.
         duration_s: how long the simulator offers load (after a warm-up).
         per_key_results: publish per-key retained results too.
+        gateway_spool: the simulated gateways' spool, ``memory`` (default: simulated
+            gateways stand for separate devices, whose disks are not part of the pipeline
+            under test) or ``disk`` (their full cost on this machine).
     """
 
     spec: PipelineSpec
@@ -58,6 +61,7 @@ class PipelineBenchConfig:
     workers: int = 2
     duration_s: float = 30.0
     per_key_results: bool = True
+    gateway_spool: str = "memory"
 
 
 def _sensors(scenario: str) -> int:
@@ -105,6 +109,8 @@ async def _measure(
                 config.encoding,
                 "--duration",
                 str(WARMUP_S + config.duration_s),
+                "--spool",
+                config.gateway_spool,
                 "--spool-dir",
                 str(local.run_dir / "spool"),
                 "--json",
@@ -156,6 +162,7 @@ async def _measure(
         "encoding": config.encoding,
         "workers": config.workers,
         "partitions": config.spec.partitions,
+        "gateway_spool": config.gateway_spool,
         "aggregates": list(config.spec.aggregate_names),
         "duration_s": round(elapsed, 2),
         "offered_meas_per_s": round(offered, 1),
@@ -282,7 +289,8 @@ def format_record(record: dict[str, Any]) -> str:
     lines = [
         f"pipeline: scenario {record['scenario']}, {record['rate_per_sensor']:g}/s per sensor, "
         f"batch {record['batch']}, {record['encoding']}, {record['workers']} workers, "
-        f"{record['partitions']} partition(s), {record['duration_s']} s",
+        f"{record['partitions']} partition(s), {record['duration_s']} s, "
+        f"gateway spool {record['gateway_spool']}",
         f"  offered   {record['offered_meas_per_s']:>14,.0f} meas/s"
         f"   (simulator {record['simulator_meas_per_s'] or 0:,.0f}/s)",
         f"  achieved  {record['achieved_meas_per_s']:>14,.0f} meas/s   ({share:.1%} of offered)",
