@@ -475,8 +475,8 @@ class ThreadedSession:
 
     Callbacks run on that thread. ``on_connect`` runs after every (re)connection: subscribe
     there. ``on_acknowledged`` runs whenever a publish settles (PUBACK or failure), so an
-    owner can wake up instead of polling its handles. Publishes made while disconnected fail fast with ``BrokerError``; the gateway's
-    spool owns retrying.
+    owner can wake up instead of polling its handles. Publishes made while disconnected fail
+    fast with ``BrokerError``; the gateway's spool owns retrying.
     """
 
     def __init__(

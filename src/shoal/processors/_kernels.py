@@ -179,14 +179,55 @@ def merge_state(
     return g[starts], out
 
 
-def merge_cells(cells: Int64Array, counts: Int64Array) -> tuple[Int64Array, Int64Array]:
-    """Sum counts of equal cell ids; returns sorted unique cells and their counts."""
+DENSE_GRID_LIMIT: Final = 1 << 24
+"""Largest (group, bucket) grid counted with ``bincount`` instead of a sort (128 MiB)."""
+
+
+def merge_cells(
+    cells: Int64Array, counts: Int64Array, key_bits: int | None = None
+) -> tuple[Int64Array, Int64Array]:
+    """Sum counts of equal cell ids; returns sorted unique cells and their counts.
+
+    With ``key_bits`` (a group is ``slot << key_bits | key``, both dense), the cells are
+    counted on a dense (slot, key, bucket) grid with one ``bincount``: linear time, no sort.
+    Sparse or huge grids fall back to sorting.
+    """
+    if key_bits is not None and len(cells):
+        dense = _merge_cells_dense(cells, counts, key_bits)
+        if dense is not None:
+            return dense
     order = np.argsort(cells, kind="stable")  # timsort: fast on concatenated sorted runs
     c = cells[order]
     starts, _ = _boundaries(c)
     if len(starts) == 0:
         return c, counts[:0]
     return c[starts], np.add.reduceat(counts[order], starts)
+
+
+def _merge_cells_dense(
+    cells: Int64Array, counts: Int64Array, key_bits: int
+) -> tuple[Int64Array, Int64Array] | None:
+    bucket = cells & ((1 << BUCKET_BITS) - 1)
+    group = cells >> BUCKET_BITS
+    slot = group >> key_bits
+    key = group & ((1 << key_bits) - 1)
+    low, high = int(bucket.min()), int(bucket.max())
+    width = high - low + 1
+    keys = int(key.max()) + 1
+    present = np.zeros(int(slot.max()) + 1, dtype=bool)
+    present[slot] = True
+    slots = np.flatnonzero(present)
+    if len(slots) * keys * width > DENSE_GRID_LIMIT:
+        return None
+    rank = np.cumsum(present) - 1
+    flat = (rank[slot] * keys + key) * width + (bucket - low)
+    grid = np.bincount(flat, weights=counts, minlength=len(slots) * keys * width)
+    filled = np.flatnonzero(grid)
+    cell_slot = slots[filled // (keys * width)]
+    cell_key = (filled // width) % keys
+    merged = (((cell_slot << key_bits) | cell_key) << BUCKET_BITS) | (filled % width + low)
+    # Counts are integers far below 2**53, so the float sums are exact.
+    return merged, grid[filled].astype(np.int64)
 
 
 def cell_ids(groups: Int64Array, buckets: Int64Array) -> Int64Array:

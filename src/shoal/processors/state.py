@@ -178,7 +178,9 @@ class WindowState:
             merged_groups, merged = merge_state(groups, columns)
             self._groups, self._columns = [merged_groups], [merged]
         if self._cells:
-            cells, counts = merge_cells(np.concatenate(self._cells), np.concatenate(self._counts))
+            cells, counts = merge_cells(
+                np.concatenate(self._cells), np.concatenate(self._counts), KEY_BITS
+            )
             self._cells, self._counts = [cells], [counts]
         self._pending_rows = 0
 
