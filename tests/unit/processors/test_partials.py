@@ -160,21 +160,22 @@ def test_non_partials_are_schema_errors(obj: object) -> None:
 
 
 def test_inconsistent_state_buffers_are_schema_errors() -> None:
-    """Buffers whose lengths disagree with the key count, or are not whole values."""
+    """Buffers whose lengths disagree with the key count, or that are not whole values."""
     obj = msgpack.unpackb(valid_payload(), raw=False)
     state = obj["state"]
-    for name in ("window", "start"):
-        for cut in (1, 3):
-            broken = {**state, name: state[name][:-cut]}
-            with pytest.raises(SchemaError):
-                Partial.decode(msgpack.packb({**obj, "state": broken}, use_bin_type=True))
-    field = next(iter(state["fields"]))
-    broken = {**state, "fields": {**state["fields"], field: state["fields"][field] + b"\x00"}}
-    with pytest.raises(SchemaError):
-        Partial.decode(msgpack.packb({**obj, "state": broken}, use_bin_type=True))
-    fewer_keys = {**state, "keys": state["keys"][:-1]}
-    with pytest.raises(SchemaError):
-        Partial.decode(msgpack.packb({**obj, "state": fewer_keys}, use_bin_type=True))
+
+    def refused(broken_state: dict[str, Any]) -> None:
+        with pytest.raises(SchemaError):
+            Partial.decode(msgpack.packb({**obj, "state": broken_state}, use_bin_type=True))
+
+    refused({**state, "window": state["window"][:-1]})
+    base, dtype, data = state["start"]
+    refused({**state, "start": [base, dtype, data[:-1]]})
+    refused({**state, "start": [base, "f8", data]})  # not an integer width
+    refused({**state, "start": ["0", dtype, data]})  # base must be an integer
+    field = next(f for f in state["fields"] if isinstance(state["fields"][f], bytes))
+    refused({**state, "fields": {**state["fields"], field: state["fields"][field] + b"\x00"}})
+    refused({**state, "keys": state["keys"][:-1]})
 
 
 @settings(max_examples=100, deadline=None)
