@@ -1,0 +1,92 @@
+"""The commands a user runs first: `shoal up` (make demo) and `shoal bench pipeline`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.broker  # they start their own embedded broker
+
+SHOAL = [sys.executable, "-m", "shoal.cli"]
+
+
+def test_up_runs_a_demo_and_accounts_for_every_measurement(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            *SHOAL,
+            "up",
+            "--duration",
+            "8",
+            "--scenario",
+            "A",
+            "--rate",
+            "5",
+            "--batch",
+            "1000",
+            "--run-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert "verdict: zero loss" in out
+    generated = int(out.split("measurements generated")[1].split()[0].replace(",", ""))
+    applied = int(out.split("applied")[-1].split()[0].replace(",", ""))
+    assert generated > 20_000
+    assert applied == generated
+    assert "window results" in out
+    assert (tmp_path / "logs" / "worker-0.log").exists()
+
+
+def test_bench_pipeline_writes_the_documented_json(tmp_path: Path) -> None:
+    out = tmp_path / "run.json"
+    result = subprocess.run(
+        [
+            *SHOAL,
+            "bench",
+            "pipeline",
+            "--scenario",
+            "A",
+            "--rate",
+            "4",
+            "--batch",
+            "1000",
+            "--duration",
+            "3",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    record = json.loads(out.read_text())
+    for key in (
+        "offered_meas_per_s",
+        "achieved_meas_per_s",
+        "lost_measurements",
+        "duplicated_measurements",
+        "apply_latency_ms",
+        "result_latency_ms",
+        "components",
+    ):
+        assert key in record, key
+    assert record["offered_meas_per_s"] == 4_000
+    assert record["lost_measurements"] == 0
+    assert record["duplicated_measurements"] == 0
+    assert set(record["apply_latency_ms"]) >= {"p50", "p95", "p99"}
+    names = {c["name"] for c in record["components"]}
+    assert {"broker", "combiner-0", "worker-0", "worker-1", "simulator"} <= names
+    for component in record["components"]:
+        assert component["cpu_percent"] >= 0
+        assert component["rss_mb"] > 0

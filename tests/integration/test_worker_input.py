@@ -1,0 +1,136 @@
+"""Bad input never kills a worker: it is dead-lettered with its reason, counted, and its seq
+still counts as handled, so the gateway's later batches flow on."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgpack
+import numpy as np
+import polars as pl
+
+from shoal.broker.embedded import EmbeddedBroker
+from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.processors.spec import parse_pipeline
+from shoal.schemas import Encoding, encode_batch
+from shoal.schemas.control import GatewayStatus
+from shoal.schemas.topics import Topics
+from tests.support.live import InProcessPipeline, collector
+
+SPEC = parse_pipeline(
+    {
+        "name": "dl",
+        "windows": [{"kind": "tumbling", "size_ms": 1_000}],
+        "aggregates": ["count", "mean", "p95"],
+        "lateness_ms": 0,
+        "idle_timeout_ms": 500,
+        "checkpoint_interval_ms": 100,
+        "output_encodings": ["json", "msgpack"],
+        "limits": {"max_future_ms": False},
+    }
+)
+
+
+def good(seq: int, ts0: int) -> bytes:
+    frame = pl.DataFrame(
+        {"sensor_id": ["a", "b", "a"], "ts": [ts0, ts0 + 1, ts0 + 2], "value": [1.0, 2.0, 3.0]}
+    )
+    return encode_batch(frame, gateway_id="gw", seq=seq, sent_at_ms=0, encoding=Encoding.JSON_ROWS)
+
+
+def test_bad_batches_are_dead_lettered_and_the_stream_goes_on(
+    broker: EmbeddedBroker, topics: Topics, tmp_path
+) -> None:
+    not_finite = msgpack.unpackb(
+        encode_batch(
+            pl.DataFrame({"sensor_id": ["a"], "ts": [1_000_500], "value": [1.0]}),
+            gateway_id="gw",
+            seq=1,
+            sent_at_ms=0,
+            encoding=Encoding.MSGPACK_ROWS,
+        ),
+        raw=False,
+    )
+    not_finite["rows"][0]["value"] = float("nan")
+    payloads = [
+        good(0, 1_000_000),
+        msgpack.packb(not_finite, use_bin_type=True),  # seq 1: readable envelope, bad row
+        b"\x00garbage",  # no envelope at all: dead-lettered, no seq to mark
+        good(2, 1_001_000),
+        good(3, 1_002_500),
+    ]
+
+    async def scenario() -> None:
+        pipeline = InProcessPipeline(SPEC, broker.settings, topics, workers=2, state_dir=tmp_path)
+        async with collector(broker.settings, topics, SPEC.name) as seen:
+            await pipeline.start()
+            async with AsyncSession(broker.settings, unique_client_id("gw")) as session:
+                status = GatewayStatus("gw", "s", 4, 0, 4, 0, None, 0, 0, 0)
+                await session.publish(topics.gateway_status("gw"), status.to_json(), retain=True)
+                for payload in payloads:
+                    await session.publish(topics.ingest("s", "gw"), payload)
+                await session.subscribe([topics.results_encoded(SPEC.name, "msgpack")])
+                await pipeline.wait_applied({"gw": 3})
+                await pipeline.wait_closed_through(1_002_000)
+                async for message in session.messages():
+                    columnar = msgpack.unpackb(message.payload, raw=False)
+                    assert columnar["pipeline"] == SPEC.name
+                    assert set(columnar["columns"]) >= {"key", "rows", "count", "mean", "p95"}
+                    break
+            await asyncio.sleep(0.3)
+            await pipeline.stop()
+            assert len(seen.deadletters) == 2
+            records = [msgpack.unpackb(d, raw=False) for d in seen.deadletters]
+            reasons = sorted(r["error"]["reason"] for r in records)
+            assert reasons == ["bad_msgpack", "not_finite"]
+            for record in records:
+                assert record["topic"] == topics.ingest("s", "gw")
+                assert record["payload"] in payloads  # the raw bytes, for inspection
+            bad_row = next(r for r in records if r["error"]["reason"] == "not_finite")
+            assert bad_row["error"]["field"] == "value"
+            assert bad_row["error"]["row"] == 0
+            assert sum(w.counters.deadletters for w in pipeline.workers) == 2
+            assert all(c.core.counters.batches_rejected == 1 for c in pipeline.combiners)
+            # Good rows of closed windows are all in results (the window of seq 3 is still
+            # open: nothing has passed its end); seq 0..3 are all confirmed.
+            counted = sum(r["rows"] for m in seen.windows for r in m["results"])
+            assert counted == 6
+            assert seen.confirms[("gw", 0)] == 3
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+
+
+def test_per_key_results_are_retained(broker: EmbeddedBroker, topics: Topics, tmp_path) -> None:
+    async def scenario() -> None:
+        pipeline = InProcessPipeline(SPEC, broker.settings, topics, workers=1, state_dir=tmp_path)
+        for combiner in pipeline.combiners:
+            object.__setattr__(combiner.config, "per_key_results", True)
+        await pipeline.start()
+        async with AsyncSession(broker.settings, unique_client_id("gw")) as session:
+            status = GatewayStatus("gw", "s", 2, 0, 2, 0, None, 0, 0, 0)
+            await session.publish(topics.gateway_status("gw"), status.to_json(), retain=True)
+            await session.publish(topics.ingest("s", "gw"), good(0, 1_000_000))
+            await session.publish(topics.ingest("s", "gw"), good(1, 1_003_000))
+            await pipeline.wait_closed_through(1_001_000)
+        await asyncio.sleep(0.3)
+        await pipeline.stop()
+        # A dashboard connecting afterwards gets the latest value of each key at once.
+        async with AsyncSession(broker.settings, unique_client_id("dash")) as dash:
+            await dash.subscribe([topics.result_keys(SPEC.name)])
+            latest = {}
+
+            async def read() -> None:
+                async for message in dash.messages():
+                    assert message.retain
+                    body = __import__("orjson").loads(message.payload)
+                    latest[body["key"]] = body
+                    if len(latest) == 2:
+                        return
+
+            await asyncio.wait_for(read(), 10)
+        assert latest["a"]["count"] == 2
+        assert latest["a"]["mean"] == 2.0
+        assert latest["b"]["rows"] == 1
+        assert np.isclose(latest["b"]["p95"], 2.0, rtol=0.01)
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
