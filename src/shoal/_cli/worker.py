@@ -20,7 +20,8 @@ def register(sub: Any) -> None:
         "worker",
         help="run a pipeline worker (phase one: batches → partial aggregates)",
         description="Join $share/<pipeline>/..., decode batches, publish partial aggregates to "
-        "the combiners, dead-letter bad input. Runs until SIGINT/SIGTERM.",
+        "the combiners, dead-letter bad input. SIGINT/SIGTERM drain it (it leaves the group "
+        "without losing a batch); a second signal stops it at once.",
     )
     add_pipeline_option(parser)
     add_broker_options(parser)
@@ -47,5 +48,6 @@ def run(args: argparse.Namespace) -> int:
         receive_maximum=args.receive_maximum,
     )
     worker = Worker(config)
-    run_until_signalled(worker.run(), worker.stop)
+    # SIGTERM/SIGINT drain (leave the group without losing anything); a second one cancels.
+    run_until_signalled(worker.run(), worker.drain)
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import shutil
 import signal
@@ -24,12 +25,13 @@ from typing import Final
 import orjson
 import psutil
 
+from shoal._processes import ChildProcess, connection_args, shoal_argv
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.mqtt import AsyncSession, unique_client_id
 from shoal.clock import SystemClock
 from shoal.processors.spec import PipelineSpec
-from shoal.runtime.monitor import PipelineMonitor, Snapshot
-from shoal.runtime.processes import ChildProcess, connection_args, shoal_argv
+from shoal.scaler.backends import LocalBackend
+from shoal.scaler.monitor import PipelineMonitor, Snapshot
 from shoal.schemas.topics import Topics
 
 SETTLE_TIMEOUT_S: Final = 120.0
@@ -142,8 +144,9 @@ class LocalPipeline:
         self.run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="shoal-run-"))
         self.broker = EmbeddedBroker(config.profile, data_dir=self.run_dir / "broker")
         self.children: list[ChildProcess] = []
-        self.workers: list[ChildProcess] = []
-        self.simulator: ChildProcess | None = None
+        self.simulators: list[ChildProcess] = []
+        self.backend = LocalBackend(self._spawn_worker)
+        self._worker_numbers = itertools.count()
         self.clock = SystemClock()
         self.monitor = PipelineMonitor(config.spec, self.topics, self.clock)
         self.sampler = ResourceSampler()
@@ -173,45 +176,61 @@ class LocalPipeline:
             if not self.config.per_key_results:
                 argv.append("--no-key-topics")
             self._start_child(f"combiner-{p}", argv)
-        for _ in range(self.config.workers):
-            self.add_worker()
+        self.backend.scale_to(self.config.workers)
 
-    def add_worker(self) -> ChildProcess:
-        """Start one more worker."""
-        name = f"worker-{len(self.workers)}"
+    @property
+    def workers(self) -> list[ChildProcess]:
+        """Live workers (the backend replaces crashed ones and drains surplus ones)."""
+        return self.backend.live
+
+    @property
+    def simulator(self) -> ChildProcess | None:
+        """The first simulator started, if any."""
+        return self.simulators[0] if self.simulators else None
+
+    def _spawn_worker(self) -> ChildProcess:
+        name = f"worker-{next(self._worker_numbers)}"
         conn = connection_args(self.broker.settings, self.topics)
-        child = self._start_child(name, ["worker", "--pipeline", self.config.spec_source, *conn])
-        self.workers.append(child)
+        child = ChildProcess(
+            name,
+            shoal_argv("worker", "--pipeline", self.config.spec_source, *conn),
+            self.logs / f"{name}.log",
+            self._child_env(),
+        )
+        child.start()
+        self.sampler.watch(name, child.pid)
         return child
 
-    def start_simulator(self, args: list[str]) -> ChildProcess:
+    def start_simulator(self, args: list[str], name: str = "simulator") -> ChildProcess:
         """Start ``shoal simulate`` with ``args`` against this broker."""
         conn = connection_args(self.broker.settings, self.topics)
-        self.simulator = ChildProcess(
-            "simulator",
-            shoal_argv("simulate", *args, *conn),
-            self.logs / "simulator.log",
+        simulator = ChildProcess(
+            name, shoal_argv("simulate", *args, *conn), self.logs / f"{name}.log"
         )
-        self.simulator.start()
-        self.sampler.watch("simulator", self.simulator.pid)
-        return self.simulator
+        simulator.start()
+        self.simulators.append(simulator)
+        self.sampler.watch(name, simulator.pid)
+        return simulator
+
+    def _child_env(self) -> dict[str, str]:
+        return {"POLARS_MAX_THREADS": os.environ.get("POLARS_MAX_THREADS", "1")}
 
     def _start_child(self, name: str, argv: list[str]) -> ChildProcess:
-        env = {"POLARS_MAX_THREADS": os.environ.get("POLARS_MAX_THREADS", "1")}
-        child = ChildProcess(name, shoal_argv(*argv), self.logs / f"{name}.log", env)
+        child = ChildProcess(name, shoal_argv(*argv), self.logs / f"{name}.log", self._child_env())
         child.start()
         self.children.append(child)
         self.sampler.watch(name, child.pid)
         return child
 
     def dead_children(self) -> list[str]:
-        """Names of pipeline processes that exited."""
+        """Names of pipeline processes (combiners) that exited; workers are replaced instead."""
         return [c.name for c in self.children if not c.alive()]
 
     def stop(self) -> None:
         """Stop everything (children, then the broker) and clean up a temporary run folder."""
-        if self.simulator is not None:
-            self.simulator.stop()
+        for simulator in self.simulators:
+            simulator.stop()
+        self.backend.close()
         for child in reversed(self.children):
             child.stop()
         self.broker.close()
@@ -231,6 +250,7 @@ class LocalPipeline:
             async def sample() -> None:
                 while True:
                     self.sampler.sample()
+                    self.backend.observe()  # reap drained workers, replace crashed ones
                     await asyncio.sleep(0.5)
 
             tasks = [asyncio.create_task(feed()), asyncio.create_task(sample())]
@@ -245,10 +265,12 @@ class LocalPipeline:
         self, session: AsyncSession, timeout_s: float = SETTLE_TIMEOUT_S
     ) -> Accounting:
         """Stop the simulator cleanly, wait for every confirmation, flush windows, account."""
-        if self.simulator is not None and self.simulator.alive():
-            self.simulator.signal(signal.SIGINT)
-            await asyncio.to_thread(self.simulator.wait, timeout_s)
-        ran = self.simulator is not None
+        for simulator in self.simulators:
+            if simulator.alive():
+                simulator.signal(signal.SIGINT)
+        for simulator in self.simulators:
+            await asyncio.to_thread(simulator.wait, timeout_s)
+        ran = bool(self.simulators)
         await self.until(
             lambda s: s.lag_batches == 0 and (s.rows_generated > 0 or not ran), timeout_s
         )

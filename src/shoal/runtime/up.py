@@ -20,7 +20,7 @@ from typing import TextIO
 
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime.local import Accounting, LocalPipeline, LocalPipelineConfig
-from shoal.runtime.monitor import Snapshot
+from shoal.scaler.monitor import Snapshot
 
 
 @dataclass(frozen=True, slots=True)

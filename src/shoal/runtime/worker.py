@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
 
 import orjson
+import psutil
 
 from shoal.broker.mqtt import AsyncSession, Message, Will, unique_client_id
 from shoal.broker.settings import BrokerSettings
@@ -85,18 +87,31 @@ class Worker:
         self.counters = WorkerCounters()
         self.started_at = time.monotonic()
         self._stop = asyncio.Event()
+        self._finished = asyncio.Event()
+        self._drain_requested = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._state = "running"
+        self._marker_token = os.urandom(8).hex()
+        self._control_topic = config.topics.control(self.worker_id)
         self._recent: deque[tuple[float, int, float]] = deque(maxlen=64)
+        self._last_beat: tuple[float, float, int, int] | None = None
+        self._process = psutil.Process()
 
     def stop(self) -> None:
-        """Ask the worker to finish (it disconnects after acknowledging what it holds)."""
+        """Stop at once: acknowledge what is in hand and disconnect.
+
+        Batches the broker had queued for this worker are lost to it and come back through
+        the gateways' spools; ``drain`` is the lossless way to leave.
+        """
         self._stop.set()
+        self._finished.set()
 
     async def run(self) -> None:
         """Connect, subscribe, process until ``stop``; reconnect after broker failures."""
         topics = self.config.topics
         spec = self.config.spec
         filters = [topics.shared(spec.name, topics.under_root(f)) for f in spec.inputs]
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self._drained.is_set():
             session = AsyncSession(
                 self.config.broker,
                 self.worker_id,
@@ -113,7 +128,10 @@ class Worker:
                 async with session:
                     # Mosquitto does not restore $share subscriptions: subscribe on every connect.
                     await session.subscribe(filters, qos=1)
-                    await self._serve(session)
+                    await session.subscribe([topics.control(self.worker_id)], qos=1)
+                    await self._serve(session, filters)
+                if self._drained.is_set():
+                    break
             except BrokerError as exc:
                 if self._stop.is_set():
                     break
@@ -121,17 +139,64 @@ class Worker:
                 log.warning("worker %s: %s; reconnecting", self.worker_id, exc)
                 await asyncio.sleep(self.config.reconnect_delay_s)
 
-    async def _serve(self, session: AsyncSession) -> None:
+    async def _serve(self, session: AsyncSession, filters: list[str]) -> None:
         inflight: asyncio.Queue[tuple[Message, list[asyncio.Future[None]]] | None] = asyncio.Queue()
         done = asyncio.Event()
         async with supervised(
-            self._stop, self._ack_in_order(session, inflight, done), self._heartbeat(session)
+            self._finished,
+            self._ack_in_order(session, inflight, done),
+            self._heartbeat(session),
+            self._drain_when_asked(session, filters),
         ) as ending:
             async for message in session.messages_until(ending):
+                if message.topic == self._control_topic:
+                    self._on_control(message)
+                    await inflight.put((message, []))  # control messages are acked in order too
+                    continue
                 await inflight.put((message, self._handle(session, message)))
             # Acknowledge what we hold before leaving (the acker sets `done` even if it fails).
             await inflight.put(None)
             await done.wait()
+
+    # -- draining ---------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """Leave the group without losing anything (see ``_drain_when_asked``)."""
+        self._drain_requested.set()
+
+    async def _drain_when_asked(self, session: AsyncSession, filters: list[str]) -> None:
+        """Scale-down without loss: stop new routing, flush the queue, then leave.
+
+        1. UNSUBSCRIBE from the shared filters: the broker routes no new batches to us;
+        2. publish a marker to our own control topic: it is queued behind every batch the
+           broker had already queued for us (UNSUBSCRIBE does not flush that queue);
+        3. keep processing until the marker comes back, then acknowledge what we hold
+           and DISCONNECT (session expiry 0, so nothing stays behind in the broker).
+        """
+        await self._drain_requested.wait()
+        self._state = "draining"
+        log.info("worker %s: draining", self.worker_id)
+        await session.unsubscribe(filters)
+        await session.publish(
+            self._control_topic, orjson.dumps({"cmd": "marker", "token": self._marker_token})
+        )
+        await self._drained.wait()
+        self._finished.set()
+
+    def _on_control(self, message: Message) -> None:
+        try:
+            body = orjson.loads(message.payload)
+        except orjson.JSONDecodeError:
+            log.warning("worker %s: unreadable control message", self.worker_id)
+            return
+        command = body.get("cmd") if isinstance(body, dict) else None
+        if command == "drain":
+            self.drain()
+        elif command == "marker" and body.get("token") == self._marker_token:
+            log.info("worker %s: drained", self.worker_id)
+            self._drained.set()
+        else:
+            log.warning("worker %s: unknown control message %r", self.worker_id, body)
 
     def _handle(self, session: AsyncSession, message: Message) -> list[asyncio.Future[None]]:
         """Decode, compute, start publishing; returns the PUBACK futures to wait for."""
@@ -267,13 +332,19 @@ class Worker:
         return rows / busy if busy > 0 and rows else None
 
     def metrics(self) -> dict[str, object]:
-        """The heartbeat payload."""
-        uptime = time.monotonic() - self.started_at
+        """The heartbeat payload (rates and fractions over the last heartbeat interval)."""
+        now = time.monotonic()
+        uptime = now - self.started_at
+        cpu = self._process.cpu_times()
+        cpu_s = cpu.user + cpu.system
+        last = self._last_beat or (self.started_at, 0.0, 0, 0)
+        self._last_beat = (now, cpu_s, self.counters.batches, self.counters.rows)
+        window = max(now - last[0], 1e-6)
         return {
             "component": "worker",
             "id": self.worker_id,
             "pipeline": self.config.spec.name,
-            "state": "stopping" if self._stop.is_set() else "running",
+            "state": "stopping" if self._stop.is_set() else self._state,
             "at": self.clock.now_ms(),
             "uptime_s": round(uptime, 3),
             "batches": self.counters.batches,
@@ -282,6 +353,9 @@ class Worker:
             "partials": self.counters.partials,
             "busy_s": round(self.counters.busy_s, 6),
             "busy_fraction": round(self.counters.busy_s / uptime, 4) if uptime > 0 else 0.0,
+            "cpu_percent": round(100.0 * (cpu_s - last[1]) / window, 1),
+            "batches_per_s": round((self.counters.batches - last[2]) / window, 3),
+            "rows_per_s": round((self.counters.rows - last[3]) / window, 1),
             "capacity_rows_per_s": self.capacity_rows_per_s(),
             "reconnects": self.counters.reconnects,
         }

@@ -1,0 +1,103 @@
+"""``shoal scaler``: keep a pipeline's worker count matched to its lag."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from pathlib import Path
+from typing import Any
+
+from shoal._cli.common import (
+    add_broker_options,
+    add_pipeline_option,
+    broker_settings,
+    load_spec,
+    topics,
+)
+
+
+def register(sub: Any) -> None:
+    """Add the ``scaler`` sub-command."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "scaler",
+        help="scale a pipeline's workers on lag (local processes or a Kubernetes Deployment)",
+        description="Watch the pipeline's exact lag (unconfirmed batches and measurements), "
+        "arrival rate and measured worker capacity; start or drain workers accordingly. "
+        "Serves Prometheus metrics on /metrics and KEDA metrics-api JSON on /api/v1/scaling.",
+    )
+    add_pipeline_option(parser)
+    add_broker_options(parser)
+    parser.add_argument(
+        "--policy", default="lag", choices=["lag", "cpu", "rps"], help="default lag"
+    )
+    parser.add_argument(
+        "--min", type=int, default=1, dest="min_workers", help="fewest workers (default 1)"
+    )
+    parser.add_argument(
+        "--max", type=int, default=4, dest="max_workers", help="most workers (default 4)"
+    )
+    parser.add_argument(
+        "--backend", default="local", choices=["local", "kubernetes"], help="where workers run"
+    )
+    parser.add_argument(
+        "--deployment", default="shoal-worker", help="kubernetes: the workers' Deployment"
+    )
+    parser.add_argument("--namespace", default="default", help="kubernetes: its namespace")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between decisions")
+    parser.add_argument("--port", type=int, default=9464, help="metrics port (0: any, -1: none)")
+    parser.add_argument("--bind", default="127.0.0.1", help="metrics address")
+    parser.add_argument(
+        "--log-dir", type=Path, default=Path("var/scaler"), help="local workers' logs"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the scaler until signalled."""
+    from shoal._cli._run import run_until_signalled  # noqa: PLC0415
+    from shoal._processes import ChildProcess, connection_args, shoal_argv  # noqa: PLC0415
+    from shoal.errors import ConfigError  # noqa: PLC0415
+    from shoal.runtime.scaler import Scaler, ScalerConfig  # noqa: PLC0415
+    from shoal.scaler.backends import Backend, KubernetesBackend, LocalBackend  # noqa: PLC0415
+    from shoal.scaler.policy import Bounds  # noqa: PLC0415
+
+    spec = load_spec(args.pipeline)
+    settings = broker_settings(args)
+    names = topics(args)
+    try:
+        bounds = Bounds(args.min_workers, args.max_workers)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    backend: Backend
+    if args.backend == "kubernetes":
+        backend = KubernetesBackend(args.deployment, args.namespace)
+    else:
+        counter = itertools.count()
+
+        def spawn() -> ChildProcess:
+            index = next(counter)
+            child = ChildProcess(
+                f"worker-{index}",
+                shoal_argv(
+                    "worker", "--pipeline", args.pipeline, *connection_args(settings, names)
+                ),
+                args.log_dir / f"worker-{index}.log",
+                {"POLARS_MAX_THREADS": "1"},
+            )
+            child.start()
+            return child
+
+        backend = LocalBackend(spawn)
+    config = ScalerConfig(
+        spec=spec,
+        broker=settings,
+        topics=names,
+        policy=args.policy,
+        bounds=bounds,
+        interval_s=args.interval,
+        http_port=None if args.port < 0 else args.port,
+        http_host=args.bind,
+    )
+    scaler = Scaler(config, backend)
+    run_until_signalled(scaler.run(), scaler.stop)
+    return 0

@@ -1,0 +1,178 @@
+"""Deduplicate window messages and assemble a window's partitions into one frame (pure).
+
+With ``partitions > 1`` every combiner partition publishes its own message per window, holding
+only its keys, and a partition that has no key in a window publishes nothing for it. A window
+is therefore *complete* once every partition has either sent its message or shown that it has
+closed past the window's end: each message carries its partition's close threshold
+(``watermark``), and so does each combiner heartbeat (``note_progress``). A window that stays
+incomplete for ``max_wait_ms`` (a partition is down, or its heartbeats are not readable) is
+released with what arrived, flagged ``complete=False``.
+
+Must not import ``shoal.broker``: the client feeds it messages and a clock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Final
+
+import polars as pl
+
+from shoal.client.messages import Identity, WindowMessage
+
+DEFAULT_MAX_WAIT_MS: Final = 10_000
+DEFAULT_REMEMBER: Final = 100_000
+
+
+class Deduplicator:
+    """Remembers the identities of the last ``capacity`` window messages.
+
+    A combiner re-publishes a window after a crash within seconds to minutes, so a bounded
+    memory of recent identities is enough; an archive reader deduplicates exactly instead.
+    """
+
+    def __init__(self, capacity: int = DEFAULT_REMEMBER) -> None:
+        self.capacity = capacity
+        self._seen: OrderedDict[Identity, None] = OrderedDict()
+        self.duplicates = 0
+
+    def first_time(self, identity: Identity) -> bool:
+        """True the first time an identity is offered, False (and counted) afterwards."""
+        if identity in self._seen:
+            self.duplicates += 1
+            self._seen.move_to_end(identity)
+            return False
+        self._seen[identity] = None
+        if len(self._seen) > self.capacity:
+            self._seen.popitem(last=False)
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class AssembledWindow:
+    """One window of one pipeline with the keys of every partition.
+
+    Attributes:
+        pipeline: the pipeline.
+        window: window name.
+        start: window start, epoch ms.
+        end: window end, epoch ms.
+        revision: the revision.
+        frame: every key's result row (result layout), sorted by key.
+        partitions_seen: partitions whose message is included.
+        complete: every partition either sent its keys or closed past the window.
+    """
+
+    pipeline: str
+    window: str
+    start: int
+    end: int
+    revision: int
+    frame: pl.DataFrame
+    partitions_seen: tuple[int, ...]
+    complete: bool
+
+
+@dataclass
+class _Pending:
+    first: WindowMessage
+    arrived_ms: int
+    parts: dict[int, WindowMessage] = field(default_factory=dict)
+
+
+_WindowKey = tuple[str, str, int, int]  # pipeline, window, start, revision
+
+
+class WindowAssembler:
+    """Joins partition messages of a window; see the module docstring for completeness.
+
+    Feed ``add`` (messages, deduplicated here), ``note_progress`` (a partition's close
+    threshold from a heartbeat) and ``expire`` (time passing); each returns the windows that
+    became ready, oldest end first.
+    """
+
+    def __init__(
+        self, max_wait_ms: int = DEFAULT_MAX_WAIT_MS, dedup: Deduplicator | None = None
+    ) -> None:
+        self.max_wait_ms = max_wait_ms
+        self.dedup = dedup or Deduplicator()
+        self._pending: dict[_WindowKey, _Pending] = {}
+        self._closed_through: dict[tuple[str, int], int] = {}
+
+    @property
+    def pending(self) -> int:
+        """Windows waiting for more partitions."""
+        return len(self._pending)
+
+    def add(self, message: WindowMessage, now_ms: int) -> list[AssembledWindow]:
+        """Take one message (a duplicate is dropped); return the windows now ready."""
+        if not self.dedup.first_time(message.identity):
+            return []
+        if message.watermark is not None:
+            self._note(message.pipeline, message.partition, message.watermark)
+        if message.partitions <= 1:
+            return [*self._ready(now_ms), _assemble([message], complete=True)]
+        key = (message.pipeline, message.window, message.start, message.revision)
+        pending = self._pending.setdefault(key, _Pending(message, now_ms))
+        pending.parts[message.partition] = message
+        return self._ready(now_ms)
+
+    def note_progress(
+        self, pipeline: str, partition: int, closed_through: int | None, now_ms: int
+    ) -> list[AssembledWindow]:
+        """A partition has closed every window ending at or before ``closed_through``."""
+        if closed_through is not None:
+            self._note(pipeline, partition, closed_through)
+        return self._ready(now_ms)
+
+    def expire(self, now_ms: int) -> list[AssembledWindow]:
+        """Windows that are complete, or waited ``max_wait_ms`` (released incomplete)."""
+        return self._ready(now_ms)
+
+    def flush(self) -> list[AssembledWindow]:
+        """Everything pending, complete or not (at the end of a stream)."""
+        out = [self._release(key) for key in list(self._pending)]
+        return sorted(out, key=lambda w: (w.end, w.window, w.start))
+
+    def _note(self, pipeline: str, partition: int, closed_through: int) -> None:
+        key = (pipeline, partition)
+        if closed_through > self._closed_through.get(key, -(2**62)):
+            self._closed_through[key] = closed_through
+
+    def _is_complete(self, pending: _Pending) -> bool:
+        first = pending.first
+        return all(
+            p in pending.parts
+            or self._closed_through.get((first.pipeline, p), -(2**62)) >= first.end
+            for p in range(first.partitions)
+        )
+
+    def _ready(self, now_ms: int) -> list[AssembledWindow]:
+        ready = [
+            key
+            for key, pending in self._pending.items()
+            if self._is_complete(pending) or now_ms - pending.arrived_ms >= self.max_wait_ms
+        ]
+        out = [self._release(key) for key in ready]
+        return sorted(out, key=lambda w: (w.end, w.window, w.start))
+
+    def _release(self, key: _WindowKey) -> AssembledWindow:
+        pending = self._pending.pop(key)
+        parts = [pending.parts[p] for p in sorted(pending.parts)]
+        return _assemble(parts, complete=self._is_complete(pending))
+
+
+def _assemble(parts: list[WindowMessage], *, complete: bool) -> AssembledWindow:
+    first = parts[0]
+    frame = parts[0].frame if len(parts) == 1 else pl.concat([p.frame for p in parts])
+    return AssembledWindow(
+        pipeline=first.pipeline,
+        window=first.window,
+        start=first.start,
+        end=first.end,
+        revision=first.revision,
+        frame=frame.sort("key", nulls_last=True),
+        partitions_seen=tuple(p.partition for p in parts),
+        complete=complete,
+    )

@@ -1,0 +1,293 @@
+"""The scaler: watches a pipeline's lag and keeps the right number of workers running.
+
+Composition root. Every ``interval_s`` it reads the monitor (exact lag, arrival rate,
+per-worker capacity and CPU), asks the policy, and tells the backend. It also serves the
+figures over HTTP: Prometheus on ``/metrics`` and JSON for KEDA on ``/api/v1/scaling``, so
+Kubernetes users can let KEDA act on ``desired_workers`` instead of the built-in backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.broker.settings import BrokerSettings
+from shoal.broker.sysmon import SYS_TOPICS, BrokerCounters
+from shoal.clock import Clock, SystemClock
+from shoal.errors import BrokerError
+from shoal.processors.spec import PipelineSpec
+from shoal.scaler.backends import Backend
+from shoal.scaler.http import MetricsServer, prometheus_text
+from shoal.scaler.monitor import PipelineMonitor
+from shoal.scaler.policy import Bounds, Decision, Signals, make_policy
+from shoal.scaler.signals import signals_from
+from shoal.schemas.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ScalerConfig:
+    """How the scaler runs.
+
+    Attributes:
+        spec: the pipeline whose workers it scales.
+        broker: where the broker is.
+        topics: topic namespace.
+        policy: ``lag`` (default), ``cpu`` or ``rps``.
+        bounds: min and max workers.
+        interval_s: seconds between decisions.
+        http_port: port of the metrics endpoint (None: no endpoint; 0: any free port).
+        http_host: address it listens on.
+    """
+
+    spec: PipelineSpec
+    broker: BrokerSettings
+    topics: Topics = field(default_factory=Topics)
+    policy: str = "lag"
+    bounds: Bounds = field(default_factory=Bounds)
+    interval_s: float = 1.0
+    http_port: int | None = 9464
+    http_host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True, slots=True)
+class ScaleRecord:
+    """One tick: what was measured and decided."""
+
+    at_s: float
+    signals: Signals
+    decision: Decision
+
+
+class Scaler:
+    """Policy + backend + monitor (see the module docstring).
+
+    ``tick`` is the whole decision step and can be driven by a host that already feeds a
+    monitor (``shoal up``, the scaling benchmark); ``run`` does the feeding itself.
+    """
+
+    def __init__(
+        self,
+        config: ScalerConfig,
+        backend: Backend,
+        *,
+        clock: Clock | None = None,
+        monitor: PipelineMonitor | None = None,
+        on_decision: Callable[[ScaleRecord], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.clock = clock or SystemClock()
+        self.monitor = monitor or PipelineMonitor(config.spec, config.topics, self.clock)
+        self.policy = make_policy(config.policy, config.bounds)
+        self.broker_counters = BrokerCounters()
+        self.history: list[ScaleRecord] = []
+        self.scale_events = 0
+        self._on_decision = on_decision
+        self._stop = asyncio.Event()
+
+    def tick(self) -> ScaleRecord:
+        """Observe the backend, decide, apply."""
+        workers = self.backend.observe()
+        now = self.clock.monotonic()
+        signals = signals_from(self.monitor.snapshot(), now, workers)
+        decision = self.policy.decide(signals)
+        if decision.desired != workers:
+            self.scale_events += 1
+            log.info(
+                "scaler: %d -> %d workers (%s; %.0f meas/s, lag %d meas)",
+                workers,
+                decision.desired,
+                decision.reason,
+                signals.arrival_rows_per_s,
+                signals.backlog_rows,
+            )
+        self.backend.scale_to(decision.desired)
+        record = ScaleRecord(now, signals, decision)
+        self.history.append(record)
+        del self.history[:-3600]
+        if self._on_decision is not None:
+            self._on_decision(record)
+        return record
+
+    def stop(self) -> None:
+        """Finish the run loop."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Feed the monitor from the broker, decide every interval, serve metrics."""
+        server = None
+        if self.config.http_port is not None:
+            server = MetricsServer(
+                self.render_metrics, self.render_json, self.config.http_host, self.config.http_port
+            )
+            port = await server.start()
+            log.info("scaler: metrics on http://%s:%d/metrics", self.config.http_host, port)
+        try:
+            while not self._stop.is_set():
+                try:
+                    await self._session()
+                except BrokerError as exc:
+                    log.warning("scaler: %s; reconnecting", exc)
+                    await asyncio.sleep(1.0)
+        finally:
+            if server is not None:
+                await server.close()
+            self.backend.close()
+
+    async def _session(self) -> None:
+        session = AsyncSession(self.config.broker, unique_client_id("shoal-scaler"))
+        async with session:
+            await session.subscribe([*self.monitor.filters(), *SYS_TOPICS], qos=0)
+            ticker = asyncio.create_task(self._ticks())
+            try:
+                async for message in session.messages_until(self._stop):
+                    if not self.broker_counters.take(message.topic, message.payload):
+                        self.monitor.on_message(message)
+            finally:
+                ticker.cancel()
+                await asyncio.gather(ticker, return_exceptions=True)
+
+    async def _ticks(self) -> None:
+        while True:
+            started = time.monotonic()
+            self.tick()
+            await asyncio.sleep(max(0.0, self.config.interval_s - (time.monotonic() - started)))
+
+    # -- what the endpoint serves --------------------------------------------------------------
+
+    def render_json(self) -> dict[str, Any]:
+        """The JSON KEDA's ``metrics-api`` scaler reads."""
+        last = self.history[-1] if self.history else None
+        snap = self.monitor.snapshot()
+        return {
+            "pipeline": self.config.spec.name,
+            "policy": self.policy.name,
+            "desired_workers": None if last is None else last.decision.desired,
+            "workers": None if last is None else last.signals.workers,
+            "lag_batches": snap.lag_batches,
+            "lag_measurements": snap.lag_rows,
+            "lag_seconds": None
+            if snap.oldest_unconfirmed_age_ms is None
+            else snap.oldest_unconfirmed_age_ms / 1000.0,
+            "arrival_measurements_per_s": snap.rows_in_per_s,
+            "capacity_measurements_per_s": None
+            if last is None
+            else last.signals.capacity_rows_per_s,
+            "scale_events": self.scale_events,
+            "broker": self.broker_counters.values,
+        }
+
+    def render_metrics(self) -> bytes:
+        """Prometheus text exposition of the lag, rates, workers and broker counters."""
+        data = self.render_json()
+        pipeline = {"pipeline": self.config.spec.name}
+        snap = self.monitor.snapshot()
+        samples: list[tuple[str, str, str, dict[str, str], float | int | None]] = [
+            (
+                "shoal_lag_batches",
+                "gauge",
+                "Batches published but not confirmed.",
+                pipeline,
+                data["lag_batches"],
+            ),
+            (
+                "shoal_lag_measurements",
+                "gauge",
+                "Measurements published but not confirmed.",
+                pipeline,
+                data["lag_measurements"],
+            ),
+            (
+                "shoal_lag_oldest_seconds",
+                "gauge",
+                "Age of the oldest unconfirmed batch.",
+                pipeline,
+                data["lag_seconds"],
+            ),
+            (
+                "shoal_arrival_measurements_per_second",
+                "gauge",
+                "Measurements per second published by gateways.",
+                pipeline,
+                data["arrival_measurements_per_s"],
+            ),
+            ("shoal_workers", "gauge", "Live workers.", pipeline, data["workers"]),
+            (
+                "shoal_workers_desired",
+                "gauge",
+                "Workers the policy wants.",
+                pipeline,
+                data["desired_workers"],
+            ),
+            (
+                "shoal_worker_capacity_measurements_per_second",
+                "gauge",
+                "Measured measurements per busy second of one worker (median).",
+                pipeline,
+                data["capacity_measurements_per_s"],
+            ),
+            (
+                "shoal_scale_events_total",
+                "counter",
+                "Changes of the worker count.",
+                pipeline,
+                self.scale_events,
+            ),
+            (
+                "shoal_measurements_generated_total",
+                "counter",
+                "Measurements sealed by gateways.",
+                pipeline,
+                snap.rows_generated,
+            ),
+            (
+                "shoal_measurements_applied_total",
+                "counter",
+                "Measurements of applied batches.",
+                pipeline,
+                snap.batch_rows_applied,
+            ),
+            (
+                "shoal_late_measurements_total",
+                "counter",
+                "Measurements reported late.",
+                pipeline,
+                snap.late_rows,
+            ),
+            (
+                "shoal_deadletters_total",
+                "counter",
+                "Dead-lettered messages.",
+                pipeline,
+                snap.deadletters,
+            ),
+            (
+                "shoal_windows_emitted_total",
+                "counter",
+                "Window result messages.",
+                pipeline,
+                snap.windows_emitted,
+            ),
+        ]
+        samples.extend(
+            (
+                "shoal_gateway_lag_batches",
+                "gauge",
+                "Unconfirmed batches per gateway.",
+                {**pipeline, "gateway": g.gateway_id},
+                g.batches,
+            )
+            for g in snap.lag
+        )
+        samples.extend(
+            (f"shoal_broker_{name}", "gauge", f"Mosquitto $SYS counter ({name}).", {}, value)
+            for name, value in self.broker_counters.values.items()
+        )
+        return prometheus_text(samples)

@@ -1,0 +1,190 @@
+"""Where workers run: local child processes (the default) or a Kubernetes Deployment.
+
+A backend is told a desired worker count and makes it so. Scale-down always drains: a worker
+told to leave (SIGTERM, which Kubernetes also sends) unsubscribes, works through what the
+broker had already queued for it, and only then disconnects (``shoal.runtime.worker``).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from shoal._processes import ChildProcess
+from shoal.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class Backend(Protocol):
+    """Something that runs workers."""
+
+    name: str
+
+    def observe(self) -> int:
+        """Reap finished or crashed workers; returns the live (not draining) count."""
+        ...
+
+    def scale_to(self, desired: int) -> None:
+        """Start or drain workers until ``desired`` are live."""
+        ...
+
+    def close(self) -> None:
+        """Stop everything this backend started."""
+        ...
+
+
+@dataclass
+class BackendStats:
+    """What a backend did."""
+
+    started: int = 0
+    drained: int = 0
+    crashed: int = 0
+    replaced: int = 0
+    worker_seconds: float = 0.0
+    events: list[tuple[float, int]] = field(default_factory=list)
+
+
+class LocalBackend:
+    """Workers as child processes of this one.
+
+    Args:
+        spawn: starts one worker process and returns it.
+        drain_timeout_s: how long a draining worker may take before it is killed.
+        clock: monotonic seconds (injected for tests).
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        spawn: Callable[[], ChildProcess],
+        *,
+        drain_timeout_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._spawn = spawn
+        self.drain_timeout_s = drain_timeout_s
+        self._clock = clock
+        self.live: list[ChildProcess] = []
+        self.draining: list[tuple[ChildProcess, float]] = []
+        self.stats = BackendStats()
+        self._last_observe = clock()
+
+    def observe(self) -> int:
+        """Reap drained workers, replace crashed ones, account worker-seconds."""
+        now = self._clock()
+        self.stats.worker_seconds += (len(self.live) + len(self.draining)) * (
+            now - self._last_observe
+        )
+        self._last_observe = now
+        for child, since in list(self.draining):
+            if not child.alive():
+                self.draining.remove((child, since))
+                self.stats.drained += 1
+            elif now - since > self.drain_timeout_s:
+                log.warning(
+                    "worker %s did not drain in %.0f s; killing it",
+                    child.name,
+                    self.drain_timeout_s,
+                )
+                child.kill()
+        for child in list(self.live):
+            if not child.alive():
+                log.warning(
+                    "worker %s exited unexpectedly (code %s); replacing it",
+                    child.name,
+                    child.wait(0),
+                )
+                self.live.remove(child)
+                self.stats.crashed += 1
+                self.live.append(self._start())
+                self.stats.replaced += 1
+        return len(self.live)
+
+    def scale_to(self, desired: int) -> None:
+        """Start new workers, or drain the newest ones."""
+        if desired != len(self.live):
+            self.stats.events.append((self._clock(), desired))
+        while len(self.live) < desired:
+            self.live.append(self._start())
+        while len(self.live) > desired:
+            child = self.live.pop()
+            child.signal(signal.SIGTERM)  # a worker drains on SIGTERM
+            self.draining.append((child, self._clock()))
+
+    def _start(self) -> ChildProcess:
+        child = self._spawn()
+        self.stats.started += 1
+        return child
+
+    def close(self) -> None:
+        """Drain everything, then make sure it is gone."""
+        self.scale_to(0)
+        deadline = self._clock() + 15.0
+        while self.draining and self._clock() < deadline:
+            self.observe()
+            time.sleep(0.1)
+        for child, _ in self.draining:
+            child.stop()
+        self.draining.clear()
+
+
+class KubernetesBackend:
+    """Scale a Deployment through the Kubernetes API (the official client).
+
+    The workers' pods drain on SIGTERM (give them a generous
+    ``terminationGracePeriodSeconds``); crashed pods are restarted by the Deployment.
+
+    Args:
+        deployment: name of the workers' Deployment.
+        namespace: its namespace.
+        api: an ``AppsV1Api`` (None: build one from the in-cluster or kubeconfig settings).
+    """
+
+    name = "kubernetes"
+
+    def __init__(self, deployment: str, namespace: str = "default", api: Any = None) -> None:
+        self.deployment = deployment
+        self.namespace = namespace
+        self._api = api if api is not None else _apps_api()
+        self.stats = BackendStats()
+        self._replicas: int | None = None
+
+    def observe(self) -> int:
+        """Ready replicas of the Deployment (its status)."""
+        scale = self._api.read_namespaced_deployment_scale(self.deployment, self.namespace)
+        self._replicas = int(scale.spec.replicas or 0)
+        return int(scale.status.replicas or 0)
+
+    def scale_to(self, desired: int) -> None:
+        """Patch the Deployment's scale subresource."""
+        if desired == self._replicas:
+            return
+        self._api.patch_namespaced_deployment_scale(
+            self.deployment, self.namespace, {"spec": {"replicas": desired}}
+        )
+        self._replicas = desired
+        self.stats.events.append((time.monotonic(), desired))
+
+    def close(self) -> None:
+        """Nothing to stop: the cluster owns the pods."""
+
+
+def _apps_api() -> Any:
+    try:
+        from kubernetes import client, config  # noqa: PLC0415 - optional dependency
+    except ImportError as exc:
+        raise ConfigError(
+            "the kubernetes backend needs the official client: pip install 'shoal[kubernetes]'"
+        ) from exc
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.AppsV1Api()
