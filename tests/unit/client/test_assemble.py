@@ -1,0 +1,76 @@
+"""Assembling a window's partitions into one frame, and dropping re-published windows."""
+
+from __future__ import annotations
+
+from shoal.client import Deduplicator, WindowAssembler
+from tests.unit.archive.conftest import T0, window_message
+
+
+def test_single_partition_windows_pass_straight_through() -> None:
+    assembler = WindowAssembler()
+    [window] = assembler.add(window_message(), now_ms=0)
+    assert window.complete
+    assert window.partitions_seen == (0,)
+    assert window.frame["key"].to_list() == ["a", "b"]
+    assert assembler.add(window_message(), now_ms=1) == []  # a duplicate
+    assert assembler.dedup.duplicates == 1
+
+
+def test_partitions_are_joined_when_all_arrived() -> None:
+    assembler = WindowAssembler()
+    assert assembler.add(window_message(partition=1, partitions=2, keys=("c", "a")), 0) == []
+    assert assembler.pending == 1
+    [window] = assembler.add(window_message(partition=0, partitions=2, keys=("b",)), 5)
+    assert window.complete
+    assert window.partitions_seen == (0, 1)
+    assert window.frame["key"].to_list() == ["a", "b", "c"]
+    assert window.frame["partition"].to_list() == [1, 0, 1]
+    assert assembler.pending == 0
+
+
+def test_a_partition_without_keys_is_known_from_its_close_threshold() -> None:
+    assembler = WindowAssembler()
+    first = window_message(partition=0, partitions=3, watermark=T0 + 10_000)
+    assert assembler.add(first, 0) == []
+    # partition 1 emitted a later window: it has closed past ours with nothing for it
+    later = window_message(partition=1, partitions=3, start=T0 + 10_000, watermark=T0 + 20_000)
+    assert assembler.add(later, 1) == []
+    # partition 2 reports its progress in a heartbeat
+    ready = assembler.note_progress("p", 2, T0 + 20_000, 2)
+    assert [(w.start, w.partitions_seen, w.complete) for w in ready] == [(T0, (0,), True)]
+    # the later window still waits for partition 0 (partition 2 has closed past it)
+    assert assembler.pending == 1
+    assert assembler.note_progress("p", 0, T0 + 19_999, 3) == []
+    [window] = assembler.note_progress("p", 0, T0 + 20_000, 4)
+    assert window.start == T0 + 10_000
+    assert window.complete
+    assert window.partitions_seen == (1,)
+
+
+def test_incomplete_windows_are_released_after_the_wait() -> None:
+    assembler = WindowAssembler(max_wait_ms=1_000)
+    assembler.add(window_message(partition=0, partitions=2), now_ms=0)
+    assert assembler.expire(999) == []
+    [window] = assembler.expire(1_000)
+    assert not window.complete
+    assert window.partitions_seen == (0,)
+    assembler.add(window_message(partition=0, partitions=2, start=T0 + 10_000), now_ms=0)
+    [flushed] = assembler.flush()
+    assert flushed.start == T0 + 10_000
+    assert not flushed.complete
+
+
+def test_revisions_are_separate_windows() -> None:
+    assembler = WindowAssembler()
+    assert len(assembler.add(window_message(revision=1), 0)) == 1
+    assert len(assembler.add(window_message(revision=2), 0)) == 1
+
+
+def test_dedup_memory_is_bounded() -> None:
+    dedup = Deduplicator(capacity=2)
+    assert dedup.first_time(("p", "w", 1, 0, 1))
+    assert dedup.first_time(("p", "w", 2, 0, 1))
+    assert not dedup.first_time(("p", "w", 1, 0, 1))  # refreshed
+    assert dedup.first_time(("p", "w", 3, 0, 1))  # evicts 2
+    assert dedup.first_time(("p", "w", 2, 0, 1))
+    assert dedup.duplicates == 1
