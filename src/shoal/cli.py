@@ -16,7 +16,18 @@ from typing import Final
 from shoal import __version__
 from shoal.errors import ShoalError
 
-COMMANDS: Final = ("up", "broker", "worker", "combiner", "scaler", "simulate", "tail", "bench")
+COMMANDS: Final = (
+    "up",
+    "broker",
+    "worker",
+    "combiner",
+    "scaler",
+    "simulate",
+    "tail",
+    "archive",
+    "replay",
+    "bench",
+)
 """Sub-command modules, in the order ``--help`` lists them."""
 
 SINGLE_THREADED: Final = frozenset({"worker", "combiner"})
