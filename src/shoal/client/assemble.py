@@ -3,10 +3,12 @@
 With ``partitions > 1`` every combiner partition publishes its own message per window, holding
 only its keys, and a partition that has no key in a window publishes nothing for it. A window
 is therefore *complete* once every partition has either sent its message or shown that it has
-closed past the window's end: each message carries its partition's close threshold
-(``watermark``), and so does each combiner heartbeat (``note_progress``). A window that stays
-incomplete for ``max_wait_ms`` (a partition is down, or its heartbeats are not readable) is
-released with what arrived, flagged ``complete=False``.
+closed past the window's end. Each message carries its partition's close threshold
+(``watermark``); messages of one partition arrive in order, so that evidence holds at once.
+Combiner heartbeats carry it too (``note_progress``), but they travel at QoS 0 and can overtake
+result messages the partition published just before, so a heartbeat counts only once it is
+``settle_ms`` old. A window that stays incomplete for ``max_wait_ms`` (a partition is down,
+or its heartbeats are not readable) is released with what arrived, flagged ``complete=False``.
 
 Must not import ``shoal.broker``: the client feeds it messages and a clock.
 """
@@ -22,6 +24,7 @@ import polars as pl
 from shoal.client.messages import Identity, WindowMessage
 
 DEFAULT_MAX_WAIT_MS: Final = 10_000
+DEFAULT_SETTLE_MS: Final = 1_000
 DEFAULT_REMEMBER: Final = 100_000
 
 
@@ -93,12 +96,17 @@ class WindowAssembler:
     """
 
     def __init__(
-        self, max_wait_ms: int = DEFAULT_MAX_WAIT_MS, dedup: Deduplicator | None = None
+        self,
+        max_wait_ms: int = DEFAULT_MAX_WAIT_MS,
+        dedup: Deduplicator | None = None,
+        settle_ms: int = DEFAULT_SETTLE_MS,
     ) -> None:
         self.max_wait_ms = max_wait_ms
+        self.settle_ms = settle_ms
         self.dedup = dedup or Deduplicator()
         self._pending: dict[_WindowKey, _Pending] = {}
         self._closed_through: dict[tuple[str, int], int] = {}
+        self._beats: dict[tuple[str, int], list[tuple[int, int]]] = {}
 
     @property
     def pending(self) -> int:
@@ -121,9 +129,14 @@ class WindowAssembler:
     def note_progress(
         self, pipeline: str, partition: int, closed_through: int | None, now_ms: int
     ) -> list[AssembledWindow]:
-        """A partition has closed every window ending at or before ``closed_through``."""
+        """A heartbeat: the partition closed every window ending at or before ``closed_through``.
+
+        Counts once it is ``settle_ms`` old (see the module docstring).
+        """
         if closed_through is not None:
-            self._note(pipeline, partition, closed_through)
+            beats = self._beats.setdefault((pipeline, partition), [])
+            if not beats or closed_through > beats[-1][0]:
+                beats.append((closed_through, now_ms))
         return self._ready(now_ms)
 
     def expire(self, now_ms: int) -> list[AssembledWindow]:
@@ -148,7 +161,13 @@ class WindowAssembler:
             for p in range(first.partitions)
         )
 
+    def _settle(self, now_ms: int) -> None:
+        for (pipeline, partition), beats in self._beats.items():
+            while beats and now_ms - beats[0][1] >= self.settle_ms:
+                self._note(pipeline, partition, beats.pop(0)[0])
+
     def _ready(self, now_ms: int) -> list[AssembledWindow]:
+        self._settle(now_ms)
         ready = [
             key
             for key, pending in self._pending.items()

@@ -35,13 +35,16 @@ def test_a_partition_without_keys_is_known_from_its_close_threshold() -> None:
     # partition 1 emitted a later window: it has closed past ours with nothing for it
     later = window_message(partition=1, partitions=3, start=T0 + 10_000, watermark=T0 + 20_000)
     assert assembler.add(later, 1) == []
-    # partition 2 reports its progress in a heartbeat
-    ready = assembler.note_progress("p", 2, T0 + 20_000, 2)
+    # partition 2 reports its progress in a heartbeat, which counts once it is settled
+    assert assembler.note_progress("p", 2, T0 + 20_000, 2) == []
+    ready = assembler.expire(2 + assembler.settle_ms)
     assert [(w.start, w.partitions_seen, w.complete) for w in ready] == [(T0, (0,), True)]
     # the later window still waits for partition 0 (partition 2 has closed past it)
     assert assembler.pending == 1
-    assert assembler.note_progress("p", 0, T0 + 19_999, 3) == []
-    [window] = assembler.note_progress("p", 0, T0 + 20_000, 4)
+    assert assembler.note_progress("p", 0, T0 + 19_999, 3_000) == []
+    assert assembler.expire(4_000) == []
+    assert assembler.note_progress("p", 0, T0 + 20_000, 4_000) == []
+    [window] = assembler.expire(5_000)
     assert window.start == T0 + 10_000
     assert window.complete
     assert window.partitions_seen == (1,)
