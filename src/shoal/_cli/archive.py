@@ -105,12 +105,19 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, archiver.stop)
         if args.duration:
             loop.call_later(args.duration, archiver.stop)
-        print(
-            f"archiving {', '.join(config.filters())} from {config.broker.url} to {args.dir}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return await archiver.run()
+        running = asyncio.create_task(archiver.run())
+        connected = asyncio.create_task(archiver.connected.wait())
+        await asyncio.wait({running, connected}, return_when=asyncio.FIRST_COMPLETED)
+        if connected.done():
+            # Printed once subscribed: a script may wait for this line before sending data.
+            print(
+                f"archiving {', '.join(config.filters())} from {config.broker.url} to {args.dir}",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            connected.cancel()
+        return await running
 
     report = asyncio.run(main())
     if args.json:

@@ -209,11 +209,7 @@ class _Run:
         self.streams[gateway_id] = queue[0].stream
         first, last = queue[0].seq, queue[-1].seq
         self.expected[gateway_id] = first
-        gaps = [
-            (a.seq + 1, b.seq - 1)
-            for a, b in itertools.pairwise(queue)
-            if b.seq > a.seq + 1
-        ]
+        gaps = [(a.seq + 1, b.seq - 1) for a, b in itertools.pairwise(queue) if b.seq > a.seq + 1]
         if gaps:
             self.report.gaps[gateway_id] = gaps
             log.warning("replay: gateway %s misses seqs %s in the archive", gateway_id, gaps)
