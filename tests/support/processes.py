@@ -1,11 +1,11 @@
-"""Components as real processes, for fault tests (built on ``shoal.runtime.processes``)."""
+"""Components as real processes, for fault tests (built on ``shoal._processes``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from shoal._processes import ChildProcess, connection_args, shoal_argv
 from shoal.broker.settings import BrokerSettings
-from shoal.runtime.processes import ChildProcess, connection_args, shoal_argv
 from shoal.schemas.topics import Topics
 
 

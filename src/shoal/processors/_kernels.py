@@ -204,6 +204,23 @@ def merge_cells(
     return c[starts], np.add.reduceat(counts[order], starts)
 
 
+def add_cells(
+    cells: Int64Array, counts: Int64Array, new_cells: Int64Array, new_counts: Int64Array
+) -> tuple[Int64Array, Int64Array]:
+    """Merge a few cells into a large sorted, unique set: sorted inserts, no full re-sort."""
+    extra, extra_counts = merge_cells(new_cells, new_counts)
+    at = np.searchsorted(cells, extra)
+    found = at < len(cells)
+    found[found] = cells[at[found]] == extra[found]
+    counts = counts.copy()
+    counts[at[found]] += extra_counts[found]
+    missing = ~found
+    return (
+        np.insert(cells, at[missing], extra[missing]),
+        np.insert(counts, at[missing], extra_counts[missing]),
+    )
+
+
 def _merge_cells_dense(
     cells: Int64Array, counts: Int64Array, key_bits: int
 ) -> tuple[Int64Array, Int64Array] | None:

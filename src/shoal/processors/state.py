@@ -20,6 +20,7 @@ import polars as pl
 from shoal.errors import ConfigError
 from shoal.processors._kernels import (
     BUCKET_BITS,
+    add_cells,
     cell_buckets,
     cell_groups,
     cell_ids,
@@ -84,11 +85,17 @@ class WindowState:
         self._cells: list[npt.NDArray[np.int64]] = []
         self._counts: list[npt.NDArray[np.int64]] = []
         self._pending_rows = 0
+        self._cells_merged = False
 
     @property
     def rows(self) -> int:
         """State rows held (merged and pending, sketch cells included)."""
         return sum(len(g) for g in self._groups) + sum(len(c) for c in self._cells)
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows appended since the last merge."""
+        return self._pending_rows
 
     def open_windows(self) -> int:
         """Distinct (window, start) pairs with state."""
@@ -169,7 +176,11 @@ class WindowState:
         return out
 
     def compact(self) -> None:
-        """Merge all pending state into one sorted set of arrays (the form ``close`` needs)."""
+        """Merge all pending state into one sorted set of arrays (the form ``close`` needs).
+
+        Sketch cells merge incrementally (sorted insert) when little is pending next to an
+        already merged base, which keeps the merge before a window closes short.
+        """
         if self._pending_rows == 0:
             return
         if self._groups:
@@ -178,10 +189,20 @@ class WindowState:
             merged_groups, merged = merge_state(groups, columns)
             self._groups, self._columns = [merged_groups], [merged]
         if self._cells:
+            if self._cells_merged and len(self._cells) > 1:
+                pending = np.concatenate(self._cells[1:])
+                if len(pending) * 4 < len(self._cells[0]):
+                    cells, counts = add_cells(
+                        self._cells[0], self._counts[0], pending, np.concatenate(self._counts[1:])
+                    )
+                    self._cells, self._counts = [cells], [counts]
+                    self._pending_rows = 0
+                    return
             cells, counts = merge_cells(
                 np.concatenate(self._cells), np.concatenate(self._counts), KEY_BITS
             )
             self._cells, self._counts = [cells], [counts]
+            self._cells_merged = True
         self._pending_rows = 0
 
     # -- closing ----------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Final
 
@@ -41,6 +41,7 @@ from shoal.processors.combine import Combiner, LateRows, Step
 from shoal.processors.partials import Partial
 from shoal.processors.results import (
     Emission,
+    WindowResult,
     key_messages,
     late_message,
     split_windows,
@@ -57,6 +58,8 @@ from shoal.schemas.topics import Topics, topic_matches
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE: Final = "combiner.ckpt"
+KEY_SLICE: Final = 250
+"""Per-key results built and published per slice, with the event loop free in between."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,7 @@ class CombinerRuntime:
         self.core = Combiner(config.spec, config.partition, self.clock)
         self._stop = asyncio.Event()
         self._unacked: list[asyncio.Future[None]] = []
+        self._key_tasks: set[asyncio.Task[None]] = set()
         self._confirmed: dict[str, int] = {}
         self._session: AsyncSession | None = None
         self.apply_latency = LatencyHistogram()
@@ -186,7 +190,8 @@ class CombinerRuntime:
         if step.applied and partial.batch.sent_at_ms:
             self.apply_latency.add(now - partial.batch.sent_at_ms)
         self._publish_step(session, step)
-        self._emit(session, self.core.close_ready(now))
+        closing_since = time.perf_counter()
+        self._emit(session, self.core.close_ready(now), closing_since)
 
     def _on_status(self, session: AsyncSession, message: Message) -> None:
         if not message.payload:
@@ -240,12 +245,22 @@ class CombinerRuntime:
             )
         )
 
-    def _emit(self, session: AsyncSession, closed: ClosedWindows | None) -> None:
+    def _emit(
+        self, session: AsyncSession, closed: ClosedWindows | None, since: float | None = None
+    ) -> None:
+        """Publish closed windows; ``since`` (perf_counter) is when closing them began."""
         if closed is None or closed.empty:
             return
         spec = self.config.spec
         topics = self.config.topics
         started = self.clock.now_ms()
+        since = time.perf_counter() if since is None else since
+        log.info(
+            "combiner %s: closed %d rows in %.1f ms",
+            self.config.client_id,
+            closed.frame.height,
+            (time.perf_counter() - since) * 1000.0,
+        )
         ctx = Emission(
             spec.name, self.config.partition, spec.partitions, self.core.closed_through, started
         )
@@ -265,34 +280,76 @@ class CombinerRuntime:
                     session.publish_started(topic, payload, content_type=content_type)
                 )
             self._unacked.extend(window_futures)
-            self._track_result_latency(window_futures, started)
+            self._track_result_latency(window_futures, since)
             if self.config.per_key_results:
-                # A latest-value cache for dashboards: QoS 0 and no properties, because a
-                # window can hold many thousands of keys. The authoritative copy is the
-                # window message above (QoS 1, awaited before the checkpoint).
-                for key, payload in key_messages(result, spec.name, started):
-                    session.publish_started(
-                        topics.result_key(spec.name, key), payload, qos=0, retain=True
+                # A latest-value cache for dashboards, published in the background so the
+                # window message's PUBACK (and the next partials) are not held up by
+                # thousands of small publishes.
+                self._key_tasks.add(
+                    asyncio.create_task(
+                        self._publish_keys(session, result, started, window_futures)
                     )
+                )
 
-    def _track_result_latency(self, futures: list[asyncio.Future[None]], started_ms: int) -> None:
+    async def _publish_keys(
+        self,
+        session: AsyncSession,
+        result: WindowResult,
+        at_ms: int,
+        after: list[asyncio.Future[None]],
+    ) -> None:
+        # QoS 0 and no properties: a window can hold many thousands of keys, and the
+        # authoritative copy is the window message (QoS 1, awaited before the checkpoint).
+        # Only after that message is acknowledged, and in slices with the event loop free in
+        # between, so neither the window result nor the next partials wait for them.
+        topics, name = self.config.topics, self.config.spec.name
+        try:
+            await asyncio.gather(*after, return_exceptions=True)
+            for offset in range(0, result.frame.height, KEY_SLICE):
+                await asyncio.sleep(0)
+                part = replace(result, frame=result.frame.slice(offset, KEY_SLICE))
+                for key, payload in key_messages(part, name, at_ms):
+                    session.publish_started(
+                        topics.result_key(name, key), payload, qos=0, retain=True
+                    )
+        except BrokerError as exc:
+            log.warning("combiner %s: per-key results interrupted: %s", self.config.client_id, exc)
+        finally:
+            task = asyncio.current_task()
+            if task is not None:
+                self._key_tasks.discard(task)
+
+    def _track_result_latency(self, futures: list[asyncio.Future[None]], since: float) -> None:
         if not futures:
             return
-        first = futures[0]
 
         def done(fut: asyncio.Future[None]) -> None:
             if not fut.cancelled() and fut.exception() is None:
-                self.result_latency.add(self.clock.now_ms() - started_ms)
+                elapsed_ms = (time.perf_counter() - since) * 1000.0
+                self.result_latency.add(elapsed_ms)
+                log.info(
+                    "combiner %s: window result acknowledged %.1f ms after closing began",
+                    self.config.client_id,
+                    elapsed_ms,
+                )
 
-        first.add_done_callback(done)
+        futures[0].add_done_callback(done)
 
     # -- timers ------------------------------------------------------------------------------
 
     async def _ticker(self, session: AsyncSession) -> None:
         while True:
             await asyncio.sleep(self.config.tick_ms / 1000)
-            self._publish_step(session, self.core.tick())
+            since = time.perf_counter()
+            step = self.core.tick()
+            for late in step.late:
+                self._publish_late(session, late)
+            self._emit(session, step.closed, since)
             self._unacked = [f for f in self._unacked if not f.done() or f.exception() is not None]
+            # Merge pending state between messages (incrementally, so it is cheap), so that
+            # closing a window finds almost nothing left to merge.
+            if self.core.state.pending_rows:
+                self.core.state.compact()
 
     async def _checkpointer(self, session: AsyncSession) -> None:
         interval = self.config.spec.checkpoint_interval_ms / 1000

@@ -213,7 +213,11 @@ class LocalPipeline:
         return simulator
 
     def _child_env(self) -> dict[str, str]:
-        return {"POLARS_MAX_THREADS": os.environ.get("POLARS_MAX_THREADS", "1")}
+        # Children log to files: INFO there costs nothing and explains what happened.
+        return {
+            "POLARS_MAX_THREADS": os.environ.get("POLARS_MAX_THREADS", "1"),
+            "SHOAL_LOG_LEVEL": "INFO",
+        }
 
     def _start_child(self, name: str, argv: list[str]) -> ChildProcess:
         child = ChildProcess(name, shoal_argv(*argv), self.logs / f"{name}.log", self._child_env())

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.processors._kernels import (
+    add_cells,
     cell_buckets,
     cell_groups,
     cell_ids,
@@ -147,3 +148,20 @@ def test_dense_cell_merge_equals_the_sorting_merge(cells) -> None:
     dense_cells, dense_counts = merge_cells(ids, counts, key_bits)
     np.testing.assert_array_equal(dense_cells, sorted_cells)
     np.testing.assert_array_equal(dense_counts, sorted_counts)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    base=st.lists(st.tuples(st.integers(0, 500), st.integers(1, 9)), max_size=120),
+    extra=st.lists(st.tuples(st.integers(0, 500), st.integers(1, 9)), min_size=1, max_size=40),
+)
+def test_incremental_cell_merge_equals_a_full_merge(base, extra) -> None:
+    cells = np.array([c for c, _ in base], dtype=np.int64)
+    counts = np.array([n for _, n in base], dtype=np.int64)
+    merged, merged_counts = merge_cells(cells, counts)
+    new = np.array([c for c, _ in extra], dtype=np.int64)
+    new_counts = np.array([n for _, n in extra], dtype=np.int64)
+    got = add_cells(merged, merged_counts, new, new_counts)
+    want = merge_cells(np.concatenate([cells, new]), np.concatenate([counts, new_counts]))
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
