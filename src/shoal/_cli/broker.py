@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
+import tomllib
 from pathlib import Path
 from typing import Any
 
-from shoal.broker.embedded import EmbeddedBroker, broker_profiles
+from shoal.broker.access import BrokerUser, Role, users_from_config
+from shoal.broker.embedded import EmbeddedBroker, ServerTls, broker_profiles
+from shoal.errors import ConfigError
 
 
 def register(sub: Any) -> None:
@@ -17,7 +21,8 @@ def register(sub: Any) -> None:
         "broker",
         help="run Mosquitto with a shoal profile",
         description="Start mosquitto from PATH with a profile from broker/ and keep it running "
-        "until Ctrl-C.",
+        "until Ctrl-C. The secure profile needs users with roles (--users-file) and serves "
+        "TLS too; SIGHUP re-reads the users file without a restart.",
     )
     parser.add_argument(
         "--profile", default="dev", help=f"broker profile ({', '.join(broker_profiles())})"
@@ -27,36 +32,108 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--data-dir", type=Path, help="persistence folder (default: a temporary folder)"
     )
-    parser.add_argument(
+    access = parser.add_argument_group("users and access (edge and secure profiles)")
+    access.add_argument(
+        "--users-file",
+        type=Path,
+        metavar="FILE",
+        help="TOML file of [[users]] with name, role and password/password_env/password_file",
+    )
+    access.add_argument(
         "--user",
         action="append",
         default=[],
-        metavar="NAME:PASSWORD",
-        help="add a user to the password file (repeatable; needed by profiles without anonymous)",
+        metavar="NAME:PASSWORD[:ROLE]",
+        help="add a user (repeatable); ROLE is gateway, worker:PIPELINE, combiner:PIPELINE, "
+        "dashboard[:PIPELINE] or admin. Prefer --users-file: a command line is visible to "
+        "every user of the machine",
+    )
+    access.add_argument(
+        "--topic-root", default="", metavar="PREFIX", help="topic root the ACL rules sit below"
+    )
+    tls = parser.add_argument_group("TLS listener (secure profile)")
+    tls.add_argument("--tls-port", type=int, default=8883, help="TLS listener port (0: a free one)")
+    tls.add_argument("--certfile", type=Path, help="the broker's certificate (PEM)")
+    tls.add_argument("--keyfile", type=Path, help="its private key")
+    tls.add_argument(
+        "--cafile", type=Path, help="CA of the broker's certificate (and of client certificates)"
+    )
+    tls.add_argument(
+        "--require-client-cert",
+        action="store_true",
+        help="refuse TLS clients without a certificate signed by --cafile",
     )
     parser.set_defaults(run=run)
 
 
+def _users(args: argparse.Namespace) -> list[BrokerUser]:
+    users = []
+    if args.users_file is not None:
+        try:
+            data = tomllib.loads(args.users_file.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read the users file {args.users_file}: {exc}") from exc
+        users += users_from_config(data.get("users", []), os.environ, args.users_file.parent)
+    for entry in args.user:
+        name, sep, rest = entry.partition(":")
+        if not sep:
+            raise ConfigError(f"--user {entry!r}: write NAME:PASSWORD[:ROLE]")
+        password, _, role = rest.partition(":")
+        users.append(BrokerUser(name, password, Role.parse(role) if role else None))
+    return users
+
+
+def _server_tls(args: argparse.Namespace) -> ServerTls | None:
+    files = (args.certfile, args.keyfile, args.cafile)
+    if not any(files):
+        if args.require_client_cert:
+            raise ConfigError("--require-client-cert needs --cafile (and --certfile, --keyfile)")
+        return None  # a profile with TLS makes a throwaway CA and certificate
+    if not all(files):
+        raise ConfigError("give --certfile, --keyfile and --cafile together")
+    return ServerTls(args.certfile, args.keyfile, args.cafile, args.require_client_cert)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Start the broker and wait for Ctrl-C or SIGTERM."""
-    users = dict(entry.split(":", 1) for entry in args.user)
+    """Start the broker and wait for Ctrl-C or SIGTERM (SIGHUP reloads the users)."""
     broker = EmbeddedBroker(
         args.profile,
         port=args.port or None,
         bind=args.bind,
         data_dir=args.data_dir,
-        users=users,
+        users=_users(args),
+        topic_root=args.topic_root,
+        tls_port=args.tls_port or None,
+        tls=_server_tls(args),
     )
     stop = threading.Event()
+    reload = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: reload.set())
     with broker:
         print(f"shoal broker: {args.profile} profile listening on {broker.settings.url}")
+        if broker.tls is not None:
+            print(f"  TLS    {broker.tls_settings.url} (clients trust {broker.tls.ca_file})")
+        if broker.acl_path.exists():
+            print(f"  ACL    {broker.acl_path} ({len(broker.users)} user(s))")
         print(f"  config {broker.config_path}\n  log    {broker.log_path}\n  Ctrl-C to stop")
         try:
             while not stop.wait(1.0):
+                if reload.is_set():
+                    reload.clear()
+                    _reload(broker, args)
                 if not broker.running:
                     print(f"shoal broker: mosquitto exited; see {broker.log_path}")
                     return 1
         except KeyboardInterrupt:
             pass
     return 0
+
+
+def _reload(broker: EmbeddedBroker, args: argparse.Namespace) -> None:
+    try:
+        broker.set_users(_users(args))
+    except ConfigError as exc:
+        print(f"shoal broker: users not reloaded: {exc}")
+        return
+    print(f"shoal broker: reloaded {len(broker.users)} user(s)")

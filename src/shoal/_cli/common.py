@@ -34,7 +34,17 @@ def add_broker_options(parser: argparse.ArgumentParser) -> None:
         f"default {DEFAULT_BROKER_URL})",
     )
     group.add_argument("--username", help="MQTT user name (env SHOAL_USERNAME)")
-    group.add_argument("--password", help="MQTT password (env SHOAL_PASSWORD)")
+    group.add_argument(
+        "--password",
+        help="MQTT password (env SHOAL_PASSWORD; prefer the environment or --password-file: "
+        "a command line is visible to every user of the machine)",
+    )
+    group.add_argument(
+        "--password-file",
+        metavar="FILE",
+        type=Path,
+        help="read the MQTT password from the first line of FILE (env SHOAL_PASSWORD_FILE)",
+    )
     group.add_argument("--tls-ca", metavar="FILE", help="CA file for mqtts:// (env SHOAL_TLS_CA)")
     group.add_argument("--tls-cert", metavar="FILE", help="client certificate (env SHOAL_TLS_CERT)")
     group.add_argument("--tls-key", metavar="FILE", help="client key (env SHOAL_TLS_KEY)")
@@ -52,7 +62,7 @@ def broker_settings(
     url = args.broker or env.get("SHOAL_BROKER") or DEFAULT_BROKER_URL
     settings = BrokerSettings.from_url(url)
     settings = settings.with_credentials(
-        args.username or env.get("SHOAL_USERNAME"), args.password or env.get("SHOAL_PASSWORD")
+        args.username or env.get("SHOAL_USERNAME"), _password(args, env)
     )
     ca = args.tls_ca or env.get("SHOAL_TLS_CA")
     cert = args.tls_cert or env.get("SHOAL_TLS_CERT")
@@ -67,6 +77,22 @@ def broker_settings(
     return settings
 
 
+def _password(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
+    """``--password``, ``--password-file``, ``SHOAL_PASSWORD``, ``SHOAL_PASSWORD_FILE``."""
+    if args.password:
+        return str(args.password)
+    path = getattr(args, "password_file", None) or env.get("SHOAL_PASSWORD_FILE")
+    if path:
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the password file {path}: {exc}") from exc
+        if not lines or not lines[0]:
+            raise ConfigError(f"the password file {path} is empty")
+        return lines[0]
+    return env.get("SHOAL_PASSWORD")
+
+
 def topics(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> Topics:
     """The topic namespace from ``--topic-root`` or ``SHOAL_TOPIC_ROOT``."""
     root = args.topic_root if args.topic_root is not None else env.get("SHOAL_TOPIC_ROOT", "")
@@ -76,9 +102,16 @@ def topics(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> Top
         raise ConfigError(str(exc)) from exc
 
 
-def setup_logging(verbosity: int) -> None:
-    """Structured-enough logs on stderr: time, level, component, message."""
+def setup_logging(verbosity: int, env: Mapping[str, str] = os.environ) -> None:
+    """Structured-enough logs on stderr: time, level, component, message.
+
+    ``-v`` flags lower the level from WARNING; ``SHOAL_LOG_LEVEL`` (e.g. ``INFO``) sets it
+    when no flag is given (``shoal up`` uses it for the log files of its children).
+    """
     level = logging.WARNING - 10 * verbosity
+    named = env.get("SHOAL_LOG_LEVEL", "").upper()
+    if not verbosity and named in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        level = getattr(logging, named)
     logging.basicConfig(
         level=max(level, logging.DEBUG),
         stream=sys.stderr,

@@ -1,6 +1,10 @@
 """The embedded broker: ``mosquitto`` from PATH with a ``broker/`` profile on a free port.
 
-Used by ``shoal broker``, ``shoal up``, the tests and the benchmarks.
+Used by ``shoal broker``, ``shoal up``, the tests and the benchmarks. A profile is a template
+(``broker/<profile>.conf``) whose ``${name}`` placeholders are filled in at start; a profile
+that uses ``${acl_file}`` also gets ``broker/<profile>.acl`` rendered with one block per user
+role (``shoal.broker.access``), and one that uses ``${tls_port}`` gets a TLS listener (with a
+throwaway CA and server certificate when none is given).
 """
 
 from __future__ import annotations
@@ -14,15 +18,19 @@ import socket
 import string
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
 from shoal._resources import resource_dir
+from shoal.broker.access import BrokerUser, render_acl
+from shoal.broker.certs import make_ca, make_certificate
 from shoal.broker.mqtt import probe_broker
-from shoal.broker.settings import BrokerSettings
+from shoal.broker.settings import BrokerSettings, TlsSettings
 from shoal.errors import BrokerError, BrokerNotFoundError, ConfigError
+from shoal.schemas.topics import Topics
 
 INSTALL_HINT: Final = (
     "mosquitto is not installed or not on PATH: install it with "
@@ -44,6 +52,23 @@ class _ConfigTemplate(string.Template):
           | (?P<invalid>(?!x)x)
         )
     """  # type: ignore[assignment]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTls:
+    """The broker side of TLS.
+
+    Attributes:
+        cert_file: the broker's certificate (PEM).
+        key_file: its private key.
+        ca_file: the CA clients trust for it; also the CA client certificates must chain to.
+        require_client_certificate: refuse clients without a certificate from ``ca_file``.
+    """
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+    require_client_certificate: bool = False
 
 
 def broker_profiles() -> list[str]:
@@ -68,8 +93,13 @@ class EmbeddedBroker:
         bind: listen address.
         data_dir: persistence, config and log folder; None makes a temporary one that
             ``close`` removes. Keep it to restart a broker with its persisted state.
-        users: user name → password, written hashed with ``mosquitto_passwd`` (profiles that
-            deny anonymous access need at least one).
+        users: ``BrokerUser`` values (name, password, role), or a mapping of user name →
+            password (users without a role); passwords are written hashed with
+            ``mosquitto_passwd``. Profiles that deny anonymous access need at least one.
+        topic_root: the topic root the ACL's rules sit below (``Topics.root``).
+        tls_port: port of the TLS listener in profiles that have one; None picks a free one.
+        tls: the TLS listener's files; None (in a profile with TLS) makes a throwaway CA and
+            server certificate in ``data_dir/tls``.
         startup_timeout_s: how long to wait for the listener.
 
     Example::
@@ -85,7 +115,10 @@ class EmbeddedBroker:
         port: int | None = None,
         bind: str = "127.0.0.1",
         data_dir: Path | None = None,
-        users: Mapping[str, str] | None = None,
+        users: Mapping[str, str] | Iterable[BrokerUser] | None = None,
+        topic_root: str = "",
+        tls_port: int | None = None,
+        tls: ServerTls | None = None,
         startup_timeout_s: float = 10.0,
     ) -> None:
         self.profile = profile
@@ -96,7 +129,14 @@ class EmbeddedBroker:
         self.data_dir = (
             Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="shoal-broker-"))
         )
-        self.users = dict(users or {})
+        self.users = _as_users(users)
+        try:
+            self.topics = Topics(root=topic_root)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        self._tls_port = tls_port
+        self._fixed_tls_port = tls_port is not None
+        self.tls = tls
         self.startup_timeout_s = startup_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -118,6 +158,36 @@ class EmbeddedBroker:
     def settings(self) -> BrokerSettings:
         """How clients reach this broker."""
         return BrokerSettings(host=self.settings_host, port=self.port)
+
+    @property
+    def tls_port(self) -> int:
+        """The TLS listener's port (profiles with TLS, once started)."""
+        if self._tls_port is None:
+            raise BrokerError(
+                f"the {self.profile} profile has no TLS listener, or it has not started"
+            )
+        return self._tls_port
+
+    @property
+    def tls_settings(self) -> BrokerSettings:
+        """How clients reach the TLS listener, trusting the broker's CA."""
+        if self.tls is None:
+            raise BrokerError(
+                f"the {self.profile} profile has no TLS listener, or it has not started"
+            )
+        return BrokerSettings(
+            host=self.settings_host, port=self.tls_port, tls=TlsSettings(ca_file=self.tls.ca_file)
+        )
+
+    @property
+    def acl_path(self) -> Path:
+        """The rendered ACL file (profiles with access control)."""
+        return self.data_dir / "acl"
+
+    @property
+    def password_path(self) -> Path:
+        """The password file (hashed passwords)."""
+        return self.data_dir / "passwd"
 
     @property
     def pid(self) -> int | None:
@@ -156,6 +226,8 @@ class EmbeddedBroker:
         for attempt in range(_START_ATTEMPTS):
             if self._port is None or (attempt and not self._fixed_port):
                 self._port = free_port(self.settings_host)
+            if attempt and not self._fixed_tls_port:
+                self._tls_port = None  # _render picks another one if the profile has TLS
             self._render()
             self.log_path.touch()
             log_offset = self.log_path.stat().st_size
@@ -207,7 +279,21 @@ class EmbeddedBroker:
         """Start again on the same port with the same persisted state."""
         self.stop()
         self._fixed_port = True
+        self._fixed_tls_port = self._tls_port is not None
         return self.start()
+
+    def set_users(self, users: Mapping[str, str] | Iterable[BrokerUser]) -> None:
+        """Replace the users; a running broker reloads its password and ACL files (SIGHUP).
+
+        Connected clients keep their sessions; the new ACL applies to their next message.
+        """
+        self.users = _as_users(users)
+        if not self.running or self._process is None:
+            return
+        self._write_passwords(self.password_path)
+        if self.acl_path.exists():
+            self._write_acl()
+        self._process.send_signal(signal.SIGHUP)
 
     def close(self) -> None:
         """Stop and, if the data folder was temporary, remove it."""
@@ -234,44 +320,88 @@ class EmbeddedBroker:
             available = ", ".join(broker_profiles())
             raise ConfigError(f"unknown broker profile {self.profile!r}; available: {available}")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        password_file = self.data_dir / "passwd"
-        self._write_passwords(password_file)
+        self._write_passwords(self.password_path)
+        template = template_path.read_text()
         values = {
             "port": str(self._port),
             "bind": self.bind,
             "data_dir": str(self.data_dir),
             "log_file": str(self.log_path),
-            "password_file": str(password_file),
+            "password_file": str(self.password_path),
+            "acl_file": str(self.acl_path),
             # Started as root, mosquitto switches to this user; keep it the one who owns
             # the data folder (otherwise it cannot write its log or read the passwords).
             "user": pwd.getpwuid(os.getuid()).pw_name,
         }
+        if "${acl_file}" in template:
+            self._write_acl()
+        if "${tls_port}" in template:
+            values.update(self._tls_values())
         try:
-            text = _ConfigTemplate(template_path.read_text()).substitute(values)
+            text = _ConfigTemplate(template).substitute(values)
         except (KeyError, ValueError) as exc:
             raise ConfigError(
                 f"broker profile {template_path} has a bad placeholder: {exc}"
             ) from exc
         self.config_path.write_text(text)
 
+    def _tls_values(self) -> dict[str, str]:
+        if self.tls is None:
+            self.tls = _throwaway_tls(self.data_dir / "tls")
+        if self._tls_port is None:
+            self._tls_port = free_port(self.settings_host)
+        return {
+            "tls_port": str(self._tls_port),
+            "tls_ca_file": str(self.tls.ca_file),
+            "tls_cert_file": str(self.tls.cert_file),
+            "tls_key_file": str(self.tls.key_file),
+            "tls_require_certificate": "true" if self.tls.require_client_certificate else "false",
+        }
+
+    def _write_acl(self) -> None:
+        template_path = resource_dir("broker") / f"{self.profile}.acl"
+        if not template_path.is_file():
+            raise ConfigError(
+                f"broker profile {self.profile!r} uses an ACL but {template_path} is missing"
+            )
+        values = {
+            "root": self.topics.root or "(none)",
+            "users": render_acl(self.users, self.topics),
+        }
+        try:
+            text = _ConfigTemplate(template_path.read_text()).substitute(values)
+        except (KeyError, ValueError) as exc:
+            raise ConfigError(f"ACL template {template_path} has a bad placeholder: {exc}") from exc
+        tmp = self.acl_path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o600)
+        tmp.replace(self.acl_path)
+
     def _write_passwords(self, path: Path) -> None:
-        path.write_text("")
-        path.chmod(0o600)
-        if not self.users:
-            return
-        tool = shutil.which("mosquitto_passwd")
-        if tool is None:
-            raise BrokerNotFoundError(
-                "mosquitto_passwd is not on PATH (it ships with the mosquitto package)"
-            )
-        for user, password in self.users.items():
-            result = subprocess.run(
-                [tool, "-b", str(path), user, password], capture_output=True, check=False
-            )
-            if result.returncode != 0:
-                raise BrokerError(
-                    f"mosquitto_passwd failed for user {user!r}: {result.stderr.decode().strip()}"
+        # Written beside the file and renamed, so a reloading broker never reads half of it.
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("")
+        tmp.chmod(0o600)
+        if self.users:
+            tool = shutil.which("mosquitto_passwd")
+            if tool is None:
+                raise BrokerNotFoundError(
+                    "mosquitto_passwd is not on PATH (it ships with the mosquitto package)"
                 )
+            for user in self.users:
+                # -b takes the password on the command line; it lives for milliseconds and
+                # only on this machine (mosquitto_passwd 2.0 cannot read it from stdin in batch).
+                result = subprocess.run(
+                    [tool, "-b", str(tmp), user.name, user.password],
+                    capture_output=True,
+                    check=False,
+                )
+                if result.returncode != 0:
+                    raise BrokerError(
+                        f"mosquitto_passwd failed for user {user.name!r}: "
+                        f"{result.stderr.decode().strip()}"
+                    )
+        tmp.replace(path)
 
     def _wait_listening(self) -> bool:
         process = self._process
@@ -310,3 +440,25 @@ class EmbeddedBroker:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:]) + "\n"
+
+
+def _as_users(users: Mapping[str, str] | Iterable[BrokerUser] | None) -> list[BrokerUser]:
+    if users is None:
+        return []
+    if isinstance(users, Mapping):
+        return [BrokerUser(name, password) for name, password in users.items()]
+    listed = list(users)
+    names = [u.name for u in listed]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"duplicate broker user names in {names}")
+    return listed
+
+
+def _throwaway_tls(directory: Path) -> ServerTls:
+    """A CA and a server certificate for this machine, made once per data folder."""
+    ca_cert, cert, key = directory / "ca.crt", directory / "server.crt", directory / "server.key"
+    if not (ca_cert.exists() and cert.exists() and key.exists()):
+        ca = make_ca(directory, "ca")
+        files = make_certificate(ca, directory, "server")
+        return ServerTls(files.cert_file, files.key_file, files.ca_file)
+    return ServerTls(cert, key, ca_cert)

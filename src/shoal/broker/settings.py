@@ -78,6 +78,27 @@ class BrokerSettings:
             password=password if password is not None else self.password,
         )
 
+    def child_env(self) -> dict[str, str]:
+        """Environment variables that give a child ``shoal`` process these credentials.
+
+        The CLI's ``broker_settings`` reads them back (with the TLS files): secrets travel by
+        environment, never on a command line that ``ps`` shows.
+        """
+        env: dict[str, str] = {}
+        if self.username is not None:
+            env["SHOAL_USERNAME"] = self.username
+        if self.password is not None:
+            env["SHOAL_PASSWORD"] = self.password
+        if self.tls is not None:
+            for name, path in (
+                ("SHOAL_TLS_CA", self.tls.ca_file),
+                ("SHOAL_TLS_CERT", self.tls.cert_file),
+                ("SHOAL_TLS_KEY", self.tls.key_file),
+            ):
+                if path is not None:
+                    env[name] = str(path)
+        return env
+
     @property
     def url(self) -> str:
         """The broker URL, without the password."""

@@ -1,0 +1,332 @@
+"""Who may do what on a shoal broker: roles, users, and the Mosquitto ACL lines they become.
+
+Pure, except that a users file may name a password file; ``EmbeddedBroker`` writes the files.
+Every rule is derived from ``shoal.schemas.topics.Topics``, so the ACL follows the topic
+names and the topic root.
+
+Roles (``R`` is the topic root, ``P`` the role's pipeline, ``G`` a gateway id)::
+
+    gateway G    write R/ingest/+/G, R/shoal/gateway/G        read R/shoal/confirm/G/#
+    worker P     read  the pipeline's inputs (R/ingest/+/+)   write R/shoal/partials/P/+,
+                 R/shoal/deadletter/P, R/shoal/metrics/worker/+; readwrite R/shoal/control/+
+    combiner P   read  R/shoal/partials/P/+, R/shoal/gateway/+, R/shoal/control/combiners/P
+                 write R/results/P, R/results/P/#, R/shoal/late/P, R/shoal/confirm/+/P/+,
+                       R/shoal/metrics/combiner/+
+    dashboard    read  R/results/# (or R/results/P and R/results/P/# for one pipeline)
+    admin        read  R/shoal/gateway/+, R/shoal/confirm/#, R/results/#, R/shoal/late/#,
+                       R/shoal/deadletter/#, $SYS/#; readwrite R/shoal/metrics/#,
+                       R/shoal/control/#
+
+Everything else is denied. How Mosquitto 2.0.11 applies an ``acl_file`` (measured, see
+``tests/integration/test_security.py``): a denied QoS 1 PUBLISH gets PUBACK "Not authorized"
+and goes nowhere; SUBSCRIBE is always granted, and the read rule is checked for every message
+(retained ones included) against the message's own topic, so a forbidden subscription stays
+silent. For shared subscriptions that means the ``$share/<group>/`` prefix plays no part in
+the check, and a client without read access that joins a group still takes its round-robin
+turn: the broker drops the messages dealt to it. Nothing is lost for good (gateways re-send
+unconfirmed batches), but only trusted users should hold credentials at all.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, Literal, get_args
+
+from shoal.errors import ConfigError
+from shoal.schemas.topics import Topics, check_segment
+
+Access = Literal["read", "write", "readwrite"]
+RoleKind = Literal["gateway", "worker", "combiner", "dashboard", "admin"]
+ROLE_KINDS: Final[tuple[str, ...]] = get_args(RoleKind)
+DEFAULT_INPUTS: Final = ("ingest/+/+",)
+
+_USER_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@\-]{0,127}")
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One ACL line: an access right on a topic or topic filter."""
+
+    access: Access
+    topic: str
+
+    def line(self) -> str:
+        """The line as Mosquitto's ``acl_file`` spells it."""
+        return f"topic {self.access} {self.topic}"
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    """What a user is for. Build one with the class methods (``Role.gateway()``, ...).
+
+    Attributes:
+        kind: gateway, worker, combiner, dashboard or admin.
+        pipeline: the pipeline of a worker or combiner; optional for a dashboard (None: the
+            results of every pipeline).
+        gateways: the gateway ids a gateway user publishes for (empty: its own user name).
+        inputs: a worker's input filters below the topic root (the pipeline's ``inputs``).
+    """
+
+    kind: RoleKind
+    pipeline: str | None = None
+    gateways: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = DEFAULT_INPUTS
+
+    def __post_init__(self) -> None:
+        """Refuse roles that cannot be written as ACL lines."""
+        if self.kind not in ROLE_KINDS:
+            raise ConfigError(f"unknown role {self.kind!r}; known: {', '.join(ROLE_KINDS)}")
+        if self.kind in ("worker", "combiner") and self.pipeline is None:
+            raise ConfigError(f"a {self.kind} role needs a pipeline name")
+        try:
+            if self.pipeline is not None:
+                check_segment(self.pipeline, "pipeline")
+            for gateway_id in self.gateways:
+                check_segment(gateway_id, "gateway id")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        for topic_filter in self.inputs:
+            if not topic_filter or topic_filter.startswith(("/", "$")) or " " in topic_filter:
+                raise ConfigError(f"worker input filter {topic_filter!r} is not a topic filter")
+
+    @classmethod
+    def gateway(cls, *gateway_ids: str) -> Role:
+        """A gateway (or a concentrator publishing for several gateway ids)."""
+        return cls("gateway", gateways=gateway_ids)
+
+    @classmethod
+    def worker(cls, pipeline: str, inputs: Iterable[str] = DEFAULT_INPUTS) -> Role:
+        """A worker of ``pipeline`` reading ``inputs`` (the pipeline spec's input filters)."""
+        return cls("worker", pipeline=pipeline, inputs=tuple(inputs))
+
+    @classmethod
+    def combiner(cls, pipeline: str) -> Role:
+        """A combiner (any partition) of ``pipeline``."""
+        return cls("combiner", pipeline=pipeline)
+
+    @classmethod
+    def dashboard(cls, pipeline: str | None = None) -> Role:
+        """A reader of results (of one pipeline, or all)."""
+        return cls("dashboard", pipeline=pipeline)
+
+    @classmethod
+    def admin(cls) -> Role:
+        """Operations: lag, metrics, control commands, dead letters, ``$SYS``; no data path."""
+        return cls("admin")
+
+    @classmethod
+    def parse(cls, text: str) -> Role:
+        """A role written as text.
+
+        ``gateway``, ``gateway:gw-1,gw-2``, ``worker:P``, ``combiner:P``, ``dashboard``,
+        ``dashboard:P`` or ``admin``.
+        """
+        kind, _, scope = text.partition(":")
+        if kind == "gateway":
+            return cls.gateway(*(g for g in scope.split(",") if g))
+        if kind in ("worker", "combiner"):
+            if not scope:
+                raise ConfigError(f"role {text!r}: say which pipeline, e.g. {kind}:default")
+            return cls.worker(scope) if kind == "worker" else cls.combiner(scope)
+        if kind == "dashboard":
+            return cls.dashboard(scope or None)
+        if kind == "admin" and not scope:
+            return cls.admin()
+        raise ConfigError(
+            f"unknown role {text!r}: use gateway[:ID,...], worker:PIPELINE, "
+            "combiner:PIPELINE, dashboard[:PIPELINE] or admin"
+        )
+
+    def rules(self, user: str, topics: Topics) -> list[Rule]:
+        """The ACL rules of a user with this role, below ``topics``' root."""
+        if self.kind == "gateway":
+            return _gateway_rules(self.gateways or (user,), topics)
+        if self.kind == "worker":
+            return _worker_rules(_named(self.pipeline), self.inputs, topics)
+        if self.kind == "combiner":
+            return _combiner_rules(_named(self.pipeline), topics)
+        if self.kind == "dashboard":
+            return _dashboard_rules(self.pipeline, topics)
+        return _admin_rules(topics)
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerUser:
+    """A user of the broker: name, password (stored hashed by ``mosquitto_passwd``), role.
+
+    A user without a role may connect, but with an ACL in force may do nothing.
+    """
+
+    name: str
+    password: str = field(repr=False)
+    role: Role | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse names Mosquitto's password and ACL files cannot hold."""
+        if _USER_NAME.fullmatch(self.name) is None:
+            raise ConfigError(
+                f"user name {self.name!r}: use 1-128 characters of [A-Za-z0-9_.@-], starting "
+                "with a letter or digit"
+            )
+        if not self.password:
+            raise ConfigError(f"user {self.name!r} needs a password")
+        if self.role is not None and self.role.kind == "gateway" and not self.role.gateways:
+            try:
+                check_segment(self.name, "gateway user name (it is the gateway id)")
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
+
+
+def render_acl(users: Iterable[BrokerUser], topics: Topics) -> str:
+    """The ``user`` blocks of an ACL file, one per user that has a role."""
+    blocks = []
+    for user in users:
+        if user.role is None:
+            continue
+        scope = f":{user.role.pipeline}" if user.role.pipeline else ""
+        lines = [f"# {user.role.kind}{scope}", f"user {user.name}"]
+        lines.extend(rule.line() for rule in user.role.rules(user.name, topics))
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n" if blocks else ""
+
+
+# -- rules per role ------------------------------------------------------------------------------
+
+
+def _named(pipeline: str | None) -> str:
+    assert pipeline is not None  # checked in Role.__post_init__
+    return pipeline
+
+
+def _last_level_wild(topic: str) -> str:
+    """``a/b/c`` → ``a/b/+``: every value of the last level."""
+    return f"{topic.rsplit('/', 1)[0]}/+"
+
+
+def _siblings_below(topic: str) -> str:
+    """``a/b/c`` → ``a/b/#``: everything below the parent of ``topic``."""
+    return f"{topic.rsplit('/', 1)[0]}/#"
+
+
+_ANY: Final = "x"
+"""A placeholder name, replaced by a wildcard in the rules above."""
+
+
+def _gateway_rules(gateway_ids: Iterable[str], topics: Topics) -> list[Rule]:
+    rules = []
+    for gateway_id in gateway_ids:
+        rules += [
+            Rule("write", topics.ingest("+", gateway_id)),
+            Rule("write", topics.gateway_status(gateway_id)),
+            Rule("read", topics.confirm_filter(gateway_id)),
+        ]
+    return rules
+
+
+def _worker_rules(pipeline: str, inputs: Iterable[str], topics: Topics) -> list[Rule]:
+    return [
+        *(Rule("read", topics.under_root(f)) for f in inputs),
+        Rule("write", _last_level_wild(topics.partials(pipeline, 0))),
+        Rule("write", topics.deadletter(pipeline)),
+        Rule("write", topics.metrics("worker", "+")),
+        # Its own control topic (drain markers); worker ids are not known in advance.
+        Rule("readwrite", topics.control("+")),
+    ]
+
+
+def _combiner_rules(pipeline: str, topics: Topics) -> list[Rule]:
+    confirm = topics.confirm("+", pipeline, 0)
+    return [
+        Rule("read", _last_level_wild(topics.partials(pipeline, 0))),
+        Rule("read", topics.gateway_status_all()),
+        Rule("read", topics.combiner_control(pipeline)),
+        Rule("write", topics.results(pipeline)),
+        Rule("write", f"{topics.results(pipeline)}/#"),
+        Rule("write", topics.late(pipeline)),
+        Rule("write", _last_level_wild(confirm)),
+        Rule("write", topics.metrics("combiner", "+")),
+    ]
+
+
+def _dashboard_rules(pipeline: str | None, topics: Topics) -> list[Rule]:
+    if pipeline is None:
+        return [Rule("read", _siblings_below(topics.results(_ANY)))]
+    return [
+        Rule("read", topics.results(pipeline)),
+        Rule("read", f"{topics.results(pipeline)}/#"),
+    ]
+
+
+def _admin_rules(topics: Topics) -> list[Rule]:
+    return [
+        Rule("read", topics.gateway_status_all()),
+        Rule("read", topics.confirm_all()),
+        Rule("read", _siblings_below(topics.results(_ANY))),
+        Rule("read", _siblings_below(topics.late(_ANY))),
+        Rule("read", _siblings_below(topics.deadletter(_ANY))),
+        Rule("readwrite", topics.metrics_all()),
+        Rule("readwrite", _siblings_below(topics.control(_ANY))),
+        Rule("read", "$SYS/#"),
+    ]
+
+
+def users_from_config(
+    entries: object, env: Mapping[str, str], base_dir: Path | None = None
+) -> list[BrokerUser]:
+    """Users from a parsed users file (``[[users]]`` tables, see the README).
+
+    Each entry has ``name``, ``role`` (as ``Role.parse`` reads it) and one of ``password``,
+    ``password_env`` (a variable in ``env``) or ``password_file`` (first line; relative to
+    ``base_dir``).
+    """
+    if not isinstance(entries, list):
+        raise ConfigError("a users file holds [[users]] tables")
+    users = []
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ConfigError(f"users entry {index} is not a table")
+        unknown = set(entry) - {"name", "role", "password", "password_env", "password_file"}
+        if unknown:
+            raise ConfigError(f"users entry {index}: unknown keys {sorted(unknown)}")
+        name = entry.get("name")
+        if not isinstance(name, str):
+            raise ConfigError(f"users entry {index} needs a name")
+        role = entry.get("role")
+        users.append(
+            BrokerUser(
+                name,
+                _entry_password(entry, name, env, base_dir),
+                Role.parse(role) if isinstance(role, str) else None,
+            )
+        )
+    return users
+
+
+def _entry_password(
+    entry: dict[str, object], name: str, env: Mapping[str, str], base_dir: Path | None
+) -> str:
+    given = [k for k in ("password", "password_env", "password_file") if k in entry]
+    if len(given) != 1:
+        raise ConfigError(
+            f"user {name!r}: give exactly one of password, password_env, password_file"
+        )
+    value = entry[given[0]]
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"user {name!r}: {given[0]} must be a non-empty string")
+    if given[0] == "password":
+        return value
+    if given[0] == "password_env":
+        if not env.get(value):
+            raise ConfigError(f"user {name!r}: the environment variable {value} is not set")
+        return env[value]
+    path = Path(value) if base_dir is None else base_dir / value
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"user {name!r}: cannot read {path}: {exc}") from exc
+    if not lines or not lines[0]:
+        raise ConfigError(f"user {name!r}: {path} is empty")
+    return lines[0]

@@ -1,0 +1,124 @@
+"""``shoal broker --profile secure`` as an operator runs it: users file, TLS, SIGHUP reload."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from shoal._processes import shoal_argv
+from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.broker.settings import BrokerSettings, TlsSettings
+from shoal.errors import BrokerError
+
+pytestmark = pytest.mark.broker
+
+USERS = """
+[[users]]
+name = "gw-7"
+role = "gateway"
+password_env = "TEST_GW7_PASSWORD"
+
+[[users]]
+name = "ops"
+role = "admin"
+password_file = "ops.pw"
+"""
+
+DASHBOARD = """
+[[users]]
+name = "grafana"
+role = "dashboard:default"
+password = "dash-pw"
+"""
+
+
+async def _connect(settings: BrokerSettings) -> None:
+    async with AsyncSession(settings, unique_client_id("cli")) as session:
+        await session.publish("shoal/metrics/probe/x", b"", qos=0)
+
+
+def _refused(settings: BrokerSettings) -> bool:
+    try:
+        asyncio.run(asyncio.wait_for(_connect(settings), 10))
+    except BrokerError:
+        return True
+    return False
+
+
+def _read_until(process: subprocess.Popen[str], pattern: str, timeout_s: float = 20) -> str:
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    seen = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if re.search(pattern, line):
+            return line
+    raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(seen)}")
+
+
+def test_secure_broker_command(tmp_path: Path) -> None:
+    users_file = tmp_path / "users.toml"
+    users_file.write_text(USERS)
+    (tmp_path / "ops.pw").write_text("ops-pw\n")
+    data_dir = tmp_path / "broker"
+    env = {**os.environ, "TEST_GW7_PASSWORD": "gw7-pw", "PYTHONUNBUFFERED": "1"}
+    argv = shoal_argv(
+        "broker",
+        "--profile",
+        "secure",
+        "--port",
+        "0",
+        "--tls-port",
+        "0",
+        "--data-dir",
+        str(data_dir),
+        "--users-file",
+        str(users_file),
+    )
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    try:
+        plain = _read_until(process, r"listening on mqtt://")
+        tls = _read_until(process, r"TLS\s+mqtts://")
+        port = int(re.findall(r":(\d+)\s*$", plain)[0])
+        tls_port = int(re.findall(r"mqtts://[^:]+:(\d+)", tls)[0])
+        ca = Path(re.findall(r"clients trust (\S+)\)", tls)[0])
+        settings = BrokerSettings(port=port)
+        assert _refused(settings)  # anonymous
+        asyncio.run(_connect(settings.with_credentials("gw-7", "gw7-pw")))
+        asyncio.run(_connect(settings.with_credentials("ops", "ops-pw")))
+        over_tls = BrokerSettings(port=tls_port, tls=TlsSettings(ca_file=ca))
+        asyncio.run(_connect(over_tls.with_credentials("gw-7", "gw7-pw")))
+        assert _refused(settings.with_credentials("grafana", "dash-pw"))
+
+        users_file.write_text(USERS + DASHBOARD)
+        process.send_signal(signal.SIGHUP)
+        _read_until(process, r"reloaded 3 user")
+        deadline = time.monotonic() + 5  # mosquitto reloads on its own SIGHUP, soon after
+        while _refused(settings.with_credentials("grafana", "dash-pw")):
+            assert time.monotonic() < deadline, "the new user was not admitted"
+            time.sleep(0.1)
+
+        mosquitto = [p for p in psutil.Process(process.pid).children() if "mosquitto" in p.name()]
+        assert len(mosquitto) == 1
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(15) == 0
+        assert not mosquitto[0].is_running() or mosquitto[0].status() == psutil.STATUS_ZOMBIE
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(5)
+        if process.stdout is not None:
+            process.stdout.close()
