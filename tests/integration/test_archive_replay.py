@@ -18,9 +18,11 @@ from shoal.archive import (
     read_results,
     replay,
 )
-from shoal.broker.embedded import EmbeddedBroker
+from shoal.broker.embedded import EmbeddedBroker, free_port
 from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.broker.settings import BrokerSettings
 from shoal.cli import main as shoal_main
+from shoal.client import AsyncResultsClient
 from shoal.processors.spec import load_pipeline
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
@@ -122,6 +124,16 @@ def test_replay_of_an_archived_live_run_equals_the_live_results(
     for column in ("rows", "batches", "count"):
         assert live[column].sum() == result.results[column].sum()
     assert result.report.rows_late == sum(item["rows"] for item in late) > 0
+
+    # The latest windows straight from the archive (no broker needed when it has enough).
+    client = AsyncResultsClient(BrokerSettings(port=free_port()))
+    last = asyncio.run(client.latest(spec.name, n=3, window="tumbling-2s", archive=archive))
+    ends = live.filter(pl.col("window") == "tumbling-2s")["end"].unique().sort().tail(3)
+    assert sorted(last["end"].unique().to_list()) == ends.to_list()
+    assert (
+        last.height
+        == live.filter(pl.col("end").is_in(ends) & (pl.col("window") == "tumbling-2s")).height
+    )
 
     # The same through the command line.
     code = shoal_main(

@@ -29,23 +29,35 @@ BATCH_SCHEMA: Final = pl.Schema(
 """Columns of an archived raw batch (plus ``stream`` from the folder)."""
 
 
-def batch_row(
+BatchRecord = tuple[int, str, str | None, int | None, str | None, bytes]
+"""One raw batch row, in ``BATCH_SCHEMA`` order (buffered as a tuple: the payload is not copied
+until its file is written)."""
+
+
+def batch_record(
     topic: str, payload: bytes, content_type: str | None, received_ms: int
-) -> pl.DataFrame:
+) -> BatchRecord:
     """One archived raw batch (``topic`` relative to the topic root)."""
     named = peek_envelope(payload)
     gateway_id, seq = named if named is not None else (None, None)
-    return pl.DataFrame(
-        {
-            "received_at": [received_ms],
-            "topic": [topic],
-            "gateway_id": [gateway_id],
-            "seq": [seq],
-            "content_type": [content_type],
-            "payload": [payload],
-        },
-        schema=BATCH_SCHEMA,
-    )
+    return (received_ms, topic, gateway_id, seq, content_type, payload)
+
+
+def record_size(record: BatchRecord) -> int:
+    """Approximate bytes a buffered record holds (for the memory budget)."""
+    return len(record[5]) + len(record[1]) + 64
+
+
+def batch_frame(records: list[BatchRecord]) -> pl.DataFrame:
+    """Buffered raw batch records as one frame (``BATCH_SCHEMA``)."""
+    return pl.DataFrame(records, schema=BATCH_SCHEMA, orient="row")
+
+
+def batch_row(
+    topic: str, payload: bytes, content_type: str | None, received_ms: int
+) -> pl.DataFrame:
+    """One archived raw batch as a one-row frame."""
+    return batch_frame([batch_record(topic, payload, content_type, received_ms)])
 
 
 def result_rows(message: WindowMessage, received_ms: int) -> pl.DataFrame:

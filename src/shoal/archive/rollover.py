@@ -1,7 +1,8 @@
 """When a buffered partition becomes a file: row, byte and age thresholds and a memory budget.
 
-Pure bookkeeping: ``Buffers`` holds chunks (DataFrames) per partition folder and says which
-partitions to roll over; it never touches files. Every buffered byte counts against
+Pure bookkeeping: ``Buffers`` holds chunks (whatever the writer buffers: DataFrames of result
+rows, tuples of raw batch rows) per partition folder, with their row counts and byte sizes, and
+says which partitions to roll over; it never touches files. Every buffered byte counts against
 ``RolloverPolicy.max_buffered_bytes``; past it, the largest partitions roll first, so memory
 stays bounded whatever the mix of partitions.
 """
@@ -10,8 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import polars as pl
+from typing import Any
 
 from shoal.errors import ConfigError
 
@@ -28,9 +28,9 @@ class RolloverPolicy:
     """
 
     max_rows: int = 1_000_000
-    max_bytes: int = 64 * 2**20
+    max_bytes: int = 32 * 2**20
     max_age_s: float = 60.0
-    max_buffered_bytes: int = 256 * 2**20
+    max_buffered_bytes: int = 128 * 2**20
 
     def __post_init__(self) -> None:
         """Refuse thresholds that would never roll over or never fit."""
@@ -50,15 +50,9 @@ class PartBuffer:
     folder: Path
     first_ms: int
     opened_at_s: float
-    chunks: list[pl.DataFrame] = field(default_factory=list)
+    chunks: list[Any] = field(default_factory=list)
     rows: int = 0
     bytes: int = 0
-
-    def frame(self) -> pl.DataFrame:
-        """The buffered rows as one frame."""
-        if len(self.chunks) == 1:
-            return self.chunks[0]
-        return pl.concat(self.chunks, how="diagonal_relaxed")
 
 
 class Buffers:
@@ -77,14 +71,15 @@ class Buffers:
         """Rows buffered in every partition."""
         return sum(p.rows for p in self._parts.values())
 
-    def add(self, folder: Path, chunk: pl.DataFrame, first_ms: int, now_s: float) -> bool:
-        """Buffer a chunk; True if its partition reached a size threshold."""
+    def add(
+        self, folder: Path, chunk: Any, *, rows: int, size: int, first_ms: int, now_s: float
+    ) -> bool:
+        """Buffer a chunk of ``rows`` rows and ``size`` bytes; True if its partition is full."""
         part = self._parts.get(folder)
         if part is None:
             part = self._parts[folder] = PartBuffer(folder, first_ms, now_s)
-        size = int(chunk.estimated_size())
         part.chunks.append(chunk)
-        part.rows += chunk.height
+        part.rows += rows
         part.bytes += size
         self.bytes += size
         return part.rows >= self.policy.max_rows or part.bytes >= self.policy.max_bytes

@@ -23,12 +23,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import polars as pl
 
 from shoal.archive.layout import Kind, file_name, partition_dir, temp_path
-from shoal.archive.records import batch_row, result_rows
+from shoal.archive.records import (
+    BatchRecord,
+    batch_frame,
+    batch_record,
+    record_size,
+    result_rows,
+)
 from shoal.archive.rollover import Buffers, RolloverPolicy
 from shoal.client.assemble import Deduplicator
 from shoal.client.messages import WindowMessage
@@ -36,10 +42,9 @@ from shoal.client.messages import WindowMessage
 log = logging.getLogger(__name__)
 
 Compression = Literal["zstd", "lz4", "snappy", "uncompressed"]
-SORT_BY: Final[dict[Kind, tuple[str, ...]]] = {
-    "results": ("start", "window", "partition", "key"),
-    "batches": ("received_at",),
-}
+RESULTS_ORDER: Final = ("start", "window", "partition", "key")
+"""Result files are sorted so that row-group statistics prune by window start; raw batches
+stay in receive order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +124,10 @@ class ArchiveWriter:
     ) -> bool:
         """Buffer one raw batch; True if a partition reached a size threshold."""
         self.stats.batches += 1
-        row = batch_row(topic, payload, content_type, received_ms)
-        return self._add("batches", stream, row, received_ms)
+        record = batch_record(topic, payload, content_type, received_ms)
+        return self._add(
+            "batches", stream, record, rows=1, size=record_size(record), at_ms=received_ms
+        )
 
     def add_results(self, message: WindowMessage, received_ms: int) -> bool:
         """Buffer a window message unless its identity was archived already."""
@@ -131,14 +138,27 @@ class ArchiveWriter:
         self.stats.result_rows += message.frame.height
         if message.frame.height == 0:
             return False
+        rows = result_rows(message, received_ms)
+        size = int(rows.estimated_size())
         return self._add(
-            "results", message.pipeline, result_rows(message, received_ms), message.start
+            "results", message.pipeline, rows, rows=rows.height, size=size, at_ms=message.start
         )
 
-    def _add(self, kind: Kind, name: str, chunk: pl.DataFrame, at_ms: int) -> bool:
+    def _add(
+        self,
+        kind: Kind,
+        name: str,
+        chunk: pl.DataFrame | BatchRecord,
+        *,
+        rows: int,
+        size: int,
+        at_ms: int,
+    ) -> bool:
         folder = partition_dir(self.root, kind, name, at_ms)
         self.kinds[folder] = kind
-        full = self.buffers.add(folder, chunk, at_ms, self.monotonic())
+        full = self.buffers.add(
+            folder, chunk, rows=rows, size=size, first_ms=at_ms, now_s=self.monotonic()
+        )
         buffered = self.buffers.bytes + self.in_flight_bytes
         self.stats.peak_buffered_bytes = max(self.stats.peak_buffered_bytes, buffered)
         return full
@@ -163,8 +183,7 @@ class ArchiveWriter:
             kind = self.kinds.pop(folder)
             self._counter += 1
             path = folder / file_name(self.writer_id, self._counter, part.first_ms)
-            frame = part.frame().sort(*SORT_BY[kind], maintain_order=True)
-            jobs.append(FileJob(kind, path, frame, part.bytes))
+            jobs.append(FileJob(kind, path, _frame(kind, part.chunks), part.bytes))
             self.in_flight_bytes += part.bytes
         return jobs
 
@@ -195,6 +214,15 @@ class ArchiveWriter:
             self.done(job, written)
             out.append(written)
         return out
+
+
+def _frame(kind: Kind, chunks: list[Any]) -> pl.DataFrame:
+    if kind == "batches":
+        return batch_frame(chunks)
+    frame: pl.DataFrame = (
+        chunks[0] if len(chunks) == 1 else pl.concat(chunks, how="diagonal_relaxed")
+    )
+    return frame.sort(*RESULTS_ORDER, maintain_order=True)
 
 
 def write_parquet_atomically(frame: pl.DataFrame, path: Path, compression: Compression) -> int:
