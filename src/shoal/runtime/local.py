@@ -4,7 +4,11 @@ Every part runs in its own process, as on a gateway box; ``LocalPipeline`` start
 a ``PipelineMonitor`` with what they publish, and settles the run at the end: the simulator
 seals and sends its last batches, every batch is confirmed, and the combiners close every
 open window, so that every generated measurement is accounted for. ``shoal up`` draws it;
-``shoal bench pipeline`` measures it.
+``shoal bench pipeline`` measures it; ``shoal bench chaos`` breaks it on purpose (``kill``,
+``revive``, ``pause``, ``resume``, ``crash_broker``).
+
+With a broker profile that has access control (``secure``), every component logs in with its
+own role (random passwords, made per run) and gets its credentials by environment, never argv.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -26,8 +31,11 @@ import orjson
 import psutil
 
 from shoal._processes import ChildProcess, connection_args, shoal_argv
+from shoal._resources import resource_dir
+from shoal.broker.access import BrokerUser, Role
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.broker.settings import BrokerSettings
 from shoal.clock import SystemClock
 from shoal.processors.spec import PipelineSpec
 from shoal.scaler.backends import LocalBackend
@@ -48,6 +56,8 @@ class LocalPipelineConfig:
         profile: broker profile.
         run_dir: logs, spools and checkpoints (None: a temporary folder, removed at the end).
         per_key_results: publish the retained per-key result topics.
+        gateway_ids: with an access-controlled profile, the gateway ids the simulators may
+            publish for (they log in as one "concentrator" gateway user).
     """
 
     spec: PipelineSpec
@@ -56,6 +66,7 @@ class LocalPipelineConfig:
     profile: str = "dev"
     run_dir: Path | None = None
     per_key_results: bool = True
+    gateway_ids: tuple[str, ...] = ()
 
 
 @dataclass
@@ -93,6 +104,8 @@ class _Usage:
     wall_start: float
     cpu_last: float = 0.0
     rss_peak: int = 0
+    rss_last: int = 0
+    restarts: int = 0
 
 
 @dataclass
@@ -102,13 +115,22 @@ class ResourceSampler:
     usages: dict[str, _Usage] = field(default_factory=dict)
 
     def watch(self, name: str, pid: int | None) -> None:
-        """Start measuring a process."""
+        """Start measuring a process; a name seen before (a restart) keeps its totals."""
         if pid is None:
             return
         with contextlib.suppress(psutil.Error):
             process = psutil.Process(pid)
             times = process.cpu_times()
-            self.usages[name] = _Usage(name, process, times.user + times.system, time.monotonic())
+            usage = _Usage(name, process, times.user + times.system, time.monotonic())
+            before = self.usages.get(name)
+            if before is not None and before.process.pid != pid:
+                # CPU and peak memory are per component, over all its incarnations.
+                usage.cpu_start -= before.cpu_last - before.cpu_start
+                usage.cpu_last = usage.cpu_start + (before.cpu_last - before.cpu_start)
+                usage.wall_start = before.wall_start
+                usage.rss_peak = before.rss_peak
+                usage.restarts = before.restarts + 1
+            self.usages[name] = usage
 
     def sample(self) -> None:
         """Take one sample of every watched process."""
@@ -116,7 +138,8 @@ class ResourceSampler:
             with contextlib.suppress(psutil.Error):
                 times = usage.process.cpu_times()
                 usage.cpu_last = times.user + times.system
-                usage.rss_peak = max(usage.rss_peak, usage.process.memory_info().rss)
+                usage.rss_last = usage.process.memory_info().rss
+                usage.rss_peak = max(usage.rss_peak, usage.rss_last)
 
     def report(self) -> list[dict[str, object]]:
         """Per process: name, CPU % of one core over the run, peak RSS in MB."""
@@ -130,6 +153,8 @@ class ResourceSampler:
                     "cpu_percent": round(100.0 * (usage.cpu_last - usage.cpu_start) / wall, 1),
                     "cpu_seconds": round(usage.cpu_last - usage.cpu_start, 3),
                     "rss_mb": round(usage.rss_peak / 1e6, 1),
+                    "rss_last_mb": round(usage.rss_last / 1e6, 1),
+                    "restarts": usage.restarts,
                 }
             )
         return out
@@ -142,7 +167,10 @@ class LocalPipeline:
         self.config = config
         self.topics = Topics()
         self.run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="shoal-run-"))
-        self.broker = EmbeddedBroker(config.profile, data_dir=self.run_dir / "broker")
+        self.users = _role_users(config)
+        self.broker = EmbeddedBroker(
+            config.profile, data_dir=self.run_dir / "broker", users=list(self.users.values())
+        )
         self.children: list[ChildProcess] = []
         self.simulators: list[ChildProcess] = []
         self.backend = LocalBackend(self._spawn_worker)
@@ -195,7 +223,7 @@ class LocalPipeline:
             name,
             shoal_argv("worker", "--pipeline", self.config.spec_source, *conn),
             self.logs / f"{name}.log",
-            self._child_env(),
+            self._child_env("worker"),
         )
         child.start()
         self.sampler.watch(name, child.pid)
@@ -205,26 +233,78 @@ class LocalPipeline:
         """Start ``shoal simulate`` with ``args`` against this broker."""
         conn = connection_args(self.broker.settings, self.topics)
         simulator = ChildProcess(
-            name, shoal_argv("simulate", *args, *conn), self.logs / f"{name}.log"
+            name,
+            shoal_argv("simulate", *args, *conn),
+            self.logs / f"{name}.log",
+            self.credentials("simulator").child_env(),
         )
         simulator.start()
         self.simulators.append(simulator)
         self.sampler.watch(name, simulator.pid)
         return simulator
 
-    def _child_env(self) -> dict[str, str]:
+    def _child_env(self, role: str = "") -> dict[str, str]:
         # Children log to files: INFO there costs nothing and explains what happened.
         return {
             "POLARS_MAX_THREADS": os.environ.get("POLARS_MAX_THREADS", "1"),
             "SHOAL_LOG_LEVEL": "INFO",
+            **self.credentials(role).child_env(),
         }
 
+    def credentials(self, role: str) -> BrokerSettings:
+        """How a component of ``role`` (combiner, worker, admin, simulator) reaches the broker.
+
+        The address comes from the broker; the credentials exist only with a profile that has
+        access control (otherwise: none, anonymous).
+        """
+        user = self.users.get(role)
+        settings = self.broker.settings
+        return settings if user is None else settings.with_credentials(user.name, user.password)
+
     def _start_child(self, name: str, argv: list[str]) -> ChildProcess:
-        child = ChildProcess(name, shoal_argv(*argv), self.logs / f"{name}.log", self._child_env())
+        role = name.split("-", 1)[0]
+        child = ChildProcess(
+            name, shoal_argv(*argv), self.logs / f"{name}.log", self._child_env(role)
+        )
         child.start()
         self.children.append(child)
         self.sampler.watch(name, child.pid)
         return child
+
+    # -- faults, for ``shoal bench chaos`` ------------------------------------------------------
+
+    def process(self, name: str) -> ChildProcess:
+        """A component by name (``combiner-0``, ``worker-3``, a simulator's name)."""
+        for child in (*self.children, *self.backend.live, *self.simulators):
+            if child.name == name:
+                return child
+        raise KeyError(f"no component named {name!r}")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a component (a crash). The backend replaces killed workers on its own."""
+        self.process(name).kill()
+
+    def revive(self, name: str) -> None:
+        """Start a killed component again, with the same command line and state folder."""
+        child = self.process(name)
+        if not child.alive():
+            child.start()
+            self.sampler.watch(name, child.pid)
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP a component: alive, connected, silent (a network pause)."""
+        self.process(name).signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        """SIGCONT a paused component."""
+        self.process(name).signal(signal.SIGCONT)
+
+    def crash_broker(self, down_s: float = 1.0) -> None:
+        """SIGKILL mosquitto, wait ``down_s``, start it again on the same port and data."""
+        self.broker.kill()
+        time.sleep(down_s)
+        self.broker.start()
+        self.sampler.watch("broker", self.broker.pid)
 
     def dead_children(self) -> list[str]:
         """Names of pipeline processes (combiners) that exited; workers are replaced instead."""
@@ -244,7 +324,9 @@ class LocalPipeline:
     @contextlib.asynccontextmanager
     async def watching(self) -> AsyncIterator[AsyncSession]:
         """Feed the monitor (and sample resources) while the body runs."""
-        async with AsyncSession(self.broker.settings, unique_client_id("shoal-monitor")) as session:
+        async with AsyncSession(
+            self.credentials("admin"), unique_client_id("shoal-monitor")
+        ) as session:
             await session.subscribe(self.monitor.filters(), qos=0)
 
             async def feed() -> None:
@@ -304,3 +386,22 @@ class LocalPipeline:
                 return True
             await asyncio.sleep(0.25)
         return False
+
+
+def _role_users(config: LocalPipelineConfig) -> dict[str, BrokerUser]:
+    """One user per component role, for profiles with access control (none otherwise)."""
+    template = resource_dir("broker") / f"{config.profile}.acl"
+    if not template.is_file():
+        return {}
+    spec = config.spec
+    roles = {
+        "combiner": Role.combiner(spec.name),
+        "worker": Role.worker(spec.name, spec.inputs),
+        "admin": Role.admin(),
+        "simulator": Role.gateway(*config.gateway_ids) if config.gateway_ids else None,
+    }
+    return {
+        kind: BrokerUser(f"shoal-{kind}-{spec.name}", secrets.token_urlsafe(18), role)
+        for kind, role in roles.items()
+        if role is not None
+    }
