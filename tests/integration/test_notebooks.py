@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -16,7 +15,6 @@ BUDGET_S = 120  # per cell; each notebook takes well under a minute
 def _jupyter_paths(monkeypatch: pytest.MonkeyPatch) -> None:
     # Use the platform directories (and skip jupyter_core's deprecation warning about them).
     monkeypatch.setenv("JUPYTER_PLATFORM_DIRS", "1")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
 
 
 @pytest.mark.broker
@@ -44,4 +42,10 @@ def test_notebook_runs(name: str) -> None:
         if output.get("output_type") == "error"
     ]
     assert not errors
-    assert os.environ["MPLBACKEND"] == "Agg"
+    figures = sum(
+        "image/png" in output.get("data", {})
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.get("outputs", [])
+    )
+    assert figures > 0  # the plots were drawn

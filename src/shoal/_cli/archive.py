@@ -12,7 +12,10 @@ from typing import Any
 import orjson
 
 from shoal._cli.common import add_broker_options, broker_settings, topics
+from shoal.archive.rollover import RolloverPolicy
 from shoal.errors import ConfigError
+
+_POLICY = RolloverPolicy()
 
 
 def register(sub: Any) -> None:
@@ -47,13 +50,26 @@ def register(sub: Any) -> None:
         "default ingest/+/+)",
     )
     files = parser.add_argument_group("files")
-    files.add_argument("--max-rows", type=int, default=1_000_000, help="rows per file")
-    files.add_argument("--max-mb", type=float, default=64.0, help="MiB buffered per file")
     files.add_argument(
-        "--max-age", type=float, default=60.0, help="seconds a row waits for its file"
+        "--max-rows", type=int, default=_POLICY.max_rows, help="rows per file (%(default)s)"
     )
     files.add_argument(
-        "--budget-mb", type=float, default=256.0, help="MiB buffered in all (memory bound)"
+        "--max-mb",
+        type=float,
+        default=_POLICY.max_bytes / 2**20,
+        help="MiB buffered per file (%(default)s)",
+    )
+    files.add_argument(
+        "--max-age",
+        type=float,
+        default=_POLICY.max_age_s,
+        help="seconds a row waits for its file (%(default)s)",
+    )
+    files.add_argument(
+        "--budget-mb",
+        type=float,
+        default=_POLICY.max_buffered_bytes / 2**20,
+        help="MiB buffered and being written, in all: the memory bound (%(default)s)",
     )
     files.add_argument(
         "--compression",
@@ -75,7 +91,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Archive until Ctrl-C, SIGTERM or ``--duration``; print what was written."""
-    from shoal.archive import ArchiveConfig, Archiver, RolloverPolicy  # noqa: PLC0415
+    from shoal.archive import ArchiveConfig, Archiver  # noqa: PLC0415
 
     if args.no_batches and args.no_results:
         raise ConfigError("--no-batches and --no-results leave nothing to archive")
