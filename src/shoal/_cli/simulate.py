@@ -41,9 +41,20 @@ def register(sub: Any) -> None:
     load.add_argument("--zstd", action="store_true", help="zstd-compress binary batches")
     load.add_argument("--duration", type=float, help="seconds to generate (default 60)")
     load.add_argument("--seed", type=int, default=0, help="random seed of the sensors")
+    load.add_argument(
+        "--attributes",
+        action="store_true",
+        help="measurements also carry name, type and unit (8 kinds of sensor)",
+    )
     load.add_argument("--stream", default="sim", help="stream name (default sim)")
     load.add_argument("--gateway-prefix", default="sim-gw", help="gateway ids' prefix")
     load.add_argument("--tick-ms", type=int, default=50, help="scheduler period (default 50)")
+    load.add_argument(
+        "--max-delay-ms",
+        type=int,
+        default=1_000,
+        help="seal a partial batch once its oldest row is this old (default 1000)",
+    )
     gateway = parser.add_argument_group("gateway")
     gateway.add_argument(
         "--spool",
@@ -52,6 +63,13 @@ def register(sub: Any) -> None:
         help="disk (default), memory, or off (drop once the broker accepted: broker-only)",
     )
     gateway.add_argument("--spool-dir", type=Path, help="disk spool folder (default: temporary)")
+    gateway.add_argument(
+        "--wait-confirmed",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before exiting, wait up to this long for a pipeline to confirm every batch",
+    )
     gateway.add_argument(
         "--sink",
         choices=("none", "count", "confirm"),
@@ -135,11 +153,14 @@ def _config(args: argparse.Namespace, settings: Any) -> Any:
         spool_dir=args.spool_dir,
         sink=sink,
         seed=args.seed,
+        attributes=args.attributes,
         stream=args.stream,
         gateway_prefix=args.gateway_prefix,
         topics=topics(args),
         broker=settings,
         tick_ms=args.tick_ms,
+        max_delay_ms=args.max_delay_ms,
+        confirm_wait_s=args.wait_confirmed,
     )
 
 

@@ -3,6 +3,9 @@
 Every sensor reports at a fixed rate with its own phase; values follow a slow per-sensor
 sine plus noise, quantised to the sensor's resolution (0.001 by default) the way ADC readings
 are. The same seed gives the same data, so runs are comparable.
+
+With ``attributes``, every measurement also carries the research's descriptive fields (name,
+type, unit): sensor ``i`` is of kind ``KINDS[i % len(KINDS)]``, so pipelines can key on them.
 """
 
 from __future__ import annotations
@@ -13,7 +16,31 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from shoal.schemas import DictColumn, Measurements
+from shoal.schemas import ATTRIBUTE_COLUMNS, DictColumn, Measurements
+
+KINDS: Final = (
+    ("air temperature", "temperature", "degC"),
+    ("relative humidity", "humidity", "percent"),
+    ("fine particles", "pm2_5", "ug/m3"),
+    ("coarse particles", "pm10", "ug/m3"),
+    ("noise level", "noise", "dBA"),
+    ("nitrogen dioxide", "no2", "ug/m3"),
+    ("traffic count", "traffic", "vehicles/min"),
+    ("water level", "water_level", "cm"),
+)
+"""(name, type, unit) of the simulated sensor kinds."""
+
+
+def _kind_codes() -> dict[str, tuple[tuple[str, ...], npt.NDArray[np.uint32]]]:
+    """Per attribute column: its distinct values and each kind's code into them."""
+    out = {}
+    for i, name in enumerate(ATTRIBUTE_COLUMNS):
+        words = tuple(sorted({kind[i] for kind in KINDS}))
+        out[name] = (words, np.array([words.index(kind[i]) for kind in KINDS], dtype=np.uint32))
+    return out
+
+
+_KIND_CODES: Final = _kind_codes()
 
 
 def sensor_ids(gateway_id: str, count: int) -> tuple[str, ...]:
@@ -43,6 +70,7 @@ class SensorField:
         start_ms: event time of the first measurement.
         resolution: values are multiples of this.
         seed: random seed (phases, levels, noise).
+        attributes: also emit name, type and unit (see ``KINDS``).
     """
 
     gateway_id: str
@@ -51,6 +79,7 @@ class SensorField:
     start_ms: int
     resolution: float = 0.001
     seed: int = 0
+    attributes: bool = False
     ids: tuple[str, ...] = field(init=False)
     _rng: np.random.Generator = field(init=False, repr=False)
     _phase_ms: npt.NDArray[np.float64] = field(init=False, repr=False)
@@ -99,7 +128,16 @@ class SensorField:
         noise = self._noise[(start + np.arange(count)) & (_NOISE_POOL - 1)]
         raw = (self._level + slow)[positions] + noise
         values = np.round(raw / self.resolution) * self.resolution
-        return Measurements(DictColumn(self.ids, self._codes[positions]), ts, values)
+        sensors = self._codes[positions]
+        if not self.attributes:
+            return Measurements(DictColumn(self.ids, sensors), ts, values)
+        kinds = sensors % len(KINDS)
+        return Measurements(
+            DictColumn(self.ids, sensors),
+            ts,
+            values,
+            {name: DictColumn(words, codes[kinds]) for name, (words, codes) in _KIND_CODES.items()},
+        )
 
 
 def synthetic_block(

@@ -60,6 +60,7 @@ class SimulationConfig:
         sink: ``count`` runs a plain subscriber in a child process that counts what arrives;
             ``confirm`` also confirms batches (so spools drain); ``none`` neither.
         seed: random seed of the sensors (gateway i uses ``seed + i``).
+        attributes: measurements also carry name, type and unit (``loadtest.data.KINDS``).
         stream: the stream gateways publish to.
         gateway_prefix: gateway ids are ``<prefix>000``, ``<prefix>001``, ...
         topics: topic namespace.
@@ -67,6 +68,8 @@ class SimulationConfig:
         tick_ms: scheduler period.
         max_delay_ms: seal a partial batch after this long.
         drain_timeout_s: after generation, how long to wait for publishing to finish.
+        confirm_wait_s: after publishing, how long to wait for a pipeline to confirm every
+            batch before exiting (0: do not wait, unless the sink confirms).
     """
 
     gateways: int = 1
@@ -80,6 +83,7 @@ class SimulationConfig:
     spool_dir: Path | None = None
     sink: SinkMode = "none"
     seed: int = 0
+    attributes: bool = False
     stream: str = "sim"
     gateway_prefix: str = "sim-gw"
     topics: Topics = field(default_factory=Topics)
@@ -87,6 +91,7 @@ class SimulationConfig:
     tick_ms: int = 50
     max_delay_ms: int = 1_000
     drain_timeout_s: float = 30.0
+    confirm_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         """Refuse settings that cannot run."""
@@ -303,7 +308,14 @@ class Simulator:
         start_ms = clock.now_ms()
         end_ms = start_ms + int(cfg.duration_s * 1000)
         fields = [
-            SensorField(g.config.gateway_id, cfg.sensors, cfg.rate_hz, start_ms, seed=cfg.seed + i)
+            SensorField(
+                g.config.gateway_id,
+                cfg.sensors,
+                cfg.rate_hz,
+                start_ms,
+                seed=cfg.seed + i,
+                attributes=cfg.attributes,
+            )
             for i, g in enumerate(gateways)
         ]
         observed = {name: psutil.Process(pid) for name, pid in self._observe.items()}
@@ -328,7 +340,10 @@ class Simulator:
         totals = _Totals.of([g.stats() for g in gateways])
         peak = max(peak, (totals.spool_batches, totals.spool_bytes))
         confirmed: bool | None = None
-        if cfg.spool == "off" or cfg.sink == "confirm":
+        if cfg.confirm_wait_s > 0:
+            deadline = time.monotonic() + cfg.confirm_wait_s
+            confirmed = all(g.wait_confirmed(deadline - time.monotonic()) for g in gateways)
+        elif cfg.spool == "off" or cfg.sink == "confirm":
             remaining = max(1.0, cfg.drain_timeout_s - (time.monotonic() - last_ack))
             confirmed = all(g.wait_confirmed(remaining) for g in gateways)
         sink_counts: SinkCounts | None = None

@@ -13,6 +13,8 @@ from typing import Final
 _GAMMA: Final = 1.02
 _LOG_GAMMA: Final = math.log(_GAMMA)
 _FLOOR_MS: Final = 0.001
+CDF_QUANTILES: Final = (0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 0.999)
+"""Where ``summary()`` samples the distribution for CDF plots (a few numbers per heartbeat)."""
 
 
 class LatencyHistogram:
@@ -50,8 +52,11 @@ class LatencyHistogram:
                 return 2.0 * _GAMMA**key / (_GAMMA + 1.0)
         return self.max_ms
 
-    def summary(self) -> dict[str, float | int] | None:
-        """p50, p95, p99, max and n (None without samples)."""
+    def summary(self) -> dict[str, object] | None:
+        """p50, p95, p99, max, n and ``cdf`` (None without samples).
+
+        ``cdf`` is ``[[q, ms], ...]`` at ``CDF_QUANTILES``: enough to draw the distribution.
+        """
         if not self.count:
             return None
         return {
@@ -60,4 +65,5 @@ class LatencyHistogram:
             "p99": round(self.quantile(0.99) or 0.0, 3),
             "max": round(self.max_ms, 3),
             "n": self.count,
+            "cdf": [[q, round(self.quantile(q) or 0.0, 3)] for q in CDF_QUANTILES],
         }

@@ -40,6 +40,7 @@ from shoal.clock import SystemClock
 from shoal.processors.spec import PipelineSpec
 from shoal.scaler.backends import LocalBackend
 from shoal.scaler.monitor import PipelineMonitor, Snapshot
+from shoal.schemas import ATTRIBUTE_COLUMNS
 from shoal.schemas.topics import Topics
 
 SETTLE_TIMEOUT_S: Final = 120.0
@@ -79,6 +80,8 @@ class Accounting:
     late: int
     deadletters: int
     unconfirmed_batches: int
+    window_memberships: int | None = None
+    windows_per_row: int = 1
 
     @property
     def lost(self) -> int:
@@ -87,8 +90,15 @@ class Accounting:
 
     @property
     def duplicated(self) -> int:
-        """Counted more than once (in window results or late reports)."""
-        return max(0, self.in_results + self.late - self.applied)
+        """Counted more than once (in window results or late reports).
+
+        Exact for hopping windows too: every applied row must be counted in exactly
+        ``windows_per_row`` windows (``window_memberships``, results plus late reports).
+        """
+        if self.window_memberships is None:
+            return max(0, self.in_results + self.late - self.applied)
+        excess = self.window_memberships - self.applied * self.windows_per_row
+        return 0 if excess <= 0 else -(-excess // self.windows_per_row)
 
     @property
     def exact(self) -> bool:
@@ -140,6 +150,15 @@ class ResourceSampler:
                 usage.cpu_last = times.user + times.system
                 usage.rss_last = usage.process.memory_info().rss
                 usage.rss_peak = max(usage.rss_peak, usage.rss_last)
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) of every watched process so far, read now."""
+        out = {}
+        for name, usage in self.usages.items():
+            with contextlib.suppress(psutil.Error):
+                times = usage.process.cpu_times()
+                out[name] = times.user + times.system
+        return out
 
     def report(self) -> list[dict[str, object]]:
         """Per process: name, CPU % of one core over the run, peak RSS in MB."""
@@ -230,8 +249,13 @@ class LocalPipeline:
         return child
 
     def start_simulator(self, args: list[str], name: str = "simulator") -> ChildProcess:
-        """Start ``shoal simulate`` with ``args`` against this broker."""
+        """Start ``shoal simulate`` with ``args`` against this broker.
+
+        A pipeline keyed on an attribute gets gateways that send the attributes.
+        """
         conn = connection_args(self.broker.settings, self.topics)
+        if self.config.spec.key in ATTRIBUTE_COLUMNS and "--attributes" not in args:
+            args = [*args, "--attributes"]
         simulator = ChildProcess(
             name,
             shoal_argv("simulate", *args, *conn),
@@ -291,13 +315,15 @@ class LocalPipeline:
             child.start()
             self.sampler.watch(name, child.pid)
 
-    def pause(self, name: str) -> None:
-        """SIGSTOP a component: alive, connected, silent (a network pause)."""
-        self.process(name).signal(signal.SIGSTOP)
+    def pause(self, name: str) -> ChildProcess:
+        """SIGSTOP a component: alive, connected, silent (a network pause); returns it."""
+        child = self.process(name)
+        child.signal(signal.SIGSTOP)
+        return child
 
-    def resume(self, name: str) -> None:
-        """SIGCONT a paused component."""
-        self.process(name).signal(signal.SIGCONT)
+    def resume(self, child: ChildProcess) -> None:
+        """SIGCONT a paused component (nothing if it has died meanwhile)."""
+        child.signal(signal.SIGCONT)
 
     def crash_broker(self, down_s: float = 1.0) -> None:
         """SIGKILL mosquitto, wait ``down_s``, start it again on the same port and data."""
@@ -364,7 +390,8 @@ class LocalPipeline:
             self.topics.combiner_control(self.config.spec.name), orjson.dumps({"cmd": "flush"})
         )
         await self.until(
-            lambda s: s.rows_in_results + s.late_rows >= s.batch_rows_applied >= s.rows_generated,
+            lambda s: s.window_memberships >= s.batch_rows_applied * s.windows_per_row
+            and s.batch_rows_applied >= s.rows_generated,
             min(timeout_s, 30.0),
         )
         await asyncio.sleep(0.5)  # late duplicates, if any, would show up now
@@ -374,6 +401,8 @@ class LocalPipeline:
             applied=snap.batch_rows_applied,
             in_results=snap.rows_in_results,
             late=snap.late_rows,
+            window_memberships=snap.window_memberships,
+            windows_per_row=snap.windows_per_row,
             deadletters=snap.deadletters,
             unconfirmed_batches=snap.lag_batches,
         )

@@ -26,7 +26,7 @@ from shoal.schemas.control import Confirm, GatewayStatus
 from shoal.schemas.topics import Topics
 
 HEARTBEAT_TIMEOUT_MS: Final = 3_000
-RATE_WINDOW_S: Final = 5.0
+RATE_WINDOW_S: Final = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,10 @@ class Snapshot:
         windows_emitted: window result messages received.
         rows_in_results: measurements counted by window results of the first window spec.
         deadletters: dead-lettered messages seen.
-        late_rows: late measurements reported.
+        late_rows: late measurements reported (for the first window spec).
+        window_memberships: (row, window) pairs of the first window spec counted in results
+            or reported late: ``windows_per_row`` for every applied measurement, exactly.
+        windows_per_row: how many windows of the first window spec each row falls into.
         latest: latest result per key (a few keys), newest first.
         combiners: latest heartbeat per combiner partition.
         worker_metrics: latest heartbeat per live worker.
@@ -79,6 +82,8 @@ class Snapshot:
     rows_in_results: int
     deadletters: int
     late_rows: int
+    window_memberships: int
+    windows_per_row: int
     latest: tuple[dict[str, Any], ...]
     combiners: dict[int, dict[str, Any]]
     worker_metrics: dict[str, dict[str, Any]]
@@ -115,13 +120,16 @@ class PipelineMonitor:
         self.workers: dict[str, tuple[int, dict[str, Any]]] = {}
         self.combiners: dict[int, dict[str, Any]] = {}
         self.windows_emitted = 0
-        self.rows_in_results = 0
         self.deadletters = 0
-        self.late_rows = 0
+        # Tallies over the first window spec, in (row, window) memberships: a hopping window
+        # counts every row once per window it falls into.
+        self._result_members = 0
+        self._late_members = 0
         self.latest: dict[str, dict[str, Any]] = {}
         self._in = _Rate()
         self._out = _Rate()
         self._first_window = spec.windows[0].name
+        self._per_row = spec.windows[0].windows_per_row
 
     def filters(self) -> list[str]:
         """Topic filters to subscribe to."""
@@ -144,7 +152,10 @@ class PipelineMonitor:
             if topic == t.results(name):
                 self._on_result(orjson.loads(message.payload))
             elif topic == t.late(name):
-                self.late_rows += int(orjson.loads(message.payload)["rows"])
+                late = orjson.loads(message.payload)["late"]
+                self._late_members += sum(
+                    int(r["rows"]) for r in late if r.get("window") == self._first_window
+                )
             elif topic == t.deadletter(name):
                 self.deadletters += 1
             elif topic.startswith(t.gateway_status_all()[:-1]):
@@ -179,12 +190,22 @@ class PipelineMonitor:
     def _on_result(self, body: dict[str, Any]) -> None:
         self.windows_emitted += 1
         if body.get("window") == self._first_window:
-            self.rows_in_results += int(body.get("rows", 0))
+            self._result_members += int(body.get("rows", 0))
         for row in body.get("results", [])[: self.latest_keys]:
             key = str(row.get("key"))
             self.latest[key] = {"window": body["window"], "start": body["start"], **row}
             if len(self.latest) > self.latest_keys:
                 self.latest.pop(next(iter(self.latest)))
+
+    @property
+    def rows_in_results(self) -> int:
+        """Measurements counted in window results (of the first window spec)."""
+        return self._result_members // self._per_row
+
+    @property
+    def late_rows(self) -> int:
+        """Measurements reported late (of the first window spec)."""
+        return self._late_members // self._per_row
 
     @property
     def rows_generated(self) -> int:
@@ -244,6 +265,8 @@ class PipelineMonitor:
             rows_in_results=self.rows_in_results,
             deadletters=self.deadletters,
             late_rows=self.late_rows,
+            window_memberships=self._result_members + self._late_members,
+            windows_per_row=self._per_row,
             latest=tuple(reversed(list(self.latest.values()))),
             combiners=dict(self.combiners),
             worker_metrics=live,

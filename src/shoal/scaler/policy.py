@@ -113,7 +113,7 @@ class LagConfig:
     drain_budget_s: float = 5.0
     confirm_delay_s: float = 1.0
     default_capacity_rows_per_s: float = 500_000.0
-    up_window_s: float = 2.0
+    up_window_s: float = 1.0
     down_window_s: float = 30.0
     cooldown_s: float = 5.0
 
