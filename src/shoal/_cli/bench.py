@@ -1,4 +1,4 @@
-"""``shoal bench <name>``: benchmarks run as commands (``encodings``, ``pipeline``).
+"""``shoal bench <name>``: benchmarks run as commands (``encodings``, ``pipeline``, ``matrix``).
 
 Each sub-command imports its benchmark module only when it runs.
 """
@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from shoal._cli.bench_matrix import register_matrix
 from shoal.errors import ConfigError
 
 
@@ -47,6 +48,7 @@ def register(sub: Any) -> None:
     encodings.add_argument("--json", type=Path, metavar="FILE", help="also write the records here")
     encodings.set_defaults(run=run_encodings)
     _register_pipeline(benches)
+    register_matrix(benches)
 
 
 def _register_pipeline(benches: Any) -> None:

@@ -135,16 +135,18 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def _median_seconds(call: Callable[[], object], repeats: int) -> float:
-    """Median wall time of ``call`` over ``repeats`` samples.
+def _median_seconds(
+    call: Callable[[], object], repeats: int, timer: Callable[[], float] = time.perf_counter
+) -> float:
+    """Median time of ``call`` over ``repeats`` samples (wall time, or ``timer``'s).
 
     One untimed warm-up call pays first-call costs; one timed call then sets how many calls
     a sample makes (enough to last ``MIN_SAMPLE_S``).
     """
     call()
-    started = time.perf_counter()
+    started = timer()
     call()
-    single = time.perf_counter() - started
+    single = timer() - started
     loops = max(1, math.ceil(MIN_SAMPLE_S / single)) if single > 0 else 1
     samples = []
     # The collector would charge one call for garbage made by another; timeit does the same.
@@ -152,13 +154,25 @@ def _median_seconds(call: Callable[[], object], repeats: int) -> float:
     gc.disable()
     try:
         for _ in range(repeats):
-            started = time.perf_counter()
+            started = timer()
             for _ in range(loops):
                 call()
-            samples.append((time.perf_counter() - started) / loops)
+            samples.append((timer() - started) / loops)
     finally:
         gc.enable()
     return statistics.median(samples)
+
+
+def encode_with(block: Measurements, codec: Codec) -> bytes:
+    """``block`` as one batch payload with ``codec`` (a fixed benchmark envelope)."""
+    return encode_batch(
+        block,
+        gateway_id=_GATEWAY,
+        seq=1,
+        sent_at_ms=_SENT_AT_MS,
+        encoding=codec.encoding,
+        zstd=codec.zstd,
+    )
 
 
 def measure(block: Measurements, codec: Codec, repeats: int) -> EncodingResult:
@@ -166,14 +180,7 @@ def measure(block: Measurements, codec: Codec, repeats: int) -> EncodingResult:
     n = len(block)
 
     def encode() -> bytes:
-        return encode_batch(
-            block,
-            gateway_id=_GATEWAY,
-            seq=1,
-            sent_at_ms=_SENT_AT_MS,
-            encoding=codec.encoding,
-            zstd=codec.zstd,
-        )
+        return encode_with(block, codec)
 
     payload = encode()
     decoded = decode_batch(payload, content_type=codec.encoding.content_type)

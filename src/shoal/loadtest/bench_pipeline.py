@@ -25,6 +25,7 @@ import orjson
 import polars as pl
 import psutil
 
+from shoal.broker.mqtt import AsyncSession
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime.local import LocalPipeline, LocalPipelineConfig
 
@@ -50,6 +51,7 @@ class PipelineBenchConfig:
         gateway_spool: the simulated gateways' spool, ``memory`` (default: simulated
             gateways stand for separate devices, whose disks are not part of the pipeline
             under test) or ``disk`` (their full cost on this machine).
+        max_delay_ms: the gateways seal a partial batch once its oldest row is this old.
     """
 
     spec: PipelineSpec
@@ -62,6 +64,7 @@ class PipelineBenchConfig:
     duration_s: float = 30.0
     per_key_results: bool = True
     gateway_spool: str = "memory"
+    max_delay_ms: int = 1_000
 
 
 def _sensors(scenario: str) -> int:
@@ -111,6 +114,8 @@ async def _measure(
                 str(WARMUP_S + config.duration_s),
                 "--spool",
                 config.gateway_spool,
+                "--max-delay-ms",
+                str(config.max_delay_ms),
                 "--spool-dir",
                 str(local.run_dir / "spool"),
                 "--json",
@@ -119,11 +124,10 @@ async def _measure(
             ]
         )
         await asyncio.sleep(WARMUP_S)
-        await session.publish(
-            local.topics.combiner_control(config.spec.name), orjson.dumps({"cmd": "reset_stats"})
-        )
+        await _reset_stats(local, session, config.spec.name)
         start = time.monotonic()
         first = _applied_mark(local)
+        cpu_first = local.sampler.cpu_seconds()
         peak_lag_rows = 0
         while time.monotonic() - start < config.duration_s:
             await asyncio.sleep(1.0)
@@ -141,6 +145,8 @@ async def _measure(
                 raise RuntimeError(f"components exited: {dead}; logs in {local.logs}")
         elapsed = time.monotonic() - start
         last = _applied_mark(local)
+        window_cpu = _window_cpu(cpu_first, local.sampler.cpu_seconds(), elapsed)
+        handle = _worst(local.monitor.snapshot().worker_metrics, "handle_ms")
         # Both marks come from combiner heartbeats, timed by the combiner's own clock.
         achieved = (last[1] - first[1]) / max((last[0] - first[0]) / 1000.0, 1e-9)
         lag_at_end = local.monitor.snapshot().lag_rows
@@ -168,6 +174,8 @@ async def _measure(
         "offered_meas_per_s": round(offered, 1),
         "simulator_meas_per_s": simulator.get("achieved_rate"),
         "simulator_cpu_percent": simulator.get("cpu_percent"),
+        "bytes_per_meas": simulator.get("bytes_per_row"),
+        "batches_published": simulator.get("batches_published"),
         "achieved_meas_per_s": round(achieved, 1),
         "generated_measurements": accounting.generated,
         "lost_measurements": accounting.lost,
@@ -183,9 +191,34 @@ async def _measure(
             if result_latency is None
             else {k: result_latency[k] for k in ("p50", "p99", "max", "n")}
         ),
+        "worker_handle_ms": handle,
         "components": local.sampler.report(),
+        "window_components": window_cpu,
         "machine": machine(),
     }
+
+
+async def _reset_stats(local: LocalPipeline, session: AsyncSession, pipeline: str) -> None:
+    """Combiners and workers forget the warm-up's latencies."""
+    reset = orjson.dumps({"cmd": "reset_stats"})
+    await session.publish(local.topics.combiner_control(pipeline), reset)
+    for worker_id in local.monitor.snapshot().workers:
+        await session.publish(local.topics.control(worker_id), reset)
+
+
+def _window_cpu(
+    first: dict[str, float], last: dict[str, float], elapsed_s: float
+) -> list[dict[str, Any]]:
+    """Per process, CPU used during the measured window only (no start-up, no settling)."""
+    return [
+        {
+            "name": name,
+            "cpu_seconds": round(last[name] - first[name], 3),
+            "cpu_percent": round(100.0 * (last[name] - first[name]) / max(elapsed_s, 1e-9), 1),
+        }
+        for name in last
+        if name in first
+    ]
 
 
 def _applied_mark(local: LocalPipeline) -> tuple[int, int]:
@@ -202,11 +235,16 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _worst(combiners: dict[int, dict[str, Any]], name: str) -> dict[str, Any] | None:
-    """Per quantile, the worst over combiner partitions (a batch is done when all are)."""
-    summaries = [c[name] for c in combiners.values() if c.get(name)]
+def _worst(components: dict[Any, dict[str, Any]], name: str) -> dict[str, Any] | None:
+    """Per quantile, the worst over partitions (a batch is done when all are) or workers.
+
+    With one component its summary is returned whole (with its ``cdf``).
+    """
+    summaries = [c[name] for c in components.values() if c.get(name)]
     if not summaries:
         return None
+    if len(summaries) == 1:
+        return dict(summaries[0])
     return {k: max(s[k] for s in summaries) for k in ("p50", "p95", "p99", "max", "n")}
 
 
