@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -32,13 +33,15 @@ T0 = 1_700_000_000_000
 
 
 def spec_for(partitions: int):
+    # Lateness longer than the data: windows close only when the test flushes the combiners,
+    # after the clients have long subscribed.
     return parse_pipeline(
         {
             "name": "live",
             "windows": [{"kind": "tumbling", "size_ms": 2_000}],
             "aggregates": ["count", "mean", "max", "p95"],
             "partitions": partitions,
-            "lateness_ms": 500,
+            "lateness_ms": 3_600_000,
             "idle_timeout_ms": 1_000,
             "checkpoint_interval_ms": 200,
             "limits": {"max_future_ms": False},
@@ -77,7 +80,7 @@ def test_live_windows_latest_and_per_key(broker: EmbeddedBroker, topics: Topics)
             await pipeline.start()
             consumer = asyncio.create_task(consume())
             latest = asyncio.create_task(client.latest(spec.name, n=3, timeout_s=20))
-            await asyncio.sleep(0.5)  # both are subscribed
+            await asyncio.sleep(1.0)  # both are subscribed before any window closes
             order = list(range(len(batches)))
             await publish_batches(
                 broker.settings, topics, batches, order, encoding=Encoding.BINARY_COLUMNAR
@@ -133,45 +136,47 @@ def window_payload(topics: Topics, partition: int, partitions: int, keys: list[s
     return window_json(result, Emission("made", partition, partitions, T0 + 2_000, T0 + 2_100))
 
 
+def single(start: int, key: str) -> bytes:
+    frame = pl.DataFrame({"key": [key], "rows": [1], "batches": [1]})
+    result = WindowResult("tumbling-2s", start, start + 2_000, frame)
+    return window_json(result, Emission("made", 0, 1, start + 2_000, start + 2_100))
+
+
 def test_republished_windows_are_delivered_once(broker: EmbeddedBroker, topics: Topics) -> None:
     client = AsyncResultsClient(broker.settings, topic_root=topics.root)
+    results = topics.results("made")
 
     async def scenario() -> list[pl.DataFrame]:
         frames: list[pl.DataFrame] = []
+        first = asyncio.Event()
 
         async def consume() -> None:
-            async for frame in client.windows("made", count=2):
+            async for frame in client.windows("made", count=3):
                 frames.append(frame)
+                first.set()
 
         task = asyncio.create_task(consume())
-        await asyncio.sleep(0.5)
         async with AsyncSession(broker.settings, unique_client_id("fake-combiner")) as session:
-            results = topics.results("made")
+            # Until the client is subscribed: copies of one window, delivered once.
+            while not first.is_set():
+                await session.publish(results, single(T0 - 2_000, "w"))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(first.wait(), 0.2)
             # partition 1 of 2, then a combiner restart publishes it again, then partition 0
             for payload in (
                 window_payload(topics, 1, 2, ["b", "d"]),
                 window_payload(topics, 1, 2, ["b", "d"]),
                 window_payload(topics, 0, 2, ["a", "c"]),
                 window_payload(topics, 0, 2, ["a", "c"]),
+                single(T0 + 2_000, "x"),
+                single(T0 + 2_000, "x"),
             ):
                 await session.publish(results, payload)
-            # a later window of a single-partition pipeline ends the iteration
-            later = window_json(
-                WindowResult(
-                    "tumbling-2s",
-                    T0 + 2_000,
-                    T0 + 4_000,
-                    pl.DataFrame({"key": ["x"], "rows": [1], "batches": [1]}),
-                ),
-                Emission("made", 0, 1, T0 + 4_000, T0 + 4_100),
-            )
-            await session.publish(results, later)
-            await session.publish(results, later)
         await asyncio.wait_for(task, 10)
         return frames
 
     frames = asyncio.run(scenario())
-    assert [f["key"].to_list() for f in frames] == [["a", "b", "c", "d"], ["x"]]
+    assert [f["key"].to_list() for f in frames] == [["w"], ["a", "b", "c", "d"], ["x"]]
 
 
 def test_clear_errors(broker: EmbeddedBroker, topics: Topics, tmp_path: Path) -> None:

@@ -2,13 +2,19 @@
 
 With ``partitions > 1`` every combiner partition publishes its own message per window, holding
 only its keys, and a partition that has no key in a window publishes nothing for it. A window
-is therefore *complete* once every partition has either sent its message or shown that it has
-closed past the window's end. Each message carries its partition's close threshold
-(``watermark``); messages of one partition arrive in order, so that evidence holds at once.
-Combiner heartbeats carry it too (``note_progress``), but they travel at QoS 0 and can overtake
-result messages the partition published just before, so a heartbeat counts only once it is
-``settle_ms`` old. A window that stays incomplete for ``max_wait_ms`` (a partition is down,
-or its heartbeats are not readable) is released with what arrived, flagged ``complete=False``.
+is therefore *complete* once every partition has either sent its message or shown that it is
+past the window:
+
+* a partition publishes the windows it closes in order of (end, name), and its messages
+  arrive in that order (one publisher, one topic), so a message for (end E, name N) shows
+  that the partition has published everything ordered before (E, N). (The ``watermark`` in
+  the header is no such evidence: windows closed in the same step follow the message.)
+* combiner heartbeats (``note_progress``) carry the partition's close threshold, but they
+  travel at QoS 0 and can overtake result messages published just before them, so a
+  heartbeat counts only once it is ``settle_ms`` old.
+
+A window that stays incomplete for ``max_wait_ms`` (a partition is down, or its heartbeats are
+not readable) is released with what arrived, flagged ``complete=False``.
 
 Must not import ``shoal.broker``: the client feeds it messages and a clock.
 """
@@ -106,6 +112,7 @@ class WindowAssembler:
         self.dedup = dedup or Deduplicator()
         self._pending: dict[_WindowKey, _Pending] = {}
         self._closed_through: dict[tuple[str, int], int] = {}
+        self._sent_through: dict[tuple[str, int], tuple[int, str]] = {}
         self._beats: dict[tuple[str, int], list[tuple[int, int]]] = {}
 
     @property
@@ -117,8 +124,10 @@ class WindowAssembler:
         """Take one message (a duplicate is dropped); return the windows now ready."""
         if not self.dedup.first_time(message.identity):
             return []
-        if message.watermark is not None:
-            self._note(message.pipeline, message.partition, message.watermark)
+        source = (message.pipeline, message.partition)
+        position = (message.end, message.window)
+        if position > self._sent_through.get(source, (-(2**62), "")):
+            self._sent_through[source] = position
         if message.partitions <= 1:
             return [*self._ready(now_ms), _assemble([message], complete=True)]
         key = (message.pipeline, message.window, message.start, message.revision)
@@ -155,8 +164,10 @@ class WindowAssembler:
 
     def _is_complete(self, pending: _Pending) -> bool:
         first = pending.first
+        position = (first.end, first.window)
         return all(
             p in pending.parts
+            or self._sent_through.get((first.pipeline, p), (-(2**62), "")) > position
             or self._closed_through.get((first.pipeline, p), -(2**62)) >= first.end
             for p in range(first.partitions)
         )

@@ -50,6 +50,22 @@ def test_a_partition_without_keys_is_known_from_its_close_threshold() -> None:
     assert window.partitions_seen == (1,)
 
 
+def test_a_burst_of_windows_waits_for_every_partition() -> None:
+    # A flush closes several windows in one step: every message carries the same (final)
+    # watermark, but a partition's later windows are still on their way.
+    assembler = WindowAssembler()
+    final = T0 + 30_000
+    assert assembler.add(window_message(partition=0, partitions=2, watermark=final), 0) == []
+    [w1] = assembler.add(window_message(partition=1, partitions=2, watermark=final), 1)
+    assert w1.start == T0
+    assert w1.partitions_seen == (0, 1)
+    w2_p1 = window_message(partition=1, partitions=2, start=T0 + 10_000, watermark=final)
+    assert assembler.add(w2_p1, 2) == []  # partition 0's window 2 is still on its way
+    w2_p0 = window_message(partition=0, partitions=2, start=T0 + 10_000, watermark=final)
+    [w2] = assembler.add(w2_p0, 3)
+    assert w2.partitions_seen == (0, 1)
+
+
 def test_incomplete_windows_are_released_after_the_wait() -> None:
     assembler = WindowAssembler(max_wait_ms=1_000)
     assembler.add(window_message(partition=0, partitions=2), now_ms=0)
