@@ -21,6 +21,7 @@ import orjson
 
 from shoal.broker.mqtt import Message
 from shoal.clock import Clock
+from shoal.errors import SchemaError
 from shoal.processors.spec import PipelineSpec
 from shoal.schemas.control import Confirm, GatewayStatus
 from shoal.schemas.topics import Topics
@@ -102,7 +103,8 @@ class _Rate:
         recent = [(t, v) for t, v in self.samples if now_s - t <= RATE_WINDOW_S]
         if len(recent) < 2 or recent[-1][0] <= recent[0][0]:
             return 0.0
-        return (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
+        # A restarted gateway may count from zero again: that is no negative arrival.
+        return max(0.0, (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0]))
 
 
 class PipelineMonitor:
@@ -116,6 +118,7 @@ class PipelineMonitor:
         self.clock = clock
         self.latest_keys = latest_keys
         self.status: dict[str, GatewayStatus] = {}
+        self._status_seen_ms: dict[str, int] = {}
         self.confirms: dict[str, dict[int, int]] = {}
         self.workers: dict[str, tuple[int, dict[str, Any]]] = {}
         self.combiners: dict[int, dict[str, Any]] = {}
@@ -126,7 +129,7 @@ class PipelineMonitor:
         self._result_members = 0
         self._late_members = 0
         self.latest: dict[str, dict[str, Any]] = {}
-        self._in = _Rate()
+        self._in: dict[str, _Rate] = {}  # per gateway: their reports interleave
         self._out = _Rate()
         self._first_window = spec.windows[0].name
         self._per_row = spec.windows[0].windows_per_row
@@ -162,7 +165,9 @@ class PipelineMonitor:
                 if message.payload:
                     status = GatewayStatus.from_json(message.payload)
                     self.status[status.gateway_id] = status
-                    self._in.add(self.clock.monotonic(), self.rows_generated)
+                    self._status_seen_ms[status.gateway_id] = self.clock.now_ms()
+                    rate = self._in.setdefault(status.gateway_id, _Rate())
+                    rate.add(self.clock.monotonic(), status.rows_total)
             elif topic.startswith(t.confirm_all()[:-1]):
                 if message.payload:
                     confirm = Confirm.from_json(message.payload)
@@ -172,7 +177,7 @@ class PipelineMonitor:
                         )
             elif topic.startswith(t.metrics_all()[:-1]):
                 self._on_metrics(orjson.loads(message.payload))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, SchemaError):
             return  # a malformed message says nothing about the pipeline
 
     def _on_metrics(self, body: dict[str, Any]) -> None:
@@ -226,6 +231,9 @@ class PipelineMonitor:
             confirmed = max(confirmed, status.first_unconfirmed_seq - 1)
             last = status.next_seq - 1
             oldest = status.oldest_unconfirmed_ms
+            # Age on the gateway's own clock when it spoke, plus the time since: no clock skew.
+            seen = self._status_seen_ms.get(gateway_id, now)
+            age = None if oldest is None else max(0, status.at_ms - oldest) + max(0, now - seen)
             out.append(
                 GatewayLag(
                     gateway_id=gateway_id,
@@ -233,7 +241,7 @@ class PipelineMonitor:
                     confirmed_seq=confirmed,
                     batches=max(0, last - confirmed),
                     rows=status.unconfirmed_rows,
-                    oldest_age_ms=None if oldest is None else max(0, now - oldest),
+                    oldest_age_ms=age,
                 )
             )
         return out
@@ -252,7 +260,7 @@ class PipelineMonitor:
         applied = int(self.combiners.get(0, {}).get("batch_rows", 0))
         return Snapshot(
             at_ms=now_ms,
-            rows_in_per_s=self._in.per_second(now_s),
+            rows_in_per_s=sum(r.per_second(now_s) for r in self._in.values()),
             rows_out_per_s=self._out.per_second(now_s),
             workers=tuple(sorted(live)),
             lag=tuple(lag),

@@ -105,6 +105,9 @@ class LagConfig:
         default_capacity_rows_per_s: assumed per-worker capacity until one is measured.
         up_window_s: a larger recommendation must hold this long before scaling up.
         down_window_s: scale down only to the largest recommendation of this window.
+        down_band: scaling down plans for ``target_utilization * down_band``: a dead band
+            between the loads that add a worker and those that remove one, so noise around
+            a boundary cannot move the count back and forth.
         cooldown_s: no change sooner than this after the previous one.
     """
 
@@ -115,13 +118,19 @@ class LagConfig:
     default_capacity_rows_per_s: float = 500_000.0
     up_window_s: float = 1.0
     down_window_s: float = 30.0
+    down_band: float = 0.8
     cooldown_s: float = 5.0
 
 
-def lag_recommendation(signals: Signals, config: LagConfig) -> int:
-    """Workers needed for the arrival rate plus draining the backlog (monotone in both)."""
+def lag_recommendation(
+    signals: Signals, config: LagConfig, utilization: float | None = None
+) -> int:
+    """Workers needed for the arrival rate plus draining the backlog (monotone in both).
+
+    Plans each worker at ``utilization`` of its measured capacity (default: the target).
+    """
     capacity = signals.capacity_rows_per_s or config.default_capacity_rows_per_s
-    usable = max(capacity * config.target_utilization, 1.0)
+    usable = max(capacity * (utilization or config.target_utilization), 1.0)
     excess = max(0.0, signals.backlog_rows - signals.arrival_rows_per_s * config.confirm_delay_s)
     demand = signals.arrival_rows_per_s + excess / config.drain_budget_s
     return math.ceil(demand / usable - 1e-9) if demand > 0 else 0
@@ -132,15 +141,15 @@ class LagPolicy:
 
     Up: when even the smallest recommendation of the last ``up_window_s`` exceeds the
     current count (a sustained need, not one noisy tick). Down: when the largest
-    recommendation of a full ``down_window_s`` is below it, straight to that largest one.
-    Any change starts a cooldown.
+    recommendation of a full ``down_window_s``, planned at a lower utilisation (the dead
+    band), is below it, straight to that largest one. Any change starts a cooldown.
     """
 
     name = "lag"
 
     def __init__(self, config: LagConfig | None = None) -> None:
         self.config = config or LagConfig()
-        self._history: deque[tuple[float, int]] = deque()
+        self._history: deque[tuple[float, int, int]] = deque()
         self._started_s: float | None = None
         self._last_change_s: float | None = None
 
@@ -151,17 +160,19 @@ class LagPolicy:
         if self._started_s is None:
             self._started_s = now
         raw = cfg.bounds.clamp(lag_recommendation(signals, cfg))
-        self._history.append((now, raw))
+        low = cfg.target_utilization * cfg.down_band
+        raw_down = cfg.bounds.clamp(lag_recommendation(signals, cfg, low))
+        self._history.append((now, raw, raw_down))
         while now - self._history[0][0] > cfg.down_window_s:
             self._history.popleft()
         current = signals.workers
         if self._last_change_s is not None and now - self._last_change_s < cfg.cooldown_s:
             return Decision(cfg.bounds.clamp(current), raw, "cooling down")
-        sustained_up = min(r for t, r in self._history if now - t <= cfg.up_window_s)
+        sustained_up = min(r for t, r, _ in self._history if now - t <= cfg.up_window_s)
         if sustained_up > current:
             return self._change(now, sustained_up, raw, f"demand needs {sustained_up} workers")
         full_window = now - self._started_s >= cfg.down_window_s
-        highest = max(r for _, r in self._history)
+        highest = max(d for _, _, d in self._history)
         if full_window and highest < current:
             return self._change(now, highest, raw, f"demand stayed at or below {highest} workers")
         if current != cfg.bounds.clamp(current):
