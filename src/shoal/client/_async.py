@@ -168,6 +168,7 @@ class AsyncResultsClient:
                     if count is not None and seen >= count:
                         return
                 self._check_exists(watch, now - started)
+                await watch.discovered()
                 if duration_s is not None and now - started >= duration_s:
                     return
                 if idle_s is not None and now - last >= idle_s:

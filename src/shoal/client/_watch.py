@@ -57,6 +57,7 @@ class Watch:
         self.known: set[str] = set()
         self.key_records: dict[str, dict[str, Any]] = {}
         self.last_retained_at: float | None = None
+        self._confirms = False
         self._results = topics.results(pipeline)
         self._keys_prefix = topics.results(pipeline) + "/"
         self._reserved = {topics.results_encoded(pipeline, "msgpack")}
@@ -78,6 +79,13 @@ class Watch:
             except BrokerError as exc:  # an ACL that lets us read results only
                 log.info("results client: cannot read %s (%s)", topic_filter, exc)
         self.can_discover = found == 2
+        self._confirms = found == 2
+
+    async def discovered(self) -> None:
+        """Once the pipeline is known to exist, stop receiving every gateway's confirmations."""
+        if self.exists and self._confirms:
+            self._confirms = False
+            await self.session.unsubscribe([self.topics.confirm_all()])
 
     def on_message(self, message: Message, now_ms: int) -> list[AssembledWindow]:
         """Take one message; return the windows it completed."""
