@@ -19,7 +19,9 @@ def register(sub: Any) -> None:
         "everything cleanly and prints a summary that accounts for every measurement.",
     )
     add_pipeline_option(parser)
-    parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="worker processes to start with (default 2)"
+    )
     parser.add_argument(
         "--scenario",
         default="A",
@@ -31,28 +33,71 @@ def register(sub: Any) -> None:
     parser.add_argument("--duration", type=float, default=None, help="stop after N seconds")
     parser.add_argument("--profile", default="dev", help="broker profile (default dev)")
     parser.add_argument("--run-dir", type=Path, default=None, help="keep logs and state here")
+    scaling = parser.add_argument_group("scaling")
+    scaling.add_argument(
+        "--scale",
+        default="lag",
+        choices=["lag", "cpu", "rps", "off"],
+        help="scaling policy for the workers (default lag; off: a fixed --workers)",
+    )
+    scaling.add_argument("--min-workers", type=int, default=1, help="(default 1)")
+    scaling.add_argument("--max-workers", type=int, default=4, help="(default 4)")
+    scaling.add_argument(
+        "--trace",
+        choices=["step", "ramp", "spike"],
+        help="simulated load over time instead of a fixed scenario: step is scenario A, then "
+        "B, then A again; the run ends with the trace (try --pipeline citywide)",
+    )
+    scaling.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="multiply the trace's phase lengths (default 1)",
+    )
+    scaling.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve the scaler's Prometheus /metrics and KEDA /api/v1/scaling (0: any port)",
+    )
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run until Ctrl-C or ``--duration``; exit 0 only if nothing was lost."""
+    """Run until Ctrl-C, ``--duration`` or the trace ends; exit 0 only if nothing was lost."""
+    from shoal.errors import ConfigError  # noqa: PLC0415
+    from shoal.loadtest.trace import make_trace  # noqa: PLC0415
     from shoal.runtime.up import Up, UpConfig  # noqa: PLC0415
+    from shoal.scaler.policy import Bounds  # noqa: PLC0415
 
     if args.workers < 1:
-        from shoal.errors import ConfigError  # noqa: PLC0415
-
         raise ConfigError("--workers must be at least 1")
+    try:
+        bounds = Bounds(args.min_workers, args.max_workers)
+    except ValueError as exc:
+        raise ConfigError(f"--min-workers/--max-workers: {exc}") from exc
+    scenario = None if args.scenario.lower() == "none" else args.scenario
+    if args.trace is not None and scenario is None:
+        raise ConfigError("--trace drives simulated gateways; drop --scenario none")
+    if args.time_scale <= 0:
+        raise ConfigError("--time-scale must be positive")
     config = UpConfig(
         spec=load_spec(args.pipeline),
         spec_source=args.pipeline,
-        workers=args.workers,
+        workers=args.workers if args.scale == "off" else bounds.clamp(args.workers),
         profile=args.profile,
-        scenario=None if args.scenario.lower() == "none" else args.scenario,
+        scenario=scenario,
         rate=args.rate,
         batch=args.batch,
         encoding=args.encoding,
         duration_s=args.duration,
         run_dir=args.run_dir,
+        scale=None if args.scale == "off" else args.scale,
+        bounds=bounds,
+        trace=None if args.trace is None else make_trace(args.trace).scaled(args.time_scale),
+        metrics_port=args.metrics_port,
     )
     accounting = Up(config).run()
     return 0 if accounting.exact else 1

@@ -14,13 +14,18 @@ import datetime as dt
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from shoal.loadtest.trace import Trace
 from shoal.processors.spec import PipelineSpec
+from shoal.runtime.loadtrace import GatewayLoad, TraceDriver
 from shoal.runtime.local import Accounting, LocalPipeline, LocalPipelineConfig
+from shoal.runtime.scaler import Scaler, ScalerConfig, ScaleRecord
+from shoal.scaler.http import MetricsServer
 from shoal.scaler.monitor import Snapshot
+from shoal.scaler.policy import Bounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +35,7 @@ class UpConfig:
     Attributes:
         spec: the pipeline.
         spec_source: how children find the spec (a file path or a name in processors/).
-        workers: worker processes.
+        workers: worker processes to start with.
         profile: broker profile.
         scenario: simulator scenario (``A`` or ``B``), None for no simulated gateways.
         rate: measurements per second per sensor.
@@ -39,6 +44,10 @@ class UpConfig:
         duration_s: stop after this long (None: until Ctrl-C).
         run_dir: logs and state (None: a temporary folder).
         refresh_s: view refresh period.
+        scale: scaling policy (``lag``, ``cpu``, ``rps``), None for a fixed worker count.
+        bounds: worker limits of the scaler.
+        trace: a load trace the simulated gateways follow (None: the scenario throughout).
+        metrics_port: serve the scaler's Prometheus and KEDA endpoints here (None: no).
     """
 
     spec: PipelineSpec
@@ -52,6 +61,10 @@ class UpConfig:
     duration_s: float | None = None
     run_dir: Path | None = None
     refresh_s: float = 1.0
+    scale: str | None = None
+    bounds: Bounds = field(default_factory=lambda: Bounds(1, 4))
+    trace: Trace | None = None
+    metrics_port: int | None = None
 
 
 class Up:
@@ -71,6 +84,9 @@ class Up:
         )
         self._stop = asyncio.Event()
         self._tty = out.isatty()
+        self.scaler: Scaler | None = None
+        self.scale_log: list[str] = []
+        self._driver: TraceDriver | None = None
 
     def run(self) -> Accounting:
         """Start everything, show the view until the duration ends or Ctrl-C, then settle."""
@@ -87,29 +103,87 @@ class Up:
         started = time.monotonic()
         async with self.local.watching() as session:
             await asyncio.sleep(1.5)  # let workers and combiners subscribe before data flows
-            if self.config.scenario is not None:
-                self.local.start_simulator(
-                    [
-                        "--scenario",
-                        self.config.scenario,
-                        "--rate",
-                        str(self.config.rate),
-                        "--batch",
-                        str(self.config.batch),
-                        "--encoding",
-                        self.config.encoding,
-                        "--spool-dir",
-                        str(self.local.run_dir / "spool"),
-                        # Until we stop it (SIGINT makes it seal, send and report).
-                        "--duration",
-                        str(365 * 86_400),
-                    ]
-                )
-            await self._show(started)
+            server = await self._start_scaler()
+            try:
+                self._start_load()
+                await self._show(started)
+            finally:
+                if server is not None:
+                    await server.close()
             self._line("stopping: sealing the last batches and waiting for confirmations ...")
             accounting = await self.local.settle(session)
         self._print_summary(accounting, time.monotonic() - started)
         return accounting
+
+    async def _start_scaler(self) -> MetricsServer | None:
+        cfg = self.config
+        if cfg.scale is None:
+            return None
+        self.scaler = Scaler(
+            ScalerConfig(
+                spec=cfg.spec,
+                broker=self.local.broker.settings,
+                topics=self.local.topics,
+                policy=cfg.scale,
+                bounds=cfg.bounds,
+                http_port=cfg.metrics_port,
+            ),
+            self.local.backend,
+            monitor=self.local.monitor,
+            on_decision=self._on_decision,
+        )
+        if cfg.metrics_port is None:
+            return None
+        server = MetricsServer(
+            self.scaler.render_metrics, self.scaler.render_json, "127.0.0.1", cfg.metrics_port
+        )
+        port = await server.start()
+        self._line(f"scaler metrics on http://127.0.0.1:{port}/metrics and /api/v1/scaling")
+        return server
+
+    def _start_load(self) -> None:
+        cfg = self.config
+        if cfg.scenario is None:
+            return
+        if cfg.trace is not None:
+            load = GatewayLoad(
+                sensors=1000,
+                rate=cfg.rate,
+                batch=cfg.batch,
+                encoding=cfg.encoding,
+                attributes=cfg.spec.key != "sensor_id",
+            )
+            self._driver = TraceDriver(self.local, cfg.trace, load)
+            self._driver.update(0.0)
+            return
+        self.local.start_simulator(
+            [
+                "--scenario",
+                cfg.scenario,
+                "--rate",
+                str(cfg.rate),
+                "--batch",
+                str(cfg.batch),
+                "--encoding",
+                cfg.encoding,
+                "--spool-dir",
+                str(self.local.run_dir / "spool"),
+                # Until we stop it (SIGINT makes it seal, send and report).
+                "--duration",
+                str(365 * 86_400),
+            ]
+        )
+
+    def _on_decision(self, record: ScaleRecord) -> None:
+        before = record.signals.workers
+        after = record.decision.desired
+        if after == before:
+            return
+        when = dt.datetime.now(tz=dt.UTC).strftime("%H:%M:%S")
+        text = f"{when} workers {before} -> {after}: {record.decision.reason}"
+        self.scale_log = [*self.scale_log[-4:], text]
+        if not self._tty:
+            self._line(f"scale: {text}")
 
     async def _show(self, started: float) -> None:
         deadline = None if self.config.duration_s is None else started + self.config.duration_s
@@ -122,7 +196,16 @@ class Up:
                     f"component(s) exited unexpectedly: {', '.join(dead)}; see {self.local.logs}"
                 )
                 return
-            self._draw(self.local.monitor.snapshot(), time.monotonic() - started)
+            elapsed = time.monotonic() - started
+            if self._driver is not None:
+                trace = self._driver.trace
+                if elapsed >= trace.duration_s and self.config.duration_s is None:
+                    self._line(f"trace {trace.name} finished")
+                    return
+                self._driver.update(elapsed)
+            if self.scaler is not None:
+                self.scaler.tick()
+            self._draw(self.local.monitor.snapshot(), elapsed)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self.config.refresh_s)
 
@@ -135,7 +218,8 @@ class Up:
         status = (
             f"[{elapsed:5.0f} s] in {snap.rows_in_per_s:>10,.0f}/s  "
             f"out {snap.rows_out_per_s:>10,.0f}/s  "
-            f"workers {len(snap.workers)}  lag {snap.lag_batches} batches / {snap.lag_rows:,} meas "
+            f"workers {self._workers_text(snap)}  "
+            f"lag {snap.lag_batches} batches / {snap.lag_rows:,} meas "
             f"(oldest {oldest})  windows {snap.windows_emitted}  late {snap.late_rows:,}  "
             f"dead letters {snap.deadletters}"
         )
@@ -159,6 +243,9 @@ class Up:
                 f"  {wid:50.50}  busy {busy:5.1f}%  capacity {capacity:>12,.0f} meas/s  "
                 f"batches {body.get('batches', 0):,}"
             )
+        if self.scaler is not None:
+            lines += ["", f"scaling ({self.scaler.policy.name} policy):"]
+            lines += [f"  {text}" for text in self.scale_log] or ["  no changes yet"]
         lines += ["", "latest results:"]
         names = [a for a in self.config.spec.aggregate_names if a != "count"][:6]
         for row in snap.latest:
@@ -172,12 +259,21 @@ class Up:
         self.out.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
         self.out.flush()
 
+    def _workers_text(self, snap: Snapshot) -> str:
+        live = len(snap.workers)
+        if self.scaler is None or not self.scaler.history:
+            return str(live)
+        desired = self.scaler.history[-1].decision.desired
+        gateways = "" if self._driver is None else f", {self._driver.gateways} gateways"
+        return f"{live} (want {desired}{gateways})"
+
     def _print_summary(self, a: Accounting, seconds: float) -> None:
         rate = a.applied / seconds if seconds > 0 else 0.0
         snap = self.local.monitor.snapshot()
         self._line(
             "\nsummary\n"
             f"  ran {seconds:.1f} s; {snap.windows_emitted} window results\n"
+            f"{self._scaling_summary()}"
             f"  measurements generated   {a.generated:>14,}\n"
             f"  applied                  {a.applied:>14,}  ({rate:,.0f}/s)\n"
             f"  counted in results       {a.in_results:>14,}\n"
@@ -187,4 +283,14 @@ class Up:
             f"  lost                     {a.lost:>14,}\n"
             f"  duplicated               {a.duplicated:>14,}\n"
             f"  verdict: {'zero loss' if a.exact else 'LOSS OR DUPLICATES (see above)'}"
+        )
+
+    def _scaling_summary(self) -> str:
+        if self.scaler is None:
+            return ""
+        stats = self.local.backend.stats
+        return (
+            f"  scaling ({self.scaler.policy.name}): {self.scaler.scale_events} changes, "
+            f"{stats.started} workers started, {stats.drained} drained, "
+            f"{stats.replaced} replaced after a crash, {stats.worker_seconds:,.0f} worker-seconds\n"
         )
