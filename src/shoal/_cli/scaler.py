@@ -37,7 +37,11 @@ def register(sub: Any) -> None:
         "--max", type=int, default=4, dest="max_workers", help="most workers (default 4)"
     )
     parser.add_argument(
-        "--backend", default="local", choices=["local", "kubernetes"], help="where workers run"
+        "--backend",
+        default="local",
+        choices=["local", "kubernetes", "keda"],
+        help="where workers run: local processes, a Kubernetes Deployment the scaler scales, or "
+        "one KEDA scales from /api/v1/scaling (the scaler only observes it)",
     )
     parser.add_argument(
         "--deployment", default="shoal-worker", help="kubernetes: the workers' Deployment"
@@ -69,8 +73,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     backend: Backend
-    if args.backend == "kubernetes":
-        backend = KubernetesBackend(args.deployment, args.namespace)
+    if args.backend in ("kubernetes", "keda"):
+        backend = KubernetesBackend(
+            args.deployment, args.namespace, read_only=args.backend == "keda"
+        )
     else:
         counter = itertools.count()
 

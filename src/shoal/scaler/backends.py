@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shoal._processes import ChildProcess
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, ShoalError
 
 log = logging.getLogger(__name__)
 
@@ -139,35 +139,49 @@ class KubernetesBackend:
     """Scale a Deployment through the Kubernetes API (the official client).
 
     The workers' pods drain on SIGTERM (give them a generous
-    ``terminationGracePeriodSeconds``); crashed pods are restarted by the Deployment.
+    ``terminationGracePeriodSeconds``); crashed pods are restarted by the Deployment. The
+    service account needs ``get`` and ``patch`` on the Deployment's ``deployments/scale``
+    (``deploy/kubernetes/scaler.yaml``). API failures become ``ConfigError`` (wrong name,
+    namespace or permissions: nothing will work until someone fixes them) or ``ShoalError``
+    (anything else, e.g. an unreachable API server).
 
     Args:
         deployment: name of the workers' Deployment.
         namespace: its namespace.
         api: an ``AppsV1Api`` (None: build one from the in-cluster or kubeconfig settings).
+        read_only: observe the Deployment but never patch it, for when KEDA sets the replicas
+            from the scaler's ``/api/v1/scaling`` endpoint (``deploy/kubernetes/keda/``).
     """
 
     name = "kubernetes"
 
-    def __init__(self, deployment: str, namespace: str = "default", api: Any = None) -> None:
+    def __init__(
+        self,
+        deployment: str,
+        namespace: str = "default",
+        api: Any = None,
+        *,
+        read_only: bool = False,
+    ) -> None:
         self.deployment = deployment
         self.namespace = namespace
+        self.read_only = read_only
         self._api = api if api is not None else _apps_api()
         self.stats = BackendStats()
         self._replicas: int | None = None
 
     def observe(self) -> int:
-        """Ready replicas of the Deployment (its status)."""
-        scale = self._api.read_namespaced_deployment_scale(self.deployment, self.namespace)
+        """Current replicas of the Deployment (its status), as its scale reports them."""
+        scale = self._call("read", self._api.read_namespaced_deployment_scale)
         self._replicas = int(scale.spec.replicas or 0)
         return int(scale.status.replicas or 0)
 
     def scale_to(self, desired: int) -> None:
-        """Patch the Deployment's scale subresource."""
-        if desired == self._replicas:
+        """Patch the Deployment's scale subresource (unless read-only or unchanged)."""
+        if self.read_only or desired == self._replicas:
             return
-        self._api.patch_namespaced_deployment_scale(
-            self.deployment, self.namespace, {"spec": {"replicas": desired}}
+        self._call(
+            "patch", self._api.patch_namespaced_deployment_scale, {"spec": {"replicas": desired}}
         )
         self._replicas = desired
         self.stats.events.append((time.monotonic(), desired))
@@ -175,16 +189,67 @@ class KubernetesBackend:
     def close(self) -> None:
         """Nothing to stop: the cluster owns the pods."""
 
+    def _call(self, verb: str, method: Callable[..., Any], *args: Any) -> Any:
+        """Call the API for this Deployment; its errors become shoal errors saying what to check."""
+        try:
+            return method(self.deployment, self.namespace, *args)
+        except _api_errors() as exc:
+            raise _api_error(exc, verb, self.namespace, self.deployment) from exc
+
+
+def _api_errors() -> tuple[type[Exception], ...]:
+    """The exceptions the official client raises (none to catch if it is not installed)."""
+    try:
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+        from urllib3.exceptions import HTTPError  # noqa: PLC0415 - the client's transport
+    except ImportError:
+        return ()
+    return (ApiException, HTTPError)
+
+
+def _api_error(exc: Exception, verb: str, namespace: str, deployment: str) -> ShoalError:
+    status = getattr(exc, "status", None)
+    what = f"cannot {verb} the scale of Deployment {namespace}/{deployment}"
+    if status == 404:
+        return ConfigError(
+            f"{what}: the Kubernetes API has no such Deployment (404). Check the scaler's "
+            "--deployment and --namespace, and that the workers' Deployment is applied"
+        )
+    if status in (401, 403):
+        return ConfigError(
+            f"{what}: the Kubernetes API refused ({status} {getattr(exc, 'reason', '')}). Check "
+            "the scaler's ServiceAccount and RBAC: its Role must allow get and patch on "
+            f"deployments/scale for {deployment!r} in {namespace!r} "
+            "(deploy/kubernetes/scaler.yaml)"
+        )
+    if status is not None:
+        return ShoalError(
+            f"{what}: the Kubernetes API answered {status} {getattr(exc, 'reason', '')}"
+        )
+    return ShoalError(
+        f"{what}: the Kubernetes API is unreachable ({exc}). Check the API server address"
+    )
+
 
 def _apps_api() -> Any:
     try:
-        from kubernetes import client, config  # noqa: PLC0415 - optional dependency
+        from kubernetes import client  # noqa: PLC0415 - optional dependency
+        from kubernetes import config as kube_config  # noqa: PLC0415
     except ImportError as exc:
         raise ConfigError(
             "the kubernetes backend needs the official client: pip install 'shoal[kubernetes]'"
         ) from exc
+    # Its loaders are untyped in some client releases and typed in others.
+    config: Any = kube_config
     try:
         config.load_incluster_config()
     except config.ConfigException:
-        config.load_kube_config()
+        try:
+            config.load_kube_config()
+        except config.ConfigException as exc:
+            raise ConfigError(
+                "the kubernetes backend found no cluster credentials: it is not running in a "
+                "pod (no service account) and has no kubeconfig (KUBECONFIG or ~/.kube/config): "
+                f"{exc}"
+            ) from exc
     return client.AppsV1Api()
