@@ -91,6 +91,8 @@ class Scaler:
         self.scale_events = 0
         self._on_decision = on_decision
         self._stop = asyncio.Event()
+        self.bound_port: int | None = None
+        """The metrics endpoint's port once ``run`` serves it."""
 
     def tick(self) -> ScaleRecord:
         """Observe the backend, decide, apply."""
@@ -127,7 +129,7 @@ class Scaler:
             server = MetricsServer(
                 self.render_metrics, self.render_json, self.config.http_host, self.config.http_port
             )
-            port = await server.start()
+            self.bound_port = port = await server.start()
             log.info("scaler: metrics on http://%s:%d/metrics", self.config.http_host, port)
         try:
             while not self._stop.is_set():
