@@ -1,4 +1,4 @@
-"""``shoal bench <name>``: benchmarks run as commands (``encodings``, ``pipeline``, ``matrix``).
+"""``shoal bench <name>``: benchmarks run as commands (``encodings``, ``pipeline``, ``chaos``).
 
 Each sub-command imports its benchmark module only when it runs.
 """
@@ -49,6 +49,8 @@ def register(sub: Any) -> None:
     encodings.set_defaults(run=run_encodings)
     _register_pipeline(benches)
     register_matrix(benches)
+    _register_chaos(benches)
+    _register_scaling(benches)
 
 
 def _register_pipeline(benches: Any) -> None:
@@ -91,6 +93,45 @@ def _register_pipeline(benches: Any) -> None:
     )
     pipeline.add_argument("--json", type=Path, metavar="FILE", help="also write the record(s) here")
     pipeline.set_defaults(run=run_pipeline)
+
+
+def _register_scaling(benches: Any) -> None:
+    scaling: argparse.ArgumentParser = benches.add_parser(
+        "scaling",
+        help="scaling policies under a load trace, through the real pipeline",
+        description="Drive a load trace (step: scenario A -> B at 25/s -> A) through the "
+        "pipeline with the local backend, once per policy, and report max lag, time to lag "
+        "below 1 s of data, p99 apply latency, scale events, worker-seconds, and exact loss "
+        "and duplication. With --policy all the policies run one after another on the same "
+        "trace and a comparison table follows.",
+    )
+    scaling.add_argument("--trace", default="step", choices=["step", "ramp", "spike"])
+    scaling.add_argument(
+        "--policy", default="all", choices=["lag", "cpu", "rps", "all"], help="(default all)"
+    )
+    scaling.add_argument(
+        "--pipeline",
+        default="citywide",
+        metavar="NAME|FILE",
+        help="pipeline spec (default citywide: per-type rolling minute, heavy on workers)",
+    )
+    scaling.add_argument("--sensors", type=int, default=1000, help="sensors per gateway")
+    scaling.add_argument("--rate", type=float, default=25.0, help="measurements/s per sensor")
+    scaling.add_argument("--batch", type=int, default=16_000, help="rows per batch")
+    scaling.add_argument("--encoding", default="binary", help="batch encoding (default binary)")
+    scaling.add_argument("--min-workers", type=int, default=1)
+    scaling.add_argument("--max-workers", type=int, default=8)
+    scaling.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="multiply the trace's phase lengths (0.5: twice as fast; default 1)",
+    )
+    scaling.add_argument("--json", type=Path, metavar="FILE", help="write figures and samples")
+    scaling.add_argument("--plot", type=Path, metavar="PNG", help="plot workers and lag")
+    scaling.add_argument("--run-dir", type=Path, help="keep logs and state here")
+    scaling.set_defaults(run=run_scaling)
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -161,3 +202,122 @@ def run_pipeline(args: argparse.Namespace) -> int:
         args.json.write_text(bench.dumps(result) + "\n")
         print(f"wrote {args.json}")
     return code
+
+
+def run_scaling(args: argparse.Namespace) -> int:
+    """Run the scaling benchmark; exit 0 when every policy lost and duplicated nothing."""
+    from shoal._cli.common import load_spec  # noqa: PLC0415
+    from shoal.loadtest import bench_scaling as bench  # noqa: PLC0415 - heavy, run-time only
+    from shoal.loadtest.trace import make_trace  # noqa: PLC0415
+    from shoal.runtime.loadtrace import GatewayLoad  # noqa: PLC0415
+    from shoal.scaler.policy import POLICIES, Bounds  # noqa: PLC0415
+
+    try:
+        bounds = Bounds(args.min_workers, args.max_workers)
+    except ValueError as exc:
+        raise ConfigError(f"--min-workers/--max-workers: {exc}") from exc
+    if args.time_scale <= 0:
+        raise ConfigError("--time-scale must be positive")
+    spec = load_spec(args.pipeline)
+    config = bench.ScalingBenchConfig(
+        spec=spec,
+        spec_source=args.pipeline,
+        trace=make_trace(args.trace).scaled(args.time_scale),
+        load=GatewayLoad(
+            sensors=args.sensors,
+            rate=args.rate,
+            batch=args.batch,
+            encoding=args.encoding,
+            attributes=spec.key != "sensor_id",
+            spool="memory",
+        ),
+        policies=POLICIES if args.policy == "all" else (args.policy,),
+        bounds=bounds,
+        run_dir=args.run_dir,
+    )
+    print(f"shoal bench scaling\n{bench.describe_trace(config)}\n", flush=True)
+    runs = bench.run(config, sys.stderr)
+    print(bench.format_table(runs, config.trace))
+    if args.json is not None:
+        args.json.write_bytes(bench.to_json(config, runs))
+        print(f"wrote {args.json}")
+    if args.plot is not None:
+        bench.plot(runs, config.trace, args.plot)
+        print(f"wrote {args.plot}")
+    return 0 if all(r.lost == 0 and r.duplicated == 0 for r in runs) else 1
+
+
+def _register_chaos(benches: Any) -> None:
+    chaos: argparse.ArgumentParser = benches.add_parser(
+        "chaos",
+        help="the pipeline under kill -9, broker restarts, pauses and overload",
+        description="Run the pipeline as processes on this machine under repeated faults: kill "
+        "-9 of random workers and combiners, a broker SIGKILL and restart, worker pauses "
+        "(SIGSTOP/SIGCONT), a gateway restart, and an overload at twice the measured capacity "
+        "with the workers at the scaler's maximum. Accounts for every measurement (published, "
+        "applied, in results, late, lost, duplicated) and reports peak memory per component. "
+        "Exit status 0 only if nothing was lost or duplicated and memory stayed bounded.",
+    )
+    chaos.add_argument("--duration", type=float, default=120.0, help="seconds (default 120)")
+    chaos.add_argument("--min-workers", type=int, default=2, help="scaler minimum (default 2)")
+    chaos.add_argument("--max-workers", type=int, default=4, help="scaler maximum (default 4)")
+    chaos.add_argument(
+        "--rate", type=float, default=20.0, help="base load per sensor, 2 x 500 sensors (20/s)"
+    )
+    chaos.add_argument(
+        "--kill-interval", type=float, default=5.0, help="seconds between kills (default 5)"
+    )
+    chaos.add_argument(
+        "--capacity",
+        type=float,
+        default=None,
+        metavar="MEAS_PER_S",
+        help="skip the capacity probe and use this capacity",
+    )
+    chaos.add_argument(
+        "--overload", type=float, default=12.0, help="seconds of overload (default 12)"
+    )
+    chaos.add_argument(
+        "--no-scaler", action="store_true", help="fixed maximum workers instead of the scaler"
+    )
+    chaos.add_argument(
+        "--profile", default="dev", help="broker profile (secure: every component with its role)"
+    )
+    chaos.add_argument("--seed", type=int, default=0, help="choice of victims")
+    chaos.add_argument(
+        "--rss-limit-mb", type=float, default=1500.0, help="peak RSS allowed per component"
+    )
+    chaos.add_argument("--keep", type=Path, metavar="DIR", help="keep logs and spools in DIR")
+    chaos.add_argument("--json", type=Path, metavar="FILE", help="also write the record here")
+    chaos.set_defaults(run=run_chaos)
+
+
+def run_chaos(args: argparse.Namespace) -> int:
+    """Run the chaos benchmark, print the summary, optionally write JSON."""
+    from shoal.loadtest import chaos  # noqa: PLC0415 - heavy, run-time only
+
+    if not 1 <= args.min_workers <= args.max_workers:
+        raise ConfigError("need 1 <= --min-workers <= --max-workers")
+    if args.duration < 20:
+        raise ConfigError("--duration must be at least 20 seconds")
+    config = chaos.ChaosConfig(
+        duration_s=args.duration,
+        min_workers=args.min_workers,
+        max_workers=args.max_workers,
+        rate_hz=args.rate,
+        kill_interval_s=args.kill_interval,
+        capacity=args.capacity,
+        overload_s=args.overload,
+        scaler=not args.no_scaler,
+        profile=args.profile,
+        seed=args.seed,
+        rss_limit_mb=args.rss_limit_mb,
+        run_dir=args.keep,
+    )
+    print(f"shoal bench chaos: {args.duration:g} s", file=sys.stderr, flush=True)
+    record = chaos.run_chaos(config, sys.stderr)
+    print(chaos.format_record(record))
+    if args.json is not None:
+        args.json.write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2) + b"\n")
+        print(f"wrote {args.json}")
+    return 0 if record["exact"] and record["memory"]["bounded"] else 1
