@@ -44,6 +44,7 @@ from shoal.schemas import ATTRIBUTE_COLUMNS
 from shoal.schemas.topics import Topics
 
 SETTLE_TIMEOUT_S: Final = 120.0
+RSS_EVERY_S: Final = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +117,9 @@ class _Usage:
     rss_peak: int = 0
     rss_last: int = 0
     restarts: int = 0
+    rss_series: list[int] = field(default_factory=list)
+    """RSS every ``RSS_EVERY_S`` (growth over a long run shows here)."""
+    next_series_at: float = 0.0
 
 
 @dataclass
@@ -150,6 +154,10 @@ class ResourceSampler:
                 usage.cpu_last = times.user + times.system
                 usage.rss_last = usage.process.memory_info().rss
                 usage.rss_peak = max(usage.rss_peak, usage.rss_last)
+                now = time.monotonic()
+                if now >= usage.next_series_at:
+                    usage.rss_series.append(usage.rss_last)
+                    usage.next_series_at = now + RSS_EVERY_S
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds (user + system) of every watched process so far, read now."""
@@ -173,6 +181,9 @@ class ResourceSampler:
                     "cpu_seconds": round(usage.cpu_last - usage.cpu_start, 3),
                     "rss_mb": round(usage.rss_peak / 1e6, 1),
                     "rss_last_mb": round(usage.rss_last / 1e6, 1),
+                    f"rss_every_{RSS_EVERY_S:.0f}s_mb": [
+                        round(r / 1e6, 1) for r in usage.rss_series
+                    ],
                     "restarts": usage.restarts,
                 }
             )
@@ -390,8 +401,10 @@ class LocalPipeline:
             self.topics.combiner_control(self.config.spec.name), orjson.dumps({"cmd": "flush"})
         )
         await self.until(
-            lambda s: s.window_memberships >= s.batch_rows_applied * s.windows_per_row
-            and s.batch_rows_applied >= s.rows_generated,
+            lambda s: (
+                s.window_memberships >= s.batch_rows_applied * s.windows_per_row
+                and s.batch_rows_applied >= s.rows_generated
+            ),
             min(timeout_s, 30.0),
         )
         await asyncio.sleep(0.5)  # late duplicates, if any, would show up now
