@@ -33,7 +33,12 @@ from typing import Any, Final, TextIO
 from shoal.loadtest import bench_encoding_study
 from shoal.loadtest.baseline.bench import BaselineBenchConfig, run_baseline
 from shoal.loadtest.bench_encodings import machine as machine_facts
-from shoal.loadtest.bench_pipeline import PipelineBenchConfig, run_pipeline
+from shoal.loadtest.bench_pipeline import (
+    MAX_LAG_SECONDS,
+    SUSTAIN_FRACTION,
+    PipelineBenchConfig,
+    run_pipeline,
+)
 from shoal.processors.spec import PipelineSpec
 
 EQUIVALENT: Final = "baseline-equivalent"
@@ -126,8 +131,8 @@ class MatrixPlan:
         return out
 
     def duration_for(self, cell: Cell) -> float:
-        """Measured seconds at ``cell``: at least three batches per gateway."""
-        return max(self.duration_s, 3.0 * cell.fill_s)
+        """Measured seconds at ``cell``: at least five batches per gateway."""
+        return max(self.duration_s, 5.0 * cell.fill_s)
 
 
 def full_plan() -> MatrixPlan:
@@ -392,7 +397,7 @@ def search_max(
         "max_sustained_meas_per_s": best["achieved_meas_per_s"] if best else 0.0,
         "max_sustained_rate_per_sensor": best["rate_per_sensor"] if best else None,
         "first_failed_rate_per_sensor": failed,
-        "per_core_used": best["per_core_meas_per_s"] if best else None,
+        "per_core_used": best.get("per_core_meas_per_s") if best else None,
         "best": best,
         "steps": steps,
     }
@@ -412,6 +417,7 @@ def summarise(record: dict[str, Any]) -> dict[str, Any]:
     achieved = record["achieved_meas_per_s"]
     t_rr = record["t_rr_ms"] if baseline else record["apply_latency_ms"]
     t_ex = record["t_ex_ms"] if baseline else record.get("worker_handle_ms")
+    sustained = record["sustained"] if baseline else _shoal_sustained(record)
     if baseline:
         loss = record["unprocessed_measurements"]
         loss_note = "not processed (queued at gateways or failed)"
@@ -425,7 +431,7 @@ def summarise(record: dict[str, Any]) -> dict[str, Any]:
         "system": "baseline" if baseline else "shoal",
         "offered_meas_per_s": record["offered_meas_per_s"],
         "achieved_meas_per_s": achieved,
-        "sustained": record["sustained"],
+        "sustained": sustained,
         "loss_measurements": loss,
         "loss_means": loss_note,
         "late_measurements": record.get("late_measurements", 0),
@@ -438,6 +444,29 @@ def summarise(record: dict[str, Any]) -> dict[str, Any]:
         "bytes_per_meas": record.get("bytes_per_meas"),
         "run": record,
     }
+
+
+def _shoal_sustained(record: dict[str, Any]) -> bool:
+    """``bench pipeline``'s verdict, allowing one batch per gateway in the achieved rate.
+
+    Achieved rates come from counts of whole batches over the measured window, so with few,
+    large batches per window they are off by up to one batch per gateway either way (the
+    baseline's verdict allows the same). The other conditions are unchanged: exact
+    accounting, the simulator kept up, and under two seconds of data unconfirmed at the end.
+    """
+    if record["sustained"]:
+        return True
+    offered = record["offered_meas_per_s"]
+    gateways = {"A": 1, "B": 10}[record["scenario"]]
+    granularity = gateways * record["batch"] / max(record["duration_s"], 1e-9)
+    return bool(
+        record["lost_measurements"] == 0
+        and record["duplicated_measurements"] == 0
+        and record["unconfirmed_batches"] == 0
+        and record["achieved_meas_per_s"] >= SUSTAIN_FRACTION * offered - granularity
+        and (record["simulator_meas_per_s"] or 0.0) >= SUSTAIN_FRACTION * offered
+        and record["lag_at_end_measurements"] <= MAX_LAG_SECONDS * offered
+    )
 
 
 def ratios(shoal: dict[str, Any], baseline: dict[str, Any]) -> dict[str, float | None]:

@@ -35,7 +35,7 @@ def analyse(body: bytes, pd: Any) -> bytes:
     rows = orjson.loads(body)["measurements"]
     frame = pd.DataFrame.from_records(rows, columns=list(COLUMNS))
     stats = frame.groupby("sensor_id", sort=False)["value"].agg(list(STATISTICS))
-    return str(stats.to_json(orient="index")).encode()
+    return str(stats.to_json(orient="index", double_precision=15)).encode()
 
 
 def create_app() -> Any:
