@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,6 +122,17 @@ def test_unreachable_api_server_is_a_shoal_error(fake: FakeKubernetes) -> None:
         workers = KubernetesBackend(WORKERS, NAMESPACE, api=client.AppsV1Api(api_client))
         with pytest.raises(ShoalError, match="unreachable"):
             workers.observe()
+
+
+def test_a_hung_api_server_cannot_stall_the_scaler(
+    fake: FakeKubernetes, apps: client.AppsV1Api
+) -> None:
+    fake.delay_s = 1.0
+    workers = KubernetesBackend(WORKERS, NAMESPACE, api=apps, request_timeout_s=0.2)
+    started = time.monotonic()
+    with pytest.raises(ShoalError, match="unreachable"):
+        workers.observe()
+    assert time.monotonic() - started < 1.5
 
 
 def test_without_the_client_package_the_message_says_what_to_install(

@@ -9,14 +9,17 @@ against a cluster. It serves::
                                                                     JSON patch, as the API does)
 
 Unknown deployments give 404, verbs listed in ``forbidden`` give 403, other paths 404 and
-other methods 405, all as ``Status`` objects like the API server's. Every request is recorded.
+other methods 405, all as ``Status`` objects like the API server's; ``delay_s`` slows every
+answer down. Every request is recorded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -65,6 +68,7 @@ class FakeKubernetes:
 
     deployments: dict[tuple[str, str], FakeDeployment] = field(default_factory=dict)
     forbidden: set[str] = field(default_factory=set)
+    delay_s: float = 0.0
     requests: list[Recorded] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
     _thread: threading.Thread | None = None
@@ -132,6 +136,7 @@ class FakeKubernetes:
         except json.JSONDecodeError:
             body = raw.decode(errors="replace")
         self.requests.append(Recorded(method, path, content_type, body))
+        time.sleep(self.delay_s)  # a slow or hung API server
         match = _SCALE_PATH.match(path)
         if match is None:
             _reply(request, _status(404, "NotFound", f"the server could not find {path}"))
@@ -210,5 +215,6 @@ def _reply(request: BaseHTTPRequestHandler, reply: tuple[int, dict[str, Any]]) -
     request.send_response(code)
     request.send_header("Content-Type", "application/json")
     request.send_header("Content-Length", str(len(data)))
-    request.end_headers()
-    request.wfile.write(data)
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the client gave up
+        request.end_headers()
+        request.wfile.write(data)

@@ -151,6 +151,7 @@ class KubernetesBackend:
         api: an ``AppsV1Api`` (None: build one from the in-cluster or kubeconfig settings).
         read_only: observe the Deployment but never patch it, for when KEDA sets the replicas
             from the scaler's ``/api/v1/scaling`` endpoint (``deploy/kubernetes/keda/``).
+        request_timeout_s: the longest one API call may take (the scaler's loop waits for it).
     """
 
     name = "kubernetes"
@@ -162,10 +163,12 @@ class KubernetesBackend:
         api: Any = None,
         *,
         read_only: bool = False,
+        request_timeout_s: float = 10.0,
     ) -> None:
         self.deployment = deployment
         self.namespace = namespace
         self.read_only = read_only
+        self.request_timeout_s = request_timeout_s
         self._api = api if api is not None else _apps_api()
         self.stats = BackendStats()
         self._replicas: int | None = None
@@ -192,7 +195,9 @@ class KubernetesBackend:
     def _call(self, verb: str, method: Callable[..., Any], *args: Any) -> Any:
         """Call the API for this Deployment; its errors become shoal errors saying what to check."""
         try:
-            return method(self.deployment, self.namespace, *args)
+            return method(
+                self.deployment, self.namespace, *args, _request_timeout=self.request_timeout_s
+            )
         except _api_errors() as exc:
             raise _api_error(exc, verb, self.namespace, self.deployment) from exc
 
