@@ -1,0 +1,56 @@
+"""The chaos ledger counts each window message and late report once, by identity."""
+
+from __future__ import annotations
+
+import msgpack
+import orjson
+
+from shoal.broker.mqtt import Message
+from shoal.loadtest._ledger import Ledger
+from shoal.schemas.topics import Topics
+
+T = Topics(root="r")
+
+
+def window(start: int, partition: int, rows: int, window: str = "tumbling-2s") -> Message:
+    body = {"window": window, "start": start, "partition": partition, "revision": 1, "rows": rows}
+    return Message(T.results("p"), orjson.dumps(body))
+
+
+def late(partition: int, gateway: str, seq: int, rows: int) -> Message:
+    body = {"partition": partition, "gateway_id": gateway, "seq": seq, "rows": rows}
+    return Message(T.late("p"), orjson.dumps(body))
+
+
+def test_duplicates_count_once_and_conflicts_are_flagged() -> None:
+    ledger = Ledger("p", "tumbling-2s")
+    for message in (
+        window(0, 0, 10),
+        window(0, 1, 5),
+        window(0, 0, 10),  # re-published after a combiner restart: same identity, same rows
+        window(2000, 0, 7),
+        window(0, 0, 7, window="hopping-4s-2s"),  # another window spec: not counted
+        late(0, "gw", 3, 2),
+        late(0, "gw", 3, 2),
+        late(1, "gw", 3, 1),
+    ):
+        ledger.take(T, message)
+    assert ledger.rows_in_results == 22
+    assert ledger.late_rows == 3
+    assert ledger.republished == 1
+    assert ledger.conflicts == 0
+    ledger.take(T, window(2000, 0, 8))
+    assert ledger.conflicts == 1
+    assert ledger.conflict_rows == 1
+
+
+def test_dead_letters_and_unreadable_messages() -> None:
+    ledger = Ledger("p")
+    record = msgpack.packb({"error": {"reason": "not_finite"}, "payload": b"x"})
+    ledger.take(T, Message(T.deadletter("p"), record))
+    ledger.take(T, Message(T.deadletter("p"), b"\xc1"))
+    ledger.take(T, Message(T.results("p"), b"{"))
+    assert ledger.deadletters == 1
+    assert ledger.reasons == {"not_finite": 1}
+    assert ledger.unreadable == 2
+    assert ledger.window is None
