@@ -19,7 +19,7 @@ from shoal.broker.mqtt import AsyncSession, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.broker.sysmon import SYS_TOPICS, BrokerCounters
 from shoal.clock import Clock, SystemClock
-from shoal.errors import BrokerError
+from shoal.errors import BrokerError, ShoalError
 from shoal.processors.spec import PipelineSpec
 from shoal.scaler.backends import Backend
 from shoal.scaler.http import MetricsServer, prometheus_text
@@ -91,12 +91,28 @@ class Scaler:
         self.scale_events = 0
         self._on_decision = on_decision
         self._stop = asyncio.Event()
+        self.tick_errors = 0
         self.bound_port: int | None = None
         """The metrics endpoint's port once ``run`` serves it."""
 
     def tick(self) -> ScaleRecord:
         """Observe the backend, decide, apply."""
-        workers = self.backend.observe()
+        record = self.decide(self.backend.observe())
+        self.backend.scale_to(record.decision.desired)
+        return record
+
+    async def tick_async(self) -> ScaleRecord:
+        """``tick`` with the backend's calls (a Kubernetes API round trip) off the event loop.
+
+        Deciding stays on the loop, where the monitor is fed: no locking needed.
+        """
+        workers = await asyncio.to_thread(self.backend.observe)
+        record = self.decide(workers)
+        await asyncio.to_thread(self.backend.scale_to, record.decision.desired)
+        return record
+
+    def decide(self, workers: int) -> ScaleRecord:
+        """What the policy wants, given ``workers`` live workers (recorded, not applied)."""
         now = self.clock.monotonic()
         signals = signals_from(self.monitor.snapshot(), now, workers)
         decision = self.policy.decide(signals)
@@ -110,7 +126,6 @@ class Scaler:
                 signals.arrival_rows_per_s,
                 signals.backlog_rows,
             )
-        self.backend.scale_to(decision.desired)
         record = ScaleRecord(now, signals, decision)
         self.history.append(record)
         del self.history[:-3600]
@@ -159,7 +174,12 @@ class Scaler:
     async def _ticks(self) -> None:
         while True:
             started = time.monotonic()
-            self.tick()
+            try:
+                await self.tick_async()
+            except ShoalError as exc:
+                # The backend failed (API down, RBAC): keep the scaler alive, try again.
+                self.tick_errors += 1
+                log.warning("scaler: could not observe or scale the workers: %s", exc)
             await asyncio.sleep(max(0.0, self.config.interval_s - (time.monotonic() - started)))
 
     # -- what the endpoint serves --------------------------------------------------------------
