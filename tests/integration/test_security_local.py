@@ -36,7 +36,7 @@ def test_secure_local_pipeline_is_exact_with_roles(tmp_path) -> None:
                     "--duration", "3", "--spool", "memory", "--quiet",
                 ]
             )  # fmt: skip
-            await asyncio.sleep(1.0)
+            assert await local.until(lambda s: s.rows_generated > 0, 30)
             command_lines = [
                 " ".join(psutil.Process(c.pid).cmdline())
                 for c in (*local.children, *local.workers, *local.simulators)

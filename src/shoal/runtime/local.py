@@ -44,6 +44,7 @@ from shoal.schemas import ATTRIBUTE_COLUMNS
 from shoal.schemas.topics import Topics
 
 SETTLE_TIMEOUT_S: Final = 120.0
+DEFAULT_SIMULATED_GATEWAYS: Final = tuple(f"sim-gw{i:03d}" for i in range(64))
 RSS_EVERY_S: Final = 30.0
 
 
@@ -59,7 +60,8 @@ class LocalPipelineConfig:
         run_dir: logs, spools and checkpoints (None: a temporary folder, removed at the end).
         per_key_results: publish the retained per-key result topics.
         gateway_ids: with an access-controlled profile, the gateway ids the simulators may
-            publish for (they log in as one "concentrator" gateway user).
+            publish for (they log in as one "concentrator" gateway user); empty: the
+            simulator's default ids ``sim-gw000`` to ``sim-gw063``.
     """
 
     spec: PipelineSpec
@@ -440,10 +442,10 @@ def _role_users(config: LocalPipelineConfig) -> dict[str, BrokerUser]:
         "combiner": Role.combiner(spec.name),
         "worker": Role.worker(spec.name, spec.inputs),
         "admin": Role.admin(),
-        "simulator": Role.gateway(*config.gateway_ids) if config.gateway_ids else None,
+        # The simulator's gateways (``shoal simulate``'s default ids, unless told otherwise).
+        "simulator": Role.gateway(*(config.gateway_ids or DEFAULT_SIMULATED_GATEWAYS)),
     }
     return {
         kind: BrokerUser(f"shoal-{kind}-{spec.name}", secrets.token_urlsafe(18), role)
         for kind, role in roles.items()
-        if role is not None
     }
