@@ -52,11 +52,11 @@ def run_matrix(args: argparse.Namespace) -> int:
     )
     if args.no_max:
         plan = dataclasses.replace(plan, max_search=None)
-    if args.plots is not None:
-        # Fail before an hour of measuring, not after it.
-        from shoal.loadtest.baseline._extra import require  # noqa: PLC0415
+    from shoal.loadtest.baseline._extra import require  # noqa: PLC0415
 
-        require("matplotlib")
+    # Fail before an hour of measuring, not after it.
+    for module in ("flask", "waitress", *(["matplotlib"] if args.plots is not None else [])):
+        require(module)
     print(f"shoal bench matrix: plan {plan.name!r}, {len(plan.runs())} grid runs", file=sys.stderr)
     document = bench_matrix.run(plan, load_spec, sys.stderr)
     text = bench_report.markdown(document)
