@@ -53,6 +53,9 @@ def register(sub: Any) -> None:
     )
     tls = parser.add_argument_group("TLS listener (secure profile)")
     tls.add_argument("--tls-port", type=int, default=8883, help="TLS listener port (0: a free one)")
+    tls.add_argument(
+        "--tls-bind", metavar="ADDRESS", help="TLS listen address (default: the same as --bind)"
+    )
     tls.add_argument("--certfile", type=Path, help="the broker's certificate (PEM)")
     tls.add_argument("--keyfile", type=Path, help="its private key")
     tls.add_argument(
@@ -104,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         users=_users(args),
         topic_root=args.topic_root,
         tls_port=args.tls_port or None,
+        tls_bind=args.tls_bind,
         tls=_server_tls(args),
     )
     stop = threading.Event()

@@ -98,6 +98,8 @@ class EmbeddedBroker:
             ``mosquitto_passwd``. Profiles that deny anonymous access need at least one.
         topic_root: the topic root the ACL's rules sit below (``Topics.root``).
         tls_port: port of the TLS listener in profiles that have one; None picks a free one.
+        tls_bind: its listen address (None: the same as ``bind``); e.g. ``0.0.0.0`` for TLS
+            from other machines while the plain listener stays on loopback.
         tls: the TLS listener's files; None (in a profile with TLS) makes a throwaway CA and
             server certificate in ``data_dir/tls``.
         startup_timeout_s: how long to wait for the listener.
@@ -118,6 +120,7 @@ class EmbeddedBroker:
         users: Mapping[str, str] | Iterable[BrokerUser] | None = None,
         topic_root: str = "",
         tls_port: int | None = None,
+        tls_bind: str | None = None,
         tls: ServerTls | None = None,
         startup_timeout_s: float = 10.0,
     ) -> None:
@@ -136,6 +139,7 @@ class EmbeddedBroker:
             raise ConfigError(str(exc)) from exc
         self._tls_port = tls_port
         self._fixed_tls_port = tls_port is not None
+        self.tls_bind = tls_bind or bind
         self.tls = tls
         self.startup_timeout_s = startup_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
@@ -175,8 +179,9 @@ class EmbeddedBroker:
             raise BrokerError(
                 f"the {self.profile} profile has no TLS listener, or it has not started"
             )
+        host = "127.0.0.1" if self.tls_bind in _ANY_ADDRESS else self.tls_bind
         return BrokerSettings(
-            host=self.settings_host, port=self.tls_port, tls=TlsSettings(ca_file=self.tls.ca_file)
+            host=host, port=self.tls_port, tls=TlsSettings(ca_file=self.tls.ca_file)
         )
 
     @property
@@ -352,6 +357,7 @@ class EmbeddedBroker:
             self._tls_port = free_port(self.settings_host)
         return {
             "tls_port": str(self._tls_port),
+            "tls_bind": self.tls_bind,
             "tls_ca_file": str(self.tls.ca_file),
             "tls_cert_file": str(self.tls.cert_file),
             "tls_key_file": str(self.tls.key_file),

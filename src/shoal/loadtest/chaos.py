@@ -270,6 +270,8 @@ class ChaosRun:
         finally:
             killer.cancel()
             await asyncio.gather(killer, return_exceptions=True)
+            for partition in range(self.spec.partitions):  # one may have died just now
+                self.local.revive(f"combiner-{partition}")
             for task in self._background:
                 task.cancel()
             await asyncio.gather(*self._background, return_exceptions=True)
