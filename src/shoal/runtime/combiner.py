@@ -180,6 +180,7 @@ class CombinerRuntime:
         if message.topic == self.config.topics.combiner_control(self.config.spec.name):
             self._on_control(session, message)
             return
+        received_ms = self.clock.now_ms()
         try:
             partial = Partial.decode(message.payload)
         except SchemaError as exc:
@@ -187,6 +188,16 @@ class CombinerRuntime:
             return
         step = self.core.receive(partial)
         now = self.clock.now_ms()
+        if log.isEnabledFor(logging.DEBUG):
+            b = partial.batch
+            log.debug(
+                "partial %s/%d: sealed->worker %d ms, worker->combiner %d ms, apply %d ms",
+                b.gateway_id,
+                b.seq,
+                partial.produced_at_ms - b.sent_at_ms,
+                received_ms - partial.produced_at_ms,
+                now - received_ms,
+            )
         if step.applied and partial.batch.sent_at_ms:
             self.apply_latency.add(now - partial.batch.sent_at_ms)
         self._publish_step(session, step)

@@ -284,7 +284,7 @@ class LocalPipeline:
         # Children log to files: INFO there costs nothing and explains what happened.
         return {
             "POLARS_MAX_THREADS": os.environ.get("POLARS_MAX_THREADS", "1"),
-            "SHOAL_LOG_LEVEL": "INFO",
+            "SHOAL_LOG_LEVEL": os.environ.get("SHOAL_CHILD_LOG_LEVEL", "INFO"),
             **self.credentials(role).child_env(),
         }
 
