@@ -284,7 +284,7 @@ class WindowState:
                 pl.col(name) if name in self.plan.quantiles else self.plan.outputs[name]
                 for name in self.spec.aggregate_names
             ),
-        ).sort("window", "start", "key")
+        )  # in (slot, key id) order: grouped by window, keys in no particular order
 
     def _slot_info_for(
         self, slots: npt.NDArray[np.int64]
