@@ -51,8 +51,13 @@ class WindowResult:
 
 def split_windows(closed: pl.DataFrame) -> list[WindowResult]:
     """Group a ``ClosedWindows.frame`` by (window, start), in close order."""
+    if closed.height and closed["start"].n_unique() == 1 and closed["window"].n_unique() == 1:
+        # The common case (one window closes at a time): no grouping.
+        groups = [((closed["window"][0], closed["start"][0]), closed)]
+    else:
+        groups = list(closed.group_by("window", "start", maintain_order=True))
     out = []
-    for (window, start), part in closed.group_by("window", "start", maintain_order=True):
+    for (window, start), part in groups:
         end = int(part["end"][0])
         out.append(WindowResult(str(window), int(start), end, part.drop("window", "start", "end")))
     out.sort(key=lambda r: (r.end, r.window))
