@@ -362,13 +362,6 @@ def test_hostile_input_100k(broker: EmbeddedBroker, topics: Topics, tmp_path: Pa
     (Path(__file__).parents[2] / "var" / "hostile-100k.json").write_text(json.dumps(figures))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: a refused payload within ~1 KiB of the broker's packet limit makes a "
-    "dead letter too large to publish; the worker treats that as a lost connection, reconnects "
-    "and the message (and what was in flight with it) is lost to the clean session "
-    "(runtime/worker.py, Worker._refuse)",
-)
 def test_a_refused_payload_near_the_packet_limit_is_dead_lettered(
     broker: EmbeddedBroker, topics: Topics
 ) -> None:
@@ -394,6 +387,7 @@ def test_a_refused_payload_near_the_packet_limit_is_dead_lettered(
         return got, worker.counters.reconnects
 
     got, reconnects = asyncio.run(scenario())
+    # Both dead-lettered (the big one with its payload cut to fit), no reconnect.
     assert (got, reconnects) == (2, 0)
 
 

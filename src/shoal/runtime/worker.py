@@ -32,7 +32,7 @@ from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
 from shoal.errors import BrokerError, InputError
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
-from shoal.processors.results import deadletter_message
+from shoal.processors.results import DEADLETTER_HEADROOM, deadletter_message
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime._tasks import supervised
 from shoal.runtime.latency import LatencyHistogram
@@ -292,6 +292,9 @@ class Worker:
             error=exc.as_record(),
             worker=self.worker_id,
             at_ms=now,
+            max_bytes=None
+            if session.max_packet_size is None
+            else session.max_packet_size - DEADLETTER_HEADROOM,
         )
         futures.append(
             session.publish_started(
