@@ -40,6 +40,9 @@ from shoal.processors.state import ClosedWindows, WindowState
 from shoal.schemas.control import GatewayStatus
 
 SNAPSHOT_VERSION: Final = 2
+MAX_PENDING_BYTES: Final = 256 * 2**20
+"""Memory for partials that arrived ahead of a missing batch; beyond it the newest are let go
+(their gateways send them again, see ``progress``)."""
 
 
 @dataclass
@@ -50,6 +53,7 @@ class CombinerCounters:
     batches_applied: int = 0
     batches_rejected: int = 0
     duplicate_batches: int = 0
+    deferred_batches: int = 0
     foreign_partials: int = 0
     rows_applied: int = 0
     batch_rows: int = 0
@@ -90,7 +94,14 @@ class Step:
 class Combiner:
     """The merge/close core of one combiner partition (see the module docstring)."""
 
-    def __init__(self, spec: PipelineSpec, partition: int, clock: Clock) -> None:
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        partition: int,
+        clock: Clock,
+        *,
+        max_pending_bytes: int | None = MAX_PENDING_BYTES,
+    ) -> None:
         if not 0 <= partition < spec.partitions:
             raise ValueError(f"partition {partition} outside 0..{spec.partitions - 1}")
         self.spec = spec
@@ -98,7 +109,9 @@ class Combiner:
         self.clock = clock
         self.plan = AggregatePlan.for_spec(spec)
         self.fingerprint = spec_fingerprint(spec)
-        self.tracker: ProgressTracker[Partial] = ProgressTracker(spec.idle_timeout_ms)
+        self.tracker: ProgressTracker[Partial] = ProgressTracker(
+            spec.idle_timeout_ms, max_pending_weight=max_pending_bytes, weigh=_partial_bytes
+        )
         self.state = WindowState(spec, self.plan)
         self.closed_through: int | None = None
         self.counters = CombinerCounters()
@@ -148,7 +161,9 @@ class Combiner:
             step.applied += 1
             if late is not None:
                 step.late.append(late)
-        self.counters.duplicate_batches = sum(g.duplicates for g in self.tracker.gateways.values())
+        gateways = self.tracker.gateways.values()
+        self.counters.duplicate_batches = sum(g.duplicates for g in gateways)
+        self.counters.deferred_batches = sum(g.deferred for g in gateways)
         return step
 
     def _apply(self, partial: Partial, now: int) -> LateRows | None:
@@ -282,6 +297,7 @@ class Combiner:
                 "applied": g.applied,
                 "duplicates": g.duplicates,
                 "skipped": g.skipped,
+                "deferred": g.deferred,
             }
             for g in self.tracker.gateways.values()
             if g.next_seq is not None
@@ -329,7 +345,7 @@ class Combiner:
         now = self.clock.now_ms()
         self.closed_through = obj["closed_through"]
         self.counters = CombinerCounters(**obj["counters"])
-        self.tracker.gateways = {}
+        self.tracker.reset()
         for g in obj["gateways"]:
             progress: GatewayProgress[Partial] = GatewayProgress(
                 g["gateway_id"], g["next_seq"], g["watermark_ms"], now, now
@@ -338,5 +354,16 @@ class Combiner:
             progress.applied = g["applied"]
             progress.duplicates = g["duplicates"]
             progress.skipped = g["skipped"]
+            progress.deferred = g.get("deferred", 0)
             self.tracker.gateways[progress.gateway_id] = progress
         self.state.restore(None if obj["state"] is None else PartialRows.unpack(obj["state"]))
+
+
+def _partial_bytes(partial: Partial) -> int:
+    """About the memory a held partial takes (its arrays, plus its keys)."""
+    rows = partial.rows
+    if rows is None:
+        return 256
+    arrays: list[npt.NDArray[Any]] = [rows.window, rows.start, *rows.fields.values()]
+    arrays += [a for a in (rows.sketch_row, rows.sketch_bucket, rows.sketch_count) if a is not None]
+    return 256 + sum(int(a.nbytes) for a in arrays) + 64 * len(rows.keys)

@@ -14,10 +14,16 @@ A gateway *holds* the pipeline watermark while it has something left for us: bat
 announced (``GatewayStatus``) that we have not applied, or recent progress (within
 ``idle_timeout_ms``). Idle gateways stop holding it; the pipeline watermark is the minimum over
 holding gateways.
+
+The reorder buffer is bounded (``max_pending_weight``): when a batch goes missing (a worker
+killed with batches in hand) while the rest keep coming, the newest early arrivals are let go
+(``deferred``, counted) instead of piling up. Nothing is lost: they are not confirmed, so their
+gateways still hold them and send them again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
 
@@ -46,6 +52,7 @@ class GatewayProgress(Generic[T]):
         applied: batches applied.
         duplicates: batches dropped as already applied.
         skipped: seqs the gateway no longer holds and we never saw (confirmed elsewhere).
+        deferred: early arrivals let go because the reorder buffer was full (re-sent later).
     """
 
     gateway_id: str
@@ -59,6 +66,7 @@ class GatewayProgress(Generic[T]):
     applied: int = 0
     duplicates: int = 0
     skipped: int = 0
+    deferred: int = 0
 
     @property
     def applied_through(self) -> int:
@@ -80,13 +88,30 @@ class ProgressTracker(Generic[T]):
     ``T`` is whatever the caller applies (a ``Partial``); the tracker only orders them.
     """
 
-    def __init__(self, idle_timeout_ms: int, max_hold_ms: int | None = None) -> None:
+    def __init__(
+        self,
+        idle_timeout_ms: int,
+        max_hold_ms: int | None = None,
+        *,
+        max_pending_weight: int | None = None,
+        weigh: Callable[[T], int] = lambda _: 1,
+    ) -> None:
         self.idle_timeout_ms = idle_timeout_ms
+        self.max_pending_weight = max_pending_weight
+        self._weigh = weigh
+        self._weights: dict[tuple[str, int], int] = {}
+        self.pending_weight = 0
         # Even a gateway that keeps announcing batches we never receive lets go eventually.
         self.max_hold_ms = (
             max_hold_ms if max_hold_ms is not None else max(60_000, 6 * idle_timeout_ms)
         )
         self.gateways: dict[str, GatewayProgress[T]] = {}
+
+    def reset(self) -> None:
+        """Forget every gateway and everything pending (before restoring a checkpoint)."""
+        self.gateways = {}
+        self._weights = {}
+        self.pending_weight = 0
 
     def _gateway(self, gateway_id: str, now_ms: int) -> GatewayProgress[T]:
         progress = self.gateways.get(gateway_id)
@@ -106,7 +131,32 @@ class ProgressTracker(Generic[T]):
             progress.duplicates += 1
             return []
         progress.pending[seq] = item
-        return self._drain(progress)
+        weight = self._weigh(item)
+        self._weights[(gateway_id, seq)] = weight
+        self.pending_weight += weight
+        ready = self._drain(progress)
+        self._bound()
+        return ready
+
+    def _bound(self) -> None:
+        """Let go of the newest early arrivals while the buffer is over its limit."""
+        if self.max_pending_weight is None:
+            return
+        while self.pending_weight > self.max_pending_weight:
+            # The gateway holding the most, its newest batch: the furthest from its turn.
+            heaviest = max(
+                (g for g in self.gateways.values() if g.pending),
+                key=lambda g: sum(self._weights[(g.gateway_id, s)] for s in g.pending),
+                default=None,
+            )
+            if heaviest is None:
+                return
+            self._forget(heaviest, max(heaviest.pending))
+            heaviest.deferred += 1
+
+    def _forget(self, progress: GatewayProgress[T], seq: int) -> T:
+        self.pending_weight -= self._weights.pop((progress.gateway_id, seq), 0)
+        return progress.pending.pop(seq)
 
     def note_status(self, status: GatewayStatus, now_ms: int) -> list[tuple[int, T]]:
         """Take a gateway's announcement; may set its starting seq or skip confirmed gaps."""
@@ -121,7 +171,7 @@ class ProgressTracker(Generic[T]):
             stale = [s for s in progress.pending if s < first]
             progress.duplicates += len(stale)
             for s in stale:
-                del progress.pending[s]
+                self._forget(progress, s)
         elif first > progress.next_seq and progress.next_seq not in progress.pending:
             # The gateway dropped batches it had confirmed for another pipeline: we will
             # never see them. Move on, and say so in the counters.
@@ -129,7 +179,8 @@ class ProgressTracker(Generic[T]):
             progress.next_seq = first
             # Early arrivals inside the skipped range can never be drained; left in the buffer
             # they would hold the pipeline watermark until max_hold_ms.
-            progress.pending = {s: item for s, item in progress.pending.items() if s >= first}
+            for s in [s for s in progress.pending if s < first]:
+                self._forget(progress, s)
         return self._drain(progress)
 
     def resolve_starts(self, now_ms: int) -> list[tuple[str, int, T]]:
@@ -151,7 +202,7 @@ class ProgressTracker(Generic[T]):
             return ready
         while progress.next_seq in progress.pending:
             seq = progress.next_seq
-            ready.append((seq, progress.pending.pop(seq)))
+            ready.append((seq, self._forget(progress, seq)))
             progress.next_seq = seq + 1
         return ready
 

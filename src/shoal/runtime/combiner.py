@@ -420,6 +420,7 @@ class CombinerRuntime:
             "gateways": len(gateways),
             "applied_through": {g: p.applied_through for g, p in gateways.items()},
             "pending_batches": sum(len(p.pending) for p in gateways.values()),
+            "pending_bytes": self.core.tracker.pending_weight,
             "state_rows": self.core.state.rows,
             "checkpoints": self.checkpoints,
             "apply_latency_ms": self.apply_latency.summary(),

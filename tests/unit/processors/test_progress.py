@@ -361,3 +361,65 @@ def test_confirmable() -> None:
 @pytest.mark.parametrize(("next_seq", "through"), [(None, -1), (0, -1), (1, 0), (10, 9)])
 def test_applied_through(next_seq: int | None, through: int) -> None:
     assert GatewayProgress[str]("g", next_seq, None, T0, T0).applied_through == through
+
+
+# -- the bounded reorder buffer ----------------------------------------------------------------
+
+
+def bounded(limit: int) -> ProgressTracker[str]:
+    t: ProgressTracker[str] = ProgressTracker(
+        IDLE, max_hold_ms=MAX_HOLD, max_pending_weight=limit, weigh=len
+    )
+    for g in ("a", "b"):
+        t.note_status(status(g, first=0), T0)
+    return t
+
+
+def test_a_gap_does_not_let_the_buffer_grow_without_bound() -> None:
+    t = bounded(limit=50)
+    # Seq 0 of gateway a went missing; 1.. keep coming (10 units each).
+    for seq in range(1, 20):
+        assert t.offer("a", seq, "x" * 10, T0) == []
+        assert t.pending_weight <= 50
+    progress = t.gateways["a"]
+    assert sorted(progress.pending) == [1, 2, 3, 4, 5]  # the oldest are kept ...
+    assert progress.deferred == 14  # ... the newest let go, and counted
+    # The missing batch arrives: what was kept drains in order.
+    assert [s for s, _ in t.offer("a", 0, "x" * 10, T0)] == [0, 1, 2, 3, 4, 5]
+    assert t.pending_weight == 0
+    # The let-go batches come again (re-sent by the gateway) and apply in order.
+    assert [s for s, _ in t.offer("a", 6, "x" * 10, T0)] == [6]
+
+
+def test_the_gateway_holding_the_most_gives_way_first() -> None:
+    t = bounded(limit=60)
+    for seq in range(1, 4):
+        t.offer("b", seq, "y" * 10, T0)  # b: 30 units pending behind its own gap
+    for seq in range(1, 5):
+        t.offer("a", seq, "x" * 10, T0)  # a: 40 units: over the limit by 10
+    assert t.pending_weight == 60
+    assert t.gateways["a"].deferred == 1
+    assert t.gateways["b"].deferred == 0
+    assert sorted(t.gateways["a"].pending) == [1, 2, 3]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    order=st.permutations(list(range(30))),
+    limit=st.integers(1, 80),
+    redeliveries=st.integers(1, 6),
+)
+def test_with_redelivery_every_seq_is_released_exactly_once_in_order(
+    order: list[int], limit: int, redeliveries: int
+) -> None:
+    """Whatever the buffer lets go comes again (the gateway re-sends it): still exact."""
+    t = bounded(limit=limit)
+    released: list[int] = []
+    for _ in range(redeliveries + 30):
+        for seq in order:
+            if seq >= t.gateways["a"].next_seq:  # the gateway re-sends what is unconfirmed
+                released += [s for s, _ in t.offer("a", seq, "x" * 7, T0)]
+        if len(released) == 30:
+            break
+    assert released == list(range(30))
+    assert t.pending_weight == 0
