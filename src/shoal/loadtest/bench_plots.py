@@ -39,6 +39,16 @@ def write_plots(document: dict[str, Any], directory: Path) -> list[Path]:
     return written
 
 
+def _log_axis(axis: Any) -> None:
+    """A log scale with plain numbers (5, 10, 20, ...) rather than powers of ten."""
+    ticker = require("matplotlib.ticker")
+    axis.axes.set_xscale("log")
+    axis.set_major_formatter(
+        ticker.FuncFormatter(lambda x, _pos: f"{x:,.0f}" if x >= 1 else f"{x:g}")
+    )
+    axis.set_minor_formatter(ticker.NullFormatter())
+
+
 def _cdf_points(summary: dict[str, Any] | None) -> tuple[list[float], list[float]]:
     if not summary or not summary.get("cdf"):
         return [], []
@@ -70,8 +80,8 @@ def _trr_cdf(plt: Any, document: dict[str, Any]) -> Any:
         for label, run in _main_runs(cell):
             xs, ys = _cdf_points(run["t_rr_ms"])
             if xs:
-                ax.step(xs, ys, where="post", color=_COLOURS[run["system"]], label=label)
-        ax.set_xscale("log")
+                ax.plot(xs, ys, marker=".", color=_COLOURS[run["system"]], label=label)
+        _log_axis(ax.xaxis)
         ax.set_title(
             f"{cell['scenario']}, {cell['rate_per_sensor']:g}/s per sensor, "
             f"batch {cell['batch']:,}",
@@ -101,15 +111,17 @@ def _cpu_memory(plt: Any, document: dict[str, Any]) -> Any:
     for (group, system), points in sorted(series.items()):
         points.sort()
         batches = [p[0] for p in points]
-        style = {"color": _COLOURS[system], "marker": "o", "label": f"{system}, {group}"}
+        marker = "o" if group.startswith("A") else "s"
+        style = {"color": _COLOURS[system], "marker": marker, "label": f"{system}, {group}"}
         cpu_ax.plot(batches, [p[1] for p in points], **style)
         rss_ax.plot(batches, [p[2] for p in points], **style)
     for ax, label in ((cpu_ax, "CPU, % of one core"), (rss_ax, "peak RSS, MB")):
-        ax.set_xscale("log")
+        _log_axis(ax.xaxis)
         ax.set_xlabel("batch size (measurements)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     cpu_ax.legend(fontsize=7)
+    rss_ax.legend(fontsize=7)
     figure.suptitle("system under test (baseline: Waitress; shoal: broker + worker + combiner)")
     return figure
 
@@ -126,14 +138,18 @@ def _throughput(plt: Any, document: dict[str, Any]) -> Any:
         ys = [s["achieved_meas_per_s"] for s in steps]
         top = max(top, *xs, *ys)
         colour = _COLOURS["baseline" if key.startswith("baseline") else "shoal"]
+        if not key.endswith("one"):  # the whole machine: a lighter shade, dashed
+            colour = {"tab:red": "tab:orange", "tab:blue": "tab:cyan"}[colour]
         line = "-" if key.endswith("one") else "--"
         ax.plot(xs, ys, line, color=colour, marker="o", label=search["label"])
         for s in steps:
             if not s["sustained"]:
                 ax.plot(s["offered_meas_per_s"], s["achieved_meas_per_s"], "x", color="black")
-    ax.plot([0, top], [0, top], ":", color="grey", label="achieved = offered")
-    ax.set_xlabel("offered measurements/s")
-    ax.set_ylabel("achieved measurements/s")
+    ax.plot([1e4, top], [1e4, top], ":", color="grey", label="achieved = offered")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("offered measurements/s (log scale)")
+    ax.set_ylabel("achieved measurements/s (log scale)")
     ax.set_title("throughput vs offered load (x: not sustained)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
