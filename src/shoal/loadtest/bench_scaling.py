@@ -129,45 +129,39 @@ class PolicyRun:
 def recovery_times(
     run: PolicyRun, trace: Trace, target_s: float = LAG_TARGET_S, hold_s: float = HOLD_S
 ) -> list[float | None]:
-    """For every rise of the load: seconds until lag is below ``target_s`` for ``hold_s``.
+    """For every rise of the load: seconds until lag is below ``target_s`` for good.
 
-    0 when lag stayed below the target from the rise on; None when it never held below it
-    before the next change of the trace.
+    Lag builds up over the first seconds after a rise, so "below the target for ``hold_s``"
+    right at the rise says nothing: what counts is the last tick at or above the target before
+    the next change of the trace. The recovery is the time from the rise to the first tick after
+    it, provided lag then stays below the target for at least ``hold_s``. 0 when lag never
+    reached the target; None when it did not settle before the next change of the trace.
     """
     out: list[float | None] = []
-    bounds = [p.at_s for p in trace.phases] + [trace.duration_s]
-    for rise in trace.steps_up():
-        end = min(b for b in bounds if b > rise)
-        window = [s for s in run.samples if rise <= s.t_s < end]
-        out.append(_first_hold(window, rise, target_s, hold_s))
+    for rise, window in _rise_windows(run, trace):
+        above = [s.t_s for s in window if s.lag_s >= target_s]
+        if not above:
+            out.append(0.0)
+            continue
+        after = [s.t_s for s in window if s.t_s > above[-1]]
+        settled = bool(after) and after[-1] - after[0] >= hold_s
+        out.append(round(after[0] - rise, 1) if settled else None)
     return out
 
 
-def _first_hold(window: list[Sample], rise: float, target_s: float, hold_s: float) -> float | None:
-    since: float | None = None
-    for sample in window:
-        if sample.lag_s >= target_s:
-            since = None
-            continue
-        if since is None:
-            since = sample.t_s
-        if sample.t_s - since >= hold_s:
-            return round(max(0.0, since - rise), 1) if since > window[0].t_s else 0.0
-    return None
+def ticks_above_target(run: PolicyRun, trace: Trace, target_s: float = LAG_TARGET_S) -> int:
+    """Ticks with lag at or above ``target_s`` in the phases that begin with a rise of load."""
+    return sum(1 for _, window in _rise_windows(run, trace) for s in window if s.lag_s >= target_s)
 
 
-def excursions(run: PolicyRun, trace: Trace, target_s: float = LAG_TARGET_S) -> int:
-    """Ticks with lag at or above ``target_s`` after recovering from each rise (blips)."""
-    count = 0
+def _rise_windows(run: PolicyRun, trace: Trace) -> list[tuple[float, list[Sample]]]:
+    """(rise, samples from the rise to the next change of the trace), for every rise."""
     bounds = [p.at_s for p in trace.phases] + [trace.duration_s]
-    for rise, recovered in zip(trace.steps_up(), recovery_times(run, trace), strict=True):
-        if recovered is None:
-            continue
+    out = []
+    for rise in trace.steps_up():
         end = min(b for b in bounds if b > rise)
-        count += sum(
-            1 for s in run.samples if rise + recovered < s.t_s < end and s.lag_s >= target_s
-        )
-    return count
+        out.append((rise, [s for s in run.samples if rise <= s.t_s < end]))
+    return out
 
 
 def events_per_change(run: PolicyRun, trace: Trace) -> list[int]:
@@ -328,7 +322,7 @@ def summarise(run: PolicyRun, trace: Trace) -> dict[str, Any]:
         "max_lag_measurements": run.max_lag_rows,
         "max_lag_seconds": run.max_lag_s,
         "recovery_s": recovery_times(run, trace),
-        "lag_excursions": excursions(run, trace),
+        "ticks_above_target": ticks_above_target(run, trace),
         "scale_events": len(run.scale_events),
         "scale_events_per_change": events_per_change(run, trace),
         "worker_seconds": run.worker_seconds,
@@ -440,8 +434,12 @@ def plot(runs: list[PolicyRun], trace: Trace, path: Path) -> None:
 
     mpl.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
+    from matplotlib.ticker import FuncFormatter  # noqa: PLC0415
 
-    fig, axes = plt.subplots(2, len(runs), figsize=(5 * len(runs), 6), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(
+        2, len(runs), figsize=(5 * len(runs), 6), sharex=True, sharey="row", squeeze=False
+    )
+    highest_lag = max((s.lag_s for r in runs for s in r.samples), default=0.0)
     for col, r in enumerate(runs):
         t = [s.t_s for s in r.samples]
         top, bottom = axes[0][col], axes[1][col]
@@ -453,6 +451,8 @@ def plot(runs: list[PolicyRun], trace: Trace, path: Path) -> None:
         bottom.plot(t, [s.lag_s for s in r.samples], label="lag (s of data)")
         bottom.axhline(LAG_TARGET_S, color="grey", linestyle=":", linewidth=1)
         bottom.set_yscale("symlog", linthresh=1.0)
+        bottom.set_ylim(0.0, max(2.0 * highest_lag, 2.0 * LAG_TARGET_S))
+        bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
         bottom.set_ylabel("lag, seconds of data")
         bottom.set_xlabel("seconds into the trace")
         for phase in trace.phases[1:]:

@@ -9,6 +9,7 @@ from shoal.loadtest.bench_scaling import (
     Sample,
     events_per_change,
     recovery_times,
+    ticks_above_target,
     verdicts,
 )
 from shoal.loadtest.trace import Phase, Trace, make_trace
@@ -130,6 +131,20 @@ def test_a_blip_does_not_count_as_recovered_until_lag_holds_below_the_target() -
 def test_lag_that_never_rose_recovers_at_once_and_lag_that_never_fell_never() -> None:
     assert recovery_times(run_with([0.2] * 40), TRACE) == [0.0]
     assert recovery_times(run_with([0.2] * 10 + [5.0] * 20 + [0.2] * 10), TRACE) == [None]
+
+
+def test_lag_that_builds_up_after_the_rise_recovers_when_it_settles_not_before() -> None:
+    # Below the target for the first seconds of the step (lag takes time to build), then
+    # above it for a while: recovery is the settling time, not 0.
+    lags = [0.1] * 10 + [0.2] * 6 + [1.5, 3.0, 6.0, 2.0] + [0.3] * 10 + [0.1] * 10
+    run = run_with(lags)
+    assert recovery_times(run, TRACE) == [10.0]
+    assert ticks_above_target(run, TRACE) == 4
+
+
+def test_lag_above_the_target_at_the_end_of_the_phase_never_recovered() -> None:
+    lags = [0.1] * 10 + [0.2] * 16 + [2.0] + [0.2] * 3 + [0.1] * 10
+    assert recovery_times(run_with(lags), TRACE) == [None]
 
 
 def test_scale_events_are_attributed_to_the_change_of_load_before_them() -> None:
