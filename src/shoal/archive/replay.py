@@ -246,7 +246,7 @@ class _Run:
             if decoded.envelope.gateway_id != batch.gateway_id:
                 self.report.unreadable += 1
                 return
-            partials = self.builder.build(decoded.frame, info, now, decoded.codes)
+            partials = self.builder.build_batch(decoded, info, now)
         except InputError as exc:
             self.report.rejected += 1
             rejected = replace(info, status="rejected", reason=exc.reason)

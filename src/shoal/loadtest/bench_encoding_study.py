@@ -109,14 +109,14 @@ def measure_codec(
             gateway_id=_GATEWAY,
             seq=1,
             stream="study",
-            rows=batch.frame.height,
+            rows=batch.rows,
             min_ts=None,
             max_ts=None,
             sent_at_ms=_SENT_AT_MS,
             received_at_ms=_SENT_AT_MS,
             worker="study",
         )
-        partials = builder.build(batch.frame, info, _SENT_AT_MS, batch.codes)
+        partials = builder.build_batch(batch, info, _SENT_AT_MS)
         return [p.encode() for p in partials]
 
     return StudyRow(

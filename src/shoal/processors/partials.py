@@ -25,7 +25,7 @@ from shoal.processors._kernels import partial_state
 from shoal.processors.aggregates import AggregatePlan
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
-from shoal.schemas import DictColumn
+from shoal.schemas import Batch, DictColumn
 
 PARTIAL_VERSION: Final = 4
 AGGS_GROUPS: Final[dict[str, pl.DataType]] = {
@@ -428,18 +428,44 @@ class PartialBuilder:
         ``codes`` are the batch's dictionary-coded columns (``Batch.codes``), if any: keys
         that arrived coded are grouped on their codes directly.
         """
-        if frame.height == 0:
-            return self._split(replace(batch, rows=0), None, now_ms)
-        ts = frame.get_column("ts").to_numpy()
-        value = frame.get_column("value").to_numpy()
-        batch = replace(batch, rows=frame.height, min_ts=int(ts.min()), max_ts=int(ts.max()))
         coded = None if codes is None else codes.get(self.spec.key)
+        return self._build(
+            frame.get_column("ts").to_numpy(),
+            frame.get_column("value").to_numpy(),
+            coded,
+            None if coded is not None else frame.get_column(self.spec.key),
+            batch,
+            now_ms,
+        )
+
+    def build_batch(self, decoded: Batch, batch: BatchInfo, now_ms: int) -> list[Partial]:
+        """``build`` for a decoded batch, from its arrays and codes.
+
+        Its frame is not built when the key column arrived dictionary-coded (binary columnar:
+        the worker's fast path).
+        """
+        coded = decoded.codes.get(self.spec.key)
+        keys = None if coded is not None else decoded.frame.get_column(self.spec.key)
+        return self._build(decoded.ts, decoded.value, coded, keys, batch, now_ms)
+
+    def _build(  # noqa: PLR0917 - private; the two public entry points name everything
+        self,
+        ts: npt.NDArray[np.int64],
+        value: npt.NDArray[np.float64],
+        coded: DictColumn | None,
+        keys: pl.Series | None,
+        batch: BatchInfo,
+        now_ms: int,
+    ) -> list[Partial]:
+        if len(ts) == 0:
+            return self._split(replace(batch, rows=0), None, now_ms)
+        batch = replace(batch, rows=len(ts), min_ts=int(ts.min()), max_ts=int(ts.max()))
         key_names: list[str | None]
         if coded is not None:
             key_ids = coded.codes.astype(np.int64)
             key_names = list(coded.values)
         else:
-            keys = frame.get_column(self.spec.key)
+            assert keys is not None
             # Dense key ids without a Python loop: polars' categorical codes, then their rank.
             # Rows without a key (an attribute key may be null) share one id.
             physical = (

@@ -215,9 +215,9 @@ class Worker:
         partials: list[Partial]
         try:
             batch, info = self._decode(message, now)
-            partials = self.builder.build(batch.frame, info, now, batch.codes)
+            partials = self.builder.build_batch(batch, info, now)
             self.counters.batches += 1
-            self.counters.rows += batch.frame.height
+            self.counters.rows += batch.rows
         except InputError as exc:
             partials = self._refuse(session, message, exc, now=now, futures=futures)
         futures.extend(
@@ -262,7 +262,7 @@ class Worker:
             gateway_id=gateway_id,
             seq=batch.envelope.seq,
             stream=stream,
-            rows=batch.frame.height,
+            rows=batch.rows,
             min_ts=None,
             max_ts=None,
             sent_at_ms=batch.envelope.sent_at_ms,

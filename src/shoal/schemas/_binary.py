@@ -16,6 +16,8 @@ Decoding views the buffers with numpy and hands them to polars: no per-row Pytho
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -64,10 +66,8 @@ _FEED_BYTES: Final = 256
 _decompressor = zstandard.ZstdDecompressor()
 
 
-def decode_binary(
-    top: dict[str, Any], limits: DecodeLimits
-) -> tuple[Envelope, pl.DataFrame, dict[str, DictColumn]]:
-    """Decode an unpacked binary columnar batch; also returns its dictionary-coded columns."""
+def decode_binary(top: dict[str, Any], limits: DecodeLimits) -> DecodedBinary:
+    """Decode an unpacked binary columnar batch into arrays, codes and a frame on demand."""
     envelope = read_envelope(top)
     n = require_int(top["n"], "n", 0, 2**63 - 1)
     check_row_count(n, limits, field="n")
@@ -91,20 +91,45 @@ def decode_binary(
     check_keys(body, ALL_FIELDS, REQUIRED_FIELDS, "body")
     ts = _timestamps(require_map(body["ts"], "ts"), n)
     value = _values(require_map(body["value"], "value"), n)
-    sensor, sensor_codes = _strings(
-        require_map(body["sensor_id"], "sensor_id"), "sensor_id", n, limits, nullable=False
-    )
-    columns = [sensor, pl.Series("ts", ts), pl.Series("value", value)]
-    codes = {"sensor_id": sensor_codes}
+    strings = {
+        "sensor_id": _strings(
+            require_map(body["sensor_id"], "sensor_id"), "sensor_id", n, limits, nullable=False
+        )
+    }
     for name in ATTRIBUTE_COLUMNS:
         spec = body.get(name)
-        if spec is None:
-            columns.append(null_strings(name, n))
-        else:
-            series, coded = _strings(require_map(spec, name), name, n, limits, nullable=True)
-            columns.append(series)
-            codes[name] = coded
-    return envelope, pl.DataFrame(columns), codes
+        if spec is not None:
+            strings[name] = _strings(require_map(spec, name), name, n, limits, nullable=True)
+
+    def column(name: str) -> pl.Series:
+        if name not in strings:
+            return null_strings(name, n)
+        dictionary, coded = strings[name]
+        return dictionary.gather(pl.Series(coded.codes, dtype=pl.UInt32)).alias(name)
+
+    def frame() -> pl.DataFrame:
+        return pl.DataFrame(
+            [
+                column("sensor_id"),
+                pl.Series("ts", ts),
+                pl.Series("value", value),
+                *(column(name) for name in ATTRIBUTE_COLUMNS),
+            ]
+        )
+
+    codes = {name: coded for name, (_, coded) in strings.items()}
+    return DecodedBinary(envelope, frame, codes, ts, value)
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedBinary:
+    """What ``decode_binary`` found: checked arrays and codes, and the frame on demand."""
+
+    envelope: Envelope
+    frame: Callable[[], pl.DataFrame]
+    codes: dict[str, DictColumn]
+    ts: npt.NDArray[np.int64]
+    value: npt.NDArray[np.float64]
 
 
 def encode_binary(header: dict[str, Any], block: Measurements, *, zstd: bool) -> bytes:
@@ -257,6 +282,7 @@ def _values(spec: dict[str, Any], n: int) -> npt.NDArray[np.float64]:
 def _strings(
     spec: dict[str, Any], field: str, n: int, limits: DecodeLimits, *, nullable: bool
 ) -> tuple[pl.Series, DictColumn]:
+    """A dictionary-coded column: its checked dictionary (a Series) and the row codes."""
     keys = frozenset({"dict", "dtype", "codes"})
     check_keys(spec, keys, keys, field)
     entries = spec["dict"]
@@ -284,11 +310,7 @@ def _strings(
     if dictionary is None:
         dictionary = _checked_dictionary(field, entries, codes, limits, nullable=nullable)
         _DICTIONARIES.put(field, entries, limits.max_string_bytes, dictionary, nullable=nullable)
-    codes32 = codes.astype(np.uint32, copy=False)
-    return (
-        dictionary.gather(pl.Series(codes32, dtype=pl.UInt32)).alias(field),
-        DictColumn(tuple(entries), codes32),
-    )
+    return dictionary, DictColumn(tuple(entries), codes.astype(np.uint32, copy=False))
 
 
 def _checked_dictionary(

@@ -13,7 +13,7 @@ import orjson
 import polars as pl
 
 from shoal.errors import DecodeError, SchemaError
-from shoal.schemas._binary import decode_binary, encode_binary
+from shoal.schemas._binary import DecodedBinary, decode_binary, encode_binary
 from shoal.schemas._checks import (
     GATEWAY_ID_PATTERN,
     check_strings,
@@ -32,7 +32,6 @@ from shoal.schemas._model import (
     SCHEMA_VERSION,
     Batch,
     DecodeLimits,
-    DictColumn,
     Encoding,
     Measurements,
 )
@@ -104,14 +103,15 @@ def decode_batch(
     declared = declared_encoding(content_type)
     payload = bytes(payload)
     is_json = payload[0] in _JSON_START
-    codes: dict[str, DictColumn] = {}
+    binary: DecodedBinary | None = None
     if is_json:
         envelope, frame = decode_json_rows(payload, limits)
     else:
         top = require_map(unpack(payload, "the batch"), "the batch")
         enc = top.get("enc")
         if enc == Encoding.BINARY_COLUMNAR.value:
-            envelope, frame, codes = decode_binary(top, limits)
+            binary = decode_binary(top, limits)
+            envelope = binary.envelope
         else:
             decoder = (
                 _MSGPACK_DECODERS.get(enc, decode_msgpack_rows)
@@ -135,8 +135,14 @@ def decode_batch(
             expected=f"{declared.value} (from the content type)",
             found=envelope.encoding.value,
         )
-    _check_frame(frame, envelope.encoding, limits, now_ms)
-    return Batch(dataclasses.replace(envelope, rows=frame.height), frame, codes)
+    if binary is not None:
+        # Strings were checked on their dictionaries; the frame is built only if asked for.
+        check_values(binary.value)
+        check_timestamps(binary.ts, limits, now_ms)
+        envelope = dataclasses.replace(envelope, rows=len(binary.ts))
+        return Batch(envelope, binary.frame, binary.codes, ts=binary.ts, value=binary.value)
+    _check_frame(frame, limits, now_ms)
+    return Batch(dataclasses.replace(envelope, rows=frame.height), frame)
 
 
 def peek_envelope(payload: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> tuple[str, int] | None:
@@ -220,14 +226,11 @@ _MSGPACK_DECODERS: Final = {
 }
 
 
-def _check_frame(
-    frame: pl.DataFrame, encoding: Encoding, limits: DecodeLimits, now_ms: int | None
-) -> None:
+def _check_frame(frame: pl.DataFrame, limits: DecodeLimits, now_ms: int | None) -> None:
     check_values(frame.get_column("value").to_numpy())
     check_timestamps(frame.get_column("ts").to_numpy(), limits, now_ms)
-    if encoding is not Encoding.BINARY_COLUMNAR:  # binary checked its dictionaries already
-        check_strings(frame.get_column("sensor_id"), "sensor_id", limits, nullable=False)
-        for name in ATTRIBUTE_COLUMNS:
-            column = frame.get_column(name)
-            if column.null_count() < column.len():
-                check_strings(column, name, limits, nullable=True)
+    check_strings(frame.get_column("sensor_id"), "sensor_id", limits, nullable=False)
+    for name in ATTRIBUTE_COLUMNS:
+        column = frame.get_column(name)
+        if column.null_count() < column.len():
+            check_strings(column, name, limits, nullable=True)

@@ -6,6 +6,7 @@ Owns no I/O and imports nothing from the rest of shoal but ``errors``.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -124,17 +125,57 @@ class Envelope:
     version: int = SCHEMA_VERSION
 
 
-@dataclass(frozen=True, slots=True)
 class Batch:
     """A decoded batch: its envelope and its measurements as a ``FRAME_SCHEMA`` DataFrame.
 
     ``codes`` holds the string columns that arrived dictionary-coded (binary columnar), by
     column name, so consumers can group on integer codes without re-hashing the strings.
+    ``ts`` and ``value`` are the two numeric columns as numpy arrays. A decoder that has
+    them as arrays already (binary columnar) passes a function for the frame instead of the
+    frame: it is built on first use, so a consumer that needs only the arrays and the codes
+    (a worker) never pays for the string columns.
     """
 
-    envelope: Envelope
-    frame: pl.DataFrame
-    codes: dict[str, DictColumn] = field(default_factory=dict)
+    __slots__ = ("_build", "_frame", "codes", "envelope", "ts", "value")
+
+    def __init__(
+        self,
+        envelope: Envelope,
+        frame: pl.DataFrame | Callable[[], pl.DataFrame],
+        codes: dict[str, DictColumn] | None = None,
+        *,
+        ts: npt.NDArray[np.int64] | None = None,
+        value: npt.NDArray[np.float64] | None = None,
+    ) -> None:
+        self.envelope = envelope
+        self.codes = codes if codes is not None else {}
+        if isinstance(frame, pl.DataFrame):
+            self._frame: pl.DataFrame | None = frame
+            self._build: Callable[[], pl.DataFrame] | None = None
+            ts = frame.get_column("ts").to_numpy() if ts is None else ts
+            value = frame.get_column("value").to_numpy() if value is None else value
+        elif ts is None or value is None:
+            raise TypeError("a batch built on demand needs its ts and value arrays")
+        else:
+            self._frame, self._build = None, frame
+        self.ts: npt.NDArray[np.int64] = ts
+        self.value: npt.NDArray[np.float64] = value
+
+    @property
+    def frame(self) -> pl.DataFrame:
+        """The measurements (``FRAME_SCHEMA``), built on first use if need be."""
+        if self._frame is None:
+            assert self._build is not None  # one of the two is always set
+            self._frame, self._build = self._build(), None
+        return self._frame
+
+    @property
+    def rows(self) -> int:
+        """Number of measurements."""
+        return len(self.ts)
+
+    def __repr__(self) -> str:
+        return f"Batch({self.envelope!r}, rows={self.rows})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from shoal.schemas import (
     FRAME_SCHEMA,
+    Batch,
     MAX_TS_MS,
     DecodeLimits,
     Encoding,
@@ -89,6 +90,17 @@ def test_every_encoding_round_trips_exactly(
             assert (env.gateway_id, env.seq, env.sent_at_ms) == envelope
             assert (env.encoding, env.rows, env.version) == (encoding, frame.height, 1)
             assert_same(batch.frame, frame)
+            assert_arrays_match(batch)
+
+
+def assert_arrays_match(batch: Batch) -> None:
+    """The arrays and codes a worker groups on say what the frame says."""
+    assert batch.rows == batch.frame.height
+    assert np.array_equal(batch.ts, batch.frame.get_column("ts").to_numpy())
+    value_bits = batch.frame.get_column("value").to_numpy().view(np.uint64)
+    assert np.array_equal(batch.value.view(np.uint64), value_bits)
+    for name, coded in batch.codes.items():
+        assert [coded.values[c] for c in coded.codes] == batch.frame.get_column(name).to_list()
 
 
 @settings(max_examples=60, deadline=None)
