@@ -118,6 +118,7 @@ class Combiner:
         self._field_names = frozenset(self.plan.field_names)
         self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
         self._names = [w.name for w in spec.windows]
+        self._premerged_for: int | None = None
 
     # -- input -----------------------------------------------------------------------------
 
@@ -244,13 +245,26 @@ class Combiner:
         return None if watermark is None else watermark - self.spec.lateness_ms
 
     def close_ready(self, now_ms: int) -> ClosedWindows | None:
-        """Close every window the watermark has passed; None if the threshold did not move."""
+        """Close every window the watermark has passed; None if none closes."""
         threshold = self.close_threshold(now_ms)
         if threshold is None or (
             self.closed_through is not None and threshold <= self.closed_through
         ):
             return None
         self.closed_through = threshold
+        next_end = self.state.next_end()
+        if next_end is None or next_end > threshold:
+            # Nothing closes yet. Once the watermark has passed the next window's end, only
+            # late rows can still reach it: merge its state now, so that the close (at end
+            # + lateness) has little left to merge and its result goes out sooner.
+            if (
+                next_end is not None
+                and threshold + self.spec.lateness_ms >= next_end
+                and self._premerged_for != next_end
+            ):
+                self.state.compact()
+                self._premerged_for = next_end
+            return None
         closed = self.state.close(threshold)
         if not closed.empty:
             self.counters.windows_closed += closed.frame.select(

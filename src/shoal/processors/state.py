@@ -71,6 +71,7 @@ class WindowState:
         self._fields = plan.field_names
         self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
         self._names = [w.name for w in spec.windows]
+        self._empty: pl.DataFrame | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -212,37 +213,33 @@ class WindowState:
         return min((end for _, _, end in self._slot_info.values()), default=None)
 
     def close(self, through_ms: int) -> ClosedWindows:
-        """Finalise and remove every window whose end is at or before ``through_ms``."""
+        """Finalise and remove every window whose end is at or before ``through_ms``.
+
+        Only the closing windows' rows are merged here. Every other row stays where it is
+        (merged or pending), so a close costs what the closing windows hold, not what the
+        open ones have gathered since the last merge.
+        """
         closing = [slot for slot, (_, _, end) in self._slot_info.items() if end <= through_ms]
         if not closing:
             return ClosedWindows(self.empty_result())
-        self.compact()
         closing_arr = np.array(sorted(closing), dtype=np.int64)
-        if not self._groups:
+        taken = _take_slots(self._groups, self._columns, closing_arr)
+        cells = _take_cell_slots(self._cells, self._counts, closing_arr)
+        if taken is None:
             self._release(closing)
             return ClosedWindows(self.empty_result())
-        groups, columns = self._groups[0], self._columns[0]
-        take = np.isin(groups >> KEY_BITS, closing_arr)
-        done_groups = groups[take]
-        done = {f: c[take] for f, c in columns.items()}
-        self._groups = [groups[~take]]
-        self._columns = [{f: c[~take] for f, c in columns.items()}]
+        done_groups, done = merge_state(*taken)  # sorted by group
         quantiles: list[npt.NDArray[np.float64]] = []
-        if self.plan.needs_sketch and self._cells:
-            cells, counts = self._cells[0], self._counts[0]
-            cell_take = np.isin(cell_groups(cells) >> KEY_BITS, closing_arr)
-            self._cells = [cells[~cell_take]]
-            self._counts = [counts[~cell_take]]
-            order = np.argsort(done_groups)
-            buckets = quantile_buckets(
-                cells[cell_take],
-                counts[cell_take],
-                done_groups[order],
-                list(self.plan.quantiles.values()),
+        if self.plan.needs_sketch:
+            done_cells, done_counts = (
+                merge_cells(*cells, KEY_BITS)
+                if cells is not None
+                else (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
             )
-            inverse = np.empty_like(order)
-            inverse[order] = np.arange(len(order))
-            quantiles = [self.buckets.values_np(b)[inverse] for b in buckets]
+            buckets = quantile_buckets(
+                done_cells, done_counts, done_groups, list(self.plan.quantiles.values())
+            )
+            quantiles = [self.buckets.values_np(b) for b in buckets]
         result = self._finalise(done_groups, done, quantiles)
         self._release(closing)
         return ClosedWindows(result)
@@ -297,6 +294,11 @@ class WindowState:
 
     def empty_result(self) -> pl.DataFrame:
         """A results frame with no rows (the schema of every ``ClosedWindows.frame``)."""
+        if self._empty is None:
+            self._empty = self._empty_result()
+        return self._empty
+
+    def _empty_result(self) -> pl.DataFrame:
         schema: dict[str, pl.DataType] = {
             "window": pl.String(),
             "start": pl.Int64(),
@@ -344,3 +346,52 @@ class WindowState:
         if rows is not None and len(rows):
             self.add(rows)
             self.compact()
+
+
+def _take_slots(
+    groups: list[npt.NDArray[np.int64]],
+    columns: list[dict[str, npt.NDArray[Any]]],
+    slots: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[Any]]] | None:
+    """Remove the state rows of ``slots`` from every chunk (in place); return them, unmerged.
+
+    Chunks keep their places, even when emptied: the first one may be the merged base.
+    """
+    taken_groups: list[npt.NDArray[np.int64]] = []
+    taken_columns: list[dict[str, npt.NDArray[Any]]] = []
+    for i, chunk in enumerate(groups):
+        take = np.isin(chunk >> KEY_BITS, slots)
+        if not take.any():
+            continue
+        keep = ~take
+        taken_groups.append(chunk[take])
+        taken_columns.append({f: c[take] for f, c in columns[i].items()})
+        groups[i] = chunk[keep]
+        columns[i] = {f: c[keep] for f, c in columns[i].items()}
+    if not taken_groups:
+        return None
+    names = taken_columns[0].keys()
+    return np.concatenate(taken_groups), {
+        f: np.concatenate([c[f] for c in taken_columns]) for f in names
+    }
+
+
+def _take_cell_slots(
+    cells: list[npt.NDArray[np.int64]],
+    counts: list[npt.NDArray[np.int64]],
+    slots: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
+    """Remove the sketch cells of ``slots`` from every chunk (in place); return them, unmerged."""
+    taken_cells: list[npt.NDArray[np.int64]] = []
+    taken_counts: list[npt.NDArray[np.int64]] = []
+    for i, chunk in enumerate(cells):
+        take = np.isin(cell_groups(chunk) >> KEY_BITS, slots)
+        if not take.any():
+            continue
+        taken_cells.append(chunk[take])
+        taken_counts.append(counts[i][take])
+        cells[i] = chunk[~take]
+        counts[i] = counts[i][~take]
+    if not taken_cells:
+        return None
+    return np.concatenate(taken_cells), np.concatenate(taken_counts)

@@ -283,10 +283,21 @@ class CombinerRuntime:
                     if index == 0
                     else topics.results_encoded(spec.name, encoding)
                 )
+                encoding_since = time.perf_counter()
                 if encoding == "json":
                     payload, content_type = window_json(result, ctx), "application/json"
                 else:
                     payload, content_type = window_msgpack(result, ctx), "application/msgpack"
+                log.debug(
+                    "combiner %s: window %s/%d: %s, %d bytes in %.1f ms, %.1f ms after closing began",
+                    self.config.client_id,
+                    result.window,
+                    result.start,
+                    encoding,
+                    len(payload),
+                    (time.perf_counter() - encoding_since) * 1000.0,
+                    (time.perf_counter() - since) * 1000.0,
+                )
                 window_futures.append(
                     session.publish_started(topic, payload, content_type=content_type)
                 )
@@ -338,6 +349,9 @@ class CombinerRuntime:
             if not fut.cancelled() and fut.exception() is None:
                 elapsed_ms = (time.perf_counter() - since) * 1000.0
                 self.result_latency.add(elapsed_ms)
+                log.debug(
+                    "combiner: window message acknowledged %.1f ms after closing began", elapsed_ms
+                )
                 log.info(
                     "combiner %s: window result acknowledged %.1f ms after closing began",
                     self.config.client_id,
