@@ -86,6 +86,7 @@ class WindowState:
         self._cells: list[npt.NDArray[np.int64]] = []
         self._counts: list[npt.NDArray[np.int64]] = []
         self._pending_rows = 0
+        self._groups_merged = False
         self._cells_merged = False
 
     @property
@@ -189,6 +190,7 @@ class WindowState:
             columns = {f: np.concatenate([c[f] for c in self._columns]) for f in self._fields}
             merged_groups, merged = merge_state(groups, columns)
             self._groups, self._columns = [merged_groups], [merged]
+            self._groups_merged = True
         if self._cells:
             if self._cells_merged and len(self._cells) > 1:
                 pending = np.concatenate(self._cells[1:])
@@ -223,19 +225,23 @@ class WindowState:
         if not closing:
             return ClosedWindows(self.empty_result())
         closing_arr = np.array(sorted(closing), dtype=np.int64)
-        taken = _take_slots(self._groups, self._columns, closing_arr)
-        cells = _take_cell_slots(self._cells, self._counts, closing_arr)
+        taken, groups_from = _take_slots(self._groups, self._columns, closing_arr)
+        cells, cells_from = _take_cell_slots(self._cells, self._counts, closing_arr)
         if taken is None:
             self._release(closing)
             return ClosedWindows(self.empty_result())
-        done_groups, done = merge_state(*taken)  # sorted by group
+        # Rows taken from the merged base alone (the usual case: the window was merged when
+        # the watermark passed its end) are merged already.
+        merged = groups_from == {0} and self._groups_merged
+        done_groups, done = taken if merged else merge_state(*taken)  # sorted by group
         quantiles: list[npt.NDArray[np.float64]] = []
         if self.plan.needs_sketch:
-            done_cells, done_counts = (
-                merge_cells(*cells, KEY_BITS)
-                if cells is not None
-                else (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
-            )
+            if cells is None:
+                done_cells, done_counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+            elif cells_from == {0} and self._cells_merged:
+                done_cells, done_counts = cells
+            else:
+                done_cells, done_counts = merge_cells(*cells, KEY_BITS)
             buckets = quantile_buckets(
                 done_cells, done_counts, done_groups, list(self.plan.quantiles.values())
             )
@@ -352,46 +358,56 @@ def _take_slots(
     groups: list[npt.NDArray[np.int64]],
     columns: list[dict[str, npt.NDArray[Any]]],
     slots: npt.NDArray[np.int64],
-) -> tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[Any]]] | None:
-    """Remove the state rows of ``slots`` from every chunk (in place); return them, unmerged.
+) -> tuple[tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[Any]]] | None, set[int]]:
+    """Remove the state rows of ``slots`` from every chunk (in place); return them unmerged.
+
+    Also returns the indices of the chunks they came from.
 
     Chunks keep their places, even when emptied: the first one may be the merged base.
     """
     taken_groups: list[npt.NDArray[np.int64]] = []
     taken_columns: list[dict[str, npt.NDArray[Any]]] = []
+    chunks: set[int] = set()
     for i, chunk in enumerate(groups):
         take = np.isin(chunk >> KEY_BITS, slots)
         if not take.any():
             continue
+        chunks.add(i)
         keep = ~take
         taken_groups.append(chunk[take])
         taken_columns.append({f: c[take] for f, c in columns[i].items()})
         groups[i] = chunk[keep]
         columns[i] = {f: c[keep] for f, c in columns[i].items()}
     if not taken_groups:
-        return None
+        return None, chunks
     names = taken_columns[0].keys()
-    return np.concatenate(taken_groups), {
-        f: np.concatenate([c[f] for c in taken_columns]) for f in names
-    }
+    return (
+        np.concatenate(taken_groups),
+        {f: np.concatenate([c[f] for c in taken_columns]) for f in names},
+    ), chunks
 
 
 def _take_cell_slots(
     cells: list[npt.NDArray[np.int64]],
     counts: list[npt.NDArray[np.int64]],
     slots: npt.NDArray[np.int64],
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
-    """Remove the sketch cells of ``slots`` from every chunk (in place); return them, unmerged."""
+) -> tuple[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None, set[int]]:
+    """Remove the sketch cells of ``slots`` from every chunk (in place); return them unmerged.
+
+    Also returns the indices of the chunks they came from.
+    """
     taken_cells: list[npt.NDArray[np.int64]] = []
     taken_counts: list[npt.NDArray[np.int64]] = []
+    chunks: set[int] = set()
     for i, chunk in enumerate(cells):
         take = np.isin(cell_groups(chunk) >> KEY_BITS, slots)
         if not take.any():
             continue
+        chunks.add(i)
         taken_cells.append(chunk[take])
         taken_counts.append(counts[i][take])
         cells[i] = chunk[~take]
         counts[i] = counts[i][~take]
     if not taken_cells:
-        return None
-    return np.concatenate(taken_cells), np.concatenate(taken_counts)
+        return None, chunks
+    return (np.concatenate(taken_cells), np.concatenate(taken_counts)), chunks
