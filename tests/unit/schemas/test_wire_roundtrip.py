@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from shoal.schemas import (
     FRAME_SCHEMA,
-    Batch,
     MAX_TS_MS,
+    Batch,
     DecodeLimits,
     Encoding,
     Measurements,
