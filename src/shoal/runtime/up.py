@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from shoal.loadtest.trace import Trace
 from shoal.processors.spec import PipelineSpec
@@ -84,6 +84,7 @@ class Up:
         )
         self._stop = asyncio.Event()
         self._tty = out.isatty()
+        self._shown: set[tuple[str, int]] = set()  # windows whose results the plain view printed
         self.scaler: Scaler | None = None
         self.scale_log: list[str] = []
         self._driver: TraceDriver | None = None
@@ -225,6 +226,11 @@ class Up:
         )
         if not self._tty:
             self._line(status)
+            # Piped output (CI logs, files) gets each new window's results once, for a few keys.
+            fresh = [row for row in snap.latest if (row["window"], row["start"]) not in self._shown]
+            if fresh:
+                self._shown.update((row["window"], row["start"]) for row in fresh)
+                self._line("\n".join(f"  result {self._result_text(row)}" for row in fresh))
             return
         lines = [
             f"shoal up · pipeline {self.config.spec.name} · broker "
@@ -247,17 +253,19 @@ class Up:
             lines += ["", f"scaling ({self.scaler.policy.name} policy):"]
             lines += [f"  {text}" for text in self.scale_log] or ["  no changes yet"]
         lines += ["", "latest results:"]
-        names = [a for a in self.config.spec.aggregate_names if a != "count"][:6]
-        for row in snap.latest:
-            start = dt.datetime.fromtimestamp(int(row["start"]) / 1000, tz=dt.UTC)
-            values = "  ".join(
-                f"{n} {row[n]:.3f}" if isinstance(row.get(n), float) else f"{n} {row.get(n)}"
-                for n in names
-            )
-            when = f"{row['window']} @{start:%H:%M:%S}"
-            lines.append(f"  {row['key']:>14}  {when}  n {row['rows']:>6}  {values}")
+        lines += [f"  {self._result_text(row)}" for row in snap.latest]
         self.out.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")
         self.out.flush()
+
+    def _result_text(self, row: dict[str, Any]) -> str:
+        names = [a for a in self.config.spec.aggregate_names if a != "count"][:6]
+        start = dt.datetime.fromtimestamp(int(row["start"]) / 1000, tz=dt.UTC)
+        values = "  ".join(
+            f"{n} {row[n]:.3f}" if isinstance(row.get(n), float) else f"{n} {row.get(n)}"
+            for n in names
+        )
+        when = f"{row['window']} @{start:%H:%M:%S}"
+        return f"{row['key']:>14}  {when}  n {row['rows']:>6}  {values}"
 
     def _workers_text(self, snap: Snapshot) -> str:
         live = len(snap.workers)
