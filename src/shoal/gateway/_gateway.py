@@ -187,10 +187,7 @@ class Gateway:
             self._n.rows_added += 1
             if len(self._rows) >= min(_ROW_CHUNK, self.config.batch_size - self._batcher.rows):
                 self._drain_rows()
-                try:
-                    self._seal(self._batcher.take_full(), raise_errors=True)
-                finally:
-                    self._send_now()
+                self._seal(self._batcher.take_full(), raise_errors=True)
 
     def add_many(
         self,
@@ -242,10 +239,7 @@ class Gateway:
             self._drain_rows()
             self._batcher.add(block, self._clock.monotonic())
             self._n.rows_added += len(block)
-            try:
-                self._seal(self._batcher.take_full(), raise_errors=True)
-            finally:
-                self._send_now()
+            self._seal(self._batcher.take_full(), raise_errors=True)
 
     def flush(self) -> None:
         """Seal everything buffered into the spool now.
@@ -491,32 +485,6 @@ class Gateway:
             if raise_errors:
                 raise too_large
             log.error("gateway %s: %s", self.config.gateway_id, too_large)
-
-    def _send_now(self) -> None:
-        """Publish what was just sealed from the caller's thread, if the link is steady.
-
-        Saves the background thread's wake-up between sealing and publishing (latency); on a
-        new connection, while the link is down or while publishing is held back, the
-        background thread does it as usual. Call with the lock held.
-        """
-        session = self._session
-        if (
-            session is None
-            or not session.connected
-            or not self._link_up
-            or self._connections != self._seen_connections
-            or self._clock.monotonic() < self._publish_from_s
-        ):
-            return
-        try:
-            self._outbox.send(
-                session,
-                first_unconfirmed=self._confirmed + 1,
-                next_seq=self._sealer.next_seq,
-                fit=self._fit,
-            )
-        except ShoalError as exc:  # the background thread retries; the caller's rows are safe
-            log.debug("gateway %s: inline publish deferred: %s", self.config.gateway_id, exc)
 
     # -- confirmations -------------------------------------------------------------------------
 

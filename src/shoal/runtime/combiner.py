@@ -59,8 +59,6 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE: Final = "combiner.ckpt"
 KEY_SLICE: Final = 250
-RESULTS_FIRST_S: Final = 0.25
-"""Longest the input waits for a window message's acknowledgement (see ``_results_first``)."""
 """Per-key results built and published per slice, with the event loop free in between."""
 
 
@@ -108,7 +106,6 @@ class CombinerRuntime:
         self.core = Combiner(config.spec, config.partition, self.clock)
         self._stop = asyncio.Event()
         self._unacked: list[asyncio.Future[None]] = []
-        self._results_in_flight: list[asyncio.Future[None]] = []
         self._key_tasks: set[asyncio.Task[None]] = set()
         self._confirmed: dict[str, int] = {}
         self._session: AsyncSession | None = None
@@ -173,8 +170,6 @@ class CombinerRuntime:
         ) as ending:
             async for message in session.messages_until(ending):
                 self._on_message(session, message)
-                if self._results_in_flight:
-                    await self._results_first()
 
     # -- input -------------------------------------------------------------------------------
 
@@ -307,7 +302,6 @@ class CombinerRuntime:
                     session.publish_started(topic, payload, content_type=content_type)
                 )
             self._unacked.extend(window_futures)
-            self._results_in_flight.extend(window_futures)
             self._track_result_latency(window_futures, since)
             if self.config.per_key_results:
                 # A latest-value cache for dashboards, published in the background so the
@@ -346,17 +340,6 @@ class CombinerRuntime:
             task = asyncio.current_task()
             if task is not None:
                 self._key_tasks.discard(task)
-
-    async def _results_first(self) -> None:
-        """Let window results reach the broker before taking the next partial.
-
-        A window message can be megabytes; written between partials, a slice per turn of the
-        event loop, it would wait on their processing. Holding the input for the few
-        milliseconds the transfer takes (at most ``RESULTS_FIRST_S``) costs the partials
-        little and gets results out at once.
-        """
-        pending, self._results_in_flight = self._results_in_flight, []
-        await asyncio.wait(pending, timeout=RESULTS_FIRST_S)
 
     def _track_result_latency(self, futures: list[asyncio.Future[None]], since: float) -> None:
         if not futures:
