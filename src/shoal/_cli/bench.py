@@ -244,7 +244,7 @@ def run_scaling(args: argparse.Namespace) -> int:
     if args.plot is not None:
         bench.plot(runs, config.trace, args.plot)
         print(f"wrote {args.plot}")
-    return 0 if all(r.lost == 0 and r.duplicated == 0 for r in runs) else 1
+    return 0 if all(r.accounting.lost == 0 and r.accounting.duplicated == 0 for r in runs) else 1
 
 
 def _register_chaos(benches: Any) -> None:

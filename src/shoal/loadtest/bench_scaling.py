@@ -28,7 +28,7 @@ import orjson
 from shoal.loadtest.trace import Trace
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime.loadtrace import GatewayLoad, TraceDriver
-from shoal.runtime.local import LocalPipeline, LocalPipelineConfig
+from shoal.runtime.local import Accounting, LocalPipeline, LocalPipelineConfig
 from shoal.runtime.scaler import Scaler, ScalerConfig
 from shoal.scaler.policy import Bounds
 
@@ -95,14 +95,7 @@ class PolicyRun:
     samples: list[Sample]
     scale_events: list[float]
     worker_seconds: float
-    generated: int
-    applied: int
-    in_results: int
-    late: int
-    deadletters: int
-    unconfirmed_batches: int
-    lost: int
-    duplicated: int
+    accounting: Accounting  # where every generated measurement went
     apply_p99_ms: float | None
     apply_p50_ms: float | None
     workers_started: int
@@ -274,14 +267,7 @@ async def _drive(
         samples=samples,
         scale_events=events,
         worker_seconds=round(stats.worker_seconds, 1),
-        generated=accounting.generated,
-        applied=accounting.applied,
-        in_results=accounting.in_results,
-        late=accounting.late,
-        deadletters=accounting.deadletters,
-        unconfirmed_batches=accounting.unconfirmed_batches,
-        lost=accounting.lost,
-        duplicated=accounting.duplicated,
+        accounting=accounting,
         apply_p99_ms=apply.get("p99"),
         apply_p50_ms=apply.get("p50"),
         workers_started=stats.started,
@@ -329,13 +315,13 @@ def summarise(run: PolicyRun, trace: Trace) -> dict[str, Any]:
         "peak_workers": run.peak_workers,
         "apply_p50_ms": run.apply_p50_ms,
         "apply_p99_ms": run.apply_p99_ms,
-        "generated": run.generated,
-        "applied": run.applied,
-        "lost": run.lost,
-        "duplicated": run.duplicated,
-        "late": run.late,
-        "deadletters": run.deadletters,
-        "unconfirmed_batches": run.unconfirmed_batches,
+        "generated": run.accounting.generated,
+        "applied": run.accounting.applied,
+        "lost": run.accounting.lost,
+        "duplicated": run.accounting.duplicated,
+        "late": run.accounting.late,
+        "deadletters": run.accounting.deadletters,
+        "unconfirmed_batches": run.accounting.unconfirmed_batches,
         "workers_started": run.workers_started,
         "workers_crashed": run.workers_crashed,
         "wall_s": run.wall_s,
@@ -360,7 +346,10 @@ def verdicts(runs: list[PolicyRun], trace: Trace) -> list[tuple[str, bool]]:
             "lag policy: at most 2 scale events per change of the load",
             max(per_change, default=0) <= 2,
         ),
-        ("lag policy: zero loss and zero duplicates", lag.lost == 0 and lag.duplicated == 0),
+        (
+            "lag policy: zero loss and zero duplicates",
+            lag.accounting.lost == 0 and lag.accounting.duplicated == 0,
+        ),
     ]
     others = [r for r in runs if r.policy != "lag"]
     if others:

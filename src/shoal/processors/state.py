@@ -10,6 +10,7 @@ applied", whatever the order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -225,8 +226,10 @@ class WindowState:
         if not closing:
             return ClosedWindows(self.empty_result())
         closing_arr = np.array(sorted(closing), dtype=np.int64)
-        taken, groups_from = _take_slots(self._groups, self._columns, closing_arr)
-        cells, cells_from = _take_cell_slots(self._cells, self._counts, closing_arr)
+        taken, groups_from = _take_slots(self._groups, self._columns, _group_slots, closing_arr)
+        counts = [{"count": c} for c in self._counts]
+        cells, cells_from = _take_slots(self._cells, counts, _cell_slots, closing_arr)
+        self._counts = [c["count"] for c in counts]
         if taken is None:
             self._release(closing)
             return ClosedWindows(self.empty_result())
@@ -239,9 +242,9 @@ class WindowState:
             if cells is None:
                 done_cells, done_counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
             elif cells_from == {0} and self._cells_merged:
-                done_cells, done_counts = cells
+                done_cells, done_counts = cells[0], cells[1]["count"]
             else:
-                done_cells, done_counts = merge_cells(*cells, KEY_BITS)
+                done_cells, done_counts = merge_cells(cells[0], cells[1]["count"], KEY_BITS)
             buckets = quantile_buckets(
                 done_cells, done_counts, done_groups, list(self.plan.quantiles.values())
             )
@@ -355,59 +358,42 @@ class WindowState:
 
 
 def _take_slots(
-    groups: list[npt.NDArray[np.int64]],
+    ids: list[npt.NDArray[np.int64]],
     columns: list[dict[str, npt.NDArray[Any]]],
+    slot_of: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]],
     slots: npt.NDArray[np.int64],
 ) -> tuple[tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[Any]]] | None, set[int]]:
-    """Remove the state rows of ``slots`` from every chunk (in place); return them unmerged.
+    """Remove the rows of ``slots`` from every chunk (in place); return them unmerged.
 
-    Also returns the indices of the chunks they came from.
-
-    Chunks keep their places, even when emptied: the first one may be the merged base.
+    Chunk ``i`` is ``ids[i]`` (state groups or sketch cells; ``slot_of`` gives their slots)
+    with its parallel ``columns[i]``. Also returns the indices of the chunks the rows came
+    from. Chunks keep their places, even when emptied: the first one may be the merged base.
     """
-    taken_groups: list[npt.NDArray[np.int64]] = []
+    taken_ids: list[npt.NDArray[np.int64]] = []
     taken_columns: list[dict[str, npt.NDArray[Any]]] = []
     chunks: set[int] = set()
-    for i, chunk in enumerate(groups):
-        take = np.isin(chunk >> KEY_BITS, slots)
+    for i, chunk in enumerate(ids):
+        take = np.isin(slot_of(chunk), slots)
         if not take.any():
             continue
         chunks.add(i)
         keep = ~take
-        taken_groups.append(chunk[take])
+        taken_ids.append(chunk[take])
         taken_columns.append({f: c[take] for f, c in columns[i].items()})
-        groups[i] = chunk[keep]
+        ids[i] = chunk[keep]
         columns[i] = {f: c[keep] for f, c in columns[i].items()}
-    if not taken_groups:
+    if not taken_ids:
         return None, chunks
     names = taken_columns[0].keys()
     return (
-        np.concatenate(taken_groups),
+        np.concatenate(taken_ids),
         {f: np.concatenate([c[f] for c in taken_columns]) for f in names},
     ), chunks
 
 
-def _take_cell_slots(
-    cells: list[npt.NDArray[np.int64]],
-    counts: list[npt.NDArray[np.int64]],
-    slots: npt.NDArray[np.int64],
-) -> tuple[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None, set[int]]:
-    """Remove the sketch cells of ``slots`` from every chunk (in place); return them unmerged.
+def _group_slots(groups: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    return groups >> KEY_BITS
 
-    Also returns the indices of the chunks they came from.
-    """
-    taken_cells: list[npt.NDArray[np.int64]] = []
-    taken_counts: list[npt.NDArray[np.int64]] = []
-    chunks: set[int] = set()
-    for i, chunk in enumerate(cells):
-        take = np.isin(cell_groups(chunk) >> KEY_BITS, slots)
-        if not take.any():
-            continue
-        chunks.add(i)
-        taken_cells.append(chunk[take])
-        taken_counts.append(counts[i][take])
-        cells[i] = chunk[~take]
-        counts[i] = counts[i][~take]
-    if not taken_cells:
-        return None, chunks
-    return (np.concatenate(taken_cells), np.concatenate(taken_counts)), chunks
+
+def _cell_slots(cells: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    return cell_groups(cells) >> KEY_BITS

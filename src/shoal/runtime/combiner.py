@@ -288,16 +288,17 @@ class CombinerRuntime:
                     payload, content_type = window_json(result, ctx), "application/json"
                 else:
                     payload, content_type = window_msgpack(result, ctx), "application/msgpack"
-                log.debug(
-                    "combiner %s: window %s/%d: %s, %d bytes in %.1f ms, %.1f ms into the close",
-                    self.config.client_id,
-                    result.window,
-                    result.start,
-                    encoding,
-                    len(payload),
-                    (time.perf_counter() - encoding_since) * 1000.0,
-                    (time.perf_counter() - since) * 1000.0,
-                )
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug(
+                        "combiner %s: window %s/%d: %s, %d bytes in %.1f ms, %.1f ms into close",
+                        self.config.client_id,
+                        result.window,
+                        result.start,
+                        encoding,
+                        len(payload),
+                        (time.perf_counter() - encoding_since) * 1000.0,
+                        (time.perf_counter() - since) * 1000.0,
+                    )
                 window_futures.append(
                     session.publish_started(topic, payload, content_type=content_type)
                 )
@@ -349,9 +350,6 @@ class CombinerRuntime:
             if not fut.cancelled() and fut.exception() is None:
                 elapsed_ms = (time.perf_counter() - since) * 1000.0
                 self.result_latency.add(elapsed_ms)
-                log.debug(
-                    "combiner: window message acknowledged %.1f ms after closing began", elapsed_ms
-                )
                 log.info(
                     "combiner %s: window result acknowledged %.1f ms after closing began",
                     self.config.client_id,

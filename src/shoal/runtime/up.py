@@ -84,7 +84,7 @@ class Up:
         )
         self._stop = asyncio.Event()
         self._tty = out.isatty()
-        self._shown: set[tuple[str, int]] = set()  # windows whose results the plain view printed
+        self._shown: set[tuple[str, int]] = set()  # windows in the last view (printed already)
         self.scaler: Scaler | None = None
         self.scale_log: list[str] = []
         self._driver: TraceDriver | None = None
@@ -228,8 +228,8 @@ class Up:
             self._line(status)
             # Piped output (CI logs, files) gets each new window's results once, for a few keys.
             fresh = [row for row in snap.latest if (row["window"], row["start"]) not in self._shown]
+            self._shown = {(row["window"], row["start"]) for row in snap.latest}
             if fresh:
-                self._shown.update((row["window"], row["start"]) for row in fresh)
                 self._line("\n".join(f"  result {self._result_text(row)}" for row in fresh))
             return
         lines = [

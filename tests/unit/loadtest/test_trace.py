@@ -13,6 +13,7 @@ from shoal.loadtest.bench_scaling import (
     verdicts,
 )
 from shoal.loadtest.trace import Phase, Trace, make_trace
+from shoal.runtime.local import Accounting
 
 
 def test_step_is_a_then_b_then_a() -> None:
@@ -99,14 +100,9 @@ def run_with(lags: list[float], events: list[float] = (), workers: list[int] | N
         samples=samples,
         scale_events=list(events),
         worker_seconds=float(sum(s.workers for s in samples)),
-        generated=10,
-        applied=10,
-        in_results=10,
-        late=0,
-        deadletters=0,
-        unconfirmed_batches=0,
-        lost=0,
-        duplicated=0,
+        accounting=Accounting(
+            generated=10, applied=10, in_results=10, late=0, deadletters=0, unconfirmed_batches=0
+        ),
         apply_p99_ms=None,
         apply_p50_ms=None,
         workers_started=1,
