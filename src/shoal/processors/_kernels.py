@@ -270,9 +270,9 @@ def quantile_buckets(
     The ``q`` quantile of ``n`` values is the ``floor(q * (n - 1))``-th smallest (0-based).
     """
     cum = np.cumsum(counts)
-    cell_group = cell_groups(cells)
-    first = np.searchsorted(cell_group, groups, side="left")
-    last = np.searchsorted(cell_group, groups, side="right")
+    # A group's cells are the run of ids from ``group << BUCKET_BITS`` up to the next group's.
+    first = np.searchsorted(cells, groups << BUCKET_BITS, side="left")
+    last = np.searchsorted(cells, (groups + 1) << BUCKET_BITS, side="left")
     before = np.where(first > 0, cum[np.maximum(first - 1, 0)], 0)
     totals = cum[last - 1] - before
     out = []

@@ -118,7 +118,7 @@ class Combiner:
         self._field_names = frozenset(self.plan.field_names)
         self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
         self._names = [w.name for w in spec.windows]
-        self._premerged_for: int | None = None
+        self._prepared_for: int | None = None
 
     # -- input -----------------------------------------------------------------------------
 
@@ -255,15 +255,15 @@ class Combiner:
         next_end = self.state.next_end()
         if next_end is None or next_end > threshold:
             # Nothing closes yet. Once the watermark has passed the next window's end, only
-            # late rows can still reach it: merge its state now, so that the close (at end
-            # + lateness) has little left to merge and its result goes out sooner.
+            # late rows can still reach it: finalise it now, so that the close (at end +
+            # lateness) has nothing left to compute unless a late row arrives meanwhile.
             if (
                 next_end is not None
                 and threshold + self.spec.lateness_ms >= next_end
-                and self._premerged_for != next_end
+                and self._prepared_for != next_end
             ):
-                self.state.compact()
-                self._premerged_for = next_end
+                self.state.prepare(next_end)
+                self._prepared_for = next_end
             return None
         closed = self.state.close(threshold)
         if not closed.empty:

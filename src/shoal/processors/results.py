@@ -93,11 +93,18 @@ def _header(result: WindowResult, ctx: Emission) -> dict[str, Any]:
     }
 
 
-def window_json(result: WindowResult, ctx: Emission) -> bytes:
-    """The window's JSON message (all keys of this partition)."""
+def json_rows(result: WindowResult) -> bytes:
+    """The ``results`` array of a window's JSON message (the bulk of it)."""
+    return result.frame.write_json().encode() if result.frame.height else b"[]"
+
+
+def window_json(result: WindowResult, ctx: Emission, rows: bytes | None = None) -> bytes:
+    """The window's JSON message (all keys of this partition).
+
+    ``rows``: ``json_rows(result)`` if already encoded (ahead of the close).
+    """
     head = orjson.dumps(_header(result, ctx))
-    rows = result.frame.write_json().encode() if result.frame.height else b"[]"
-    return head[:-1] + b',"results":' + rows + b"}"
+    return head[:-1] + b',"results":' + (json_rows(result) if rows is None else rows) + b"}"
 
 
 def window_msgpack(result: WindowResult, ctx: Emission) -> bytes:

@@ -10,7 +10,6 @@ applied", whatever the order.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -89,6 +88,7 @@ class WindowState:
         self._pending_rows = 0
         self._groups_merged = False
         self._cells_merged = False
+        self._prepared: _Prepared | None = None
 
     @property
     def rows(self) -> int:
@@ -114,6 +114,8 @@ class WindowState:
         if len(taken) == 0:
             return
         slots = self._slot_ids(rows.window[taken].astype(np.int64), rows.start[taken])
+        if self._prepared is not None and np.isin(slots, self._prepared.slots).any():
+            self._prepared = None  # a late row for a prepared window: finalise it again
         keys = self._key_ids_of([rows.keys[i] for i in taken.tolist()])
         groups = (slots << KEY_BITS) | keys
         self._groups.append(groups)
@@ -215,6 +217,38 @@ class WindowState:
         """The earliest end among open windows (None: nothing open)."""
         return min((end for _, _, end in self._slot_info.values()), default=None)
 
+    @property
+    def prepared_frame(self) -> pl.DataFrame | None:
+        """Results finalised ahead of a close and still valid (``close`` will return them)."""
+        return None if self._prepared is None else self._prepared.frame
+
+    def prepare(self, through_ms: int) -> None:
+        """Finalise the windows ending at or before ``through_ms`` ahead of their close.
+
+        Called once the watermark has passed their end: from then on only late rows can
+        reach them. ``close`` hands out these results unless such a row arrived meanwhile
+        (then it finalises again), so a close right after the lateness costs little more
+        than taking the windows' rows out of the state.
+        """
+        self._prepared = None
+        slots = sorted(slot for slot, (_, _, end) in self._slot_info.items() if end <= through_ms)
+        if not slots:
+            return
+        self.compact()  # one sorted chunk each: the windows' rows are runs of it
+        slot_arr = np.array(slots, dtype=np.int64)
+        if not self._groups:
+            return
+        rows = _slot_runs(self._groups[0], slot_arr, KEY_BITS)
+        groups = self._groups[0][rows]
+        if len(groups) == 0:
+            return
+        state = {f: c[rows] for f, c in self._columns[0].items()}
+        cells, counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        if self._cells:
+            runs = _slot_runs(self._cells[0], slot_arr, KEY_BITS + BUCKET_BITS)
+            cells, counts = self._cells[0][runs], self._counts[0][runs]
+        self._prepared = _Prepared(slot_arr, self._finish(groups, state, cells, counts))
+
     def close(self, through_ms: int) -> ClosedWindows:
         """Finalise and remove every window whose end is at or before ``through_ms``.
 
@@ -222,36 +256,56 @@ class WindowState:
         (merged or pending), so a close costs what the closing windows hold, not what the
         open ones have gathered since the last merge.
         """
+        prepared, self._prepared = self._prepared, None
         closing = [slot for slot, (_, _, end) in self._slot_info.items() if end <= through_ms]
         if not closing:
             return ClosedWindows(self.empty_result())
         closing_arr = np.array(sorted(closing), dtype=np.int64)
-        taken, groups_from = _take_slots(self._groups, self._columns, _group_slots, closing_arr)
+        taken, groups_from = _take_slots(
+            self._groups, self._columns, KEY_BITS, closing_arr, first_sorted=self._groups_merged
+        )
         counts = [{"count": c} for c in self._counts]
-        cells, cells_from = _take_slots(self._cells, counts, _cell_slots, closing_arr)
+        cells, cells_from = _take_slots(
+            self._cells,
+            counts,
+            KEY_BITS + BUCKET_BITS,
+            closing_arr,
+            first_sorted=self._cells_merged,
+        )
         self._counts = [c["count"] for c in counts]
         if taken is None:
             self._release(closing)
             return ClosedWindows(self.empty_result())
+        if prepared is not None and np.array_equal(prepared.slots, closing_arr):
+            self._release(closing)
+            return ClosedWindows(prepared.frame)
         # Rows taken from the merged base alone (the usual case: the window was merged when
         # the watermark passed its end) are merged already.
         merged = groups_from == {0} and self._groups_merged
         done_groups, done = taken if merged else merge_state(*taken)  # sorted by group
-        quantiles: list[npt.NDArray[np.float64]] = []
-        if self.plan.needs_sketch:
-            if cells is None:
-                done_cells, done_counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-            elif cells_from == {0} and self._cells_merged:
+        done_cells, done_counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        if cells is not None:
+            if cells_from == {0} and self._cells_merged:
                 done_cells, done_counts = cells[0], cells[1]["count"]
             else:
                 done_cells, done_counts = merge_cells(cells[0], cells[1]["count"], KEY_BITS)
-            buckets = quantile_buckets(
-                done_cells, done_counts, done_groups, list(self.plan.quantiles.values())
-            )
-            quantiles = [self.buckets.values_np(b) for b in buckets]
-        result = self._finalise(done_groups, done, quantiles)
+        result = self._finish(done_groups, done, done_cells, done_counts)
         self._release(closing)
         return ClosedWindows(result)
+
+    def _finish(
+        self,
+        groups: npt.NDArray[np.int64],
+        state: dict[str, npt.NDArray[Any]],
+        cells: npt.NDArray[np.int64],
+        counts: npt.NDArray[np.int64],
+    ) -> pl.DataFrame:
+        """Results of merged groups (sorted) and their merged sketch cells."""
+        quantiles: list[npt.NDArray[np.float64]] = []
+        if self.plan.needs_sketch:
+            buckets = quantile_buckets(cells, counts, groups, list(self.plan.quantiles.values()))
+            quantiles = [self.buckets.values_np(b) for b in buckets]
+        return self._finalise(groups, state, quantiles)
 
     def _release(self, slots: list[int]) -> None:
         for slot in slots:
@@ -357,27 +411,47 @@ class WindowState:
             self.compact()
 
 
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """Results finalised ahead of a close (``WindowState.prepare``), and their slots."""
+
+    slots: npt.NDArray[np.int64]
+    frame: pl.DataFrame
+
+
 def _take_slots(
     ids: list[npt.NDArray[np.int64]],
     columns: list[dict[str, npt.NDArray[Any]]],
-    slot_of: Callable[[npt.NDArray[np.int64]], npt.NDArray[np.int64]],
+    shift: int,
     slots: npt.NDArray[np.int64],
+    *,
+    first_sorted: bool,
 ) -> tuple[tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[Any]]] | None, set[int]]:
-    """Remove the rows of ``slots`` from every chunk (in place); return them unmerged.
+    """Remove the rows of ``slots`` (sorted) from every chunk (in place); return them unmerged.
 
-    Chunk ``i`` is ``ids[i]`` (state groups or sketch cells; ``slot_of`` gives their slots)
+    Chunk ``i`` is ``ids[i]`` (state groups or sketch cells, whose slot is ``id >> shift``)
     with its parallel ``columns[i]``. Also returns the indices of the chunks the rows came
     from. Chunks keep their places, even when emptied: the first one may be the merged base.
+    When it is (``first_sorted``), each slot's rows are one run of it, found by binary search
+    instead of a pass over every row; taken in slot order, they stay sorted.
     """
     taken_ids: list[npt.NDArray[np.int64]] = []
     taken_columns: list[dict[str, npt.NDArray[Any]]] = []
     chunks: set[int] = set()
     for i, chunk in enumerate(ids):
-        take = np.isin(slot_of(chunk), slots)
-        if not take.any():
-            continue
+        if i == 0 and first_sorted:
+            lo = np.searchsorted(chunk, slots << shift)
+            hi = np.searchsorted(chunk, (slots + 1) << shift)
+            if not (hi > lo).any():
+                continue
+            take = _runs(lo, hi)
+            keep = _runs(np.concatenate(([0], hi)), np.concatenate((lo, [len(chunk)])))
+        else:
+            mask = np.isin(chunk >> shift, slots)
+            if not mask.any():
+                continue
+            take, keep = np.flatnonzero(mask), np.flatnonzero(~mask)
         chunks.add(i)
-        keep = ~take
         taken_ids.append(chunk[take])
         taken_columns.append({f: c[take] for f, c in columns[i].items()})
         ids[i] = chunk[keep]
@@ -391,9 +465,20 @@ def _take_slots(
     ), chunks
 
 
-def _group_slots(groups: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    return groups >> KEY_BITS
+def _slot_runs(
+    chunk: npt.NDArray[np.int64], slots: npt.NDArray[np.int64], shift: int
+) -> slice | npt.NDArray[np.int64]:
+    """Where the rows of ``slots`` (sorted) are in a sorted chunk of ids (slot: ``id >> shift``)."""
+    lo = np.searchsorted(chunk, slots << shift)
+    return _runs(lo, np.searchsorted(chunk, (slots + 1) << shift))
 
 
-def _cell_slots(cells: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    return cell_groups(cells) >> KEY_BITS
+def _runs(lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]) -> slice | npt.NDArray[np.int64]:
+    """The indices of the runs ``[lo[i], hi[i])`` (in order), as a slice when there is one."""
+    nonempty = hi > lo
+    lo, hi = lo[nonempty], hi[nonempty]
+    if len(lo) == 1:
+        return slice(int(lo[0]), int(hi[0]))
+    if len(lo) == 0:
+        return slice(0, 0)
+    return np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)])

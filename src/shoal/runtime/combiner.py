@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Final
 
 import orjson
+import polars as pl
 
 from shoal.broker.mqtt import AsyncSession, Message
 from shoal.broker.settings import BrokerSettings
@@ -42,6 +43,7 @@ from shoal.processors.partials import Partial
 from shoal.processors.results import (
     Emission,
     WindowResult,
+    json_rows,
     key_messages,
     late_message,
     split_windows,
@@ -109,6 +111,8 @@ class CombinerRuntime:
         self._key_tasks: set[asyncio.Task[None]] = set()
         self._confirmed: dict[str, int] = {}
         self._session: AsyncSession | None = None
+        # JSON rows of the windows the core finalised ahead of their close, by (window, start)
+        self._rendered: tuple[pl.DataFrame, dict[tuple[str, int], bytes]] | None = None
         self.apply_latency = LatencyHistogram()
         self.result_latency = LatencyHistogram()
         self.checkpoints = 0
@@ -275,6 +279,10 @@ class CombinerRuntime:
         ctx = Emission(
             spec.name, self.config.partition, spec.partitions, self.core.closed_through, started
         )
+        rendered = {}
+        if self._rendered is not None and self._rendered[0] is closed.frame:
+            rendered = self._rendered[1]
+        self._rendered = None
         for result in split_windows(closed.frame):
             window_futures = []
             for index, encoding in enumerate(spec.output_encodings):
@@ -285,7 +293,8 @@ class CombinerRuntime:
                 )
                 encoding_since = time.perf_counter()
                 if encoding == "json":
-                    payload, content_type = window_json(result, ctx), "application/json"
+                    rows = rendered.get((result.window, result.start))
+                    payload, content_type = window_json(result, ctx, rows), "application/json"
                 else:
                     payload, content_type = window_msgpack(result, ctx), "application/msgpack"
                 if log.isEnabledFor(logging.DEBUG):
@@ -373,6 +382,20 @@ class CombinerRuntime:
             # closing a window finds almost nothing left to merge.
             if self.core.state.pending_rows:
                 self.core.state.compact()
+            self._render_ahead()
+
+    def _render_ahead(self) -> None:
+        """Encode the windows the core finalised ahead of their close, between messages.
+
+        At the close their message then only needs its header; a row that arrives for them
+        meanwhile discards the finalised results, and the close encodes afresh.
+        """
+        frame = self.core.state.prepared_frame
+        if frame is None or "json" not in self.config.spec.output_encodings:
+            return
+        if self._rendered is not None and self._rendered[0] is frame:
+            return
+        self._rendered = (frame, {(r.window, r.start): json_rows(r) for r in split_windows(frame)})
 
     async def _checkpointer(self, session: AsyncSession) -> None:
         interval = self.config.spec.checkpoint_interval_ms / 1000
@@ -458,6 +481,7 @@ class CombinerRuntime:
             )
             return
         self.core = Combiner(self.config.spec, self.config.partition, self.clock)
+        self._rendered = None
         self._restore(self.config.state_dir / CHECKPOINT_FILE)
 
 

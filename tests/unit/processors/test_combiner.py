@@ -284,6 +284,48 @@ def test_a_window_past_its_end_is_merged_before_it_closes_and_closes_only_itself
     ]
 
 
+def test_a_row_for_a_window_finalised_ahead_of_its_close_is_still_counted() -> None:
+    h = Harness()
+    h.announce("g")
+    h.send("g", 0, [("k", 100, 1.0)])
+    h.send("g", 1, [("k", 1_200, 4.0)])  # watermark past [0, 1000)'s end: finalised ahead
+    assert h.tick() is None
+    h.send("g", 2, [("k", 900, 10.0), ("k", 1_300, 5.0)])  # 900: within lateness, not late
+    h.send("g", 3, [("k", 1_600, 6.0)])  # threshold 1_100: [0, 1000) closes
+    h.tick()
+    assert h.results().select("key", "start", "count", "sum", "max").rows() == [
+        ("k", 0, 2, 11.0, 10.0)
+    ]
+    assert h.combiner.counters.rows_late == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), prepare_at=st.integers(0, 3_000), hopping=st.booleans())
+def test_finalising_ahead_never_changes_a_result(seed: int, prepare_at: int, hopping: bool) -> None:
+    """``prepare`` at any time, then any more rows: ``close`` gives the unprepared result."""
+    windows = [{"kind": "tumbling", "size_ms": 1_000}]
+    if hopping:  # several slots end together, and a close takes several runs of the state
+        windows.append({"kind": "hopping", "size_ms": 1_000, "slide_ms": 250})
+    spec = make_spec(
+        windows=windows, aggregates=["count", "sum", "min", "max", "first", "last", "p50", "p99"]
+    )
+    batches = make_batches(seed=seed, gateways=2, batches_per_gateway=6, step_ms=400)
+    builder = PartialBuilder(spec, "w")
+    plain, prepared = Combiner(spec, 0, FakeClock()), Combiner(spec, 0, FakeClock())
+    half = len(batches) // 2
+    for i, batch in enumerate(batches):
+        if i == half:
+            prepared.state.prepare(prepare_at + 1_700_000_000_000)
+        info = BatchInfo(batch.gateway_id, batch.seq, "s", 0, None, None, 0, 0, "w")
+        for partial in builder.build(batch.frame, info, 0):
+            if partial.rows is not None:
+                plain.state.add(partial.rows)
+                prepared.state.add(partial.rows)
+    through = prepare_at + 1_700_000_000_000
+    assert_frame_equal(plain.state.close(through).frame, prepared.state.close(through).frame)
+    assert_frame_equal(plain.state.close(2**62).frame, prepared.state.close(2**62).frame)
+
+
 def test_threshold_never_goes_backwards() -> None:
     h = Harness()
     h.announce("a")
