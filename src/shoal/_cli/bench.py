@@ -1,4 +1,4 @@
-"""``shoal bench <name>``: benchmarks run as commands (``encodings``, ``pipeline``, ``chaos``).
+"""``shoal bench <name>``: benchmarks run as commands (``encodings``, ``pipeline``, ``floor``, ...).
 
 Each sub-command imports its benchmark module only when it runs.
 """
@@ -51,6 +51,7 @@ def register(sub: Any) -> None:
     register_matrix(benches)
     _register_chaos(benches)
     _register_scaling(benches)
+    _register_floor(benches)
 
 
 def _register_pipeline(benches: Any) -> None:
@@ -245,6 +246,52 @@ def run_scaling(args: argparse.Namespace) -> int:
         bench.plot(runs, config.trace, args.plot)
         print(f"wrote {args.plot}")
     return 0 if all(r.accounting.lost == 0 and r.accounting.duplicated == 0 for r in runs) else 1
+
+
+def _register_floor(benches: Any) -> None:
+    floor: argparse.ArgumentParser = benches.add_parser(
+        "floor",
+        help="the latency floor of one batch: process wakeup, one broker hop, worker handling",
+        description="Measure, at scenario A's pace (a batch every 160 ms), what every brokered "
+        "pipeline pays per batch on this machine: a process woken by a socket write, one QoS 1 "
+        "message through Mosquitto between two shoal sessions, and a worker's handling of a "
+        "batch (warm and after idling). Prints p50/p95/p99/max in ms.",
+    )
+    floor.add_argument(
+        "--pipeline", default="baseline-equivalent", metavar="NAME|FILE", help="pipeline spec"
+    )
+    floor.add_argument("--batch", type=int, default=4_000, help="rows per batch (default 4000)")
+    floor.add_argument(
+        "--period-ms", type=float, default=160.0, help="time between batches (default 160)"
+    )
+    floor.add_argument("--samples", type=int, default=200, help="samples per measure (default 200)")
+    floor.add_argument("--json", type=Path, metavar="FILE", help="also write the record here")
+    floor.set_defaults(run=run_floor)
+
+
+def run_floor(args: argparse.Namespace) -> int:
+    """Run the latency-floor benchmark."""
+    from shoal._cli.common import load_spec  # noqa: PLC0415
+    from shoal.loadtest import bench_encodings  # noqa: PLC0415 - heavy, run-time only
+    from shoal.loadtest import bench_floor as bench  # noqa: PLC0415
+
+    if args.samples < 1 or args.batch < 1 or args.period_ms <= 0:
+        raise ConfigError("--samples, --batch and --period-ms must be positive")
+    spec = load_spec(args.pipeline)
+    print(f"shoal bench floor (pipeline {spec.name})", flush=True)
+    result = bench.run(
+        spec,
+        period_ms=args.period_ms,
+        samples=args.samples,
+        rows=args.batch,
+        progress=lambda line: print(f"  measuring {line}", file=sys.stderr, flush=True),
+    )
+    print(bench.format_report(result))
+    if args.json is not None:
+        record = {**result.as_record(), "machine": bench_encodings.machine().as_record()}
+        args.json.write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2) + b"\n")
+        print(f"wrote {args.json}")
+    return 0
 
 
 def _register_chaos(benches: Any) -> None:
