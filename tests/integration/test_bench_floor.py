@@ -6,41 +6,24 @@ No assertion on the figures beyond their being measured: timing is what the comm
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from shoal.loadtest.bench_floor import Spread
+from tests.support.processes import assert_ran, run_shoal
 
 SAMPLES = 8
 
 
 def test_floor_command_measures_each_part(tmp_path: Path) -> None:
     out = tmp_path / "floor.json"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "shoal.cli",
-            "bench",
-            "floor",
-            "--samples",
-            str(SAMPLES),
-            "--period-ms",
-            "20",
-            "--batch",
-            "500",
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    result = run_shoal(
+        *("bench", "floor", "--samples", str(SAMPLES), "--period-ms", "20", "--batch", "500"),
+        *("--json", str(out)),
         timeout=120,
-        check=False,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert_ran(result)
     assert "least brokered path" in result.stdout
     record = json.loads(out.read_text())
     assert record["rows"] == 500
@@ -56,13 +39,7 @@ def test_floor_command_measures_each_part(tmp_path: Path) -> None:
 
 
 def test_floor_refuses_nonsense() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "shoal.cli", "bench", "floor", "--samples", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = run_shoal("bench", "floor", "--samples", "0", timeout=60)
     assert result.returncode != 0
     assert "--samples" in result.stderr
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from shoal._processes import ChildProcess, connection_args, shoal_argv
@@ -55,3 +56,15 @@ def combiner(
         ),
         log_dir / f"combiner-{partition}.log",
     )
+
+
+def run_shoal(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``shoal <args>`` to the end; the output is captured, the exit code not checked."""
+    return subprocess.run(
+        shoal_argv(*args), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def assert_ran(result: subprocess.CompletedProcess[str]) -> None:
+    """Exit code 0, or the end of what the command said."""
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
