@@ -22,9 +22,10 @@ Times cross processes by the wall clock (``time.time_ns``): one machine, one clo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import multiprocessing as mp
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Final
@@ -135,26 +136,44 @@ def run(
     return Floor(period_ms, rows, len(payload), wakeup, hop, Spread.of(warm), Spread.of(idle))
 
 
-# -- wakeup --------------------------------------------------------------------------------
+# -- wakeup and hop: a receiving child process -------------------------------------------
+
+
+@contextlib.contextmanager
+def _receiver(target: Callable[..., None], *args: object) -> Iterator[Connection]:
+    """Run ``target(*args, conn)`` in a fresh interpreter; yield our end of ``conn``."""
+    ctx = mp.get_context("spawn")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=target, args=(*args, theirs), daemon=True)
+    child.start()
+    try:
+        yield ours
+    finally:
+        child.join(timeout=10)
+
+
+def _received(conn: Connection, what: str) -> object:
+    if not conn.poll(30):
+        raise RuntimeError(f"the receiving process did not send {what}")
+    return conn.recv()
+
+
+def _delays(samples: object) -> list[float]:
+    """The receiver's delays (ms) without the warm-up."""
+    assert isinstance(samples, list)
+    return [float(ms) for ms in samples[WARM_UP:]]
 
 
 def _wakeups(period_ms: float, samples: int, size: int) -> list[float]:
-    ctx = mp.get_context("spawn")
-    ours, theirs = ctx.Pipe()
-    child = ctx.Process(target=_wakeup_receiver, args=(theirs, samples + WARM_UP), daemon=True)
-    child.start()
-    try:
+    with _receiver(_wakeup_receiver, samples + WARM_UP) as conn:
         padding = bytes(size)
         for _ in range(samples + WARM_UP):
             time.sleep(period_ms / 1000)
-            ours.send_bytes(time.time_ns().to_bytes(8, "big") + padding)
-        result: list[float] = ours.recv()
-    finally:
-        child.join(timeout=10)
-    return result[WARM_UP:]
+            conn.send_bytes(time.time_ns().to_bytes(8, "big") + padding)
+        return _delays(_received(conn, "its delays"))
 
 
-def _wakeup_receiver(conn: Connection, count: int) -> None:
+def _wakeup_receiver(count: int, conn: Connection) -> None:
     out = []
     for _ in range(count):
         data = conn.recv_bytes()
@@ -162,26 +181,12 @@ def _wakeup_receiver(conn: Connection, count: int) -> None:
     conn.send(out)
 
 
-# -- hop -----------------------------------------------------------------------------------
-
-
 def _hops(settings: BrokerSettings, period_ms: float, samples: int, size: int) -> list[float]:
-    ctx = mp.get_context("spawn")
-    ours, theirs = ctx.Pipe()
-    child = ctx.Process(
-        target=_hop_receiver, args=(settings, theirs, samples + WARM_UP), daemon=True
-    )
-    child.start()
-    try:
-        if not ours.poll(30) or ours.recv() != "subscribed":
+    with _receiver(_hop_receiver, settings, samples + WARM_UP) as conn:
+        if _received(conn, "its subscription") != "subscribed":
             raise RuntimeError("the receiving session did not subscribe")
         asyncio.run(_hop_sender(settings, period_ms, samples + WARM_UP, size))
-        if not ours.poll(30):
-            raise RuntimeError("the receiving session did not report")
-        result: list[float] = ours.recv()
-    finally:
-        child.join(timeout=10)
-    return result[WARM_UP:]
+        return _delays(_received(conn, "its delays"))
 
 
 async def _hop_sender(settings: BrokerSettings, period_ms: float, count: int, size: int) -> None:
@@ -192,17 +197,16 @@ async def _hop_sender(settings: BrokerSettings, period_ms: float, count: int, si
             await session.publish_started(TOPIC, time.time_ns().to_bytes(8, "big") + padding)
 
 
-def _hop_receiver(settings: BrokerSettings, conn: Connection, count: int) -> None:
+def _hop_receiver(settings: BrokerSettings, count: int, conn: Connection) -> None:
     conn.send(asyncio.run(_receive_hops(settings, conn, count)))
 
 
 async def _receive_hops(settings: BrokerSettings, conn: Connection, count: int) -> list[float]:
     out: list[float] = []
-    stop = asyncio.Event()
     async with AsyncSession(settings, "shoal-floor-receiver") as session:
         await session.subscribe([TOPIC], qos=1)
         conn.send("subscribed")
-        async for message in session.messages_until(stop):
+        async for message in session.messages():
             out.append((time.time_ns() - int.from_bytes(message.payload[:8], "big")) / 1e6)
             if len(out) == count:
                 break

@@ -235,9 +235,9 @@ class WindowState:
         if not slots:
             return
         self.compact()  # one sorted chunk each: the windows' rows are runs of it
-        slot_arr = np.array(slots, dtype=np.int64)
         if not self._groups:
             return
+        slot_arr = np.array(slots, dtype=np.int64)
         rows = _slot_runs(self._groups[0], slot_arr, KEY_BITS)
         groups = self._groups[0][rows]
         if len(groups) == 0:
@@ -440,8 +440,7 @@ def _take_slots(
     chunks: set[int] = set()
     for i, chunk in enumerate(ids):
         if i == 0 and first_sorted:
-            lo = np.searchsorted(chunk, slots << shift)
-            hi = np.searchsorted(chunk, (slots + 1) << shift)
+            lo, hi = _slot_bounds(chunk, slots, shift)
             if not (hi > lo).any():
                 continue
             take = _runs(lo, hi)
@@ -465,12 +464,18 @@ def _take_slots(
     ), chunks
 
 
+def _slot_bounds(
+    chunk: npt.NDArray[np.int64], slots: npt.NDArray[np.int64], shift: int
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Where each of ``slots`` (sorted) starts and ends in a sorted chunk (slot: id >> shift)."""
+    return np.searchsorted(chunk, slots << shift), np.searchsorted(chunk, (slots + 1) << shift)
+
+
 def _slot_runs(
     chunk: npt.NDArray[np.int64], slots: npt.NDArray[np.int64], shift: int
 ) -> slice | npt.NDArray[np.int64]:
-    """Where the rows of ``slots`` (sorted) are in a sorted chunk of ids (slot: ``id >> shift``)."""
-    lo = np.searchsorted(chunk, slots << shift)
-    return _runs(lo, np.searchsorted(chunk, (slots + 1) << shift))
+    """The indices of the rows of ``slots`` (sorted) in a sorted chunk of ids."""
+    return _runs(*_slot_bounds(chunk, slots, shift))
 
 
 def _runs(lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]) -> slice | npt.NDArray[np.int64]:

@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 import polars as pl
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
@@ -301,6 +301,9 @@ def test_a_row_for_a_window_finalised_ahead_of_its_close_is_still_counted() -> N
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 10_000), prepare_at=st.integers(0, 3_000), hopping=st.booleans())
+# Data sets whose late rows reach a prepared window (random ones do in about 2 % of cases):
+@example(seed=33, prepare_at=1_000, hopping=False)
+@example(seed=109, prepare_at=1_000, hopping=True)
 def test_finalising_ahead_never_changes_a_result(seed: int, prepare_at: int, hopping: bool) -> None:
     """``prepare`` at any time, then any more rows: ``close`` gives the unprepared result."""
     windows = [{"kind": "tumbling", "size_ms": 1_000}]
