@@ -17,6 +17,7 @@ class _Pipeline:
     partitions: int
     partitions_at_ms: int
     seqs: dict[int, int] = field(default_factory=dict)
+    missing: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def confirmed(self) -> int:
         return min(self.seqs.get(p, -1) for p in range(self.partitions))
@@ -55,7 +56,23 @@ class ConfirmTracker:
         # checkpoint may announce less; the gateway has already dropped those batches).
         previous = pipeline.seqs.get(confirm.partition, -1)
         pipeline.seqs[confirm.partition] = max(previous, confirm.seq)
-        return confirm.seq > previous
+        gap_before = pipeline.missing.get(confirm.partition, ())
+        pipeline.missing[confirm.partition] = confirm.missing
+        return confirm.seq > previous or confirm.missing != gap_before
+
+    def missing(self) -> frozenset[int]:
+        """Seqs above the confirmed one that some partition reports missing (re-send hints).
+
+        Only from the pipelines whose confirmation counts (``confirm_from``, or all).
+        """
+        seqs: set[int] = set()
+        for name, pipeline in self._pipelines.items():
+            if self.confirm_from and name not in self.confirm_from:
+                continue
+            for gap in pipeline.missing.values():
+                seqs.update(gap)
+        confirmed = self.confirmed_seq()
+        return frozenset(s for s in seqs if s > confirmed)
 
     def pipeline_seq(self, pipeline: str) -> int:
         """The highest seq every partition of ``pipeline`` confirmed (-1: none)."""

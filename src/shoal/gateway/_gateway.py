@@ -10,9 +10,12 @@ The order that makes delivery end to end (design §3), per batch:
 1. rows are checked against the wire contract when added (``SchemaError`` otherwise);
 2. sealing encodes them (split until each payload fits the packet limit), writes the record
    to the spool, *then* raises the spool's seq mark, *then* the seq counts as used;
-3. the batch is published QoS 1 in seq order, at most ``max_inflight`` without PUBACK;
+3. the batch is published QoS 1 in seq order, at most ``max_inflight`` without PUBACK and
+   at most ``max_unconfirmed_bytes`` without the pipeline's confirmation (backpressure:
+   a backlog waits in the spool, not in the broker's queues);
 4. it leaves the spool only when confirmed (``Confirm`` from ``confirm_from``), and is
-   re-published after every reconnect and, with backoff, when confirmations stall.
+   re-published after every reconnect, when a combiner reports it missing, and, with
+   backoff, when confirmations stall.
 
 Never imports paho: MQTT goes through ``shoal.broker.mqtt.ThreadedSession``.
 """
@@ -97,10 +100,11 @@ class Gateway:
         self._tracker_lock = threading.Lock()  # paho's thread writes, ours reads
         self._outbox = Outbox(
             config.ingest_topic,
-            config.max_inflight,
-            ResendPolicy(config.resend_after_ms, config.resend_window),
+            ResendPolicy(config.resend_after_ms, config.resend_window, gap_ms=config.resend_gap_ms),
             self._spool,
             self._now_ms,
+            max_inflight=config.max_inflight,
+            max_unconfirmed_bytes=config.max_unconfirmed_bytes,
         )
         self._acked: set[int] = set()  # unconfirmed seqs the broker accepted at least once
         self._sealer = Sealer(
@@ -278,11 +282,14 @@ class Gateway:
                 self._on_acked(acked)
             if now_s < self._publish_from_s:
                 return
+            with self._tracker_lock:
+                missing = self._tracker.missing()
             self._outbox.send(
                 session,
                 first_unconfirmed=self._confirmed + 1,
                 next_seq=self._sealer.next_seq,
                 fit=self._fit,
+                missing=missing,
             )
             if now_s >= self._status_due_s:
                 self._publish_status(session)

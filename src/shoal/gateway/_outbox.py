@@ -4,6 +4,18 @@ The batches stay in the spool; the outbox knows which seqs are in flight (publis
 PUBACK yet), which were sent before, and where the first sends of this connection have
 got to. ``ResendPolicy`` decides when to send again. Not thread-safe: the gateway calls
 it under its lock. Speaks MQTT only through ``ThreadedSession``.
+
+Two limits bound what one gateway puts into the pipeline at a time:
+
+* ``max_inflight`` batches published without the broker's PUBACK (the MQTT hop), and
+* ``max_unconfirmed_bytes`` of payload published without the *pipeline's* confirmation:
+  the end-to-end window. A PUBACK only says the broker queued a batch; without this window
+  a gateway with a backlog (a burst, a spool flushed after an outage) fills the broker's
+  queue for the workers until Mosquitto drops messages, and the pipeline then waits for
+  re-sends of what was dropped (issue 21, ``docs/guarantees.md`` "Overload"). With it, a
+  burst stays in the gateway's spool (lag, which the scaler reads) and the broker holds at
+  most one window per gateway. The first unconfirmed batch is always sendable, so a batch
+  larger than the window still goes.
 """
 
 from __future__ import annotations
@@ -45,22 +57,27 @@ class Outbox:
 
     Args:
         topic: where batches are published.
-        max_inflight: batches published without PUBACK, at most.
         policy: when to re-send unconfirmed batches.
         spool: where the batches are.
         now_ms: monotonic milliseconds (the gateway's clock).
+        max_inflight: batches published without PUBACK, at most.
+        max_unconfirmed_bytes: payload bytes published without confirmation, at most (the
+            first unconfirmed batch is always allowed).
     """
 
     def __init__(
         self,
         topic: str,
-        max_inflight: int,
         policy: ResendPolicy,
         spool: Spool,
         now_ms: Callable[[], int],
+        *,
+        max_inflight: int,
+        max_unconfirmed_bytes: int,
     ) -> None:
         self.topic = topic
         self.max_inflight = max_inflight
+        self.max_unconfirmed_bytes = max_unconfirmed_bytes
         self.policy = policy
         self.publishes = 0
         self.resends = 0
@@ -70,11 +87,21 @@ class Outbox:
         self._cursor = 0  # next seq to send for the first time on this connection
         self._sent: set[int] = set()  # seqs published at least once: the next send is a re-send
         self._cache: dict[int, bytes] = {}
+        # Payload bytes of the seqs sent on this connection and not yet confirmed: the
+        # end-to-end window's fill.
+        self._window: dict[int, int] = {}
+        self.window_bytes = 0
+        self.window_waits = 0  # rounds in which a first send waited for the window
 
     @property
     def in_flight(self) -> int:
         """Batches published and not yet acknowledged."""
         return len(self._inflight)
+
+    @property
+    def window_full(self) -> bool:
+        """Whether the end-to-end window holds as much as it may (first sends wait)."""
+        return bool(self._window) and self.window_bytes >= self.max_unconfirmed_bytes
 
     def sealed(self, seq: int, payload: bytes) -> None:
         """A batch was sealed; keep its payload for the first send if there is room."""
@@ -96,6 +123,8 @@ class Outbox:
         handles of the old connection will never be acknowledged.
         """
         self._inflight.clear()
+        self._window.clear()
+        self.window_bytes = 0
         self._cursor = first_unconfirmed
         self.policy.reconnected(self._now_ms())
 
@@ -104,6 +133,8 @@ class Outbox:
         for seq in [s for s in self._cache if s <= through]:
             del self._cache[seq]
         self._sent.difference_update([s for s in self._sent if s <= through])
+        for seq in [s for s in self._window if s <= through]:
+            self.window_bytes -= self._window.pop(seq)
         self.policy.progressed(through, self._now_ms())
 
     def collect(self) -> list[Acked]:
@@ -129,20 +160,25 @@ class Outbox:
         first_unconfirmed: int,
         next_seq: int,
         fit: Callable[[SpoolEntry], SpoolEntry],
+        missing: frozenset[int] = frozenset(),
     ) -> None:
-        """Publish what is due, within ``max_inflight``.
+        """Publish what is due, within ``max_inflight`` and the end-to-end window.
 
-        First sends go in seq order, then the re-sends the policy asks for. ``fit`` re-seals
-        a batch larger than the current packet limit.
+        First sends go in seq order, then the re-sends the policy asks for (``missing``:
+        seqs a combiner reported missing). ``fit`` re-seals a batch larger than the current
+        packet limit.
         """
         cursor = max(self._cursor, first_unconfirmed)
         while cursor < next_seq and len(self._inflight) < self.max_inflight:
+            if self.window_full:
+                self.window_waits += 1
+                break
             if cursor not in self._inflight and not self._send(session, cursor, fit, resend=False):
                 break
             cursor += 1
         self._cursor = cursor
         outstanding = (s for s in range(first_unconfirmed, cursor) if s not in self._inflight)
-        for seq in self.policy.due(outstanding, self._now_ms()):
+        for seq in self.policy.due(outstanding, self._now_ms(), missing):
             if len(self._inflight) >= self.max_inflight:
                 break
             if not self._send(session, seq, fit, resend=True):
@@ -171,6 +207,9 @@ class Outbox:
             log.debug("publish of seq %d deferred: %s", seq, exc)
             return False
         self._inflight[seq] = _InFlight(handle, entry.rows, entry.payload_bytes)
+        if seq not in self._window:
+            self._window[seq] = entry.payload_bytes
+            self.window_bytes += entry.payload_bytes
         self.publishes += 1
         if seq in self._sent:
             self.resends += 1

@@ -17,26 +17,38 @@ BACKOFF_CAP_MS: Final = 60_000
 class ResendPolicy:
     """Decides which published-but-unconfirmed batches to publish again.
 
-    A batch becomes eligible ``after_ms`` after it was last sent, and each re-send doubles
-    that wait (capped at ``cap_ms``). Nothing is re-sent while confirmations advance: only
-    when they have not moved for ``after_ms`` with batches outstanding, and then only the
-    ``window`` oldest outstanding batches.
+    Two triggers:
+
+    * **Reported gaps** (fast): a combiner names seqs it has waited for while holding later
+      batches (``Confirm.missing``). Such a seq is re-sent once it was last sent at least
+      ``gap_ms`` ago, whether or not confirmations advance: a loss in the middle of a
+      flowing stream is repaired in about a confirmation interval.
+    * **Stalls** (the safety net, when nothing is reported: the pipeline is down, or lost
+      everything): a batch becomes eligible ``after_ms`` after it was last sent, and each
+      re-send doubles that wait (capped at ``cap_ms``). Nothing is re-sent this way while
+      confirmations advance: only when they have not moved for ``after_ms`` with batches
+      outstanding, and then only the ``window`` oldest outstanding batches.
 
     Args:
         after_ms: stall time before re-sending, and the first per-batch backoff.
         window: how many of the oldest outstanding batches may be re-sent.
         cap_ms: the longest per-batch backoff.
+        gap_ms: least time between two sends of a batch reported missing.
     """
 
-    def __init__(self, after_ms: int, window: int, cap_ms: int = BACKOFF_CAP_MS) -> None:
-        if after_ms <= 0 or window <= 0:
-            raise ValueError("after_ms and window must be positive")
+    def __init__(
+        self, after_ms: int, window: int, cap_ms: int = BACKOFF_CAP_MS, gap_ms: int = 2_000
+    ) -> None:
+        if after_ms <= 0 or window <= 0 or gap_ms <= 0:
+            raise ValueError("after_ms, window and gap_ms must be positive")
         self.after_ms = after_ms
         self.window = window
         self.cap_ms = max(cap_ms, after_ms)
+        self.gap_ms = gap_ms
         self._progress_ms: int | None = None
         self._attempts: dict[int, int] = {}
         self._eligible_ms: dict[int, int] = {}
+        self._sent_ms: dict[int, int] = {}
 
     def backoff_ms(self, attempts: int) -> int:
         """Wait before the next re-send of a batch already re-sent ``attempts`` times."""
@@ -49,12 +61,14 @@ class ResendPolicy:
         attempts = self._attempts.get(seq, 0) + (1 if resend else 0)
         self._attempts[seq] = attempts
         self._eligible_ms[seq] = now_ms + self.backoff_ms(attempts)
+        self._sent_ms[seq] = now_ms
 
     def progressed(self, confirmed_seq: int, now_ms: int) -> None:
         """Confirmations advanced to ``confirmed_seq``: forget those batches, reset the stall."""
         for seq in [s for s in self._attempts if s <= confirmed_seq]:
             del self._attempts[seq]
             del self._eligible_ms[seq]
+            del self._sent_ms[seq]
         self._progress_ms = now_ms if self._attempts else None
 
     def reconnected(self, now_ms: int) -> None:
@@ -65,15 +79,26 @@ class ResendPolicy:
         """Whether confirmations have not advanced for ``after_ms`` with batches outstanding."""
         return self._progress_ms is not None and now_ms - self._progress_ms >= self.after_ms
 
-    def due(self, outstanding: Iterable[int], now_ms: int) -> list[int]:
-        """Which of ``outstanding`` (published, unconfirmed seqs, oldest first) to re-send now."""
-        if not self.stalled(now_ms):
+    def due(
+        self, outstanding: Iterable[int], now_ms: int, missing: frozenset[int] = frozenset()
+    ) -> list[int]:
+        """Which of ``outstanding`` (published, unconfirmed seqs, oldest first) to re-send now.
+
+        ``missing``: seqs a combiner reported missing (see the class docstring).
+        """
+        stalled = self.stalled(now_ms)
+        if not stalled and not missing:
             return []
+        last_missing = max(missing, default=-1)
         due: list[int] = []
         for count, seq in enumerate(outstanding):
-            if count >= self.window:
+            if count >= self.window and seq > last_missing:
                 break
-            if now_ms >= self._eligible_ms.get(seq, now_ms):
+            reported = seq in missing and now_ms >= self._sent_ms.get(seq, now_ms) + self.gap_ms
+            overdue = (
+                stalled and count < self.window and now_ms >= self._eligible_ms.get(seq, now_ms)
+            )
+            if reported or overdue:
                 due.append(seq)
         return due
 

@@ -17,6 +17,7 @@ import asyncio
 import json
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final, TextIO
@@ -27,7 +28,8 @@ import psutil
 
 from shoal.broker.mqtt import AsyncSession
 from shoal.processors.spec import PipelineSpec
-from shoal.runtime.local import LocalPipeline, LocalPipelineConfig
+from shoal.runtime.local import SIMULATOR_CONFIRM_WAIT_S, LocalPipeline, LocalPipelineConfig
+from shoal.scaler.monitor import Snapshot
 
 SUSTAIN_FRACTION: Final = 0.98
 MAX_LAG_SECONDS: Final = 2.0
@@ -120,6 +122,8 @@ async def _measure(
                 str(local.run_dir / "spool"),
                 "--json",
                 str(summary_path),
+                "--wait-confirmed",
+                str(SIMULATOR_CONFIRM_WAIT_S),
                 "--quiet",
             ]
         )
@@ -150,7 +154,9 @@ async def _measure(
         # Both marks come from combiner heartbeats, timed by the combiner's own clock.
         achieved = (last[1] - first[1]) / max((last[0] - first[0]) / 1000.0, 1e-9)
         lag_at_end = local.monitor.snapshot().lag_rows
-        accounting = await local.settle(session)
+        accounting = await local.settle(
+            session, progress=None if progress is None else _drain_progress(progress)
+        )
         combiners = local.monitor.snapshot().combiners
     simulator = _read_json(summary_path)
     apply_latency = _worst(combiners, "apply_latency_ms")
@@ -182,6 +188,9 @@ async def _measure(
         "duplicated_measurements": accounting.duplicated,
         "late_measurements": accounting.late,
         "unconfirmed_batches": accounting.unconfirmed_batches,
+        "unconfirmed_measurements": accounting.unconfirmed_rows,
+        "drain_s": accounting.drain_s,
+        "settle_waited_s": accounting.waited_s,
         "peak_lag_measurements": peak_lag_rows,
         "lag_at_end_measurements": lag_at_end,
         "sustained": sustained,
@@ -196,6 +205,20 @@ async def _measure(
         "window_components": window_cpu,
         "machine": machine(),
     }
+
+
+def _drain_progress(out: TextIO) -> Callable[[float, Snapshot], None]:
+    """Progress lines while the backlog drains after the load stopped."""
+
+    def show(elapsed_s: float, snap: Snapshot) -> None:
+        print(
+            f"  [drain {elapsed_s:5.1f} s] out {snap.rows_out_per_s:>12,.0f}/s  "
+            f"lag {snap.lag_rows:>10,} meas in {snap.lag_batches:,} batches",
+            file=out,
+            flush=True,
+        )
+
+    return show
 
 
 async def _reset_stats(local: LocalPipeline, session: AsyncSession, pipeline: str) -> None:
@@ -336,6 +359,7 @@ def format_record(record: dict[str, Any]) -> str:
         f"duplicated {record['duplicated_measurements']}, late {record['late_measurements']}; "
         f"peak lag {record['peak_lag_measurements']:,} meas; "
         f"{'sustained' if record['sustained'] else 'NOT sustained'}",
+        f"  {settle_text(record)}",
     ]
     apply = record["apply_latency_ms"]
     if apply:
@@ -355,6 +379,23 @@ def format_record(record: dict[str, Any]) -> str:
         for c in record["components"]
     )
     return "\n".join(lines)
+
+
+def settle_text(record: dict[str, Any]) -> str:
+    """What happened after the load stopped: drained, or what is still unconfirmed."""
+    waited = record.get("settle_waited_s") or 0.0
+    if not record.get("unconfirmed_batches"):
+        drain = record.get("drain_s")
+        return (
+            f"backlog drained {waited:.1f} s after the load stopped"
+            if drain is not None
+            else (f"settled after {waited:.1f} s")
+        )
+    return (
+        f"unconfirmed {record['unconfirmed_batches']:,} batches "
+        f"({record.get('unconfirmed_measurements', 0):,} meas, still spooled at the gateways) "
+        f"after waiting {waited:.1f} s; not counted as lost"
+    )
 
 
 def dumps(data: dict[str, Any]) -> str:

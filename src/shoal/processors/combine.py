@@ -295,6 +295,10 @@ class Combiner:
         """Highest contiguous applied seq per gateway."""
         return self.tracker.confirmable()
 
+    def gaps(self, limit: int) -> dict[str, tuple[int, ...]]:
+        """Per gateway, seqs missing below batches already held (see ``ProgressTracker.gaps``)."""
+        return self.tracker.gaps(limit)
+
     def watermark(self) -> int | None:
         """The pipeline watermark right now (for metrics)."""
         return self.tracker.pipeline_watermark(self.clock.now_ms())

@@ -243,6 +243,26 @@ class ProgressTracker(Generic[T]):
         known = [g.watermark_ms for g in self.gateways.values() if g.watermark_ms is not None]
         return max(known) if known else None
 
+    def gaps(self, limit: int) -> dict[str, tuple[int, ...]]:
+        """Per gateway, the seqs we wait for while holding later ones (at most ``limit``).
+
+        Right after a reordering these are merely slow; the combiner reports only those that
+        stay missing for a whole confirmation interval (``missing`` in ``Confirm``).
+        """
+        gaps: dict[str, tuple[int, ...]] = {}
+        for progress in self.gateways.values():
+            if progress.next_seq is None or not progress.pending:
+                continue
+            missing: list[int] = []
+            for seq in range(progress.next_seq, max(progress.pending)):
+                if seq not in progress.pending:
+                    missing.append(seq)
+                    if len(missing) >= limit:
+                        break
+            if missing:
+                gaps[progress.gateway_id] = tuple(missing)
+        return gaps
+
     def confirmable(self) -> dict[str, int]:
         """Highest contiguous applied seq per gateway (for confirmations)."""
         return {

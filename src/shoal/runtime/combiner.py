@@ -54,7 +54,7 @@ from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows
 from shoal.runtime._tasks import supervised
 from shoal.runtime.latency import LatencyHistogram
-from shoal.schemas.control import Confirm, GatewayStatus
+from shoal.schemas.control import MAX_MISSING, Confirm, GatewayStatus
 from shoal.schemas.topics import Topics, topic_matches
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,9 @@ class CombinerRuntime:
         self._stop = asyncio.Event()
         self._unacked: list[asyncio.Future[None]] = []
         self._key_tasks: set[asyncio.Task[None]] = set()
-        self._confirmed: dict[str, int] = {}
+        self._confirmed: dict[str, tuple[int, tuple[int, ...]]] = {}
+        self._gaps: dict[str, set[int]] = {}
+        self.gaps_reported = 0  # missing seqs named in confirmations (re-send hints)
         self._session: AsyncSession | None = None
         # JSON rows of the windows the core finalised ahead of their close, by (window, start)
         self._rendered: tuple[pl.DataFrame, dict[tuple[str, int], bytes]] | None = None
@@ -407,6 +409,7 @@ class CombinerRuntime:
         """Snapshot, wait for the outputs it relies on, persist, then confirm."""
         snapshot = self.core.snapshot() if self.config.state_dir is not None else None
         confirmable = self.core.confirmable()
+        missing = self._lasting_gaps()
         outputs, self._unacked = self._unacked, []
         await session.wait_published(outputs)
         if snapshot is not None and self.config.state_dir is not None:
@@ -415,21 +418,46 @@ class CombinerRuntime:
             )
             self.checkpoints += 1
             self.last_checkpoint_ms = self.clock.now_ms()
-        await self._confirm(session, confirmable)
+        await self._confirm(session, confirmable, missing)
 
-    async def _confirm(self, session: AsyncSession, confirmable: dict[str, int]) -> None:
+    def _lasting_gaps(self) -> dict[str, tuple[int, ...]]:
+        """Seqs missing now that were missing at the previous checkpoint too.
+
+        A gap right after a reordering closes within moments; one that lasts a whole
+        confirmation interval while later batches keep arriving is almost surely a loss
+        (a broker queue overflowed, a worker died with the batch), and naming it lets the
+        gateway re-send at once instead of after its stall timer.
+        """
+        now = self.core.gaps(MAX_MISSING)
+        before, self._gaps = self._gaps, {g: set(seqs) for g, seqs in now.items()}
+        lasting = {}
+        for gateway_id, seqs in now.items():
+            seen = before.get(gateway_id, set())
+            kept = tuple(s for s in seqs if s in seen)
+            if kept:
+                lasting[gateway_id] = kept
+        self.gaps_reported += sum(len(s) for s in lasting.values())
+        return lasting
+
+    async def _confirm(
+        self,
+        session: AsyncSession,
+        confirmable: dict[str, int],
+        missing: dict[str, tuple[int, ...]],
+    ) -> None:
         spec = self.config.spec
         now = self.clock.now_ms()
         futures = []
         for gateway_id, seq in confirmable.items():
-            if self._confirmed.get(gateway_id) == seq:
+            gap = missing.get(gateway_id, ())
+            if self._confirmed.get(gateway_id) == (seq, gap):
                 continue
             confirm = Confirm(
-                gateway_id, spec.name, self.config.partition, spec.partitions, seq, now
+                gateway_id, spec.name, self.config.partition, spec.partitions, seq, now, gap
             )
             topic = self.config.topics.confirm(gateway_id, spec.name, self.config.partition)
             futures.append(session.publish_started(topic, confirm.to_json(), retain=True))
-            self._confirmed[gateway_id] = seq
+            self._confirmed[gateway_id] = (seq, gap)
         await session.wait_published(futures)
 
     async def _heartbeat(self, session: AsyncSession) -> None:
@@ -458,6 +486,7 @@ class CombinerRuntime:
             "pending_bytes": self.core.tracker.pending_weight,
             "state_rows": self.core.state.rows,
             "checkpoints": self.checkpoints,
+            "gaps_reported": self.gaps_reported,
             "apply_latency_ms": self.apply_latency.summary(),
             "result_latency_ms": self.result_latency.summary(),
             **asdict(self.core.counters),

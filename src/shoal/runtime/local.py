@@ -44,6 +44,13 @@ from shoal.schemas import ATTRIBUTE_COLUMNS
 from shoal.schemas.topics import Topics
 
 SETTLE_TIMEOUT_S: Final = 120.0
+"""Settling gives up once the pipeline has applied nothing for this long."""
+SETTLE_LIMIT_S: Final = 1_800.0
+"""Settling gives up after this long in any case (a backlog that drains, slowly)."""
+SIMULATOR_CONFIRM_WAIT_S: Final = SETTLE_LIMIT_S + 60.0
+"""``--wait-confirmed`` for simulators that ``settle`` stops: they keep their gateways until
+everything is confirmed (a memory spool is gone with its process, so a simulator that left
+early would turn a backlog into loss); ``settle`` aborts them if it gives up first."""
 DEFAULT_SIMULATED_GATEWAYS: Final = tuple(f"sim-gw{i:03d}" for i in range(64))
 RSS_EVERY_S: Final = 30.0
 
@@ -85,11 +92,21 @@ class Accounting:
     unconfirmed_batches: int
     window_memberships: int | None = None
     windows_per_row: int = 1
+    unconfirmed_rows: int = 0
+    """Measurements in batches the gateways still hold unconfirmed when settling ended."""
+    drain_s: float | None = None
+    """From the end of the load until every batch was confirmed (None: not within the wait)."""
+    waited_s: float = 0.0
+    """How long settling waited for confirmations."""
 
     @property
     def lost(self) -> int:
-        """Generated but never applied (neither on time nor late)."""
-        return max(0, self.generated - self.applied)
+        """Generated but neither applied (on time or late) nor still held by a gateway.
+
+        Measurements of unconfirmed batches are not lost while their gateway holds them
+        (``unconfirmed_rows``); a run that ends with any is not exact all the same.
+        """
+        return max(0, self.generated - self.applied - self.unconfirmed_rows)
 
     @property
     def duplicated(self) -> int:
@@ -387,18 +404,36 @@ class LocalPipeline:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     async def settle(
-        self, session: AsyncSession, timeout_s: float = SETTLE_TIMEOUT_S
+        self,
+        session: AsyncSession,
+        timeout_s: float = SETTLE_TIMEOUT_S,
+        *,
+        progress: Callable[[float, Snapshot], None] | None = None,
     ) -> Accounting:
-        """Stop the simulator cleanly, wait for every confirmation, flush windows, account."""
+        """Stop the simulators, wait until their backlog is confirmed, flush windows, account.
+
+        Stopped simulators seal what they hold and keep their gateways until every batch is
+        confirmed (started with ``--wait-confirmed SIMULATOR_CONFIRM_WAIT_S``), so a backlog
+        drains at the pipeline's pace. The wait lasts while the pipeline makes progress: it
+        gives up after ``timeout_s`` in which nothing was applied, or after
+        ``SETTLE_LIMIT_S``. ``progress`` is called about every two seconds while it waits.
+        """
+        stopped = time.monotonic()
         for simulator in self.simulators:
             if simulator.alive():
                 simulator.signal(signal.SIGINT)
-        for simulator in self.simulators:
-            await asyncio.to_thread(simulator.wait, timeout_s)
         ran = bool(self.simulators)
-        await self.until(
-            lambda s: s.lag_batches == 0 and (s.rows_generated > 0 or not ran), timeout_s
+        drained = await self._drain(
+            lambda s: s.lag_batches == 0 and (s.rows_generated > 0 or not ran),
+            timeout_s,
+            progress,
         )
+        waited = time.monotonic() - stopped
+        for simulator in self.simulators:
+            await asyncio.to_thread(simulator.wait, 10.0)
+            if simulator.alive():  # it is still waiting for confirmations: abort it
+                simulator.signal(signal.SIGINT)
+                await asyncio.to_thread(simulator.wait, 10.0)
         await session.publish(
             self.topics.combiner_control(self.config.spec.name), orjson.dumps({"cmd": "flush"})
         )
@@ -420,7 +455,34 @@ class LocalPipeline:
             windows_per_row=snap.windows_per_row,
             deadletters=snap.deadletters,
             unconfirmed_batches=snap.lag_batches,
+            unconfirmed_rows=snap.lag_rows,
+            drain_s=round(waited, 2) if drained else None,
+            waited_s=round(waited, 2),
         )
+
+    async def _drain(
+        self,
+        done: Callable[[Snapshot], bool],
+        stall_s: float,
+        progress: Callable[[float, Snapshot], None] | None,
+    ) -> bool:
+        """Wait until ``done`` while rows keep being applied (see ``settle``)."""
+        started = last_progress = time.monotonic()
+        applied = self.monitor.snapshot().batch_rows_applied
+        next_report = started + 2.0
+        while True:
+            snap = self.monitor.snapshot()
+            if done(snap):
+                return True
+            now = time.monotonic()
+            if snap.batch_rows_applied != applied:
+                applied, last_progress = snap.batch_rows_applied, now
+            if now - last_progress >= stall_s or now - started >= SETTLE_LIMIT_S:
+                return False
+            if progress is not None and now >= next_report:
+                next_report = now + 2.0
+                progress(now - started, snap)
+            await asyncio.sleep(0.25)
 
     async def until(self, done: Callable[[Snapshot], bool], timeout_s: float) -> bool:
         """Wait until ``done(snapshot)`` or the timeout."""

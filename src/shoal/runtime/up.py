@@ -21,7 +21,12 @@ from typing import Any, TextIO
 from shoal.loadtest.trace import Trace
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime.loadtrace import GatewayLoad, TraceDriver
-from shoal.runtime.local import Accounting, LocalPipeline, LocalPipelineConfig
+from shoal.runtime.local import (
+    SIMULATOR_CONFIRM_WAIT_S,
+    Accounting,
+    LocalPipeline,
+    LocalPipelineConfig,
+)
 from shoal.runtime.scaler import Scaler, ScalerConfig, ScaleRecord
 from shoal.scaler.http import MetricsServer
 from shoal.scaler.monitor import Snapshot
@@ -169,9 +174,12 @@ class Up:
                 cfg.encoding,
                 "--spool-dir",
                 str(self.local.run_dir / "spool"),
-                # Until we stop it (SIGINT makes it seal, send and report).
+                # Until we stop it (SIGINT makes it seal, send, wait for confirmations and
+                # report).
                 "--duration",
                 str(365 * 86_400),
+                "--wait-confirmed",
+                str(SIMULATOR_CONFIRM_WAIT_S),
             ]
         )
 

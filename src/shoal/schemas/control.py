@@ -13,8 +13,9 @@ write them; see ``schemas/CONTRACT.md``.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import asdict, dataclass
-from typing import Any, Self
+from typing import Any, Final, Self
 
 import orjson
 
@@ -65,6 +66,11 @@ class Confirm:
         partitions: how many partitions the pipeline has (all must confirm).
         seq: every batch with a seq up to this one is applied and durable.
         at_ms: combiner clock when sent.
+        missing: seqs above ``seq`` the partition has been waiting for (at least one
+            confirmation interval) while it holds later batches of the gateway: most likely
+            lost on the way (a broker queue overflowed, a worker died with them), so the
+            gateway re-sends them without waiting for its stall timer. At most
+            ``MAX_MISSING``, ascending; empty when there is no such gap.
     """
 
     gateway_id: str
@@ -73,34 +79,64 @@ class Confirm:
     partitions: int
     seq: int
     at_ms: int
+    missing: tuple[int, ...] = ()
 
     def to_json(self) -> bytes:
-        """Encode for the wire."""
-        return orjson.dumps(
-            {
-                "shoal": SCHEMA_VERSION,
-                "gateway_id": self.gateway_id,
-                "pipeline": self.pipeline,
-                "partition": self.partition,
-                "partitions": self.partitions,
-                "seq": self.seq,
-                "at": self.at_ms,
-            }
-        )
+        """Encode for the wire (``missing`` only when there is a gap)."""
+        body: dict[str, Any] = {
+            "shoal": SCHEMA_VERSION,
+            "gateway_id": self.gateway_id,
+            "pipeline": self.pipeline,
+            "partition": self.partition,
+            "partitions": self.partitions,
+            "seq": self.seq,
+            "at": self.at_ms,
+        }
+        if self.missing:
+            body["missing"] = list(self.missing)
+        return orjson.dumps(body)
 
     @classmethod
     def from_json(cls, payload: bytes) -> Self:
         """Decode and validate; raises ``SchemaError``."""
         obj = _load(payload, "confirm")
         partitions = require_int(obj.get("partitions"), "partitions", 1, 4096)
+        seq = require_int(obj.get("seq"), "seq", -1, MAX_SEQ)
         return cls(
             gateway_id=_name(obj, "gateway_id"),
             pipeline=_name(obj, "pipeline"),
             partition=require_int(obj.get("partition"), "partition", 0, partitions - 1),
             partitions=partitions,
-            seq=require_int(obj.get("seq"), "seq", -1, MAX_SEQ),
+            seq=seq,
             at_ms=require_int(obj.get("at"), "at", 0, MAX_TS_MS),
+            missing=_missing(obj.get("missing", []), seq),
         )
+
+
+MAX_MISSING: Final = 256
+"""Most seqs one confirmation names as missing."""
+
+
+def _missing(value: object, seq: int) -> tuple[int, ...]:
+    """The ``missing`` list of a confirmation: ascending seqs above ``seq``, at most 256."""
+    if not isinstance(value, list) or len(value) > MAX_MISSING:
+        raise SchemaError(
+            "invalid missing list",
+            reason="bad_type",
+            field="missing",
+            expected=f"an array of at most {MAX_MISSING} seqs",
+            found=describe(value),
+        )
+    seqs = tuple(require_int(v, "missing", seq + 1, MAX_SEQ) for v in value)
+    if any(b <= a for a, b in itertools.pairwise(seqs)):
+        raise SchemaError(
+            "missing seqs out of order",
+            reason="out_of_range",
+            field="missing",
+            expected="strictly ascending seqs",
+            found=describe(value),
+        )
+    return seqs
 
 
 @dataclass(frozen=True, slots=True)

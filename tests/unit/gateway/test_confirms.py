@@ -56,3 +56,31 @@ def test_the_newest_message_sets_the_partition_count() -> None:
     tracker.update(c("p", 3, 4, 5, at=100))
     tracker.update(c("p", 1, 2, 18, at=201))
     assert tracker.confirmed_seq() == 18
+
+
+def test_missing_seqs_are_the_union_of_the_partitions_latest_reports() -> None:
+    tracker = ConfirmTracker("gw")
+    assert tracker.update(Confirm("gw", "p", 0, 2, 4, 1, (6, 8)))
+    assert tracker.update(Confirm("gw", "p", 1, 2, 4, 1, (7,)))
+    assert tracker.missing() == {6, 7, 8}
+    # A new report replaces the partition's old one; the change alone wakes the gateway.
+    assert tracker.update(Confirm("gw", "p", 0, 2, 4, 2, ()))
+    assert tracker.missing() == {7}
+    assert not tracker.update(Confirm("gw", "p", 1, 2, 4, 3, (7,)))
+
+
+def test_missing_seqs_at_or_below_the_confirmed_seq_are_dropped() -> None:
+    tracker = ConfirmTracker("gw")
+    tracker.update(Confirm("gw", "p", 0, 2, 10, 1, (12,)))
+    tracker.update(Confirm("gw", "p", 1, 2, 5, 1, (7, 9)))
+    assert tracker.confirmed_seq() == 5
+    assert tracker.missing() == {7, 9, 12}
+    tracker.update(Confirm("gw", "p", 1, 2, 11, 2))
+    assert tracker.missing() == {12}
+
+
+def test_missing_seqs_of_pipelines_that_do_not_count_are_ignored() -> None:
+    tracker = ConfirmTracker("gw", ("a",))
+    tracker.update(Confirm("gw", "other", 0, 1, 0, 1, (3,)))
+    tracker.update(Confirm("gw", "a", 0, 1, 0, 1, (2,)))
+    assert tracker.missing() == {2}

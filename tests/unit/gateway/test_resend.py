@@ -86,3 +86,31 @@ def test_a_reconnect_restarts_the_clock() -> None:
     assert policy.due([0], ms(clock)) == []
     clock.advance(100)
     assert policy.due([0], ms(clock)) == [0]
+
+
+def test_a_reported_gap_is_resent_without_waiting_for_a_stall() -> None:
+    clock = FakeClock()
+    policy = ResendPolicy(after_ms=10_000, window=2, gap_ms=2_000)
+    for seq in range(8):
+        policy.sent(seq, ms(clock))
+    clock.advance(1_999)
+    assert policy.due(range(8), ms(clock), frozenset({5})) == []  # sent too recently
+    clock.advance(1)
+    # Beyond the stall window (2) too: a reported seq is named exactly.
+    assert policy.due(range(8), ms(clock), frozenset({5})) == [5]
+    assert not policy.stalled(ms(clock))
+    policy.sent(5, ms(clock), resend=True)
+    clock.advance(1_000)
+    assert policy.due(range(8), ms(clock), frozenset({5})) == []  # once per gap_ms
+    clock.advance(1_000)
+    assert policy.due(range(8), ms(clock), frozenset({5})) == [5]
+
+
+def test_a_reported_seq_that_is_not_outstanding_is_not_sent() -> None:
+    clock = FakeClock()
+    policy = ResendPolicy(after_ms=10_000, window=4)
+    for seq in range(3):
+        policy.sent(seq, ms(clock))
+    clock.advance(5_000)
+    # 1 is in flight again (not outstanding); 7 was never sent on this connection.
+    assert policy.due([0, 2], ms(clock), frozenset({1, 2, 7})) == [2]

@@ -67,6 +67,27 @@ def test_early_seqs_wait_for_the_gap() -> None:
     assert t.gateways["g"].pending == {}
 
 
+def test_gaps_name_the_seqs_missing_below_held_ones() -> None:
+    t = started(0)
+    assert t.gaps(10) == {}
+    t.offer("g", 0, "b0", T0)
+    t.offer("g", 2, "b2", T0)
+    t.offer("g", 5, "b5", T0)
+    assert t.gaps(10) == {"g": (1, 3, 4)}
+    assert t.gaps(2) == {"g": (1, 3)}
+    t.offer("g", 1, "b1", T0)
+    assert t.gaps(10) == {"g": (3, 4)}
+    t.offer("g", 3, "b3", T0)
+    t.offer("g", 4, "b4", T0)
+    assert t.gaps(10) == {}
+
+
+def test_a_gateway_without_a_start_has_no_gaps() -> None:
+    t = tracker()
+    t.offer("g", 7, "b7", T0)
+    assert t.gaps(10) == {}
+
+
 def test_duplicate_below_next_seq_is_dropped_and_counted() -> None:
     t = started(0)
     t.offer("g", 0, "b0", T0)

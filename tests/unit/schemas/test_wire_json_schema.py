@@ -69,13 +69,22 @@ def test_some_invalid_goldens_are_schema_expressible() -> None:
 
 
 CONFIRMS = st.builds(
-    lambda gw, pipe, parts, part, seq, at: Confirm(gw, pipe, part % parts, parts, seq, at),
+    lambda gw, pipe, parts, part, seq, at, gaps: Confirm(
+        gw,
+        pipe,
+        part % parts,
+        parts,
+        seq,
+        at,
+        tuple(sorted({seq + 1 + g for g in gaps if seq + 1 + g < 2**63})),
+    ),
     NAMES,
     NAMES,
     st.integers(1, 4096),
     st.integers(0, 4095),
     st.integers(-1, 2**63 - 1),
     MS,
+    st.lists(st.integers(0, 1000), max_size=6),
 )
 
 
@@ -125,6 +134,10 @@ BAD_CONTROL = [
     (CONFIRM, Confirm, GOOD_CONFIRM, {"seq": -2}, "out_of_range", "seq"),
     (CONFIRM, Confirm, GOOD_CONFIRM, {"seq": "41"}, "bad_type", "seq"),
     (CONFIRM, Confirm, GOOD_CONFIRM, {"at": None}, "bad_type", "at"),
+    (CONFIRM, Confirm, GOOD_CONFIRM, {"missing": "43"}, "bad_type", "missing"),
+    (CONFIRM, Confirm, GOOD_CONFIRM, {"missing": list(range(42, 299))}, "bad_type", "missing"),
+    (CONFIRM, Confirm, GOOD_CONFIRM, {"missing": [-1]}, "out_of_range", "missing"),
+    (CONFIRM, Confirm, GOOD_CONFIRM, {"missing": [43.5]}, "bad_type", "missing"),
     (STATUS, GatewayStatus, GOOD_STATUS, {"stream": "a+b"}, "bad_name", "stream"),
     (STATUS, GatewayStatus, GOOD_STATUS, {"next_seq": -1}, "out_of_range", "next_seq"),
     (STATUS, GatewayStatus, GOOD_STATUS, {"spool_bytes": 1.5}, "bad_type", "spool_bytes"),
@@ -162,6 +175,12 @@ def test_cross_field_control_rules_are_beyond_the_schema() -> None:
     with pytest.raises(SchemaError) as info:
         Confirm.from_json(orjson.dumps(confirm))
     assert (info.value.reason, info.value.field) == ("out_of_range", "partition")
+    for missing in ([41], [44, 43], [43, 43]):  # above seq (41), strictly ascending
+        confirm = {**GOOD_CONFIRM, "missing": missing}
+        assert CONFIRM.is_valid(confirm)
+        with pytest.raises(SchemaError) as info:
+            Confirm.from_json(orjson.dumps(confirm))
+        assert info.value.field == "missing"
     status = {**GOOD_STATUS, "first_unconfirmed_seq": 43}
     assert STATUS.is_valid(status)
     with pytest.raises(SchemaError) as info:
