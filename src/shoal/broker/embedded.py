@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -103,6 +104,8 @@ class EmbeddedBroker:
         tls: the TLS listener's files; None (in a profile with TLS) makes a throwaway CA and
             server certificate in ``data_dir/tls``.
         startup_timeout_s: how long to wait for the listener.
+        overrides: Mosquitto options that replace the profile's (or are added), e.g.
+            ``{"max_queued_bytes": "8388608"}`` for a test that needs a small queue.
 
     Example::
 
@@ -123,8 +126,10 @@ class EmbeddedBroker:
         tls_bind: str | None = None,
         tls: ServerTls | None = None,
         startup_timeout_s: float = 10.0,
+        overrides: Mapping[str, str] | None = None,
     ) -> None:
         self.profile = profile
+        self.overrides = dict(overrides or {})
         self.bind = bind
         self._port = port
         self._fixed_port = port is not None
@@ -348,7 +353,7 @@ class EmbeddedBroker:
             raise ConfigError(
                 f"broker profile {template_path} has a bad placeholder: {exc}"
             ) from exc
-        self.config_path.write_text(text)
+        self.config_path.write_text(_override(text, self.overrides))
 
     def _tls_values(self) -> dict[str, str]:
         if self.tls is None:
@@ -468,3 +473,15 @@ def _throwaway_tls(directory: Path) -> ServerTls:
         files = make_certificate(ca, directory, "server")
         return ServerTls(files.cert_file, files.key_file, files.ca_file)
     return ServerTls(cert, key, ca_cert)
+
+
+def _override(config: str, overrides: Mapping[str, str]) -> str:
+    """``config`` with each option in ``overrides`` set to its value (replaced or added)."""
+    for option, value in overrides.items():
+        if not re.fullmatch(r"[a-z_]+", option) or "\n" in value:
+            raise ConfigError(f"not a Mosquitto option: {option!r} {value!r}")
+        line = f"{option} {value}"
+        config, found = re.subn(rf"(?m)^{option}\s.*$", line, config)
+        if not found:
+            config = f"{config.rstrip()}\n{line}\n"
+    return config

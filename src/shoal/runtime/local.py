@@ -69,6 +69,7 @@ class LocalPipelineConfig:
         gateway_ids: with an access-controlled profile, the gateway ids the simulators may
             publish for (they log in as one "concentrator" gateway user); empty: the
             simulator's default ids ``sim-gw000`` to ``sim-gw063``.
+        broker_overrides: Mosquitto options that replace the profile's (tests, tuning).
     """
 
     spec: PipelineSpec
@@ -78,6 +79,7 @@ class LocalPipelineConfig:
     run_dir: Path | None = None
     per_key_results: bool = True
     gateway_ids: tuple[str, ...] = ()
+    broker_overrides: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -218,7 +220,10 @@ class LocalPipeline:
         self.run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="shoal-run-"))
         self.users = _role_users(config)
         self.broker = EmbeddedBroker(
-            config.profile, data_dir=self.run_dir / "broker", users=list(self.users.values())
+            config.profile,
+            data_dir=self.run_dir / "broker",
+            users=list(self.users.values()),
+            overrides=dict(config.broker_overrides),
         )
         self.children: list[ChildProcess] = []
         self.simulators: list[ChildProcess] = []

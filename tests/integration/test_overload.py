@@ -1,0 +1,91 @@
+"""Overload degrades, never stalls (issue 21): a burst into one fixed worker drains completely.
+
+The worker is paused (SIGSTOP) while its gateway keeps publishing: overload with no capacity
+at all, and the same on any machine whatever its speed. The broker's queue for the worker is
+set well below the backlog that builds, as a burst at the edge (a gateway flushing its spool
+after an outage) does to any queue. Before the fix the gateway kept publishing as fast as the
+broker acknowledged, the broker dropped what did not fit, and the combiner then waited for
+re-sends that came minutes later: the backlog did not drain. Now the gateway keeps at most
+its end-to-end window unconfirmed (the rest waits in its spool) and a combiner names the
+seqs it misses so they are re-sent at once.
+
+Two cases: a queue larger than the window (the window alone keeps the broker from
+dropping anything) and a queue smaller than it (the broker drops, gap reports repair it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from shoal._cli.common import load_spec
+from shoal.runtime.local import Accounting, LocalPipeline, LocalPipelineConfig
+
+pytestmark = pytest.mark.broker
+
+PAUSE_S = 8.0
+# One gateway x 1,000 sensors x 1,000/s: 1 M measurements/s in batches of 16,000 (~200 kB).
+LOAD = ["--gateways", "1", "--sensors", "1000", "--rate", "1000", "--batch", "16000"]
+BYTES_PER_ROW = 12  # binary columnar, about 12.5 on the wire
+
+
+def _run(tmp_path: Path, queue_bytes: int) -> tuple[Accounting, int, dict[str, object]]:
+    local = LocalPipeline(
+        LocalPipelineConfig(
+            spec=load_spec("baseline-equivalent"),
+            spec_source="baseline-equivalent",
+            workers=1,
+            run_dir=tmp_path,
+            per_key_results=False,
+            broker_overrides=(("max_queued_bytes", str(queue_bytes)),),
+        )
+    )
+    report = tmp_path / "simulator.json"
+
+    async def main() -> tuple[Accounting, int]:
+        async with local.watching() as session:
+            assert await local.until(lambda s: len(s.workers) == 1, 60), "no worker"
+            local.start_simulator(
+                [
+                    *LOAD,
+                    *("--duration", "3600", "--spool", "memory", "--json", str(report)),
+                    *("--wait-confirmed", "600", "-q"),
+                ]
+            )
+            assert await local.until(lambda s: s.batch_rows_applied > 0, 60), "no progress"
+            worker = local.pause("worker-0")
+            await asyncio.sleep(PAUSE_S)
+            backlog = local.monitor.snapshot().lag_rows
+            local.resume(worker)
+            await asyncio.sleep(2.0)  # the load goes on after the burst
+            return await local.settle(session, timeout_s=60.0), backlog
+
+    try:
+        local.start()
+        accounting, backlog = asyncio.run(main())
+    finally:
+        local.stop()
+    simulator = json.loads(report.read_text())
+    assert isinstance(simulator, dict)
+    return accounting, backlog, simulator
+
+
+@pytest.mark.parametrize(
+    "queue_mib", [48, 4], ids=["window-smaller-than-the-queue", "queue-smaller-than-the-window"]
+)
+def test_a_burst_into_one_worker_drains_with_every_batch_confirmed(
+    tmp_path: Path, queue_mib: int
+) -> None:
+    queue_bytes = queue_mib * 2**20
+    accounting, backlog, simulator = _run(tmp_path, queue_bytes)
+    # The burst was larger than the broker's queue for the worker could ever hold.
+    assert backlog * BYTES_PER_ROW > 1.5 * queue_bytes, backlog
+    assert accounting.unconfirmed_batches == 0, accounting
+    assert accounting.drain_s is not None, accounting
+    assert accounting.generated == accounting.applied, accounting
+    assert accounting.lost == 0, accounting
+    assert accounting.duplicated == 0, accounting
+    assert simulator["confirmed"] is True, simulator
