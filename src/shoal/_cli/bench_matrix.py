@@ -72,13 +72,21 @@ def run_matrix(args: argparse.Namespace) -> int:
 
         for path in write_plots(document, args.plots):
             print(f"wrote {path}", file=sys.stderr)
-    lossy = [
-        run
-        for cell in document["cells"]
-        for run in cell["shoal"]
-        if run["loss_measurements"] or run["run"]["unconfirmed_batches"]
+    runs = [run for cell in document["cells"] for run in cell["shoal"]]
+    runs += [
+        step
+        for search in (document.get("max_sustained") or {}).values()
+        for step in (search or {}).get("steps", [])
+        if step.get("system") == "shoal"
     ]
+    lossy = [run for run in runs if run["loss_measurements"]]
+    unconfirmed = [run for run in runs if (run.get("unconfirmed") or {}).get("batches")]
     if lossy:
         print(f"shoal lost or duplicated measurements in {len(lossy)} run(s)", file=sys.stderr)
-        return 1
-    return 0
+    if unconfirmed:
+        print(
+            f"{len(unconfirmed)} shoal run(s) ended with batches unconfirmed (still spooled at "
+            "the gateways): the pipeline did not drain the backlog while settling",
+            file=sys.stderr,
+        )
+    return 1 if lossy or unconfirmed else 0

@@ -424,6 +424,7 @@ def summarise(record: dict[str, Any]) -> dict[str, Any]:
     t_rr = record["t_rr_ms"] if baseline else record["apply_latency_ms"]
     t_ex = record["t_ex_ms"] if baseline else record.get("worker_handle_ms")
     sustained = record["sustained"] if baseline else _shoal_sustained(record)
+    unconfirmed = {"batches": 0, "measurements": 0, "waited_s": None}
     if baseline:
         loss = record["unprocessed_measurements"]
         loss_note = "not processed (queued at gateways or failed)"
@@ -433,6 +434,11 @@ def summarise(record: dict[str, Any]) -> dict[str, Any]:
         loss_note = "lost + duplicated (count oracle)"
         batches = record.get("batches_published") or 0
         mean_rows = round(record["generated_measurements"] / batches, 1) if batches else None
+        unconfirmed = {
+            "batches": record.get("unconfirmed_batches", 0),
+            "measurements": record.get("unconfirmed_measurements", 0),
+            "waited_s": record.get("settle_waited_s"),
+        }
     return {
         "system": "baseline" if baseline else "shoal",
         "offered_meas_per_s": record["offered_meas_per_s"],
@@ -440,6 +446,7 @@ def summarise(record: dict[str, Any]) -> dict[str, Any]:
         "sustained": sustained,
         "loss_measurements": loss,
         "loss_means": loss_note,
+        "unconfirmed": unconfirmed,
         "late_measurements": record.get("late_measurements", 0),
         "mean_batch_rows": mean_rows,
         "t_ex_ms": t_ex,
@@ -540,7 +547,18 @@ def one_line(summary: dict[str, Any]) -> str:
         f"{summary['achieved_meas_per_s']:,.0f}/s "
         f"({'sustained' if summary['sustained'] else 'NOT sustained'}), "
         f"t_rr p99 {t_rr.get('p99', float('nan')):.0f} ms, CPU {summary['sut_cpu_percent']:.0f} %, "
-        f"loss {summary['loss_measurements']:,}"
+        f"loss {summary['loss_measurements']:,}{unconfirmed_text(summary)}"
+    )
+
+
+def unconfirmed_text(summary: dict[str, Any]) -> str:
+    """``, unconfirmed ...`` for a shoal run that ended with batches not yet confirmed."""
+    unconfirmed = summary.get("unconfirmed") or {}
+    if not unconfirmed.get("batches"):
+        return ""
+    return (
+        f", unconfirmed {unconfirmed['batches']:,} batches ({unconfirmed['measurements']:,} "
+        f"meas, still spooled at the gateways) after waiting {unconfirmed['waited_s'] or 0:.0f} s"
     )
 
 
