@@ -9,8 +9,16 @@ re-sends that came minutes later: the backlog did not drain. Now the gateway kee
 its end-to-end window unconfirmed (the rest waits in its spool) and a combiner names the
 seqs it misses so they are re-sent at once.
 
-Two cases: a queue larger than the window (the window alone keeps the broker from
-dropping anything) and a queue smaller than it (the broker drops, gap reports repair it).
+Two cases:
+
+* a queue larger than the window: the window alone keeps the broker from dropping anything,
+  so nothing is re-sent. Not timed, and yet the old behaviour cannot pass: the gateways'
+  stall timer (the only way the old pipeline recovered a dropped batch) is set far beyond
+  the time settling waits without progress, so a pipeline that needs it ends the run with
+  batches unconfirmed (and re-sends);
+* a queue smaller than the window, with the gateways' default timers: the broker drops
+  batches all through the burst, and gap reports (plus the stall timer for the last ones,
+  which no later batch reveals) repair them.
 """
 
 from __future__ import annotations
@@ -29,10 +37,15 @@ pytestmark = pytest.mark.broker
 PAUSE_S = 8.0
 # One gateway x 1,000 sensors x 1,000/s: 1 M measurements/s in batches of 16,000 (~200 kB).
 LOAD = ["--gateways", "1", "--sensors", "1000", "--rate", "1000", "--batch", "16000"]
+STALL_TIMER_MS = 180_000
+WINDOW_BYTES = 16 * 2**20  # GatewayConfig.max_unconfirmed_bytes
+SETTLE_WITHOUT_PROGRESS_S = 60.0
 BYTES_PER_ROW = 12  # binary columnar, about 12.5 on the wire
 
 
-def _run(tmp_path: Path, queue_bytes: int) -> tuple[Accounting, int, dict[str, object]]:
+def _run(
+    tmp_path: Path, queue_bytes: int, gateway_args: list[str]
+) -> tuple[Accounting, int, dict[str, object]]:
     local = LocalPipeline(
         LocalPipelineConfig(
             spec=load_spec("baseline-equivalent"),
@@ -52,6 +65,7 @@ def _run(tmp_path: Path, queue_bytes: int) -> tuple[Accounting, int, dict[str, o
                 [
                     *LOAD,
                     *("--duration", "3600", "--spool", "memory", "--json", str(report)),
+                    *gateway_args,
                     *("--wait-confirmed", "600", "-q"),
                 ]
             )
@@ -61,7 +75,7 @@ def _run(tmp_path: Path, queue_bytes: int) -> tuple[Accounting, int, dict[str, o
             backlog = local.monitor.snapshot().lag_rows
             local.resume(worker)
             await asyncio.sleep(2.0)  # the load goes on after the burst
-            return await local.settle(session, timeout_s=60.0), backlog
+            return await local.settle(session, timeout_s=SETTLE_WITHOUT_PROGRESS_S), backlog
 
     try:
         local.start()
@@ -80,7 +94,9 @@ def test_a_burst_into_one_worker_drains_with_every_batch_confirmed(
     tmp_path: Path, queue_mib: int
 ) -> None:
     queue_bytes = queue_mib * 2**20
-    accounting, backlog, simulator = _run(tmp_path, queue_bytes)
+    window_fits = queue_bytes > WINDOW_BYTES
+    stall = ["--resend-after-ms", str(STALL_TIMER_MS)] if window_fits else []
+    accounting, backlog, simulator = _run(tmp_path, queue_bytes, stall)
     # The burst was larger than the broker's queue for the worker could ever hold.
     assert backlog * BYTES_PER_ROW > 1.5 * queue_bytes, backlog
     assert accounting.unconfirmed_batches == 0, accounting
@@ -89,3 +105,5 @@ def test_a_burst_into_one_worker_drains_with_every_batch_confirmed(
     assert accounting.lost == 0, accounting
     assert accounting.duplicated == 0, accounting
     assert simulator["confirmed"] is True, simulator
+    if window_fits:  # the broker dropped nothing
+        assert simulator["resends"] == 0, simulator

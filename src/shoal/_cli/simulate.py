@@ -71,6 +71,21 @@ def register(sub: Any) -> None:
         help="before exiting, wait up to this long for a pipeline to confirm every batch",
     )
     gateway.add_argument(
+        "--max-unconfirmed-mb",
+        type=float,
+        metavar="MIB",
+        help="per gateway, payload published but not yet confirmed by the pipeline, at most: "
+        "the end-to-end flow-control window (default 16); a backlog beyond it waits in the "
+        "spool",
+    )
+    gateway.add_argument(
+        "--resend-after-ms",
+        type=int,
+        metavar="MS",
+        help="re-send the oldest unconfirmed batches when confirmations stall this long "
+        "(default 5000); batches a combiner reports missing go at once anyway",
+    )
+    gateway.add_argument(
         "--sink",
         choices=("none", "count", "confirm"),
         help="a subscriber in a child process that counts what arrives, and with confirm also "
@@ -160,6 +175,10 @@ def _config(args: argparse.Namespace, settings: Any) -> Any:
         broker=settings,
         tick_ms=args.tick_ms,
         max_delay_ms=args.max_delay_ms,
+        max_unconfirmed_bytes=(
+            None if args.max_unconfirmed_mb is None else int(args.max_unconfirmed_mb * 2**20)
+        ),
+        resend_after_ms=args.resend_after_ms,
         confirm_wait_s=args.wait_confirmed,
     )
 

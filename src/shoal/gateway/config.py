@@ -39,8 +39,12 @@ class GatewayConfig:
             outlives the process); on, it also survives power loss.
         max_spool_bytes: payload bytes the spool may hold; beyond, ``add*`` refuses rows.
         resend_after_ms: re-send the oldest unconfirmed batches when confirmations have not
-            advanced for this long (per-batch exponential backoff, capped at 60 s).
-        resend_window: at most this many of the oldest unconfirmed batches are re-sent.
+            advanced for this long (per-batch exponential backoff, capped at 60 s). This
+            repairs what gap reports cannot name: the last batches before a pause in the
+            stream, or a whole window, lost together. The end-to-end window bounds what a
+            re-send round costs, so the timer can be short.
+        resend_window: at most this many of the oldest unconfirmed batches are re-sent per
+            round (the window bounds them anyway: about 75 batches of 16,000 rows).
         resend_gap_ms: a batch a combiner reports missing (``Confirm.missing``: lost on the
             way while later batches arrived) is re-sent at once, and again at most this often.
         max_inflight: batches published but not yet acknowledged by the broker (PUBACK).
@@ -73,8 +77,8 @@ class GatewayConfig:
     spool_dir: Path | None = None
     spool_fsync: bool = False
     max_spool_bytes: int = 1024 * 1024 * 1024
-    resend_after_ms: int = 10_000
-    resend_window: int = 16
+    resend_after_ms: int = 5_000
+    resend_window: int = 256
     resend_gap_ms: int = 2_000
     max_inflight: int = 32
     max_unconfirmed_bytes: int = 16 * 1024 * 1024

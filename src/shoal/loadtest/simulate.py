@@ -67,6 +67,8 @@ class SimulationConfig:
         broker: where the broker is.
         tick_ms: scheduler period.
         max_delay_ms: seal a partial batch after this long.
+        max_unconfirmed_bytes: the gateways' end-to-end window (None: ``GatewayConfig``'s).
+        resend_after_ms: the gateways' stall timer for re-sends (None: ``GatewayConfig``'s).
         drain_timeout_s: after generation, how long publishing may make no progress before
             the simulator stops waiting for it.
         confirm_wait_s: after publishing, how long to wait for a pipeline to confirm every
@@ -91,6 +93,8 @@ class SimulationConfig:
     broker: BrokerSettings = field(default_factory=BrokerSettings)
     tick_ms: int = 50
     max_delay_ms: int = 1_000
+    max_unconfirmed_bytes: int | None = None
+    resend_after_ms: int | None = None
     drain_timeout_s: float = 30.0
     confirm_wait_s: float = 0.0
 
@@ -234,7 +238,7 @@ class Simulator:
 
     def _gateway_config(self, gateway_id: str, spool_root: Path | None) -> GatewayConfig:
         cfg = self.config
-        return GatewayConfig(
+        config = GatewayConfig(
             gateway_id,
             stream=cfg.stream,
             broker=cfg.broker,
@@ -246,6 +250,11 @@ class Simulator:
             spool_dir=spool_root / gateway_id if spool_root else None,
             release_on_puback=cfg.spool == "off",
         )
+        if cfg.max_unconfirmed_bytes is not None:
+            config = replace(config, max_unconfirmed_bytes=cfg.max_unconfirmed_bytes)
+        if cfg.resend_after_ms is not None:
+            config = replace(config, resend_after_ms=cfg.resend_after_ms)
+        return config
 
     def run(
         self,
