@@ -82,7 +82,8 @@ def _run(
         accounting, backlog = asyncio.run(main())
     finally:
         local.stop()
-    simulator = json.loads(report.read_text())
+    # A simulator aborted by settling (it never saw everything confirmed) writes no report.
+    simulator = json.loads(report.read_text()) if report.exists() else {}
     assert isinstance(simulator, dict)
     return accounting, backlog, simulator
 
@@ -104,6 +105,6 @@ def test_a_burst_into_one_worker_drains_with_every_batch_confirmed(
     assert accounting.generated == accounting.applied, accounting
     assert accounting.lost == 0, accounting
     assert accounting.duplicated == 0, accounting
-    assert simulator["confirmed"] is True, simulator
+    assert simulator.get("confirmed") is True, simulator
     if window_fits:  # the broker dropped nothing
         assert simulator["resends"] == 0, simulator
