@@ -53,3 +53,28 @@ class FakeClock:
         if ms < 0:
             raise ValueError("time only moves forward")
         self._now_ms += ms
+
+
+class SkewedClock:
+    """Another clock's time, off by a fixed offset plus a drift (a gateway with a bad clock).
+
+    ``now_ms`` = base + ``offset_ms`` + ``drift_ppm`` millionths of the time elapsed since
+    this clock was made; ``monotonic`` is the base's, untouched (timeouts still work).
+    Simulations use it to exercise event time with clocks ahead, behind and drifting.
+    """
+
+    def __init__(self, base: Clock, offset_ms: int = 0, drift_ppm: float = 0.0) -> None:
+        self._base = base
+        self.offset_ms = offset_ms
+        self.drift_ppm = drift_ppm
+        self._origin_ms = base.now_ms()
+
+    def now_ms(self) -> int:
+        """The base's epoch milliseconds, skewed."""
+        now = self._base.now_ms()
+        drift = (now - self._origin_ms) * self.drift_ppm / 1e6
+        return now + self.offset_ms + round(drift)
+
+    def monotonic(self) -> float:
+        """The base's monotonic seconds."""
+        return self._base.monotonic()

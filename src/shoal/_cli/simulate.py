@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from shoal._cli.common import add_broker_options, broker_settings, topics
+from shoal.clock import SkewedClock, SystemClock
 from shoal.errors import ConfigError
 
 _DEFAULTS = {"gateways": 1, "sensors": 1000, "rate": 25.0, "batch": 16_000, "duration": 60.0}
@@ -71,6 +72,21 @@ def register(sub: Any) -> None:
         help="before exiting, wait up to this long for a pipeline to confirm every batch",
     )
     gateway.add_argument(
+        "--clock-offset-ms",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="the gateways' clocks run this far ahead (negative: behind) of this machine's; "
+        "event times and sealing stamps follow them (default 0)",
+    )
+    gateway.add_argument(
+        "--clock-drift-ppm",
+        type=float,
+        default=0.0,
+        metavar="PPM",
+        help="and drift by this many millionths of the elapsed time (default 0)",
+    )
+    gateway.add_argument(
         "--max-unconfirmed-mb",
         type=float,
         metavar="MIB",
@@ -124,7 +140,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             _print_header(config, embedded=args.embedded)
         stack.enter_context(_stop_on_signals(stop))
-        report = Simulator(config, observe=observe).run(
+        clock = SkewedClock(SystemClock(), args.clock_offset_ms, args.clock_drift_ppm)
+        report = Simulator(config, clock, observe=observe).run(
             stop, progress=None if args.quiet else _print_progress
         )
     if args.json:

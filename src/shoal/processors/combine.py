@@ -110,7 +110,11 @@ class Combiner:
         self.plan = AggregatePlan.for_spec(spec)
         self.fingerprint = spec_fingerprint(spec)
         self.tracker: ProgressTracker[Partial] = ProgressTracker(
-            spec.idle_timeout_ms, max_pending_weight=max_pending_bytes, weigh=_partial_bytes
+            spec.idle_timeout_ms,
+            spec.hold_bound_ms,
+            lateness_ms=spec.lateness_ms,
+            max_pending_weight=max_pending_bytes,
+            weigh=_partial_bytes,
         )
         self.state = WindowState(spec, self.plan)
         self.closed_through: int | None = None
@@ -171,7 +175,7 @@ class Combiner:
         batch = partial.batch
         if batch.status != "ok":
             self.counters.batches_rejected += 1
-            self.tracker.applied(batch.gateway_id, None, now)
+            self.tracker.refused(batch.gateway_id)  # not progress: see ``ProgressTracker``
             return None
         late = None
         rows = partial.rows
@@ -199,7 +203,8 @@ class Combiner:
                 self.counters.rows_late += late.rows
         self.counters.batches_applied += 1
         self.counters.batch_rows += batch.rows
-        self.tracker.applied(batch.gateway_id, batch.max_ts, now)
+        offset = batch.received_at_ms - batch.sent_at_ms if batch.sent_at_ms > 0 else None
+        self.tracker.applied(batch.gateway_id, batch.max_ts, now, clock_offset_ms=offset)
         return late
 
     def _late(
@@ -316,6 +321,10 @@ class Combiner:
                 "duplicates": g.duplicates,
                 "skipped": g.skipped,
                 "deferred": g.deferred,
+                "refused": g.refused,
+                "last_refused": g.last_refused,
+                "holding_since_ms": g.holding_since_ms,
+                "released": g.released,
             }
             for g in self.tracker.gateways.values()
             if g.next_seq is not None
@@ -373,6 +382,12 @@ class Combiner:
             progress.duplicates = g["duplicates"]
             progress.skipped = g["skipped"]
             progress.deferred = g.get("deferred", 0)
+            # A bounded hold survives a restart: a released gateway stays released and the
+            # hold time of one that keeps others waiting goes on counting.
+            progress.refused = g.get("refused", 0)
+            progress.last_refused = g.get("last_refused", False)
+            progress.holding_since_ms = g.get("holding_since_ms")
+            progress.released = g.get("released", False)
             self.tracker.gateways[progress.gateway_id] = progress
         self.state.restore(None if obj["state"] is None else PartialRows.unpack(obj["state"]))
 

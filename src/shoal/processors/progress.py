@@ -13,7 +13,20 @@ number of workers, any delivery order, replays and restarts.
 A gateway *holds* the pipeline watermark while it has something left for us: batches it
 announced (``GatewayStatus``) that we have not applied, or recent progress (within
 ``idle_timeout_ms``). Idle gateways stop holding it; the pipeline watermark is the minimum over
-holding gateways.
+holding gateways. Only *accepted* input is progress: a batch a worker refused (dead-lettered,
+e.g. every timestamp too far in the future) advances the gateway's seq but neither its event
+time nor its activity, and a gateway whose latest batch was refused holds nothing by what it
+announces.
+
+No gateway holds the others for longer than ``max_hold_ms`` (bounded hold). A gateway whose
+watermark plus ``lateness_ms`` stays below the *reference* (the highest watermark of the
+holding gateways, but never beyond the tracker's clock, so a clock running ahead cannot pull
+the reference along) keeps windows open that every other gateway has finished. Once it has
+done so for ``max_hold_ms`` it is *released*: it stops holding until its watermark catches up
+with the pipeline watermark, and what it sends meanwhile for windows that closed is late.
+A gateway without any accepted data yet holds at most ``max_hold_ms`` after it was first
+seen or last made progress. So a gateway with a clock far behind, a silent one, or one whose
+input is all refused delays the others' windows by at most ``max_hold_ms``.
 
 The reorder buffer is bounded (``max_pending_weight``): when a batch goes missing (a worker
 killed with batches in hand) while the rest keep coming, the newest early arrivals are let go
@@ -36,6 +49,16 @@ seq seen so far is taken as its first."""
 T = TypeVar("T")
 
 
+def default_max_hold_ms(lateness_ms: int, idle_timeout_ms: int) -> int:
+    """The bounded hold a pipeline gets unless its spec says otherwise.
+
+    Twice the time a healthy gateway may legitimately be behind (its lateness plus a pause up
+    to the idle timeout): a gateway that merely pauses is never released, one that is
+    broken delays the others by at most this.
+    """
+    return 2 * (lateness_ms + idle_timeout_ms)
+
+
 @dataclass
 class GatewayProgress(Generic[T]):
     """What one combiner partition knows about one gateway.
@@ -53,6 +76,14 @@ class GatewayProgress(Generic[T]):
         duplicates: batches dropped as already applied.
         skipped: seqs the gateway no longer holds and we never saw (confirmed elsewhere).
         deferred: early arrivals let go because the reorder buffer was full (re-sent later).
+        refused: batches applied as refused by a worker (no rows; not progress).
+        last_refused: whether the latest applied batch was refused.
+        holding_since_ms: since when the gateway has kept windows open that every other
+            holding gateway has finished (None: it does not).
+        released: released from holding after ``max_hold_ms`` (until it catches up).
+        clock_offset_ms: processing clock at arrival minus the gateway's clock when it sealed
+            the batch, for its latest accepted batch: transit time plus clock skew (large
+            and positive: the gateway's clock is behind; negative: ahead).
     """
 
     gateway_id: str
@@ -67,6 +98,11 @@ class GatewayProgress(Generic[T]):
     duplicates: int = 0
     skipped: int = 0
     deferred: int = 0
+    refused: int = 0
+    last_refused: bool = False
+    holding_since_ms: int | None = None
+    released: bool = False
+    clock_offset_ms: int | None = None
 
     @property
     def applied_through(self) -> int:
@@ -93,17 +129,19 @@ class ProgressTracker(Generic[T]):
         idle_timeout_ms: int,
         max_hold_ms: int | None = None,
         *,
+        lateness_ms: int = 0,
         max_pending_weight: int | None = None,
         weigh: Callable[[T], int] = lambda _: 1,
     ) -> None:
         self.idle_timeout_ms = idle_timeout_ms
+        self.lateness_ms = lateness_ms
         self.max_pending_weight = max_pending_weight
         self._weigh = weigh
         self._weights: dict[tuple[str, int], int] = {}
         self.pending_weight = 0
         # Even a gateway that keeps announcing batches we never receive lets go eventually.
         self.max_hold_ms = (
-            max_hold_ms if max_hold_ms is not None else max(60_000, 6 * idle_timeout_ms)
+            max_hold_ms if max_hold_ms is not None else default_max_hold_ms(0, idle_timeout_ms)
         )
         self.gateways: dict[str, GatewayProgress[T]] = {}
 
@@ -206,13 +244,30 @@ class ProgressTracker(Generic[T]):
             progress.next_seq = seq + 1
         return ready
 
-    def applied(self, gateway_id: str, max_ts: int | None, now_ms: int) -> None:
+    def applied(
+        self,
+        gateway_id: str,
+        max_ts: int | None,
+        now_ms: int,
+        *,
+        clock_offset_ms: int | None = None,
+    ) -> None:
         """Record that a ready item was applied (advances the gateway's watermark)."""
         progress = self.gateways[gateway_id]
+        if clock_offset_ms is not None:
+            progress.clock_offset_ms = clock_offset_ms
         progress.applied += 1
+        progress.last_refused = False
         progress.last_progress_ms = now_ms
         if max_ts is not None and (progress.watermark_ms is None or max_ts > progress.watermark_ms):
             progress.watermark_ms = max_ts
+
+    def refused(self, gateway_id: str) -> None:
+        """Record that a ready item was a refused batch: its seq is done, nothing else moves."""
+        progress = self.gateways[gateway_id]
+        progress.applied += 1
+        progress.refused += 1
+        progress.last_refused = True
 
     def watermark(self, gateway_id: str) -> int | None:
         """The gateway's watermark (largest applied event time)."""
@@ -220,28 +275,98 @@ class ProgressTracker(Generic[T]):
         return None if progress is None else progress.watermark_ms
 
     def holds(self, progress: GatewayProgress[T], now_ms: int) -> bool:
-        """Whether this gateway still holds the pipeline watermark back."""
+        """Whether this gateway may hold the pipeline watermark back (before the drift bound).
+
+        Recent accepted progress holds; announced but unapplied batches hold too, unless
+        the gateway's latest batch was refused (what it announces is likely refused as well).
+        A gateway none of whose input was accepted yet, and whose latest batch was refused,
+        does not hold at all. Nothing holds ``max_hold_ms`` after the gateway's last
+        accepted progress.
+        """
+        if progress.released or (progress.last_refused and progress.watermark_ms is None):
+            return False  # released, or nothing accepted from it yet: not active
         quiet_for = now_ms - progress.last_progress_ms
         if quiet_for >= self.max_hold_ms:
             return False
-        if progress.has_unapplied():
+        if progress.has_unapplied() and not progress.last_refused:
             return True
         return quiet_for < self.idle_timeout_ms
 
     def pipeline_watermark(self, now_ms: int) -> int | None:
         """Minimum watermark over holding gateways (None: nothing can close yet).
 
-        A holding gateway without data yet blocks everything. When no gateway holds, the
-        largest watermark counts: everyone is idle, so windows up to it can close.
+        A holding gateway without data yet blocks everything (for at most ``max_hold_ms``).
+        When no gateway holds, the largest watermark counts: everyone is idle, so windows up
+        to it can close. Applies the drift bound first (see the module docstring): this is
+        also where gateways are released and readmitted.
         """
         holding = [g for g in self.gateways.values() if self.holds(g, now_ms)]
+        self._bound_holds(holding, now_ms)
+        holding = [g for g in holding if not g.released]
+        watermark: int | None
         if holding:
             marks = [g.watermark_ms for g in holding]
-            if any(m is None for m in marks):
-                return None
-            return min(m for m in marks if m is not None)
-        known = [g.watermark_ms for g in self.gateways.values() if g.watermark_ms is not None]
-        return max(known) if known else None
+            watermark = (
+                None if any(m is None for m in marks) else min(m for m in marks if m is not None)
+            )
+        else:
+            known = [g.watermark_ms for g in self.gateways.values() if g.watermark_ms is not None]
+            watermark = max(known) if known else None
+        self._readmit(watermark)
+        return watermark
+
+    def _bound_holds(self, holding: list[GatewayProgress[T]], now_ms: int) -> None:
+        """Release gateways that have kept windows open for others for ``max_hold_ms``."""
+        marks = [g.watermark_ms for g in holding if g.watermark_ms is not None]
+        if len(holding) < 2 or not marks:  # alone, a gateway holds nobody back
+            for g in holding:
+                g.holding_since_ms = None
+            return
+        reference = min(max(marks), now_ms)
+        for g in holding:
+            behind = g.watermark_ms is None or g.watermark_ms + self.lateness_ms < reference
+            if not behind:
+                g.holding_since_ms = None
+                continue
+            if g.holding_since_ms is None:
+                g.holding_since_ms = now_ms
+            if now_ms - g.holding_since_ms >= self.max_hold_ms:
+                g.released = True
+
+    def _readmit(self, watermark: int | None) -> None:
+        """Released gateways hold again once they have caught up with the pipeline."""
+        for g in self.gateways.values():
+            if (
+                g.released
+                and watermark is not None
+                and g.watermark_ms is not None
+                and g.watermark_ms >= watermark
+            ):
+                g.released = False
+                g.holding_since_ms = None
+
+    def describe(self, now_ms: int) -> dict[str, dict[str, object]]:
+        """Per gateway, what holds windows and why (heartbeats, ``shoal status``)."""
+        return {
+            g.gateway_id: {
+                "watermark": g.watermark_ms,
+                "applied_through": g.applied_through,
+                "holding": self.holds(g, now_ms),
+                "holding_others_ms": self.holding_ms(g.gateway_id, now_ms),
+                "released": g.released,
+                "refused_batches": g.refused,
+                "clock_offset_ms": g.clock_offset_ms,
+                "quiet_ms": now_ms - g.last_progress_ms,
+            }
+            for g in self.gateways.values()
+        }
+
+    def holding_ms(self, gateway_id: str, now_ms: int) -> int:
+        """How long the gateway has been keeping others' windows open (0: it is not)."""
+        progress = self.gateways.get(gateway_id)
+        if progress is None or progress.holding_since_ms is None or progress.released:
+            return 0
+        return now_ms - progress.holding_since_ms
 
     def gaps(self, limit: int) -> dict[str, tuple[int, ...]]:
         """Per gateway, the seqs we wait for while holding later ones (at most ``limit``).

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from shoal.errors import ConfigError
+from shoal.processors.progress import default_max_hold_ms
 from shoal.schemas import ATTRIBUTE_COLUMNS, DecodeLimits
 from shoal.schemas.topics import check_segment
 
@@ -71,6 +72,11 @@ class PipelineSpec:
         aggregates: requested aggregates, in output order.
         lateness_ms: how long after a window's end data may still arrive (per gateway).
         idle_timeout_ms: a gateway silent this long stops holding the watermark back.
+        max_hold_ms: the longest one gateway may keep windows open that every other gateway
+            has finished (a clock far behind, input all refused, a gateway gone quiet with
+            batches announced); then its later rows for closed windows are late. Default
+            (None, or 0 in TOML): ``2 * (lateness_ms + idle_timeout_ms)``; see
+            ``hold_bound_ms``.
         partitions: combiner partitions (keys are spread over them by a stable hash).
         output_encodings: encodings of the per-window result message (first = main topic).
         sketch_accuracy: relative error bound of quantile estimates.
@@ -86,12 +92,20 @@ class PipelineSpec:
     aggregates: tuple[AggregateSpec, ...]
     lateness_ms: int = 2_000
     idle_timeout_ms: int = 10_000
+    max_hold_ms: int | None = None
     partitions: int = 1
     output_encodings: tuple[OutputEncoding, ...] = ("json",)
     sketch_accuracy: float = 0.01
     checkpoint_interval_ms: int = 1_000
     limits: DecodeLimits = field(default_factory=DecodeLimits)
     source: Path | None = None
+
+    @property
+    def hold_bound_ms(self) -> int:
+        """``max_hold_ms``, or its default derived from the lateness and the idle timeout."""
+        if self.max_hold_ms is not None:
+            return self.max_hold_ms
+        return default_max_hold_ms(self.lateness_ms, self.idle_timeout_ms)
 
     @property
     def aggregate_names(self) -> tuple[str, ...]:
@@ -166,6 +180,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
         aggregates=aggregates,
         lateness_ms=reader.integer("lateness_ms", default=2_000, low=0, high=86_400_000),
         idle_timeout_ms=reader.integer("idle_timeout_ms", default=10_000, low=100, high=86_400_000),
+        max_hold_ms=reader.integer("max_hold_ms", default=0, low=0, high=86_400_000) or None,
         partitions=reader.integer("partitions", default=1, low=1, high=64),
         output_encodings=tuple(encodings),  # type: ignore[arg-type]
         sketch_accuracy=accuracy,

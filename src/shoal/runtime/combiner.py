@@ -482,6 +482,10 @@ class CombinerRuntime:
             "closed_through": self.core.closed_through,
             "gateways": len(gateways),
             "applied_through": {g: p.applied_through for g, p in gateways.items()},
+            # per gateway: watermark, whether it holds, for how long it has kept others'
+            # windows open, released, refused batches, clock offset (docs/guarantees.md)
+            "gateway_progress": self.core.tracker.describe(self.clock.now_ms()),
+            "max_hold_ms": self.config.spec.hold_bound_ms,
             "pending_batches": sum(len(p.pending) for p in gateways.values()),
             "pending_bytes": self.core.tracker.pending_weight,
             "state_rows": self.core.state.rows,

@@ -6,7 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.processors.progress import DISCOVERY_GRACE_MS, GatewayProgress, ProgressTracker
+from shoal.processors.progress import (
+    DISCOVERY_GRACE_MS,
+    GatewayProgress,
+    ProgressTracker,
+    default_max_hold_ms,
+)
 from shoal.schemas.control import GatewayStatus
 
 T0 = 1_700_000_000_000
@@ -261,9 +266,93 @@ def gateway(
 
 
 def test_default_max_hold() -> None:
-    assert ProgressTracker[str](1_000).max_hold_ms == 60_000
-    assert ProgressTracker[str](20_000).max_hold_ms == 120_000
+    assert default_max_hold_ms(2_000, 10_000) == 24_000
+    assert ProgressTracker[str](1_000).max_hold_ms == 2_000
     assert ProgressTracker[str](1_000, max_hold_ms=3_000).max_hold_ms == 3_000
+
+
+def test_refused_batches_are_not_progress() -> None:
+    t = tracker()
+    g = gateway(t, "g", watermark=500, at=T0)
+    t.note_status(status("g", first=1, next_seq=5), T0 + 100)
+    for seq in range(1, 4):  # every later batch refused (e.g. clock far ahead)
+        t.offer("g", seq, f"b{seq}", T0 + 200)
+        t.refused("g")
+    assert g.refused == 3
+    assert g.applied == 4
+    assert g.next_seq == 4
+    assert t.watermark("g") == 500
+    assert g.last_progress_ms == T0  # unchanged: only accepted input is progress
+    # Announced batches (seq 4) do not hold for a gateway whose latest batch was refused;
+    # its last accepted progress holds for the idle timeout only.
+    assert t.holds(g, T0 + IDLE - 1)
+    assert not t.holds(g, T0 + IDLE)
+
+
+def test_a_gateway_whose_input_is_all_refused_does_not_block_the_others() -> None:
+    t = tracker()
+    gateway(t, "good", watermark=1_000, at=T0)
+    t.note_status(status("bad", first=0, next_seq=3), T0)
+    assert t.pipeline_watermark(T0) is None  # a newcomer with batches announced holds...
+    t.offer("bad", 0, "b0", T0 + 10)
+    t.refused("bad")  # ... until its input turns out to be refused
+    t.offer("good", 1, "b1", T0 + 20)
+    t.applied("good", 2_000, T0 + 20)
+    assert t.pipeline_watermark(T0 + 20) == 2_000
+
+
+def drifting(lateness: int = 100) -> ProgressTracker[str]:
+    return ProgressTracker(IDLE * 100, max_hold_ms=MAX_HOLD, lateness_ms=lateness)
+
+
+def keep_going(t: ProgressTracker[str], gateway_id: str, seq: int, mark: int, at: int) -> None:
+    t.offer(gateway_id, seq, f"b{seq}", at)
+    t.applied(gateway_id, mark, at)
+
+
+def test_a_gateway_far_behind_holds_the_others_for_max_hold_at_most() -> None:
+    t = drifting()
+    gateway(t, "on-time", watermark=T0, at=T0)
+    behind = gateway(t, "behind", watermark=T0 - 3_600_000, at=T0)
+    assert t.pipeline_watermark(T0) == T0 - 3_600_000
+    for step in range(1, 6):  # both keep delivering, one second apart
+        now = T0 + step * 1_000
+        keep_going(t, "on-time", step, now, now)
+        keep_going(t, "behind", step, now - 3_600_000, now)
+        expected = now - 3_600_000 if step * 1_000 < MAX_HOLD else now
+        assert t.pipeline_watermark(now) == expected, step
+        assert t.holding_ms("behind", now) == (step * 1_000 if expected != now else 0)
+    assert behind.released
+    # Released, it stays out while it is behind; caught up, it holds again.
+    keep_going(t, "behind", 6, T0 + 6_000, T0 + 6_000)
+    keep_going(t, "on-time", 6, T0 + 6_000, T0 + 6_000)
+    assert t.pipeline_watermark(T0 + 6_000) == T0 + 6_000
+    assert not behind.released
+
+
+def test_gateways_within_the_lateness_of_each_other_are_never_released() -> None:
+    t = drifting(lateness=2_000)
+    gateway(t, "a", watermark=T0, at=T0)
+    b = gateway(t, "b", watermark=T0 - 1_500, at=T0)
+    for step in range(1, 20):
+        now = T0 + step * 1_000
+        keep_going(t, "a", step, now, now)
+        keep_going(t, "b", step, now - 1_500, now)
+        assert t.pipeline_watermark(now) == now - 1_500
+    assert not b.released
+    assert t.holding_ms("b", T0 + 19_000) == 0
+
+
+def test_a_clock_running_ahead_cannot_pull_the_reference_along() -> None:
+    t = drifting()
+    on_time = gateway(t, "on-time", watermark=T0, at=T0)
+    gateway(t, "ahead", watermark=T0 + 240_000, at=T0)  # within max_future_ms, say
+    for step in range(1, 20):
+        now = T0 + step * 1_000
+        keep_going(t, "on-time", step, now, now)
+        keep_going(t, "ahead", step, now + 240_000, now)
+        assert t.pipeline_watermark(now) == now  # the on-time gateway keeps the lead...
+    assert not on_time.released  # ... and is never released: the reference is capped at now
 
 
 def test_recent_progress_holds_then_idles() -> None:
