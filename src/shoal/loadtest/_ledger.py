@@ -96,7 +96,15 @@ class Ledger:
 
     def _late(self, body: dict[str, Any]) -> None:
         identity = (int(body["partition"]), str(body["gateway_id"]), int(body["seq"]))
-        self.late.setdefault(identity, int(body["rows"]))
+        # A report's "rows" counts a row once per window it was late for (a hopping window
+        # spec beside a tumbling one makes that up to three times): count measurements by
+        # the window spec whose results count them, as ``rows_in_results`` does.
+        rows = sum(
+            int(r["rows"])
+            for r in body["late"]
+            if self.window is None or r.get("window") == self.window
+        )
+        self.late.setdefault(identity, rows)
 
     def _deadletter(self, payload: bytes) -> None:
         record = msgpack.unpackb(payload, raw=False)

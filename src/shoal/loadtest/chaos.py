@@ -447,11 +447,15 @@ class ChaosRun:
         phase.end = self._now()
         self.pinned = False
         burst = _read(self.reports[-1])
-        offered = cfg.base_rate + float(burst.get("achieved_rate") or 0.0)
+        # Offered: what the gateways were given. What they published is less, by design:
+        # their end-to-end window keeps the backlog in their spools (docs/guarantees.md).
+        offered = cfg.base_rate + float(burst.get("offered_rate") or 0.0)
+        published = cfg.base_rate + float(burst.get("achieved_rate") or 0.0)
         applied, _ = self._applied_rate(start, end)
         phase.details.update(
             measured_s=round(end - start, 1),
             offered_meas_per_s=round(offered, 1),
+            published_meas_per_s=round(published, 1),
             offered_x_capacity=round(offered / max(self.capacity, 1.0), 2),
             applied_meas_per_s=round(applied, 1),
             live_workers=sorted({s.workers for s in self.samples if start <= s.t <= end}),
@@ -751,7 +755,8 @@ def format_record(record: dict[str, Any]) -> str:
             lines.append(
                 f"  overload  offered {d.get('offered_meas_per_s', 0):,.0f} meas/s = "
                 f"{d.get('offered_x_capacity')} x capacity "
-                f"({phase['end'] - phase['start']:.0f} s phase); "
+                f"({phase['end'] - phase['start']:.0f} s phase); published "
+                f"{d.get('published_meas_per_s', 0):,.0f}/s (the rest waited in the spools); "
                 f"applied {d.get('applied_meas_per_s', 0):,.0f}/s; peak lag "
                 f"{d.get('peak_lag_measurements', 0):,}; drained {d.get('drained_after_s')} s "
                 f"after; {d.get('scaler')}"

@@ -78,7 +78,11 @@ class LateRows:
 
     @property
     def rows(self) -> int:
-        """Measurements that were late."""
+        """Measurements of the late (window, key) memberships.
+
+        A row late for several windows (hopping windows, or several window specs) counts once
+        per window; count one window spec's rows for measurements.
+        """
         return int(self.frame["rows"].sum())
 
 
@@ -323,7 +327,7 @@ class Combiner:
                 "deferred": g.deferred,
                 "refused": g.refused,
                 "last_refused": g.last_refused,
-                "holding_since_ms": g.holding_since_ms,
+                "hold_ms": g.hold_ms,
                 "released": g.released,
             }
             for g in self.tracker.gateways.values()
@@ -386,7 +390,7 @@ class Combiner:
             # hold time of one that keeps others waiting goes on counting.
             progress.refused = g.get("refused", 0)
             progress.last_refused = g.get("last_refused", False)
-            progress.holding_since_ms = g.get("holding_since_ms")
+            progress.hold_ms = g.get("hold_ms", 0)
             progress.released = g.get("released", False)
             self.tracker.gateways[progress.gateway_id] = progress
         self.state.restore(None if obj["state"] is None else PartialRows.unpack(obj["state"]))

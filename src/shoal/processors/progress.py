@@ -22,7 +22,9 @@ No gateway holds the others for longer than ``max_hold_ms`` (bounded hold). A ga
 watermark plus ``lateness_ms`` stays below the *reference* (the highest watermark of the
 holding gateways, but never beyond the tracker's clock, so a clock running ahead cannot pull
 the reference along) keeps windows open that every other gateway has finished. Once it has
-done so for ``max_hold_ms`` it is *released*: it stops holding until its watermark catches up
+done so for ``max_hold_ms`` while it had no backlog (no sealed batch of it waiting to be
+applied: under overload a busy gateway trails because the pipeline is slow, and its data
+is as valid as anyone's), it is *released*: it stops holding until its watermark catches up
 with the pipeline watermark, and what it sends meanwhile for windows that closed is late.
 A gateway without any accepted data yet holds at most ``max_hold_ms`` after it was first
 seen or last made progress. So a gateway with a clock far behind, a silent one, or one whose
@@ -78,8 +80,10 @@ class GatewayProgress(Generic[T]):
         deferred: early arrivals let go because the reorder buffer was full (re-sent later).
         refused: batches applied as refused by a worker (no rows; not progress).
         last_refused: whether the latest applied batch was refused.
-        holding_since_ms: since when the gateway has kept windows open that every other
-            holding gateway has finished (None: it does not).
+        hold_ms: for how long the gateway has kept windows open that every other holding
+            gateway has finished, counting only time in which it had no backlog (a gateway
+            with sealed batches still on their way is slow because the pipeline is, not
+            broken); 0: it does not.
         released: released from holding after ``max_hold_ms`` (until it catches up).
         clock_offset_ms: processing clock at arrival minus the gateway's clock when it sealed
             the batch, for its latest accepted batch: transit time plus clock skew (large
@@ -100,7 +104,7 @@ class GatewayProgress(Generic[T]):
     deferred: int = 0
     refused: int = 0
     last_refused: bool = False
-    holding_since_ms: int | None = None
+    hold_ms: int = 0
     released: bool = False
     clock_offset_ms: int | None = None
 
@@ -144,6 +148,7 @@ class ProgressTracker(Generic[T]):
             max_hold_ms if max_hold_ms is not None else default_max_hold_ms(0, idle_timeout_ms)
         )
         self.gateways: dict[str, GatewayProgress[T]] = {}
+        self._bounded_at_ms: int | None = None
 
     def reset(self) -> None:
         """Forget every gateway and everything pending (before restoring a checkpoint)."""
@@ -317,21 +322,23 @@ class ProgressTracker(Generic[T]):
 
     def _bound_holds(self, holding: list[GatewayProgress[T]], now_ms: int) -> None:
         """Release gateways that have kept windows open for others for ``max_hold_ms``."""
+        elapsed = 0 if self._bounded_at_ms is None else max(0, now_ms - self._bounded_at_ms)
+        self._bounded_at_ms = now_ms
         marks = [g.watermark_ms for g in holding if g.watermark_ms is not None]
         if len(holding) < 2 or not marks:  # alone, a gateway holds nobody back
             for g in holding:
-                g.holding_since_ms = None
+                g.hold_ms = 0
             return
         reference = min(max(marks), now_ms)
         for g in holding:
-            behind = g.watermark_ms is None or g.watermark_ms + self.lateness_ms < reference
-            if not behind:
-                g.holding_since_ms = None
-                continue
-            if g.holding_since_ms is None:
-                g.holding_since_ms = now_ms
-            if now_ms - g.holding_since_ms >= self.max_hold_ms:
-                g.released = True
+            if g.watermark_ms is not None and g.watermark_ms + self.lateness_ms >= reference:
+                g.hold_ms = 0
+            elif g.watermark_ms is not None and not g.has_unapplied():
+                g.hold_ms += elapsed
+                if g.hold_ms >= self.max_hold_ms:
+                    g.released = True
+            # Behind with a backlog, or without data yet: the hold clock stands still (the
+            # ``max_hold_ms`` bound since the last accepted progress still applies).
 
     def _readmit(self, watermark: int | None) -> None:
         """Released gateways hold again once they have caught up with the pipeline."""
@@ -343,7 +350,7 @@ class ProgressTracker(Generic[T]):
                 and g.watermark_ms >= watermark
             ):
                 g.released = False
-                g.holding_since_ms = None
+                g.hold_ms = 0
 
     def describe(self, now_ms: int) -> dict[str, dict[str, object]]:
         """Per gateway, what holds windows and why (heartbeats, ``shoal status``)."""
@@ -352,7 +359,7 @@ class ProgressTracker(Generic[T]):
                 "watermark": g.watermark_ms,
                 "applied_through": g.applied_through,
                 "holding": self.holds(g, now_ms),
-                "holding_others_ms": self.holding_ms(g.gateway_id, now_ms),
+                "holding_others_ms": self.holding_ms(g.gateway_id),
                 "released": g.released,
                 "refused_batches": g.refused,
                 "clock_offset_ms": g.clock_offset_ms,
@@ -361,12 +368,12 @@ class ProgressTracker(Generic[T]):
             for g in self.gateways.values()
         }
 
-    def holding_ms(self, gateway_id: str, now_ms: int) -> int:
+    def holding_ms(self, gateway_id: str) -> int:
         """How long the gateway has been keeping others' windows open (0: it is not)."""
         progress = self.gateways.get(gateway_id)
-        if progress is None or progress.holding_since_ms is None or progress.released:
+        if progress is None or progress.released:
             return 0
-        return now_ms - progress.holding_since_ms
+        return progress.hold_ms
 
     def gaps(self, limit: int) -> dict[str, tuple[int, ...]]:
         """Per gateway, the seqs we wait for while holding later ones (at most ``limit``).

@@ -17,8 +17,17 @@ def window(start: int, partition: int, rows: int, window: str = "tumbling-2s") -
     return Message(T.results("p"), orjson.dumps(body))
 
 
-def late(partition: int, gateway: str, seq: int, rows: int) -> Message:
-    body = {"partition": partition, "gateway_id": gateway, "seq": seq, "rows": rows}
+def late(
+    partition: int, gateway: str, seq: int, rows: int, windows: tuple[str, ...] = ("tumbling-2s",)
+) -> Message:
+    """A late report of ``rows`` measurements, late for each of ``windows``."""
+    body = {
+        "partition": partition,
+        "gateway_id": gateway,
+        "seq": seq,
+        "rows": rows * len(windows),
+        "late": [{"window": w, "rows": rows} for w in windows],
+    }
     return Message(T.late("p"), orjson.dumps(body))
 
 
@@ -33,10 +42,12 @@ def test_duplicates_count_once_and_conflicts_are_flagged() -> None:
         late(0, "gw", 3, 2),
         late(0, "gw", 3, 2),
         late(1, "gw", 3, 1),
+        # late for its tumbling window and two hopping ones: still 4 measurements
+        late(1, "gw", 4, 4, windows=("tumbling-2s", "hopping-4s-2s", "hopping-4s-2s")),
     ):
         ledger.take(T, message)
     assert ledger.rows_in_results == 22
-    assert ledger.late_rows == 3
+    assert ledger.late_rows == 7
     assert ledger.republished == 1
     assert ledger.conflicts == 0
     ledger.take(T, window(2000, 0, 8))
