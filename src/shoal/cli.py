@@ -24,6 +24,7 @@ COMMANDS: Final = (
     "scaler",
     "simulate",
     "tail",
+    "status",
     "archive",
     "replay",
     "bench",

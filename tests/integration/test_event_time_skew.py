@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,21 @@ def _simulate(local: LocalPipeline, tmp_path: Path, prefix: str, offset_ms: int)
     )
 
 
+def _status(local: LocalPipeline, spec_path: Path) -> dict[str, Any]:
+    """``shoal status --json`` of the running pipeline, as a user would run it."""
+    argv = [sys.executable, "-m", "shoal.cli", "status", "--pipeline", str(spec_path)]
+    argv += ["--broker", local.broker.settings.url, "--wait", "2", "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    text = subprocess.run(
+        [a for a in argv if a != "--json"], capture_output=True, text=True, timeout=60, check=True
+    )
+    print(text.stdout)
+    status = json.loads(done.stdout)
+    assert isinstance(status, dict)
+    return status
+
+
 def _run(tmp_path: Path) -> tuple[Accounting, list[dict[str, Any]], dict[str, Any]]:
     spec_path = tmp_path / "skew.toml"
     spec_path.write_text(SPEC)
@@ -92,11 +109,11 @@ def _run(tmp_path: Path) -> tuple[Accounting, list[dict[str, Any]], dict[str, An
             assert await local.until(lambda s: len(s.workers) == 2, 60), "no workers"
             for prefix, offset in GATEWAYS.items():
                 _simulate(local, tmp_path, prefix, offset)
-            await asyncio.sleep(LOAD_S - 1.0)
-            progress = dict(local.monitor.snapshot().combiners[0]["gateway_progress"])
+            await asyncio.sleep(LOAD_S - 3.5)
+            status = await asyncio.to_thread(_status, local, spec_path)
             accounting = await local.settle(session, timeout_s=60.0)
             collector.cancel()
-            return accounting, progress
+            return accounting, status
 
     try:
         local.start()
@@ -110,7 +127,7 @@ def test_gateways_with_clocks_an_hour_off_hold_the_on_time_windows_for_max_hold_
     tmp_path: Path,
 ) -> None:
     started_ms = time.time_ns() // 1_000_000
-    accounting, results, progress = _run(tmp_path)
+    accounting, results, status = _run(tmp_path)
     reports = {p: json.loads((tmp_path / f"{p}.json").read_text()) for p in GATEWAYS}
 
     # The on-time gateway's windows (the only ones ending near now) closed within the bound,
@@ -122,15 +139,22 @@ def test_gateways_with_clocks_an_hour_off_hold_the_on_time_windows_for_max_hold_
     assert delays[-1] <= LATENESS_MS + MAX_HOLD_MS + slack, delays
     print(f"on-time windows: close delay max {delays[-1]} ms, median {delays[len(delays) // 2]}")
 
-    # What the heartbeat said near the end: the gateway behind was released; the gateway
-    # ahead, all of whose input was refused, never held anything.
-    behind, ahead = progress["behind-gw000"], progress["ahead-gw000"]
+    # What `shoal status` said near the end: the gateway behind was released (its clock an
+    # hour behind); the gateway ahead, all of whose input was refused, holds nothing; the
+    # on-time gateway is what the windows wait for.
+    gateways = {g["id"]: g for g in status["gateways"]}
+    behind, ahead, on_time = gateways["behind-gw000"], gateways["ahead-gw000"], gateways["ok-gw000"]
     assert behind["released"], behind
     assert not behind["holding"], behind
     assert behind["clock_offset_ms"] > HOUR_MS - 60_000, behind
+    assert behind["event_time_behind_ms"] > HOUR_MS - 60_000, behind
     assert ahead["refused_batches"] > 0, ahead
     assert not ahead["holding"], ahead
     assert ahead["watermark"] is None, ahead
+    assert on_time["holding"], on_time
+    assert not on_time["released"], on_time
+    assert all(p["waiting_for"] == ["ok-gw000"] for p in status["partitions"]), status
+    assert len(status["workers"]) == 2, status
 
     # Every measurement is accounted for: applied (in results or late) or dead-lettered.
     refused_rows = reports["ahead-gw"]["rows_sealed"]

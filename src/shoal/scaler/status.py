@@ -1,0 +1,161 @@
+"""What ``shoal status`` reports: a pipeline's workers, lag, and why its windows are (not) closing.
+
+Pure: a ``Snapshot`` of the ``PipelineMonitor`` in, a JSON-ready dict out (``pipeline_status``),
+and the same as text (``format_status``). Per gateway it merges what the gateway announces
+(seqs, unconfirmed batches) with what every combiner partition reports in its heartbeat
+(``gateway_progress``: watermark, whether it holds the pipeline watermark, for how long it has
+kept the others waiting, whether it was released, refused batches, clock offset), so that a
+user can see which gateway a window is waiting for without reading raw MQTT messages.
+Never imports MQTT.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from shoal.scaler.monitor import Snapshot
+
+
+def pipeline_status(pipeline: str, snap: Snapshot, listened_s: float) -> dict[str, Any]:
+    """The status document of ``pipeline`` (see the module docstring).
+
+    ``listened_s``: how long the snapshot's monitor listened; late rows and dead letters are
+    counted over that time only (they are not retained by the broker).
+    """
+    partitions = [_partition(p, beat, snap.at_ms) for p, beat in sorted(snap.combiners.items())]
+    return {
+        "pipeline": pipeline,
+        "at": snap.at_ms,
+        "workers": [
+            {
+                "id": wid,
+                "state": body.get("state"),
+                "rows_per_s": body.get("rows_per_s"),
+                "cpu_percent": body.get("cpu_percent"),
+            }
+            for wid, body in sorted(snap.worker_metrics.items())
+        ],
+        "rates": {
+            "in_per_s": round(snap.rows_in_per_s, 1),
+            "out_per_s": round(snap.rows_out_per_s, 1),
+        },
+        "lag": {
+            "batches": snap.lag_batches,
+            "measurements": snap.lag_rows,
+            "oldest_unconfirmed_age_ms": snap.oldest_unconfirmed_age_ms,
+        },
+        "partitions": partitions,
+        "gateways": _gateways(snap),
+        "listened_s": listened_s,
+        "late_measurements_while_listening": snap.late_rows,
+        "dead_letters_while_listening": snap.deadletters,
+    }
+
+
+def _partition(partition: int, beat: dict[str, Any], now_ms: int) -> dict[str, Any]:
+    progress: dict[str, dict[str, Any]] = beat.get("gateway_progress") or {}
+    holding = {g: p for g, p in progress.items() if p.get("holding")}
+    marks = [p.get("watermark") for p in holding.values()]
+    if holding and any(m is None for m in marks):
+        waiting_for = sorted(g for g, p in holding.items() if p.get("watermark") is None)
+        why = "waiting for the first accepted data of " + ", ".join(waiting_for)
+    elif holding:
+        lowest = min(m for m in marks if m is not None)
+        waiting_for = sorted(g for g, p in holding.items() if p.get("watermark") == lowest)
+        why = f"watermark held at {_when(lowest)} by " + ", ".join(waiting_for)
+    else:
+        waiting_for = []
+        why = "no gateway holds the watermark (all idle): windows close up to the newest data"
+    return {
+        "partition": partition,
+        "watermark": beat.get("watermark"),
+        "closed_through": beat.get("closed_through"),
+        "max_hold_ms": beat.get("max_hold_ms"),
+        "pending_batches": beat.get("pending_batches"),
+        "heartbeat_age_ms": max(0, now_ms - int(beat.get("at", now_ms))),
+        "waiting_for": waiting_for,
+        "why": why,
+    }
+
+
+def _gateways(snap: Snapshot) -> list[dict[str, Any]]:
+    """Per gateway: its lag, and the worst of what the partitions say about it."""
+    lag = {g.gateway_id: g for g in snap.lag}
+    views: dict[str, list[dict[str, Any]]] = {}
+    for beat in snap.combiners.values():
+        for gateway_id, view in (beat.get("gateway_progress") or {}).items():
+            views.setdefault(gateway_id, []).append(view)
+    out = []
+    for gateway_id in sorted(set(lag) | set(views)):
+        seen = views.get(gateway_id, [])
+        marks = [int(v["watermark"]) for v in seen if v.get("watermark") is not None]
+        offsets = [int(v["clock_offset_ms"]) for v in seen if v.get("clock_offset_ms") is not None]
+        gateway_lag = lag.get(gateway_id)
+        watermark = min(marks) if marks else None
+        out.append(
+            {
+                "id": gateway_id,
+                "unconfirmed_batches": gateway_lag.batches if gateway_lag else None,
+                "unconfirmed_measurements": gateway_lag.rows if gateway_lag else None,
+                "watermark": watermark,
+                "event_time_behind_ms": None if watermark is None else snap.at_ms - watermark,
+                "holding": any(v.get("holding") for v in seen),
+                "holding_others_ms": max((v.get("holding_others_ms", 0) for v in seen), default=0),
+                "released": any(v.get("released") for v in seen),
+                "refused_batches": max((v.get("refused_batches", 0) for v in seen), default=0),
+                "clock_offset_ms": round(sum(offsets) / len(offsets)) if offsets else None,
+            }
+        )
+    return out
+
+
+def _when(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _ms(value: int | None) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 120_000:
+        return f"{value / 60_000:,.1f} min"
+    return f"{value / 1000:,.1f} s"
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """``pipeline_status`` as text for a terminal."""
+    lag = status["lag"]
+    lines = [
+        f"pipeline {status['pipeline']} at {_when(status['at'])} UTC",
+        f"  workers   {len(status['workers'])}: "
+        + (", ".join(f"{w['id']} ({w['state']})" for w in status["workers"]) or "none alive"),
+        f"  rates     in {status['rates']['in_per_s']:,.0f}/s, out "
+        f"{status['rates']['out_per_s']:,.0f}/s",
+        f"  lag       {lag['batches']:,} batches, {lag['measurements']:,} measurements, oldest "
+        f"{_ms(lag['oldest_unconfirmed_age_ms'])}",
+        f"  late      {status['late_measurements_while_listening']:,} measurements and "
+        f"{status['dead_letters_while_listening']:,} dead letters in the "
+        f"{status['listened_s']:g} s listened",
+    ]
+    for p in status["partitions"]:
+        closed = p["closed_through"]
+        lines.append(
+            f"  partition {p['partition']}: windows closed through "
+            f"{'-' if closed is None else _when(closed)}; {p['why']} (max hold "
+            f"{_ms(p['max_hold_ms'])})"
+        )
+    if not status["partitions"]:
+        lines.append("  no combiner heartbeat yet: is the pipeline running?")
+    lines.append(
+        "  gateway            unconfirmed   behind (event time)  clock offset  holding  "
+        "released  refused"
+    )
+    for g in status["gateways"]:
+        holding = f"yes {_ms(g['holding_others_ms'])}" if g["holding"] else "no"
+        unconfirmed = "-" if g["unconfirmed_batches"] is None else str(g["unconfirmed_batches"])
+        lines.append(
+            f"  {g['id']:<18} {unconfirmed:>11}"
+            f"   {_ms(g['event_time_behind_ms']):>19}  {_ms(g['clock_offset_ms']):>12}  "
+            f"{holding:<7}  {'yes' if g['released'] else 'no':<8}  {g['refused_batches']:>7}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""``shoal status``'s document: per gateway, the partitions' views merged; why windows wait."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shoal.scaler.monitor import GatewayLag, Snapshot
+from shoal.scaler.status import format_status, pipeline_status
+
+NOW = 1_700_000_100_000
+HOUR = 3_600_000
+
+
+def view(watermark: int | None, **extra: Any) -> dict[str, Any]:
+    base = {
+        "watermark": watermark,
+        "holding": True,
+        "holding_others_ms": 0,
+        "released": False,
+        "refused_batches": 0,
+        "clock_offset_ms": 5,
+    }
+    return {**base, **extra}
+
+
+def snapshot(combiners: dict[int, dict[str, Any]]) -> Snapshot:
+    return Snapshot(
+        at_ms=NOW,
+        rows_in_per_s=1000.0,
+        rows_out_per_s=990.0,
+        workers=("w1",),
+        lag=(GatewayLag("a", 9, 7, 2, 2000, 300), GatewayLag("b", 4, 4, 0, 0, None)),
+        lag_batches=2,
+        lag_rows=2000,
+        oldest_unconfirmed_age_ms=300,
+        rows_generated=10_000,
+        batch_rows_applied=8_000,
+        windows_emitted=3,
+        rows_in_results=7_000,
+        deadletters=4,
+        late_rows=12,
+        window_memberships=7_012,
+        windows_per_row=1,
+        latest=(),
+        combiners=combiners,
+        worker_metrics={"w1": {"state": "running", "rows_per_s": 990.0, "cpu_percent": 40.0}},
+    )
+
+
+def beat(progress: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"at": NOW - 400, "watermark": NOW - 2_000, "closed_through": NOW - 4_000,
+            "max_hold_ms": 24_000, "pending_batches": 0, "gateway_progress": progress}  # fmt: skip
+
+
+def test_partitions_name_the_gateway_the_windows_wait_for_and_gateways_merge() -> None:
+    status = pipeline_status(
+        "p",
+        snapshot(
+            {
+                0: beat(
+                    {
+                        "a": view(NOW - 2_000),
+                        "b": view(NOW - 500),
+                        "c": view(NOW - HOUR, holding=False, released=True, clock_offset_ms=HOUR),
+                    }
+                ),
+                1: beat(
+                    {
+                        "a": view(NOW - 1_000, holding_others_ms=1_500, clock_offset_ms=15),
+                        "d": view(None, holding=False, refused_batches=7),
+                    }
+                ),
+            }
+        ),
+        listened_s=2.0,
+    )
+    assert status["late_measurements_while_listening"] == 12
+    assert [p["waiting_for"] for p in status["partitions"]] == [["a"], ["a"]]
+    gateways = {g["id"]: g for g in status["gateways"]}
+    assert set(gateways) == {"a", "b", "c", "d"}
+    a = gateways["a"]
+    assert a["watermark"] == NOW - 2_000  # the lower of the two partitions'
+    assert a["holding_others_ms"] == 1_500
+    assert a["clock_offset_ms"] == 10
+    assert a["unconfirmed_batches"] == 2
+    assert gateways["c"]["released"]
+    assert gateways["c"]["event_time_behind_ms"] == HOUR
+    assert gateways["d"]["refused_batches"] == 7
+    assert gateways["d"]["unconfirmed_batches"] is None  # no status seen from it
+    text = format_status(status)
+    assert "watermark held at" in text
+    assert "by a" in text
+
+
+def test_a_holding_gateway_without_data_is_named_and_no_combiner_is_said() -> None:
+    status = pipeline_status("p", snapshot({0: beat({"new": view(None), "b": view(NOW)})}), 1.0)
+    assert status["partitions"][0]["waiting_for"] == ["new"]
+    assert "first accepted data of new" in status["partitions"][0]["why"]
+    empty = pipeline_status("p", snapshot({}), 1.0)
+    assert empty["partitions"] == []
+    assert "no combiner heartbeat" in format_status(empty)
