@@ -31,6 +31,7 @@ from shoal.runtime.scaler import Scaler, ScalerConfig, ScaleRecord
 from shoal.scaler.http import MetricsServer
 from shoal.scaler.monitor import Snapshot
 from shoal.scaler.policy import Bounds
+from shoal.scaler.status import gateway_notes, pipeline_status
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,7 @@ class Up:
         self._stop = asyncio.Event()
         self._tty = out.isatty()
         self._shown: set[tuple[str, int]] = set()  # windows in the last view (printed already)
+        self._notes: dict[str, str] = {}  # gateways' event-time notes last printed
         self.scaler: Scaler | None = None
         self.scale_log: list[str] = []
         self._driver: TraceDriver | None = None
@@ -232,6 +234,7 @@ class Up:
             f"(oldest {oldest})  windows {snap.windows_emitted}  late {snap.late_rows:,}  "
             f"dead letters {snap.deadletters}"
         )
+        event_time = pipeline_status(self.config.spec.name, snap, listened_s=0.0)
         if not self._tty:
             self._line(status)
             # Piped output (CI logs, files) gets each new window's results once, for a few keys.
@@ -239,6 +242,12 @@ class Up:
             self._shown = {(row["window"], row["start"]) for row in snap.latest}
             if fresh:
                 self._line("\n".join(f"  result {self._result_text(row)}" for row in fresh))
+            # ... and a line whenever a gateway's event-time state changes (bad clock, refused).
+            notes = gateway_notes(event_time, durations=False)
+            for gateway_id, note in sorted(notes.items()):
+                if self._notes.get(gateway_id) != note:
+                    self._line(f"  event time: gateway {gateway_id}: {note}")
+            self._notes = notes
             return
         lines = [
             f"shoal up · pipeline {self.config.spec.name} · broker "
@@ -260,6 +269,9 @@ class Up:
         if self.scaler is not None:
             lines += ["", f"scaling ({self.scaler.policy.name} policy):"]
             lines += [f"  {text}" for text in self.scale_log] or ["  no changes yet"]
+        lines += ["", "event time:"]
+        lines += [f"  partition {p['partition']}: {p['why']}" for p in event_time["partitions"]]
+        lines += [f"  {g}: {note}" for g, note in sorted(gateway_notes(event_time).items())]
         lines += ["", "latest results:"]
         lines += [f"  {self._result_text(row)}" for row in snap.latest]
         self.out.write("\x1b[H\x1b[2J" + "\n".join(lines) + "\n")

@@ -110,6 +110,33 @@ def _gateways(snap: Snapshot) -> list[dict[str, Any]]:
     return out
 
 
+def gateway_notes(status: dict[str, Any], *, durations: bool = True) -> dict[str, str]:
+    """Per notable gateway, one line on its event time (for the ``shoal up`` view).
+
+    Notable: released from holding, holding the others back, refused batches, or a clock
+    offset of a second or more. ``durations=False`` leaves out what changes every second
+    (how long it has held), so that a change of the text is a change of state.
+    """
+    notes = {}
+    for g in status["gateways"]:
+        parts = []
+        if g["released"]:
+            parts.append("released from holding (its windows closed without it)")
+        if g["holding_others_ms"]:
+            held = f" for {_ms(g['holding_others_ms'])}" if durations else ""
+            parts.append(f"keeping the others' windows open{held}")
+        if g["refused_batches"]:
+            count = f"{g['refused_batches']} " if durations else ""
+            parts.append(f"{count}batches refused")
+        offset = g["clock_offset_ms"]
+        if offset is not None and abs(offset) >= 1_000:
+            ahead = "behind" if offset > 0 else "ahead"  # arrival minus its own stamp
+            parts.append(f"clock {_ms(abs(offset))} {ahead}")
+        if parts:
+            notes[g["id"]] = ", ".join(parts)
+    return notes
+
+
 def _when(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 

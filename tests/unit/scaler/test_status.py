@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.scaler.monitor import GatewayLag, Snapshot
-from shoal.scaler.status import format_status, pipeline_status
+from shoal.scaler.status import format_status, gateway_notes, pipeline_status
 
 NOW = 1_700_000_100_000
 HOUR = 3_600_000
@@ -99,3 +99,36 @@ def test_a_holding_gateway_without_data_is_named_and_no_combiner_is_said() -> No
     empty = pipeline_status("p", snapshot({}), 1.0)
     assert empty["partitions"] == []
     assert "no combiner heartbeat" in format_status(empty)
+
+
+def test_gateway_notes_name_what_is_wrong_and_are_stable_without_durations() -> None:
+    status = pipeline_status(
+        "p",
+        snapshot(
+            {
+                0: beat(
+                    {
+                        "fine": view(NOW),
+                        "late": view(
+                            NOW - HOUR, holding=False, released=True, clock_offset_ms=HOUR
+                        ),
+                        "slow": view(NOW - 9_000, holding_others_ms=4_000),
+                        "ahead": view(
+                            None, holding=False, refused_batches=3, clock_offset_ms=-HOUR
+                        ),
+                    }
+                )
+            }
+        ),
+        listened_s=1.0,
+    )
+    notes = gateway_notes(status)
+    assert set(notes) == {"late", "slow", "ahead"}
+    assert "released" in notes["late"]
+    assert "60.0 min behind" in notes["late"]
+    assert "for 4.0 s" in notes["slow"]
+    assert "3 batches refused" in notes["ahead"]
+    assert "60.0 min ahead" in notes["ahead"]
+    stable = gateway_notes(status, durations=False)
+    assert "for" not in stable["slow"]
+    assert stable["ahead"].startswith("batches refused")
