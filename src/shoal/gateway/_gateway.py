@@ -100,7 +100,12 @@ class Gateway:
         self._tracker_lock = threading.Lock()  # paho's thread writes, ours reads
         self._outbox = Outbox(
             config.ingest_topic,
-            ResendPolicy(config.resend_after_ms, config.resend_window, gap_ms=config.resend_gap_ms),
+            ResendPolicy(
+                config.resend_after_ms,
+                config.resend_window,
+                gap_ms=config.resend_gap_ms,
+                jitter=config.resend_jitter,
+            ),
             self._spool,
             self._now_ms,
             max_inflight=config.max_inflight,

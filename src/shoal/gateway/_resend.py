@@ -8,6 +8,7 @@ pipeline stops confirming, without flooding a pipeline that is merely slow.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable
 from typing import Final
 
@@ -29,22 +30,41 @@ class ResendPolicy:
       confirmations advance: only when they have not moved for ``after_ms`` with batches
       outstanding, and then only the ``window`` oldest outstanding batches.
 
+    Every wait is shortened by a random share of up to ``jitter`` (exponential backoff with
+    jitter). Besides spreading load, it matters for shared subscriptions: the broker deals
+    a group's messages strictly in turn, so batches re-sent together, in the same order,
+    would meet the same members every time, and a member that drops what it is dealt (one
+    without read access, see ``docs/guarantees.md``) would get the same seqs on every round.
+
     Args:
         after_ms: stall time before re-sending, and the first per-batch backoff.
         window: how many of the oldest outstanding batches may be re-sent.
         cap_ms: the longest per-batch backoff.
         gap_ms: least time between two sends of a batch reported missing.
+        jitter: the largest share, in [0, 1), by which a wait is shortened at random.
+        rng: the randomness (tests seed it).
     """
 
     def __init__(
-        self, after_ms: int, window: int, cap_ms: int = BACKOFF_CAP_MS, gap_ms: int = 2_000
+        self,
+        after_ms: int,
+        window: int,
+        cap_ms: int = BACKOFF_CAP_MS,
+        gap_ms: int = 2_000,
+        *,
+        jitter: float = 0.0,
+        rng: random.Random | None = None,
     ) -> None:
         if after_ms <= 0 or window <= 0 or gap_ms <= 0:
             raise ValueError("after_ms, window and gap_ms must be positive")
+        if not 0.0 <= jitter < 1.0:
+            raise ValueError("jitter must be in [0, 1)")
         self.after_ms = after_ms
         self.window = window
         self.cap_ms = max(cap_ms, after_ms)
         self.gap_ms = gap_ms
+        self.jitter = jitter
+        self._rng = rng or random.Random()
         self._progress_ms: int | None = None
         self._attempts: dict[int, int] = {}
         self._eligible_ms: dict[int, int] = {}
@@ -60,8 +80,10 @@ class ResendPolicy:
             self._progress_ms = now_ms  # the stall clock starts with the first outstanding batch
         attempts = self._attempts.get(seq, 0) + (1 if resend else 0)
         self._attempts[seq] = attempts
-        self._eligible_ms[seq] = now_ms + self.backoff_ms(attempts)
-        self._sent_ms[seq] = now_ms
+        spread = 1.0 - self.jitter * self._rng.random()
+        self._eligible_ms[seq] = now_ms + round(self.backoff_ms(attempts) * spread)
+        # A reported gap is re-sent gap_ms after the last send, less the same share.
+        self._sent_ms[seq] = now_ms - round(self.gap_ms * (1.0 - spread))
 
     def progressed(self, confirmed_seq: int, now_ms: int) -> None:
         """Confirmations advanced to ``confirmed_seq``: forget those batches, reset the stall."""

@@ -47,6 +47,8 @@ class GatewayConfig:
             round (the window bounds them anyway: about 75 batches of 16,000 rows).
         resend_gap_ms: a batch a combiner reports missing (``Confirm.missing``: lost on the
             way while later batches arrived) is re-sent at once, and again at most this often.
+        resend_jitter: every re-send wait is shortened by a random share up to this
+            (exponential backoff with jitter; see ``ResendPolicy``).
         max_inflight: batches published but not yet acknowledged by the broker (PUBACK).
         max_unconfirmed_bytes: payload bytes published but not yet confirmed by the pipeline:
             the end-to-end flow-control window. A backlog beyond it stays in the spool (and
@@ -80,6 +82,7 @@ class GatewayConfig:
     resend_after_ms: int = 5_000
     resend_window: int = 256
     resend_gap_ms: int = 2_000
+    resend_jitter: float = 0.5
     max_inflight: int = 32
     max_unconfirmed_bytes: int = 16 * 1024 * 1024
     max_packet_bytes: int = 8 * 1024 * 1024
@@ -90,14 +93,11 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         """Refuse values that could never work, saying which option and why."""
-        for what, name in (("gateway id", self.gateway_id), ("stream", self.stream)):
+        names = [("gateway id", self.gateway_id), ("stream", self.stream)]
+        names += [("pipeline name in confirm_from", p) for p in self.confirm_from]
+        for what, name in names:
             try:
                 check_segment(name, what)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from exc
-        for pipeline in self.confirm_from:
-            try:
-                check_segment(pipeline, "pipeline name in confirm_from")
             except ValueError as exc:
                 raise ConfigError(str(exc)) from exc
         if not isinstance(self.encoding, Encoding):
@@ -122,8 +122,19 @@ class GatewayConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, not {value}")
-        if self.max_future_ms is not None and self.max_future_ms < 0:
-            raise ConfigError("max_future_ms must be >= 0 or None")
+        ranges = (
+            (
+                0.0 <= self.resend_jitter < 1.0,
+                f"resend_jitter must be in [0, 1), not {self.resend_jitter}",
+            ),
+            (
+                self.max_future_ms is None or self.max_future_ms >= 0,
+                "max_future_ms must be >= 0 or None",
+            ),
+        )
+        for ok, message in ranges:
+            if not ok:
+                raise ConfigError(message)
         if not MIN_PACKET_BYTES <= self.max_packet_bytes <= MAX_PACKET_BYTES:
             raise ConfigError(
                 f"max_packet_bytes must be in [{MIN_PACKET_BYTES}, {MAX_PACKET_BYTES}], "

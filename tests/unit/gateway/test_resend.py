@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from shoal.clock import FakeClock
 from shoal.gateway._resend import ResendPolicy
 
@@ -114,3 +118,27 @@ def test_a_reported_seq_that_is_not_outstanding_is_not_sent() -> None:
     clock.advance(5_000)
     # 1 is in flight again (not outstanding); 7 was never sent on this connection.
     assert policy.due([0, 2], ms(clock), frozenset({1, 2, 7})) == [2]
+
+
+def test_jitter_spreads_the_resends_of_batches_sent_together() -> None:
+    clock = FakeClock()
+    policy = ResendPolicy(after_ms=1000, window=64, jitter=0.5, rng=random.Random(7))
+    for seq in range(32):
+        policy.sent(seq, ms(clock))
+    sends: dict[int, list[int]] = {seq: [] for seq in range(32)}
+    while any(len(times) < 2 for times in sends.values()):
+        clock.advance(10)
+        for seq in policy.due(range(32), ms(clock)):
+            sends[seq].append(ms(clock))
+            policy.sent(seq, ms(clock), resend=True)
+    # The stall starts the first round for all at once; from then on each batch has its own
+    # moment, never sooner than (1 - jitter) x its backoff (2 s after the first re-send).
+    assert {times[0] for times in sends.values()} == {1000}
+    second = [times[1] for times in sends.values()]
+    assert min(second) >= 1000 + 1000
+    assert len(set(second)) > 16
+
+
+def test_jitter_out_of_range_is_refused() -> None:
+    with pytest.raises(ValueError, match="jitter"):
+        ResendPolicy(after_ms=1000, window=4, jitter=1.0)
