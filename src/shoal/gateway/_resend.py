@@ -67,8 +67,8 @@ class ResendPolicy:
         self._rng = rng or random.Random()
         self._progress_ms: int | None = None
         self._attempts: dict[int, int] = {}
-        self._eligible_ms: dict[int, int] = {}
-        self._sent_ms: dict[int, int] = {}
+        self._eligible_ms: dict[int, int] = {}  # re-send on a stall from then
+        self._gap_eligible_ms: dict[int, int] = {}  # re-send when reported missing from then
 
     def backoff_ms(self, attempts: int) -> int:
         """Wait before the next re-send of a batch already re-sent ``attempts`` times."""
@@ -82,15 +82,14 @@ class ResendPolicy:
         self._attempts[seq] = attempts
         spread = 1.0 - self.jitter * self._rng.random()
         self._eligible_ms[seq] = now_ms + round(self.backoff_ms(attempts) * spread)
-        # A reported gap is re-sent gap_ms after the last send, less the same share.
-        self._sent_ms[seq] = now_ms - round(self.gap_ms * (1.0 - spread))
+        self._gap_eligible_ms[seq] = now_ms + round(self.gap_ms * spread)
 
     def progressed(self, confirmed_seq: int, now_ms: int) -> None:
         """Confirmations advanced to ``confirmed_seq``: forget those batches, reset the stall."""
         for seq in [s for s in self._attempts if s <= confirmed_seq]:
             del self._attempts[seq]
             del self._eligible_ms[seq]
-            del self._sent_ms[seq]
+            del self._gap_eligible_ms[seq]
         self._progress_ms = now_ms if self._attempts else None
 
     def reconnected(self, now_ms: int) -> None:
@@ -116,7 +115,7 @@ class ResendPolicy:
         for count, seq in enumerate(outstanding):
             if count >= self.window and seq > last_missing:
                 break
-            reported = seq in missing and now_ms >= self._sent_ms.get(seq, now_ms) + self.gap_ms
+            reported = seq in missing and now_ms >= self._gap_eligible_ms.get(seq, now_ms)
             overdue = (
                 stalled and count < self.window and now_ms >= self._eligible_ms.get(seq, now_ms)
             )

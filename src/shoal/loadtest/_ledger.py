@@ -22,6 +22,7 @@ import orjson
 from shoal.broker.mqtt import AsyncSession, Message
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
+from shoal.processors.results import late_memberships
 from shoal.schemas.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -96,15 +97,8 @@ class Ledger:
 
     def _late(self, body: dict[str, Any]) -> None:
         identity = (int(body["partition"]), str(body["gateway_id"]), int(body["seq"]))
-        # A report's "rows" counts a row once per window it was late for (a hopping window
-        # spec beside a tumbling one makes that up to three times): count measurements by
-        # the window spec whose results count them, as ``rows_in_results`` does.
-        rows = sum(
-            int(r["rows"])
-            for r in body["late"]
-            if self.window is None or r.get("window") == self.window
-        )
-        self.late.setdefault(identity, rows)
+        # By the window spec whose results count rows, as ``rows_in_results`` does.
+        self.late.setdefault(identity, late_memberships(body, self.window))
 
     def _deadletter(self, payload: bytes) -> None:
         record = msgpack.unpackb(payload, raw=False)

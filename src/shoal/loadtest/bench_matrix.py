@@ -38,6 +38,7 @@ from shoal.loadtest.bench_pipeline import (
     SUSTAIN_FRACTION,
     PipelineBenchConfig,
     run_pipeline,
+    unconfirmed_text,
 )
 from shoal.processors.spec import PipelineSpec
 
@@ -542,23 +543,13 @@ def targets(document: dict[str, Any]) -> dict[str, Any]:
 def one_line(summary: dict[str, Any]) -> str:
     """A progress line for one run."""
     t_rr = summary.get("t_rr_ms") or {}
+    unconfirmed = unconfirmed_text(summary["run"])
     return (
         f"offered {summary['offered_meas_per_s']:,.0f}/s, achieved "
         f"{summary['achieved_meas_per_s']:,.0f}/s "
         f"({'sustained' if summary['sustained'] else 'NOT sustained'}), "
         f"t_rr p99 {t_rr.get('p99', float('nan')):.0f} ms, CPU {summary['sut_cpu_percent']:.0f} %, "
-        f"loss {summary['loss_measurements']:,}{unconfirmed_text(summary)}"
-    )
-
-
-def unconfirmed_text(summary: dict[str, Any]) -> str:
-    """``, unconfirmed ...`` for a shoal run that ended with batches not yet confirmed."""
-    unconfirmed = summary.get("unconfirmed") or {}
-    if not unconfirmed.get("batches"):
-        return ""
-    return (
-        f", unconfirmed {unconfirmed['batches']:,} batches ({unconfirmed['measurements']:,} "
-        f"meas, still spooled at the gateways) after waiting {unconfirmed['waited_s'] or 0:.0f} s"
+        f"loss {summary['loss_measurements']:,}" + (f", {unconfirmed}" if unconfirmed else "")
     )
 
 

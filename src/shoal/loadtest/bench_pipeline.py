@@ -385,16 +385,18 @@ def settle_text(record: dict[str, Any]) -> str:
     """What happened after the load stopped: drained, or what is still unconfirmed."""
     waited = record.get("settle_waited_s") or 0.0
     if not record.get("unconfirmed_batches"):
-        drain = record.get("drain_s")
-        return (
-            f"backlog drained {waited:.1f} s after the load stopped"
-            if drain is not None
-            else (f"settled after {waited:.1f} s")
-        )
+        return f"backlog drained {waited:.1f} s after the load stopped"
+    return unconfirmed_text(record) + "; not counted as lost"
+
+
+def unconfirmed_text(record: dict[str, Any]) -> str:
+    """``unconfirmed N batches (...)`` of a run record ("" when every batch was confirmed)."""
+    if not record.get("unconfirmed_batches"):
+        return ""
     return (
         f"unconfirmed {record['unconfirmed_batches']:,} batches "
         f"({record.get('unconfirmed_measurements', 0):,} meas, still spooled at the gateways) "
-        f"after waiting {waited:.1f} s; not counted as lost"
+        f"after waiting {record.get('settle_waited_s') or 0.0:.1f} s"
     )
 
 

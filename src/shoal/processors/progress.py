@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final, Generic, TypeVar
 
+from shoal.processors.spec import default_max_hold_ms
 from shoal.schemas.control import GatewayStatus
 
 DISCOVERY_GRACE_MS: Final = 2_000
@@ -49,16 +50,6 @@ DISCOVERY_GRACE_MS: Final = 2_000
 seq seen so far is taken as its first."""
 
 T = TypeVar("T")
-
-
-def default_max_hold_ms(lateness_ms: int, idle_timeout_ms: int) -> int:
-    """The bounded hold a pipeline gets unless its spec says otherwise.
-
-    Twice the time a healthy gateway may legitimately be behind (its lateness plus a pause up
-    to the idle timeout): a gateway that merely pauses is never released, one that is
-    broken delays the others by at most this.
-    """
-    return 2 * (lateness_ms + idle_timeout_ms)
 
 
 @dataclass
@@ -145,7 +136,9 @@ class ProgressTracker(Generic[T]):
         self.pending_weight = 0
         # Even a gateway that keeps announcing batches we never receive lets go eventually.
         self.max_hold_ms = (
-            max_hold_ms if max_hold_ms is not None else default_max_hold_ms(0, idle_timeout_ms)
+            max_hold_ms
+            if max_hold_ms is not None
+            else default_max_hold_ms(lateness_ms, idle_timeout_ms)
         )
         self.gateways: dict[str, GatewayProgress[T]] = {}
         self._bounded_at_ms: int | None = None
@@ -357,7 +350,6 @@ class ProgressTracker(Generic[T]):
         return {
             g.gateway_id: {
                 "watermark": g.watermark_ms,
-                "applied_through": g.applied_through,
                 "holding": self.holds(g, now_ms),
                 "holding_others_ms": self.holding_ms(g.gateway_id),
                 "released": g.released,

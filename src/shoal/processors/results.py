@@ -152,6 +152,16 @@ def late_message(late: LateRows, pipeline: str, partition: int, at_ms: int) -> b
     return head[:-1] + b',"late":' + late.frame.write_json().encode() + b"}"
 
 
+def late_memberships(body: dict[str, Any], window: str | None) -> int:
+    """Rows a late message (``late_message``) reports for the window spec ``window``.
+
+    The message's own ``rows`` counts a row once per window it was late for (hopping
+    windows, several window specs); per window spec, a tumbling window counts measurements.
+    ``window=None``: every window spec (the message's ``rows``).
+    """
+    return sum(int(r["rows"]) for r in body["late"] if window is None or r.get("window") == window)
+
+
 DEADLETTER_HEADROOM: Final = 4096
 """Bytes kept free under the broker's packet limit for the topic, properties and framing."""
 

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from shoal.errors import ConfigError
-from shoal.processors.progress import default_max_hold_ms
 from shoal.schemas import ATTRIBUTE_COLUMNS, DecodeLimits
 from shoal.schemas.topics import check_segment
 
@@ -58,6 +57,16 @@ class AggregateSpec:
 
     name: str
     quantile: float | None = None
+
+
+def default_max_hold_ms(lateness_ms: int, idle_timeout_ms: int) -> int:
+    """The bounded hold a pipeline gets unless its spec says otherwise.
+
+    Twice the time a healthy gateway may legitimately be behind (its lateness plus a pause up
+    to the idle timeout): a gateway that merely pauses is never released, one that is
+    broken delays the others by at most this.
+    """
+    return 2 * (lateness_ms + idle_timeout_ms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,10 +96,13 @@ class Accounting:
     windows_per_row: int = 1
     unconfirmed_rows: int = 0
     """Measurements in batches the gateways still hold unconfirmed when settling ended."""
-    drain_s: float | None = None
-    """From the end of the load until every batch was confirmed (None: not within the wait)."""
     waited_s: float = 0.0
     """How long settling waited for confirmations."""
+
+    @property
+    def drain_s(self) -> float | None:
+        """From the end of the load until every batch was confirmed (None: some were not)."""
+        return self.waited_s if self.unconfirmed_batches == 0 else None
 
     @property
     def lost(self) -> int:
@@ -428,7 +431,7 @@ class LocalPipeline:
             if simulator.alive():
                 simulator.signal(signal.SIGINT)
         ran = bool(self.simulators)
-        drained = await self._drain(
+        await self._drain(
             lambda s: s.lag_batches == 0 and (s.rows_generated > 0 or not ran),
             timeout_s,
             progress,
@@ -461,7 +464,6 @@ class LocalPipeline:
             deadletters=snap.deadletters,
             unconfirmed_batches=snap.lag_batches,
             unconfirmed_rows=snap.lag_rows,
-            drain_s=round(waited, 2) if drained else None,
             waited_s=round(waited, 2),
         )
 
@@ -470,7 +472,7 @@ class LocalPipeline:
         done: Callable[[Snapshot], bool],
         stall_s: float,
         progress: Callable[[float, Snapshot], None] | None,
-    ) -> bool:
+    ) -> None:
         """Wait until ``done`` while rows keep being applied (see ``settle``)."""
         started = last_progress = time.monotonic()
         applied = self.monitor.snapshot().batch_rows_applied
@@ -478,12 +480,12 @@ class LocalPipeline:
         while True:
             snap = self.monitor.snapshot()
             if done(snap):
-                return True
+                return
             now = time.monotonic()
             if snap.batch_rows_applied != applied:
                 applied, last_progress = snap.batch_rows_applied, now
             if now - last_progress >= stall_s or now - started >= SETTLE_LIMIT_S:
-                return False
+                return
             if progress is not None and now >= next_report:
                 next_report = now + 2.0
                 progress(now - started, snap)

@@ -22,6 +22,7 @@ import orjson
 from shoal.broker.mqtt import Message
 from shoal.clock import Clock
 from shoal.errors import SchemaError
+from shoal.processors.results import late_memberships
 from shoal.processors.spec import PipelineSpec
 from shoal.schemas.control import Confirm, GatewayStatus
 from shoal.schemas.topics import Topics
@@ -155,10 +156,8 @@ class PipelineMonitor:
             if topic == t.results(name):
                 self._on_result(orjson.loads(message.payload))
             elif topic == t.late(name):
-                late = orjson.loads(message.payload)["late"]
-                self._late_members += sum(
-                    int(r["rows"]) for r in late if r.get("window") == self._first_window
-                )
+                late = orjson.loads(message.payload)
+                self._late_members += late_memberships(late, self._first_window)
             elif topic == t.deadletter(name):
                 self.deadletters += 1
             elif topic.startswith(t.gateway_status_all()[:-1]):

@@ -6,12 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.processors.progress import (
-    DISCOVERY_GRACE_MS,
-    GatewayProgress,
-    ProgressTracker,
-    default_max_hold_ms,
-)
+from shoal.processors.progress import DISCOVERY_GRACE_MS, GatewayProgress, ProgressTracker
+from shoal.processors.spec import default_max_hold_ms
 from shoal.schemas.control import GatewayStatus
 
 T0 = 1_700_000_000_000
@@ -310,23 +306,28 @@ def keep_going(t: ProgressTracker[str], gateway_id: str, seq: int, mark: int, at
     t.applied(gateway_id, mark, at)
 
 
+def second(t: ProgressTracker[str], step: int, gateways: dict[str, int]) -> int:
+    """Clock second ``step``: each gateway delivers seq ``step`` with data this far off now."""
+    now = T0 + step * 1_000
+    for gateway_id, offset_ms in gateways.items():
+        keep_going(t, gateway_id, step, now + offset_ms, now)
+    return now
+
+
 def test_a_gateway_far_behind_holds_the_others_for_max_hold_at_most() -> None:
     t = drifting()
     gateway(t, "on-time", watermark=T0, at=T0)
     behind = gateway(t, "behind", watermark=T0 - 3_600_000, at=T0)
     assert t.pipeline_watermark(T0) == T0 - 3_600_000
     for step in range(1, 6):  # both keep delivering, one second apart
-        now = T0 + step * 1_000
-        keep_going(t, "on-time", step, now, now)
-        keep_going(t, "behind", step, now - 3_600_000, now)
+        now = second(t, step, {"on-time": 0, "behind": -3_600_000})
         expected = now - 3_600_000 if step * 1_000 < MAX_HOLD else now
         assert t.pipeline_watermark(now) == expected, step
         assert t.holding_ms("behind") == (step * 1_000 if expected != now else 0)
     assert behind.released
     # Released, it stays out while it is behind; caught up, it holds again.
-    keep_going(t, "behind", 6, T0 + 6_000, T0 + 6_000)
-    keep_going(t, "on-time", 6, T0 + 6_000, T0 + 6_000)
-    assert t.pipeline_watermark(T0 + 6_000) == T0 + 6_000
+    now = second(t, 6, {"behind": 0, "on-time": 0})
+    assert t.pipeline_watermark(now) == T0 + 6_000
     assert not behind.released
 
 
@@ -335,9 +336,7 @@ def test_gateways_within_the_lateness_of_each_other_are_never_released() -> None
     gateway(t, "a", watermark=T0, at=T0)
     b = gateway(t, "b", watermark=T0 - 1_500, at=T0)
     for step in range(1, 20):
-        now = T0 + step * 1_000
-        keep_going(t, "a", step, now, now)
-        keep_going(t, "b", step, now - 1_500, now)
+        now = second(t, step, {"a": 0, "b": -1_500})
         assert t.pipeline_watermark(now) == now - 1_500
     assert not b.released
     assert t.holding_ms("b") == 0
@@ -350,9 +349,7 @@ def test_a_gateway_behind_because_of_its_backlog_is_never_released() -> None:
     gateway(t, "quiet", watermark=T0, at=T0)
     busy = gateway(t, "busy", watermark=T0 - 30_000, at=T0)
     for step in range(1, 20):
-        now = T0 + step * 1_000
-        keep_going(t, "quiet", step, now, now)
-        keep_going(t, "busy", step, now - 30_000, now)
+        now = second(t, step, {"quiet": 0, "busy": -30_000})
         t.note_status(status("busy", first=step, next_seq=step + 50), now)  # 50 waiting
         assert t.pipeline_watermark(now) == now - 30_000
     assert not busy.released
@@ -364,9 +361,7 @@ def test_a_clock_running_ahead_cannot_pull_the_reference_along() -> None:
     on_time = gateway(t, "on-time", watermark=T0, at=T0)
     gateway(t, "ahead", watermark=T0 + 240_000, at=T0)  # within max_future_ms, say
     for step in range(1, 20):
-        now = T0 + step * 1_000
-        keep_going(t, "on-time", step, now, now)
-        keep_going(t, "ahead", step, now + 240_000, now)
+        now = second(t, step, {"on-time": 0, "ahead": 240_000})
         assert t.pipeline_watermark(now) == now  # the on-time gateway keeps the lead...
     assert not on_time.released  # ... and is never released: the reference is capped at now
 
