@@ -1,17 +1,19 @@
-"""Numpy kernels for the hot paths: per-batch partial state and merging state.
+"""Numpy machinery for the hot paths: runs of equal group ids, and sketch cells.
 
-They compute exactly what the polars expressions in ``aggregates.py`` define (those stay the
-readable reference; ``tests/unit/processors/test_kernels.py`` checks the two agree), but with
-one sort and ``reduceat`` calls instead of per-group expression evaluation, which is several
-times faster for the many small groups of a sensor batch.
+Per-batch partial state and merging state are one sort and ``reduceat`` passes, several times
+faster than per-group expression evaluation for the many small groups of a sensor batch. The
+per-field arithmetic is not here: every state field in the registry (``aggregates.py``) brings
+its own kernels, and ``partial_state``/``merge_state`` sort once and call them in turn. The
+sketch's cell kernels (``merge_cells``, ``quantile_buckets``, ...) are the quantile family's.
 
 Rows are grouped by an int64 *group id*; every kernel returns groups in ascending id order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Final
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -22,6 +24,52 @@ FloatArray = npt.NDArray[np.float64]
 BUCKET_BITS: Final = 24
 """Bits of a sketch cell id that hold the bucket key (offset to be non-negative)."""
 _BUCKET_OFFSET: Final = 1 << (BUCKET_BITS - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Runs:
+    """Rows sorted by group: group ``i`` is the run ``starts[i] : starts[i] + lengths[i]``.
+
+    Attributes:
+        starts: first row of each group (ascending; no group is empty).
+        lengths: rows per group.
+        columns: the sorted input columns: ``ts`` and ``value`` for a partial, the state
+            columns for a merge.
+        done: fields already computed for these groups (a kernel reads its dependencies here).
+    """
+
+    starts: Int64Array
+    lengths: Int64Array
+    columns: Mapping[str, npt.NDArray[Any]]
+    done: Mapping[str, npt.NDArray[Any]]
+
+    def reduce(self, ufunc: np.ufunc, column: str | npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """``ufunc`` over each group's run of ``column`` (a name in ``columns``, or an array)."""
+        values = self.columns[column] if isinstance(column, str) else column
+        result: npt.NDArray[Any] = ufunc.reduceat(values, self.starts)
+        return result
+
+    def spread(self, per_group: npt.NDArray[Any]) -> npt.NDArray[Any]:
+        """A per-group array repeated over each group's rows."""
+        return np.repeat(per_group, self.lengths)
+
+
+class FieldKernels(Protocol):
+    """What ``partial_state`` and ``merge_state`` need of a state field."""
+
+    @property
+    def name(self) -> str:
+        """The state column."""
+
+    @property
+    def np_dtype(self) -> np.dtype[Any]:
+        """Its numpy dtype."""
+
+    def partial_np(self, runs: Runs) -> npt.NDArray[Any]:
+        """Its value per group from raw rows (``ts``, ``value``)."""
+
+    def merge_np(self, runs: Runs) -> npt.NDArray[Any]:
+        """Its value per group from state rows."""
 
 
 def _boundaries(sorted_ids: Int64Array) -> tuple[Int64Array, Int64Array]:
@@ -39,7 +87,7 @@ def partial_state(
     groups: Int64Array,
     ts: Int64Array,
     value: FloatArray,
-    fields: Sequence[str],
+    fields: Sequence[FieldKernels],
     bucket: Int64Array | None = None,
 ) -> tuple[
     Int64Array, dict[str, npt.NDArray[Any]], tuple[Int64Array, Int64Array, Int64Array] | None
@@ -50,7 +98,8 @@ def partial_state(
         groups: group id per row.
         ts: event time per row.
         value: value per row.
-        fields: state fields to compute (names from ``aggregates.STATE_FIELDS``).
+        fields: state fields to compute, each after the fields it needs
+            (``AggregatePlan.fields``).
         bucket: sketch bucket key per row, or None for no sketch.
 
     Returns:
@@ -59,47 +108,19 @@ def partial_state(
     """
     order = _group_order(groups)
     g = groups[order]
-    v = value[order]
-    t = ts[order]
     starts, lengths = _boundaries(g)
+    unique = g[starts] if len(starts) else g[:0]
     out: dict[str, npt.NDArray[Any]] = {}
-    n = lengths
-    if "n" in fields:
-        out["n"] = n
-    if "batches" in fields:
-        out["batches"] = np.ones(len(starts), dtype=np.int64)
-    sums = np.add.reduceat(v, starts) if len(starts) else np.zeros(0)
-    if "sum" in fields:
-        out["sum"] = sums
-    if "min" in fields:
-        out["min"] = np.minimum.reduceat(v, starts) if len(starts) else np.zeros(0)
-    if "max" in fields:
-        out["max"] = np.maximum.reduceat(v, starts) if len(starts) else np.zeros(0)
-    if "m2" in fields:
-        mean = np.repeat(sums / np.maximum(n, 1), n)
-        out["m2"] = np.add.reduceat((v - mean) ** 2, starts) if len(starts) else np.zeros(0)
-    if "first_ts" in fields:
-        first_ts = np.minimum.reduceat(t, starts) if len(starts) else np.zeros(0, np.int64)
-        out["first_ts"] = first_ts
-        at_first = t == np.repeat(first_ts, n)
-        out["first_value"] = (
-            np.minimum.reduceat(np.where(at_first, v, np.inf), starts)
-            if len(starts)
-            else np.zeros(0)
-        )
-    if "last_ts" in fields:
-        last_ts = np.maximum.reduceat(t, starts) if len(starts) else np.zeros(0, np.int64)
-        out["last_ts"] = last_ts
-        at_last = t == np.repeat(last_ts, n)
-        out["last_value"] = (
-            np.maximum.reduceat(np.where(at_last, v, -np.inf), starts)
-            if len(starts)
-            else np.zeros(0)
-        )
+    if len(starts) == 0:
+        out = {f.name: np.zeros(0, dtype=f.np_dtype) for f in fields}
+    else:
+        runs = Runs(starts, lengths, {"ts": ts[order], "value": value[order]}, out)
+        for field in fields:
+            out[field.name] = field.partial_np(runs)
     sketch = None
     if bucket is not None:
-        sketch = _bucket_counts(g[starts] if len(starts) else g[:0], groups, bucket)
-    return g[starts] if len(starts) else g[:0], out, sketch
+        sketch = _bucket_counts(unique, groups, bucket)
+    return unique, out, sketch
 
 
 def _group_order(groups: Int64Array) -> Int64Array:
@@ -142,40 +163,18 @@ def _bucket_counts(
 
 
 def merge_state(
-    groups: Int64Array, columns: dict[str, npt.NDArray[Any]]
+    groups: Int64Array, columns: Mapping[str, npt.NDArray[Any]], fields: Sequence[FieldKernels]
 ) -> tuple[Int64Array, dict[str, npt.NDArray[Any]]]:
-    """Merge state rows that share a group id (the numpy twin of the polars merge exprs)."""
+    """Merge state rows that share a group id (``fields`` as for ``partial_state``)."""
     order = np.argsort(groups, kind="stable")
     g = groups[order]
     starts, lengths = _boundaries(g)
     if len(starts) == 0:
-        return g, {k: v[:0] for k, v in columns.items()}
-    col = {k: v[order] for k, v in columns.items()}
+        return g, {f.name: columns[f.name][:0] for f in fields}
     out: dict[str, npt.NDArray[Any]] = {}
-    n = np.add.reduceat(col["n"], starts) if "n" in col else None
-    for name in ("n", "batches", "sum"):
-        if name in col:
-            out[name] = np.add.reduceat(col[name], starts)
-    if "min" in col:
-        out["min"] = np.minimum.reduceat(col["min"], starts)
-    if "max" in col:
-        out["max"] = np.maximum.reduceat(col["max"], starts)
-    if "m2" in col:
-        assert n is not None
-        total_mean = np.repeat(out["sum"] / n, lengths)
-        part_mean = col["sum"] / col["n"]
-        spread = col["n"] * (part_mean - total_mean) ** 2
-        out["m2"] = np.add.reduceat(col["m2"] + spread, starts)
-    if "first_ts" in col:
-        first_ts = np.minimum.reduceat(col["first_ts"], starts)
-        at = col["first_ts"] == np.repeat(first_ts, lengths)
-        out["first_ts"] = first_ts
-        out["first_value"] = np.minimum.reduceat(np.where(at, col["first_value"], np.inf), starts)
-    if "last_ts" in col:
-        last_ts = np.maximum.reduceat(col["last_ts"], starts)
-        at = col["last_ts"] == np.repeat(last_ts, lengths)
-        out["last_ts"] = last_ts
-        out["last_value"] = np.maximum.reduceat(np.where(at, col["last_value"], -np.inf), starts)
+    runs = Runs(starts, lengths, {f.name: columns[f.name][order] for f in fields}, out)
+    for field in fields:
+        out[field.name] = field.merge_np(runs)
     return g[starts], out
 
 

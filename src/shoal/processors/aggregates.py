@@ -1,103 +1,346 @@
-"""Aggregates as data: per-batch partial expressions, merges and finalisers over polars.
+"""The registry of aggregates: each entry is the code that computes it, on every path.
 
-Each aggregate needs some *state fields*; each state field has a partial expression (over the
-raw ``ts``/``value`` rows of one group of one batch) and a merge expression (over the state
-rows of one group, from any number of partials). Merges are associative and commutative, so
-partials from any worker, in any order and batch split, combine to the same state; the
-finaliser turns merged state into the output value.
+An ``Aggregate`` names the *state fields* it needs, a finaliser (a polars expression over
+merged state, run by combiners) and a reference expression over the raw rows of one group
+(the oracle of the property tests). A ``StateField`` is one column of partial/merged state
+with four definitions of the same thing:
+
+- ``partial_np`` / ``merge_np``: numpy kernels over sorted runs (``_kernels.Runs``), what
+  workers (per batch) and combiners (per merge) run;
+- ``partial`` / ``merge``: the polars expressions they must agree with, readable, used by
+  the tests only.
+
+Merges are associative and commutative, so partials from any worker, in any order and batch
+split, combine to the same state.
 
 - ``n``, ``sum``, ``min``, ``max``, ``batches``: obvious.
 - ``m2`` (sum of squared deviations) merges with Chan et al.'s parallel formula
   ``M2 = sum(M2_i) + sum(n_i * (mean_i - mean)^2)``, stable where sums of squares are not.
 - ``first``/``last`` are the value at the smallest/largest event time; ties go to the
   smallest/largest value, so the result never depends on arrival order.
-- Quantiles come from the log-bucket sketch in ``sketch.py`` (kept in a separate frame).
+- Quantiles (``QUANTILES``, names ``pNN``) are a family: their state is the log-bucket
+  sketch of ``sketch.py`` (cells of ``(group, bucket) -> count``, carried beside the state
+  columns), merged by adding counts.
+
+Adding an aggregate: docs/architecture.md, "Adding an aggregate".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal
 
+import numpy as np
+import numpy.typing as npt
 import polars as pl
 
-from shoal.processors.spec import PipelineSpec
+from shoal.processors._kernels import Runs, quantile_buckets
+from shoal.processors.sketch import LogBuckets
+
+if TYPE_CHECKING:
+    from shoal.processors.spec import PipelineSpec
+
+Kernel = Callable[[Runs], npt.NDArray[Any]]
+"""A state field's numpy kernel: one value per run (group) of sorted rows."""
+
+_DTYPES: Final = {"int": (pl.Int64(), np.dtype("<i8")), "float": (pl.Float64(), np.dtype("<f8"))}
+
+
+@dataclass(frozen=True, slots=True, eq=False)  # identity: expressions do not compare
+class StateField:
+    """One column of partial/merged state: its kernels and the polars expressions they mirror.
+
+    Attributes:
+        name: the column (also its name on the wire: keep it stable).
+        kind: ``int`` (Int64) or ``float`` (Float64), the two types partials carry.
+        partial: polars reference over the raw ``ts``/``value`` rows of one group.
+        merge: polars reference over the state rows of one group.
+        partial_np: numpy kernel computing ``partial`` for every group of a batch.
+        merge_np: numpy kernel computing ``merge`` for every group of stacked state.
+        needs: fields whose merged values the merge (or the partial) reads; they are computed
+            first and travel with this one.
+    """
+
+    name: str
+    kind: Literal["int", "float"]
+    partial: pl.Expr
+    merge: pl.Expr
+    partial_np: Kernel
+    merge_np: Kernel
+    needs: tuple[StateField, ...] = ()
+
+    @property
+    def dtype(self) -> pl.DataType:
+        """The polars dtype of the column."""
+        return _DTYPES[self.kind][0]
+
+    @property
+    def np_dtype(self) -> np.dtype[Any]:
+        """The numpy dtype of the column."""
+        return _DTYPES[self.kind][1]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Aggregate:
+    """A mergeable aggregate of the ``value`` column: state, finaliser and reference.
+
+    Attributes:
+        name: the name pipeline specs use and results carry.
+        state: the state fields it reads (their ``needs`` come along).
+        finalize: polars expression over merged state columns giving the result.
+        reference: polars expression over one group's raw ``ts``/``value`` rows giving the
+            same result directly: the oracle of the property tests.
+        kind: result type, ``int`` (Int64) or ``float`` (Float64, null where undefined).
+        exact: whether the result equals ``reference`` bit for bit whatever the batch split
+            and merge order (false where float sums round differently).
+        aliases: other names a spec may use for it.
+    """
+
+    name: str
+    state: tuple[StateField, ...]
+    finalize: pl.Expr
+    reference: pl.Expr
+    kind: Literal["int", "float"] = "float"
+    exact: bool = True
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def dtype(self) -> pl.DataType:
+        """The polars dtype of the result."""
+        return _DTYPES[self.kind][0]
+
+
+_QUANTILE_NAME: Final = re.compile(r"p(\d{1,2}(?:\.\d+)?)")
 
 
 @dataclass(frozen=True, slots=True)
-class StateField:
-    """One column of partial/merged state."""
+class QuantileFamily:
+    """Quantiles ``pNN`` (``p50``, ``p99.9``): estimated from the log-bucket sketch.
 
-    name: str
-    dtype: pl.DataType
-    partial: pl.Expr
-    merge: pl.Expr
-    needs: tuple[str, ...] = ()
+    The state is the sketch: per group, counts of values per bucket (``LogBuckets``). Workers
+    count them per batch (``_kernels.partial_state`` with bucket keys), combiners add counts
+    of equal cells (``_kernels.merge_cells``) and ``finalize`` picks each quantile's bucket.
+    The ``q`` quantile of ``n`` values is the ``floor(q * (n - 1))``-th smallest; the estimate
+    is the representative of its bucket, within the sketch's relative accuracy of it.
+    """
 
+    pattern: re.Pattern[str] = _QUANTILE_NAME
+    aliases: dict[str, str] = field(default_factory=lambda: {"median": "p50"})
+
+    def parse(self, name: str) -> float | None:
+        """The quantile a name asks for, in (0, 1), or None if it is not a quantile name."""
+        match = self.pattern.fullmatch(name)
+        if match is None:
+            return None
+        q = float(match.group(1)) / 100.0
+        return q if 0.0 < q < 1.0 else None
+
+    def finalize(
+        self,
+        mapping: LogBuckets,
+        cells: npt.NDArray[np.int64],
+        counts: npt.NDArray[np.int64],
+        groups: npt.NDArray[np.int64],
+        quantiles: Sequence[float],
+    ) -> list[npt.NDArray[np.float64]]:
+        """Estimates per group from merged, sorted sketch cells (every group has cells)."""
+        buckets = quantile_buckets(cells, counts, groups, quantiles)
+        return [mapping.values_np(b) for b in buckets]
+
+    def reference(self, q: float, mapping: LogBuckets) -> pl.Expr:
+        """Polars over one group's raw rows: exactly what ``finalize`` returns."""
+        return mapping.value_expr(mapping.key_expr(pl.col("value").quantile(q, "lower")))
+
+
+# -- the built-in entries ---------------------------------------------------------------------
 
 _v, _ts = pl.col("value"), pl.col("ts")
 
-STATE_FIELDS: Final[dict[str, StateField]] = {
-    f.name: f
-    for f in (
-        StateField("n", pl.Int64(), pl.len().cast(pl.Int64), pl.col("n").sum()),
-        StateField("batches", pl.Int64(), pl.lit(1, dtype=pl.Int64), pl.col("batches").sum()),
-        StateField("sum", pl.Float64(), _v.sum(), pl.col("sum").sum()),
-        StateField("min", pl.Float64(), _v.min(), pl.col("min").min()),
-        StateField("max", pl.Float64(), _v.max(), pl.col("max").max()),
-        StateField(
-            "m2",
-            pl.Float64(),
-            ((_v - _v.mean()) ** 2).sum(),
-            pl.col("m2").sum()
-            + (
-                pl.col("n")
-                * (pl.col("sum") / pl.col("n") - pl.col("sum").sum() / pl.col("n").sum()) ** 2
-            ).sum(),
-            needs=("n", "sum"),
-        ),
-        StateField("first_ts", pl.Int64(), _ts.min(), pl.col("first_ts").min()),
-        StateField(
-            "first_value",
-            pl.Float64(),
-            _v.filter(_ts == _ts.min()).min(),
-            pl.col("first_value").filter(pl.col("first_ts") == pl.col("first_ts").min()).min(),
-            needs=("first_ts",),
-        ),
-        StateField("last_ts", pl.Int64(), _ts.max(), pl.col("last_ts").max()),
-        StateField(
-            "last_value",
-            pl.Float64(),
-            _v.filter(_ts == _ts.max()).max(),
-            pl.col("last_value").filter(pl.col("last_ts") == pl.col("last_ts").max()).max(),
-            needs=("last_ts",),
-        ),
-    )
-}
 
-_n = pl.col("n")
-FINALISERS: Final[dict[str, tuple[tuple[str, ...], pl.Expr]]] = {
-    "count": (("n",), _n),
-    "sum": (("sum",), pl.col("sum")),
-    "mean": (("n", "sum"), pl.col("sum") / _n),
-    "min": (("min",), pl.col("min")),
-    "max": (("max",), pl.col("max")),
-    # Sample standard deviation (ddof=1), as polars' std(); undefined (null) for one value.
-    "stddev": (("n", "m2"), pl.when(_n > 1).then((pl.col("m2") / (_n - 1)).sqrt())),
-    "first": (("first_ts", "first_value"), pl.col("first_value")),
-    "last": (("last_ts", "last_value"), pl.col("last_value")),
-}
+def _ones(runs: Runs) -> npt.NDArray[np.int64]:
+    return np.ones(len(runs.starts), dtype=np.int64)
 
-ALWAYS: Final = ("n", "batches")
+
+def _reduce(ufunc: np.ufunc, column: str) -> Kernel:
+    """Kernel: ``ufunc`` over each group's ``column``."""
+    return lambda runs: runs.reduce(ufunc, column)
+
+
+def _at_extreme(ufunc: np.ufunc, ts: str, value: str, ts_field: str) -> Kernel:
+    """Kernel: ``ufunc`` over the group's ``value`` where ``ts`` equals the merged ``ts_field``.
+
+    The value at the smallest/largest event time; ties broken by the same ``ufunc``.
+    """
+    fill = np.inf if ufunc is np.minimum else -np.inf
+
+    def kernel(runs: Runs) -> npt.NDArray[Any]:
+        at = runs.columns[ts] == runs.spread(runs.done[ts_field])
+        return runs.reduce(ufunc, np.where(at, runs.columns[value], fill))
+
+    return kernel
+
+
+def _m2_partial(runs: Runs) -> npt.NDArray[Any]:
+    mean = runs.spread(runs.done["sum"] / np.maximum(runs.lengths, 1))
+    return runs.reduce(np.add, (runs.columns["value"] - mean) ** 2)
+
+
+def _m2_merge(runs: Runs) -> npt.NDArray[Any]:
+    col = runs.columns
+    total_mean = runs.spread(runs.done["sum"] / runs.done["n"])
+    spread = col["n"] * (col["sum"] / col["n"] - total_mean) ** 2
+    return runs.reduce(np.add, col["m2"] + spread)
+
+
+N = StateField(
+    "n",
+    "int",
+    pl.len().cast(pl.Int64),
+    pl.col("n").sum(),
+    lambda r: r.lengths,
+    _reduce(np.add, "n"),
+)
+BATCHES = StateField(
+    "batches",
+    "int",
+    pl.lit(1, dtype=pl.Int64),
+    pl.col("batches").sum(),
+    _ones,
+    _reduce(np.add, "batches"),
+)
+SUM = StateField(
+    "sum", "float", _v.sum(), pl.col("sum").sum(), _reduce(np.add, "value"), _reduce(np.add, "sum")
+)
+MIN = StateField(
+    "min",
+    "float",
+    _v.min(),
+    pl.col("min").min(),
+    _reduce(np.minimum, "value"),
+    _reduce(np.minimum, "min"),
+)
+MAX = StateField(
+    "max",
+    "float",
+    _v.max(),
+    pl.col("max").max(),
+    _reduce(np.maximum, "value"),
+    _reduce(np.maximum, "max"),
+)
+M2 = StateField(
+    "m2",
+    "float",
+    ((_v - _v.mean()) ** 2).sum(),
+    pl.col("m2").sum()
+    + (
+        pl.col("n") * (pl.col("sum") / pl.col("n") - pl.col("sum").sum() / pl.col("n").sum()) ** 2
+    ).sum(),
+    _m2_partial,
+    _m2_merge,
+    needs=(N, SUM),
+)
+FIRST_TS = StateField(
+    "first_ts",
+    "int",
+    _ts.min(),
+    pl.col("first_ts").min(),
+    _reduce(np.minimum, "ts"),
+    _reduce(np.minimum, "first_ts"),
+)
+FIRST_VALUE = StateField(
+    "first_value",
+    "float",
+    _v.filter(_ts == _ts.min()).min(),
+    pl.col("first_value").filter(pl.col("first_ts") == pl.col("first_ts").min()).min(),
+    _at_extreme(np.minimum, "ts", "value", "first_ts"),
+    _at_extreme(np.minimum, "first_ts", "first_value", "first_ts"),
+    needs=(FIRST_TS,),
+)
+LAST_TS = StateField(
+    "last_ts",
+    "int",
+    _ts.max(),
+    pl.col("last_ts").max(),
+    _reduce(np.maximum, "ts"),
+    _reduce(np.maximum, "last_ts"),
+)
+LAST_VALUE = StateField(
+    "last_value",
+    "float",
+    _v.filter(_ts == _ts.max()).max(),
+    pl.col("last_value").filter(pl.col("last_ts") == pl.col("last_ts").max()).max(),
+    _at_extreme(np.maximum, "ts", "value", "last_ts"),
+    _at_extreme(np.maximum, "last_ts", "last_value", "last_ts"),
+    needs=(LAST_TS,),
+)
+
+ALWAYS: Final = (N, BATCHES)
 """Every result carries its row and batch counts."""
+
+_n, _by_time = pl.col("n"), _v.sort_by([_ts, _v])
+BUILTIN: Final = (
+    Aggregate("count", (N,), _n, pl.len().cast(pl.Int64), kind="int"),
+    Aggregate("sum", (SUM,), pl.col("sum"), _v.sum(), exact=False),
+    Aggregate("mean", (N, SUM), pl.col("sum") / _n, _v.mean(), exact=False, aliases=("avg",)),
+    Aggregate("min", (MIN,), pl.col("min"), _v.min()),
+    Aggregate("max", (MAX,), pl.col("max"), _v.max()),
+    # Sample standard deviation (ddof=1), as polars' std(); undefined (null) for one value.
+    Aggregate(
+        "stddev",
+        (N, M2),
+        pl.when(_n > 1).then((pl.col("m2") / (_n - 1)).sqrt()),
+        _v.std(ddof=1),
+        exact=False,
+        aliases=("std",),
+    ),
+    Aggregate("first", (FIRST_TS, FIRST_VALUE), pl.col("first_value"), _by_time.first()),
+    Aggregate("last", (LAST_TS, LAST_VALUE), pl.col("last_value"), _by_time.last()),
+)
+
+
+# -- the registry ----------------------------------------------------------------------------
+
+
+def _with_needs(fields: Iterable[StateField]) -> list[StateField]:
+    """``fields`` and what they need, each after its needs, in first-seen order."""
+    ordered: list[StateField] = []
+
+    def visit(f: StateField) -> None:
+        for dependency in f.needs:
+            visit(dependency)
+        if f not in ordered:
+            ordered.append(f)
+
+    for f in fields:
+        visit(f)
+    return ordered
+
+
+AGGREGATES: Final[dict[str, Aggregate]] = {a.name: a for a in BUILTIN}
+"""Every aggregate a pipeline spec may name (besides quantiles), in a stable order."""
+
+QUANTILES: Final = QuantileFamily()
+
+STATE_FIELDS: Final[dict[str, StateField]] = {
+    f.name: f for f in _with_needs([*ALWAYS, *(s for a in BUILTIN for s in a.state)])
+}
+"""Every state field, in the order partials and merged state carry them (needs first)."""
+
+ALIASES: Final[dict[str, str]] = {
+    **{alias: a.name for a in BUILTIN for alias in a.aliases},
+    **QUANTILES.aliases,
+}
+"""Other names of aggregates → their names."""
 
 
 @dataclass(frozen=True, slots=True)
 class AggregatePlan:
-    """What a pipeline computes, compiled to polars expressions once.
+    """What a pipeline computes: the registry entries its aggregates need, resolved once.
 
     Attributes:
-        fields: state fields in dependency order.
+        fields: state fields in registry order (needs first), ``ALWAYS`` included.
         outputs: output column name → finaliser expression (quantiles excluded).
         quantiles: output column name → quantile, computed from the sketch.
     """
@@ -109,27 +352,19 @@ class AggregatePlan:
     @classmethod
     def for_spec(cls, spec: PipelineSpec) -> AggregatePlan:
         """Compile the aggregates a pipeline spec asks for."""
-        wanted: list[str] = list(ALWAYS)
+        wanted: list[StateField] = list(ALWAYS)
         outputs: dict[str, pl.Expr] = {}
         quantiles: dict[str, float] = {}
-        for aggregate in spec.aggregates:
-            if aggregate.quantile is not None:
-                quantiles[aggregate.name] = aggregate.quantile
+        for requested in spec.aggregates:
+            if requested.quantile is not None:
+                quantiles[requested.name] = requested.quantile
                 continue
-            needs, expr = FINALISERS[aggregate.name]
-            wanted.extend(needs)
-            outputs[aggregate.name] = expr.alias(aggregate.name)
-        ordered: list[str] = []
-
-        def visit(name: str) -> None:
-            for dependency in STATE_FIELDS[name].needs:
-                visit(dependency)
-            if name not in ordered:
-                ordered.append(name)
-
-        for name in wanted:
-            visit(name)
-        return cls(tuple(STATE_FIELDS[n] for n in ordered), outputs, quantiles)
+            aggregate = AGGREGATES[requested.name]
+            wanted.extend(aggregate.state)
+            outputs[requested.name] = aggregate.finalize.alias(requested.name)
+        needed = set(_with_needs(wanted))
+        fields = tuple(f for f in STATE_FIELDS.values() if f in needed)
+        return cls(fields, outputs, quantiles)
 
     @property
     def field_names(self) -> tuple[str, ...]:
@@ -142,11 +377,11 @@ class AggregatePlan:
         return bool(self.quantiles)
 
     def partial_exprs(self) -> list[pl.Expr]:
-        """Expressions computing state from raw rows of one group."""
+        """Polars reference: state from the raw rows of one group."""
         return [f.partial.alias(f.name) for f in self.fields]
 
     def merge_exprs(self) -> list[pl.Expr]:
-        """Expressions merging state rows of one group."""
+        """Polars reference: merged state from the state rows of one group."""
         return [f.merge.alias(f.name) for f in self.fields]
 
     def state_schema(self, groups: dict[str, pl.DataType]) -> pl.Schema:

@@ -31,7 +31,7 @@ import numpy.typing as npt
 import polars as pl
 
 from shoal.clock import Clock
-from shoal.errors import SchemaError
+from shoal.errors import ConfigError, SchemaError
 from shoal.processors.aggregates import AggregatePlan
 from shoal.processors.partials import Partial, PartialRows, spec_fingerprint
 from shoal.processors.progress import GatewayProgress, ProgressTracker
@@ -107,7 +107,9 @@ class Combiner:
         max_pending_bytes: int | None = MAX_PENDING_BYTES,
     ) -> None:
         if not 0 <= partition < spec.partitions:
-            raise ValueError(f"partition {partition} outside 0..{spec.partitions - 1}")
+            raise ConfigError(
+                f"{spec.name}: partition {partition} outside 0..{spec.partitions - 1}"
+            )
         self.spec = spec
         self.partition = partition
         self.clock = clock

@@ -22,9 +22,10 @@ import polars as pl
 
 from shoal.errors import SchemaError
 from shoal.processors._kernels import partial_state
-from shoal.processors.aggregates import AggregatePlan
+from shoal.processors.aggregates import STATE_FIELDS, AggregatePlan
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
+from shoal.processors.windows import kind_of
 from shoal.schemas import Batch, DictColumn
 
 PARTIAL_VERSION: Final = 4
@@ -86,7 +87,8 @@ class BatchInfo:
     reason: str | None = None
 
 
-_INT_FIELDS: Final = frozenset({"n", "batches", "first_ts", "last_ts"})
+_INT_FIELDS: Final = frozenset(f.name for f in STATE_FIELDS.values() if f.kind == "int")
+"""State fields carried as integers (packed narrow on the wire); the others are float64."""
 
 
 def _field_dtype(name: str) -> np.dtype[Any]:
@@ -214,10 +216,10 @@ class PartialRows:
 
     @classmethod
     def unpack(cls, obj: dict[str, Any]) -> PartialRows:
-        """Parse the wire form; raises ``ValueError`` on inconsistent buffers."""
+        """Parse the wire form; raises ``SchemaError`` on inconsistent buffers."""
         keys = obj["keys"]
         if not isinstance(keys, list):
-            raise TypeError("keys is not a list")
+            raise SchemaError("keys is not a list", reason="bad_partial", field="keys")
         n = len(keys)
         sketch = obj.get("sketch")
         sketch_row = None if sketch is None else _unpack_int(sketch["row"], None)
@@ -255,14 +257,24 @@ def _pack_int(values: npt.NDArray[Any]) -> list[Any]:
 def _buffer(data: bytes, dtype: str | np.dtype[Any], n: int | None) -> npt.NDArray[Any]:
     array = np.frombuffer(data, dtype=dtype)
     if n is not None and len(array) != n:
-        raise ValueError(f"buffer of {len(array)} values where {n} were expected")
+        raise SchemaError(
+            "inconsistent state buffer",
+            reason="bad_partial",
+            expected=f"{n} values",
+            found=f"{len(array)}",
+        )
     return array
 
 
 def _unpack_int(packed: list[Any], n: int | None) -> npt.NDArray[np.int64]:
     base, dtype, data = packed
     if dtype not in ("u1", "u2", "u4", "i8") or type(base) is not int:
-        raise ValueError(f"bad integer buffer {dtype!r}")
+        raise SchemaError(
+            "bad integer buffer",
+            reason="bad_partial",
+            expected="an int base and dtype u1, u2, u4 or i8",
+            found=f"{type(base).__name__} base, dtype {dtype!r}",
+        )
     return _buffer(data, f"<{dtype}", n).astype(np.int64) + base
 
 
@@ -338,7 +350,13 @@ class Partial:
     @classmethod
     def _from_obj(cls, obj: dict[str, Any]) -> Partial:
         if obj["v"] != PARTIAL_VERSION:
-            raise ValueError(f"partials version {obj['v']!r}, expected {PARTIAL_VERSION}")
+            raise SchemaError(
+                "partials message of another version",
+                reason="bad_partial",
+                field="v",
+                expected=str(PARTIAL_VERSION),
+                found=repr(obj["v"]),
+            )
         batch = BatchInfo(
             gateway_id=obj["gateway_id"],
             seq=int(obj["seq"]),
@@ -401,9 +419,9 @@ class KeyRouter:
 class PartialBuilder:
     """Compiles a pipeline spec once and turns decoded batches into partials.
 
-    The state of all (window, start, key) groups of a batch comes from one sort and
-    ``reduceat`` passes (``_kernels.partial_state``), the numpy twin of the polars
-    expressions in ``aggregates.py``.
+    Each window's kind (``windows.WINDOW_KINDS``) assigns the rows to windows; the state of
+    all (window, start, key) groups of a batch then comes from one sort and the ``reduceat``
+    kernels of the plan's state fields (``_kernels.partial_state``, ``aggregates.py``).
     """
 
     def __init__(self, spec: PipelineSpec, worker_id: str) -> None:
@@ -413,7 +431,7 @@ class PartialBuilder:
         self.buckets = LogBuckets(spec.sketch_accuracy)
         self.router = KeyRouter(spec.partitions)
         self.fingerprint = spec_fingerprint(spec)
-        self._fields = self.plan.field_names
+        self._kinds = [kind_of(w) for w in spec.windows]
         self._schema = self.plan.state_schema(AGGS_GROUPS)
 
     def build(
@@ -481,27 +499,23 @@ class PartialBuilder:
         width = len(key_names)
         bucket_all = self.buckets.keys_np(value) if self.plan.needs_sketch else None
         parts: list[PartialRows] = []
-        for index, window in enumerate(self.spec.windows):
-            per_row = window.windows_per_row
-            last = (ts // window.slide_ms) * window.slide_ms
+        for index, (window, kind) in enumerate(zip(self.spec.windows, self._kinds, strict=True)):
+            windows = kind.assign(ts, window)
+            per_row = windows.per_row
             if per_row == 1:
-                starts, rows_ts, rows_value, rows_key = last, ts, value, key_ids
-                rows_bucket = bucket_all
+                rows_ts, rows_value, rows_key, rows_bucket = ts, value, key_ids, bucket_all
             else:
-                hop = np.arange(per_row, dtype=np.int64) * window.slide_ms
-                starts = (last[:, None] - hop[None, :]).ravel()
                 rows_ts, rows_value = np.repeat(ts, per_row), np.repeat(value, per_row)
                 rows_key = np.repeat(key_ids, per_row)
                 rows_bucket = None if bucket_all is None else np.repeat(bucket_all, per_row)
-            base = int(starts.min())
-            slot = (starts - base) // window.slide_ms
             # Dense group ids (slot-major): small enough for a radix sort in the kernel.
-            groups = slot * width + rows_key
-            g, state, sketch = partial_state(groups, rows_ts, rows_value, self._fields, rows_bucket)
+            groups = windows.slot * width + rows_key
+            fields = self.plan.fields
+            g, state, sketch = partial_state(groups, rows_ts, rows_value, fields, rows_bucket)
             parts.append(
                 PartialRows(
                     window=np.full(len(g), index, dtype=np.uint8),
-                    start=(g // width) * window.slide_ms + base,
+                    start=windows.starts(g // width),
                     keys=[key_names[i] for i in (g % width).tolist()],
                     fields=state,
                     sketch_row=None if sketch is None else sketch[0],

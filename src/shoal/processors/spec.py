@@ -7,7 +7,6 @@ configuration the processing code sees; nothing below reads files or the environ
 
 from __future__ import annotations
 
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,15 +14,13 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from shoal.errors import ConfigError
+from shoal.processors.aggregates import AGGREGATES, ALIASES, QUANTILES
+from shoal.processors.windows import WINDOW_KINDS
 from shoal.schemas import ATTRIBUTE_COLUMNS, DecodeLimits
 from shoal.schemas.topics import check_segment
 
-WindowKind = Literal["tumbling", "hopping"]
 OutputEncoding = Literal["json", "msgpack"]
 
-SIMPLE_AGGREGATES: Final = ("count", "sum", "mean", "min", "max", "stddev", "first", "last")
-_QUANTILE: Final = re.compile(r"p(\d{1,2}(?:\.\d+)?)")
-_ALIASES: Final = {"median": "p50", "avg": "mean", "std": "stddev"}
 KEY_COLUMNS: Final = ("sensor_id", *ATTRIBUTE_COLUMNS)
 MAX_WINDOWS_PER_ROW: Final = 64
 """A hopping window puts each row into size/slide windows; beyond this the spec is refused."""
@@ -35,13 +32,13 @@ class WindowSpec:
 
     Attributes:
         name: label carried by results (``tumbling-10s`` unless given).
-        kind: ``tumbling`` (slide = size) or ``hopping``.
+        kind: a name in ``windows.WINDOW_KINDS``: ``tumbling`` (slide = size) or ``hopping``.
         size_ms: window length.
         slide_ms: distance between window starts (= size for tumbling).
     """
 
     name: str
-    kind: WindowKind
+    kind: str
     size_ms: int
     slide_ms: int
 
@@ -53,7 +50,10 @@ class WindowSpec:
 
 @dataclass(frozen=True, slots=True)
 class AggregateSpec:
-    """One requested aggregate: its output name and, for quantiles, the quantile in (0, 1)."""
+    """One requested aggregate: its output name and, for quantiles, the quantile in (0, 1).
+
+    The name is one of ``aggregates.AGGREGATES``, or a quantile name (``aggregates.QUANTILES``).
+    """
 
     name: str
     quantile: float | None = None
@@ -131,7 +131,10 @@ class PipelineSpec:
         for window in self.windows:
             if window.name == name:
                 return window
-        raise KeyError(name)
+        raise ConfigError(
+            f"{self.name}: no window named {name!r}; the windows are "
+            f"{[w.name for w in self.windows]}"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -286,18 +289,19 @@ class _Reader:
 
 def _window(raw: Mapping[str, Any], where: str) -> WindowSpec:
     reader = _Reader(raw, where)
-    kind = reader.choice("kind", ("tumbling", "hopping"), default="tumbling")
+    kind = WINDOW_KINDS[reader.choice("kind", tuple(WINDOW_KINDS), default="tumbling")]
     size = reader.integer("size_ms", default=0, low=1, high=31 * 86_400_000)
     if size == 0:
         raise ConfigError(f"{where}: size_ms is required")
-    if kind == "tumbling":
+    if not kind.takes_slide:
         slide = size
         if "slide_ms" in raw:
-            raise ConfigError(f"{where}: slide_ms is only for hopping windows")
+            sliding = " or ".join(k.name for k in WINDOW_KINDS.values() if k.takes_slide)
+            raise ConfigError(f"{where}: slide_ms is only for {sliding} windows")
     else:
         slide = reader.integer("slide_ms", default=0, low=1, high=size)
         if slide == 0:
-            raise ConfigError(f"{where}: hopping windows need slide_ms")
+            raise ConfigError(f"{where}: {kind.name} windows need slide_ms")
         if size % slide:
             raise ConfigError(f"{where}: size_ms ({size}) must be a multiple of slide_ms ({slide})")
         if size // slide > MAX_WINDOWS_PER_ROW:
@@ -305,26 +309,25 @@ def _window(raw: Mapping[str, Any], where: str) -> WindowSpec:
                 f"{where}: size_ms/slide_ms = {size // slide} windows per row; at most "
                 f"{MAX_WINDOWS_PER_ROW} are supported"
             )
-    default_name = f"{kind}-{_duration(size)}" + (
-        f"-{_duration(slide)}" if kind == "hopping" else ""
+    default_name = f"{kind.name}-{_duration(size)}" + (
+        f"-{_duration(slide)}" if kind.takes_slide else ""
     )
     name = reader.name("name") if "name" in raw else default_name
     reader.used.add("slide_ms")
     reader.finish()
-    return WindowSpec(name=name, kind=kind, size_ms=size, slide_ms=slide)  # type: ignore[arg-type]
+    return WindowSpec(name=name, kind=kind.name, size_ms=size, slide_ms=slide)
 
 
 def _aggregate(text: str, where: str) -> AggregateSpec:
-    name = _ALIASES.get(text.strip().lower(), text.strip().lower())
-    if name in SIMPLE_AGGREGATES:
+    name = text.strip().lower()
+    name = ALIASES.get(name, name)
+    if name in AGGREGATES:
         return AggregateSpec(name)
-    match = _QUANTILE.fullmatch(name)
-    if match:
-        q = float(match.group(1)) / 100.0
-        if 0.0 < q < 1.0:
-            return AggregateSpec(name, quantile=q)
+    q = QUANTILES.parse(name)
+    if q is not None:
+        return AggregateSpec(name, quantile=q)
     raise ConfigError(
-        f"{where}: unknown aggregate {text!r}; use {', '.join(SIMPLE_AGGREGATES)} or a quantile "
+        f"{where}: unknown aggregate {text!r}; use {', '.join(AGGREGATES)} or a quantile "
         "like p50, p95, p99, p99.9"
     )
 

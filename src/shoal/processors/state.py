@@ -26,9 +26,8 @@ from shoal.processors._kernels import (
     cell_ids,
     merge_cells,
     merge_state,
-    quantile_buckets,
 )
-from shoal.processors.aggregates import STATE_FIELDS, AggregatePlan
+from shoal.processors.aggregates import AGGREGATES, QUANTILES, AggregatePlan
 from shoal.processors.partials import PartialRows
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
@@ -191,7 +190,7 @@ class WindowState:
         if self._groups:
             groups = np.concatenate(self._groups)
             columns = {f: np.concatenate([c[f] for c in self._columns]) for f in self._fields}
-            merged_groups, merged = merge_state(groups, columns)
+            merged_groups, merged = merge_state(groups, columns, self.plan.fields)
             self._groups, self._columns = [merged_groups], [merged]
             self._groups_merged = True
         if self._cells:
@@ -282,7 +281,8 @@ class WindowState:
         # Rows taken from the merged base alone (the usual case: the window was merged when
         # the watermark passed its end) are merged already.
         merged = groups_from == {0} and self._groups_merged
-        done_groups, done = taken if merged else merge_state(*taken)  # sorted by group
+        # sorted by group
+        done_groups, done = taken if merged else merge_state(*taken, self.plan.fields)
         done_cells, done_counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         if cells is not None:
             if cells_from == {0} and self._cells_merged:
@@ -303,8 +303,8 @@ class WindowState:
         """Results of merged groups (sorted) and their merged sketch cells."""
         quantiles: list[npt.NDArray[np.float64]] = []
         if self.plan.needs_sketch:
-            buckets = quantile_buckets(cells, counts, groups, list(self.plan.quantiles.values()))
-            quantiles = [self.buckets.values_np(b) for b in buckets]
+            wanted = list(self.plan.quantiles.values())
+            quantiles = QUANTILES.finalize(self.buckets, cells, counts, groups, wanted)
         return self._finalise(groups, state, quantiles)
 
     def _release(self, slots: list[int]) -> None:
@@ -331,7 +331,7 @@ class WindowState:
                 **{f: state[f] for f in self._fields},
                 **dict(zip(self.plan.quantiles, quantiles, strict=True)),
             },
-            schema_overrides={f: STATE_FIELDS[f].dtype for f in self._fields},
+            schema_overrides={f.name: f.dtype for f in self.plan.fields},
         )
         return frame.select(
             "window",
@@ -370,8 +370,9 @@ class WindowState:
             "rows": pl.Int64(),
             "batches": pl.Int64(),
         }
-        for name in self.spec.aggregate_names:
-            schema[name] = pl.Int64() if name == "count" else pl.Float64()
+        for aggregate in self.spec.aggregates:
+            known = None if aggregate.quantile is not None else AGGREGATES[aggregate.name]
+            schema[aggregate.name] = pl.Float64() if known is None else known.dtype
         return pl.DataFrame(schema=schema)
 
     # -- checkpoints -------------------------------------------------------------------------
