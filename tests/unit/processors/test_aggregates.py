@@ -143,6 +143,15 @@ def test_merge_of_merges(rows: list[Row], cuts: list[int], data: st.DataObject) 
     assert_matches(finalise(twice), rows)
 
 
+@settings(max_examples=80, deadline=None)
+@given(rows=rows_strategy)
+def test_reference_expressions_equal_the_oracle(rows: list[Row]) -> None:
+    """The registry's references (test_registry's oracle) against plain Python."""
+    frame = pl.DataFrame(rows, schema=SCHEMA, orient="row")
+    got = frame.group_by("key").agg(a.reference.alias(a.name) for a in AGGREGATES.values())
+    assert_matches({row.pop("key"): row for row in got.iter_rows(named=True)}, rows)
+
+
 @pytest.mark.parametrize(
     ("rows", "first", "last"),
     [

@@ -1,16 +1,24 @@
-"""Window arithmetic: a table of boundary cases, and the vectorised form against the scalar one."""
+"""Window arithmetic: a table of boundary cases, and the vectorised forms against the scalar one."""
 
 from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.processors.spec import WindowSpec
-from shoal.processors.windows import window_end, window_start, window_starts, with_window_starts
+from shoal.processors.windows import (
+    WINDOW_KINDS,
+    kind_of,
+    window_end,
+    window_start,
+    window_starts,
+    with_window_starts,
+)
 
 TUMBLING_1S = WindowSpec("t1s", "tumbling", 1_000, 1_000)
 TUMBLING_7 = WindowSpec("t7", "tumbling", 7, 7)
@@ -93,6 +101,21 @@ def test_with_window_starts_table(window: WindowSpec, ts: int, starts: list[int]
     assert sorted(out["start"].to_list()) == starts
     assert out["start"].dtype == pl.Int64
     assert out["ts"].to_list() == [ts] * len(starts)
+
+
+@pytest.mark.parametrize(("window", "ts", "starts"), CASES)
+def test_assign_table(window: WindowSpec, ts: int, starts: list[int]) -> None:
+    windows = kind_of(window).assign(np.array([ts], dtype=np.int64), window)
+    assert windows.per_row == len(starts)
+    assert (windows.slot >= 0).all()
+    assert sorted(windows.starts(windows.slot).tolist()) == starts
+
+
+def test_kinds_are_registered_by_name() -> None:
+    assert list(WINDOW_KINDS) == ["tumbling", "hopping"]
+    assert all(kind.name == name for name, kind in WINDOW_KINDS.items())
+    assert kind_of(TUMBLING_1S) is WINDOW_KINDS["tumbling"]
+    assert kind_of(HOPPING_10_5) is WINDOW_KINDS["hopping"]
 
 
 @pytest.mark.parametrize(
@@ -195,3 +218,16 @@ def test_vectorised_matches_scalar(window: WindowSpec, ts: list[int]) -> None:
         (row, start) for row, t in enumerate(ts) for start in window_starts(t, window)
     )
     assert got == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(window=window_specs(), ts=st.lists(timestamps, min_size=1, max_size=30))
+def test_assign_matches_scalar(window: WindowSpec, ts: list[int]) -> None:
+    """The hot path's assignment: row-major memberships, dense non-negative slots."""
+    windows = kind_of(window).assign(np.array(ts, dtype=np.int64), window)
+    per_row = windows.per_row
+    assert len(windows.slot) == per_row * len(ts)
+    assert windows.slot.min() == 0
+    starts = windows.starts(windows.slot).tolist()
+    for row, t in enumerate(ts):
+        assert sorted(starts[row * per_row : (row + 1) * per_row]) == window_starts(t, window)
