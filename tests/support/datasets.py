@@ -19,6 +19,21 @@ class GeneratedBatch:
     frame: pl.DataFrame  # FRAME_SCHEMA
 
 
+def frame_of(rows: list[tuple[str, int, float]]) -> pl.DataFrame:
+    """A decoded batch (``FRAME_SCHEMA``) of ``(sensor_id, ts, value)`` rows."""
+    return pl.DataFrame(
+        {
+            "sensor_id": [r[0] for r in rows],
+            "ts": [r[1] for r in rows],
+            "value": [r[2] for r in rows],
+            "name": None,
+            "type": None,
+            "unit": None,
+        },
+        schema=FRAME_SCHEMA,
+    )
+
+
 def make_batches(
     *,
     seed: int,

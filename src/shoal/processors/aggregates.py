@@ -194,87 +194,79 @@ def _m2_merge(runs: Runs) -> npt.NDArray[Any]:
     return runs.reduce(np.add, col["m2"] + spread)
 
 
+def _folded(
+    name: str,
+    ufunc: np.ufunc,
+    fold: Callable[[pl.Expr], pl.Expr],
+    *,
+    of: Literal["value", "ts"] = "value",
+    kind: Literal["int", "float"] = "float",
+) -> StateField:
+    """A field that folds one raw column and merges by folding again (sum, min, max, ...)."""
+    return StateField(
+        name,
+        kind,
+        partial=fold(pl.col(of)),
+        merge=fold(pl.col(name)),
+        partial_np=_reduce(ufunc, of),
+        merge_np=_reduce(ufunc, name),
+    )
+
+
+def _at_time(
+    end: str, ufunc: np.ufunc, pick: Callable[[pl.Expr], pl.Expr]
+) -> tuple[StateField, StateField]:
+    """``<end>_ts``, the event time ``pick`` of a group, and ``<end>_value``, the value there.
+
+    Ties (several values at that time) go to ``pick`` of the values too.
+    """
+    ts, value = f"{end}_ts", f"{end}_value"
+    at_ts = _folded(ts, ufunc, pick, of="ts", kind="int")
+    at_value = StateField(
+        value,
+        "float",
+        partial=pick(_v.filter(_ts == pick(_ts))),
+        merge=pick(pl.col(value).filter(pl.col(ts) == pick(pl.col(ts)))),
+        partial_np=_at_extreme(ufunc, "ts", "value", ts),
+        merge_np=_at_extreme(ufunc, ts, value, ts),
+        needs=(at_ts,),
+    )
+    return at_ts, at_value
+
+
 N = StateField(
     "n",
     "int",
-    pl.len().cast(pl.Int64),
-    pl.col("n").sum(),
-    lambda r: r.lengths,
-    _reduce(np.add, "n"),
+    partial=pl.len().cast(pl.Int64),
+    merge=pl.col("n").sum(),
+    partial_np=lambda runs: runs.lengths,
+    merge_np=_reduce(np.add, "n"),
 )
 BATCHES = StateField(
     "batches",
     "int",
-    pl.lit(1, dtype=pl.Int64),
-    pl.col("batches").sum(),
-    _ones,
-    _reduce(np.add, "batches"),
+    partial=pl.lit(1, dtype=pl.Int64),
+    merge=pl.col("batches").sum(),
+    partial_np=_ones,
+    merge_np=_reduce(np.add, "batches"),
 )
-SUM = StateField(
-    "sum", "float", _v.sum(), pl.col("sum").sum(), _reduce(np.add, "value"), _reduce(np.add, "sum")
-)
-MIN = StateField(
-    "min",
-    "float",
-    _v.min(),
-    pl.col("min").min(),
-    _reduce(np.minimum, "value"),
-    _reduce(np.minimum, "min"),
-)
-MAX = StateField(
-    "max",
-    "float",
-    _v.max(),
-    pl.col("max").max(),
-    _reduce(np.maximum, "value"),
-    _reduce(np.maximum, "max"),
-)
+SUM = _folded("sum", np.add, pl.Expr.sum)
+MIN = _folded("min", np.minimum, pl.Expr.min)
+MAX = _folded("max", np.maximum, pl.Expr.max)
 M2 = StateField(
     "m2",
     "float",
-    ((_v - _v.mean()) ** 2).sum(),
-    pl.col("m2").sum()
+    partial=((_v - _v.mean()) ** 2).sum(),
+    merge=pl.col("m2").sum()
     + (
         pl.col("n") * (pl.col("sum") / pl.col("n") - pl.col("sum").sum() / pl.col("n").sum()) ** 2
     ).sum(),
-    _m2_partial,
-    _m2_merge,
+    partial_np=_m2_partial,
+    merge_np=_m2_merge,
     needs=(N, SUM),
 )
-FIRST_TS = StateField(
-    "first_ts",
-    "int",
-    _ts.min(),
-    pl.col("first_ts").min(),
-    _reduce(np.minimum, "ts"),
-    _reduce(np.minimum, "first_ts"),
-)
-FIRST_VALUE = StateField(
-    "first_value",
-    "float",
-    _v.filter(_ts == _ts.min()).min(),
-    pl.col("first_value").filter(pl.col("first_ts") == pl.col("first_ts").min()).min(),
-    _at_extreme(np.minimum, "ts", "value", "first_ts"),
-    _at_extreme(np.minimum, "first_ts", "first_value", "first_ts"),
-    needs=(FIRST_TS,),
-)
-LAST_TS = StateField(
-    "last_ts",
-    "int",
-    _ts.max(),
-    pl.col("last_ts").max(),
-    _reduce(np.maximum, "ts"),
-    _reduce(np.maximum, "last_ts"),
-)
-LAST_VALUE = StateField(
-    "last_value",
-    "float",
-    _v.filter(_ts == _ts.max()).max(),
-    pl.col("last_value").filter(pl.col("last_ts") == pl.col("last_ts").max()).max(),
-    _at_extreme(np.maximum, "ts", "value", "last_ts"),
-    _at_extreme(np.maximum, "last_ts", "last_value", "last_ts"),
-    needs=(LAST_TS,),
-)
+FIRST_TS, FIRST_VALUE = _at_time("first", np.minimum, pl.Expr.min)
+LAST_TS, LAST_VALUE = _at_time("last", np.maximum, pl.Expr.max)
 
 ALWAYS: Final = (N, BATCHES)
 """Every result carries its row and batch counts."""

@@ -19,9 +19,8 @@ from shoal.processors.combine import Combiner, CombinerCounters, LateRows, Step
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.progress import DISCOVERY_GRACE_MS
 from shoal.processors.spec import PipelineSpec, parse_pipeline
-from shoal.schemas import FRAME_SCHEMA
 from shoal.schemas.control import GatewayStatus
-from tests.support.datasets import GeneratedBatch, all_rows, make_batches
+from tests.support.datasets import GeneratedBatch, all_rows, frame_of, make_batches
 from tests.support.in_memory import run_in_memory, statuses_for
 
 LATENESS = 500
@@ -40,20 +39,6 @@ def make_spec(**changes: Any) -> PipelineSpec:
 
 
 SPEC = make_spec()
-
-
-def frame_of(rows: list[tuple[str, int, float]]) -> pl.DataFrame:
-    return pl.DataFrame(
-        {
-            "sensor_id": [r[0] for r in rows],
-            "ts": [r[1] for r in rows],
-            "value": [r[2] for r in rows],
-            "name": None,
-            "type": None,
-            "unit": None,
-        },
-        schema=FRAME_SCHEMA,
-    )
 
 
 def status(gateway_id: str, first: int, next_seq: int) -> GatewayStatus:

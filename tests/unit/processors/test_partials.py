@@ -25,7 +25,7 @@ from shoal.processors.partials import (
     spec_fingerprint,
 )
 from shoal.processors.spec import PipelineSpec, parse_pipeline
-from shoal.schemas import FRAME_SCHEMA
+from tests.support.datasets import frame_of
 
 BASE: dict[str, Any] = {
     "name": "p",
@@ -40,20 +40,6 @@ BASE: dict[str, Any] = {
 
 def spec_of(**changes: Any) -> PipelineSpec:
     return parse_pipeline({**BASE, **changes})
-
-
-def frame_of(rows: list[tuple[str, int, float]]) -> pl.DataFrame:
-    return pl.DataFrame(
-        {
-            "sensor_id": [r[0] for r in rows],
-            "ts": [r[1] for r in rows],
-            "value": [r[2] for r in rows],
-            "name": None,
-            "type": None,
-            "unit": None,
-        },
-        schema=FRAME_SCHEMA,
-    )
 
 
 def info(seq: int = 0, **changes: Any) -> BatchInfo:

@@ -26,7 +26,7 @@ from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.processors.state import WindowState
 from shoal.processors.windows import WINDOW_KINDS, kind_of
-from shoal.schemas import FRAME_SCHEMA
+from tests.support.datasets import frame_of
 
 WINDOW_EXAMPLES: dict[str, list[dict[str, Any]]] = {
     "tumbling": [{"size_ms": 7}],
@@ -54,20 +54,6 @@ rows_strategy = st.lists(
 
 def spec_of(window: dict[str, Any], aggregates: list[str]) -> PipelineSpec:
     return parse_pipeline({"name": "registry", "windows": [window], "aggregates": aggregates})
-
-
-def frame_of(rows: list[Row]) -> pl.DataFrame:
-    return pl.DataFrame(
-        {
-            "sensor_id": [r[0] for r in rows],
-            "ts": [r[1] for r in rows],
-            "value": [r[2] for r in rows],
-            "name": None,
-            "type": None,
-            "unit": None,
-        },
-        schema=FRAME_SCHEMA,
-    )
 
 
 def hot_path(spec: PipelineSpec, batches: list[list[Row]], data: st.DataObject) -> pl.DataFrame:
