@@ -1,6 +1,9 @@
 """The oracle: what a pipeline must emit, computed by plain polars over the whole data set.
 
-It knows nothing of partials, workers or combiners. Lateness follows the documented rule: a
+It knows nothing of partials, workers or combiners: windows come from each window kind's
+polars reference (``with_window_starts``) and aggregates from each registry entry's
+``reference`` over the raw rows (both checked against plain Python in the unit tests), quantiles
+are polars' exact ones. Lateness follows the documented rule: a
 row of gateway g's batch s is late when its window ended at least ``lateness_ms`` before the
 largest event time in g's batches with a smaller seq.
 """
@@ -9,7 +12,9 @@ from __future__ import annotations
 
 import polars as pl
 
+from shoal.processors.aggregates import AGGREGATES
 from shoal.processors.spec import PipelineSpec
+from shoal.processors.windows import kind_of
 
 
 def late_flags(rows: pl.DataFrame, spec: PipelineSpec) -> pl.DataFrame:
@@ -27,11 +32,9 @@ def late_flags(rows: pl.DataFrame, spec: PipelineSpec) -> pl.DataFrame:
     )
     frames = []
     for window in spec.windows:
-        last = (pl.col("ts") // window.slide_ms) * window.slide_ms
-        starts = pl.concat_list([last - j * window.slide_ms for j in range(window.windows_per_row)])
         frames.append(
-            rows.with_columns(window=pl.lit(window.name), start=starts)
-            .explode("start")
+            kind_of(window)
+            .with_window_starts(rows.with_columns(window=pl.lit(window.name)), window)
             .with_columns(end=pl.col("start") + window.size_ms)
         )
     exploded = pl.concat(frames).join(per_batch, on=["gateway_id", "seq"], how="left")
@@ -49,24 +52,11 @@ def expected_results(rows: pl.DataFrame, spec: PipelineSpec) -> tuple[pl.DataFra
         pl.len().cast(pl.Int64).alias("rows"),
         pl.struct("gateway_id", "seq").n_unique().cast(pl.Int64).alias("batches"),
     ]
-    ordered_value = pl.col("value").sort_by(["ts", "value"])
     for agg in spec.aggregates:
-        name = agg.name
         if agg.quantile is not None:
-            aggs.append(pl.col("value").quantile(agg.quantile, "lower").alias(name))
+            aggs.append(pl.col("value").quantile(agg.quantile, "lower").alias(agg.name))
         else:
-            aggs.append(
-                {
-                    "count": pl.len().cast(pl.Int64),
-                    "sum": pl.col("value").sum(),
-                    "mean": pl.col("value").mean(),
-                    "min": pl.col("value").min(),
-                    "max": pl.col("value").max(),
-                    "stddev": pl.col("value").std(ddof=1),
-                    "first": ordered_value.first(),
-                    "last": ordered_value.last(),
-                }[name].alias(name)
-            )
+            aggs.append(AGGREGATES[agg.name].reference.alias(agg.name))
     results = (
         on_time.group_by("window", "start", "end", "key").agg(aggs).sort("window", "start", "key")
     )

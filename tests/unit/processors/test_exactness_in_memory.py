@@ -7,25 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shoal.processors.aggregates import AGGREGATES
 from shoal.processors.spec import parse_pipeline
 from tests.support.compare import assert_matches_oracle, scale_of
 from tests.support.datasets import all_rows, make_batches
 from tests.support.in_memory import run_in_memory
 from tests.support.oracle import expected_results
 
-ALL_AGGREGATES = [
-    "count",
-    "sum",
-    "mean",
-    "min",
-    "max",
-    "stddev",
-    "first",
-    "last",
-    "p50",
-    "p95",
-    "p99",
-]
+ALL_AGGREGATES = [*AGGREGATES, "p50", "p95", "p99"]
 
 
 def spec_for(windows: list[dict], partitions: int, lateness_ms: int) -> object:
