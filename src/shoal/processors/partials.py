@@ -498,10 +498,11 @@ class PartialBuilder:
             key_names = keys.gather(pl.Series(first_row, dtype=pl.UInt32)).to_list()
         width = len(key_names)
         bucket_all = self.buckets.keys_np(value) if self.plan.needs_sketch else None
+        fields = self.plan.fields
         parts: list[PartialRows] = []
         for index, (window, kind) in enumerate(zip(self.spec.windows, self._kinds, strict=True)):
-            windows = kind.assign(ts, window)
-            per_row = windows.per_row
+            assigned = kind.assign(ts, window)
+            per_row = assigned.per_row
             if per_row == 1:
                 rows_ts, rows_value, rows_key, rows_bucket = ts, value, key_ids, bucket_all
             else:
@@ -509,13 +510,12 @@ class PartialBuilder:
                 rows_key = np.repeat(key_ids, per_row)
                 rows_bucket = None if bucket_all is None else np.repeat(bucket_all, per_row)
             # Dense group ids (slot-major): small enough for a radix sort in the kernel.
-            groups = windows.slot * width + rows_key
-            fields = self.plan.fields
+            groups = assigned.slot * width + rows_key
             g, state, sketch = partial_state(groups, rows_ts, rows_value, fields, rows_bucket)
             parts.append(
                 PartialRows(
                     window=np.full(len(g), index, dtype=np.uint8),
-                    start=windows.starts(g // width),
+                    start=assigned.starts(g // width),
                     keys=[key_names[i] for i in (g % width).tolist()],
                     fields=state,
                     sketch_row=None if sketch is None else sketch[0],

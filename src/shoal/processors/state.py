@@ -279,9 +279,8 @@ class WindowState:
             self._release(closing)
             return ClosedWindows(prepared.frame)
         # Rows taken from the merged base alone (the usual case: the window was merged when
-        # the watermark passed its end) are merged already.
+        # the watermark passed its end) are merged already. Either way sorted by group.
         merged = groups_from == {0} and self._groups_merged
-        # sorted by group
         done_groups, done = taken if merged else merge_state(*taken, self.plan.fields)
         done_cells, done_counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         if cells is not None:
