@@ -402,7 +402,9 @@ def _metrics(s: _Scenario, runtime: CombinerRuntime) -> None:
     for ms in (3.5, 4.0, 12.25):
         runtime.apply_latency.add(ms)
     runtime.result_latency.add(2.75)
-    body = {**runtime.metrics(), **_COMBINER_FIXED}
+    body = runtime.metrics()
+    assert set(_COMBINER_FIXED) <= set(body), "a fixed figure the heartbeat no longer has"
+    body.update(_COMBINER_FIXED)
     s.add(
         "metrics-combiner",
         "metrics-combiner",
@@ -415,7 +417,9 @@ def _metrics(s: _Scenario, runtime: CombinerRuntime) -> None:
     counters.batches, counters.rows, counters.deadletters, counters.partials = 5, 9, 2, 5
     for ms in (0.8, 1.1, 2.4):
         worker.handle_latency.add(ms)
-    body = {**worker.metrics(), **_WORKER_FIXED}
+    body = worker.metrics()
+    assert set(_WORKER_FIXED) <= set(body), "a fixed figure the heartbeat no longer has"
+    body.update(_WORKER_FIXED)
     s.add(
         "metrics-worker",
         "metrics-worker",
