@@ -43,7 +43,7 @@ from shoal.processors.results import (
     window_json,
     window_msgpack,
 )
-from shoal.processors.spec import PipelineSpec, parse_pipeline
+from shoal.processors.spec import SIMPLE_AGGREGATES, PipelineSpec, parse_pipeline
 from shoal.processors.state import ClosedWindows
 from shoal.runtime.combiner import CombinerConfig, CombinerRuntime
 from shoal.runtime.worker import Worker, WorkerConfig
@@ -60,18 +60,7 @@ TEMPS: Final = parse_pipeline(
     {
         "name": "temps",
         "windows": [{"kind": "tumbling", "size_ms": 10_000}],
-        "aggregates": [
-            "count",
-            "sum",
-            "mean",
-            "min",
-            "max",
-            "stddev",
-            "first",
-            "last",
-            "p50",
-            "p99",
-        ],
+        "aggregates": [*SIMPLE_AGGREGATES, "p50", "p99"],
         "lateness_ms": 1_000,
         "output_encodings": ["json", "msgpack"],
     }
@@ -92,6 +81,33 @@ MISMATCH: Final = InputError(
     found="gw-99",
 )
 """The error ``Worker._decode`` raises for a batch whose envelope names another gateway."""
+
+
+NOTES: Final = {
+    "partial": "internal: the state rows and sketch of one batch for one partition",
+    "result-window": "a closed window, every key of the partition (JSON, the first encoding)",
+    "result-window-columnar": "the same window in MsgPack, one array per column",
+    "result-key": "the latest result of one key (retained)",
+    "deadletter": "a batch refused for one bad row: its gateway and seq were readable",
+    "partial-rejected": "internal: a refused batch marked handled, with no rows",
+    "late": "rows of one batch behind their gateway's own watermark",
+    "late-window-closed": "rows of one batch for a window already emitted",
+    "deadletter-unreadable": "bytes that are no batch at all: no field, no row, no seq to mark",
+    "deadletter-truncated": "a record cut to the broker's packet limit (payload_truncated)",
+    "result-window-null-key": "a pipeline keyed by an attribute: rows without it have key null",
+    "result-key-null-key": "the latest result of the null key, on the topic segment _",
+    "confirm": "every batch of gw-01 up to seq 3 is applied and durable in partition 0",
+    "confirm-missing": "with seqs the partition has waited for while holding later ones",
+    "gateway-status": "a gateway's retained status",
+    "control-flush": "close every open window now (shoal up, benchmarks, operators)",
+    "control-drain": "a worker leaves without losing a batch",
+    "control-reset-stats": "benchmarks: forget warm-up latencies",
+    "control-marker": "a draining worker's marker to itself (Worker._drain_when_asked)",
+    "metrics-combiner": "a combiner partition's heartbeat (every heartbeat_ms, QoS 0)",
+    "metrics-worker": "a worker's heartbeat (every heartbeat_ms, QoS 0)",
+    "metrics-worker-gone": "a worker's will: the broker publishes it when the worker vanishes",
+}
+"""Every golden case by name, with what it shows (``manifest.json``'s notes)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +144,9 @@ class _Scenario:
     cases: list[OutputCase] = field(default_factory=list)
     late: list[LateRows] = field(default_factory=list)
 
-    def add(self, name: str, kind: str, topic: str, payload: bytes, note: str) -> None:
+    def add(self, name: str, kind: str, topic: str, payload: bytes) -> None:
         syntax = "json" if payload[:1] == b"{" else "msgpack"
-        self.cases.append(OutputCase(name, kind, topic, payload, syntax, note))
+        self.cases.append(OutputCase(name, kind, topic, payload, syntax, NOTES[name]))
 
 
 def _batch(gateway_id: str, seq: int, rows: list[tuple[str, int, float, str | None]]) -> bytes:
@@ -196,33 +212,29 @@ def _combine(s: _Scenario, core: Combiner, partials: list[Partial]) -> list[Clos
     return closed
 
 
-def _emit(s: _Scenario, spec: PipelineSpec, core: Combiner, closed: list[ClosedWindows]) -> None:
+def _emit(  # noqa: PLR0917 - private; one call per pipeline of the scenario
+    s: _Scenario,
+    spec: PipelineSpec,
+    core: Combiner,
+    closed: list[ClosedWindows],
+    tag: str = "",
+    key: str | None = "t1",
+) -> None:
+    """Window messages of ``closed`` as ``CombinerRuntime._emit`` renders them; ``key``'s."""
     ctx = Emission(spec.name, 0, spec.partitions, core.closed_through, s.clock.now_ms())
     for frame in closed:
         for result in split_windows(frame.frame):
-            s.add(
-                "result-window",
-                "result-window",
-                TOPICS.results(spec.name),
-                window_json(result, ctx),
-                "a closed window, every key of the partition (JSON, the first output encoding)",
-            )
+            rendered = {"result-window": window_json(result, ctx)}
             if "msgpack" in spec.output_encodings:
-                s.add(
-                    "result-window-columnar",
-                    "result-window-columnar",
-                    TOPICS.results_encoded(spec.name, "msgpack"),
-                    window_msgpack(result, ctx),
-                    "the same window in MsgPack, one array per column",
-                )
-            for key, payload in key_messages(result, spec.name, s.clock.now_ms())[:1]:
-                s.add(
-                    "result-key",
-                    "result-key",
-                    TOPICS.result_key(spec.name, key),
-                    payload,
-                    "the latest result of one key (retained)",
-                )
+                rendered["result-window-columnar"] = window_msgpack(result, ctx)
+            for kind, payload in rendered.items():
+                topic = TOPICS.results(spec.name)
+                if kind != "result-window":
+                    topic = TOPICS.results_encoded(spec.name, "msgpack")
+                s.add(kind + tag, kind, topic, payload)
+            keys = dict(key_messages(result, spec.name, s.clock.now_ms()))
+            topic = TOPICS.result_key(spec.name, key)
+            s.add("result-key" + tag, "result-key", topic, keys[key])
 
 
 def _temps(s: _Scenario) -> CombinerRuntime:
@@ -238,13 +250,7 @@ def _temps(s: _Scenario) -> CombinerRuntime:
     seq2 = _batch("gw-01", 2, [("t2", 100, 4.0, None)])
     seq3 = seq2.replace(b'"seq":2', b'"seq":3').replace(b'"value":4.0', b'"value":"warm"')
     partials, _ = _work(s, spec, builder, "gw-01", seq0)
-    s.add(
-        "partial",
-        "partial",
-        TOPICS.partials(spec.name, 0),
-        partials[0].encode(),
-        "internal: the state rows and sketch of one batch for one partition",
-    )
+    s.add("partial", "partial", TOPICS.partials(spec.name, 0), partials[0].encode())
     closed = _combine(s, core, partials)
     s.clock.advance(100)
     closed += _combine(s, core, _work(s, spec, builder, "gw-01", seq1)[0])
@@ -254,36 +260,16 @@ def _temps(s: _Scenario) -> CombinerRuntime:
     s.clock.advance(100)
     rejected, dead = _work(s, spec, builder, "gw-01", seq3)
     assert dead is not None
-    s.add(
-        "deadletter",
-        "deadletter",
-        TOPICS.deadletter(spec.name),
-        dead,
-        "a batch refused for one bad row: its gateway and seq were readable",
-    )
-    s.add(
-        "partial-rejected",
-        "partial",
-        TOPICS.partials(spec.name, 0),
-        rejected[0].encode(),
-        "internal: a refused batch marked handled, with no rows",
-    )
+    s.add("deadletter", "deadletter", TOPICS.deadletter(spec.name), dead)
+    s.add("partial-rejected", "partial", TOPICS.partials(spec.name, 0), rejected[0].encode())
     _combine(s, core, rejected)
     s.clock.advance(100)
     core.receive_status(_status("gw-02", 1, s.clock.now_ms()))
-    _combine(
-        s,
-        core,
-        _work(s, spec, builder, "gw-02", _batch("gw-02", 0, [("t3", 9_000, 7.25, None)]))[0],
-    )
+    returning = _batch("gw-02", 0, [("t3", 9_000, 7.25, None)])  # for the closed window
+    _combine(s, core, _work(s, spec, builder, "gw-02", returning)[0])
     for late, name in zip(s.late, ("late", "late-window-closed"), strict=True):
-        s.add(
-            name,
-            "late",
-            TOPICS.late(spec.name),
-            late_message(late, spec.name, 0, s.clock.now_ms()),
-            f"rows of one batch that came too late ({late.frame['reason'][0]})",
-        )
+        payload = late_message(late, spec.name, 0, s.clock.now_ms())
+        s.add(name, "late", TOPICS.late(spec.name), payload)
     return runtime
 
 
@@ -291,13 +277,7 @@ def _deadletters(s: _Scenario) -> None:
     builder = PartialBuilder(TEMPS, WORKER_ID)
     _, dead = _work(s, TEMPS, builder, "gw-01", b"\x00garbage")
     assert dead is not None
-    s.add(
-        "deadletter-unreadable",
-        "deadletter",
-        TOPICS.deadletter(TEMPS.name),
-        dead,
-        "bytes that are no batch at all: no field, no row, no seq to mark handled",
-    )
+    s.add("deadletter-unreadable", "deadletter", TOPICS.deadletter(TEMPS.name), dead)
     big = _batch("gw-01", 9, [("t1", 1_000 + i, 1.0, None) for i in range(40)])
     record = deadletter_message(
         pipeline=TEMPS.name,
@@ -309,13 +289,7 @@ def _deadletters(s: _Scenario) -> None:
         at_ms=s.clock.now_ms(),
         max_bytes=DEADLETTER_HEADROOM // 4,
     )
-    s.add(
-        "deadletter-truncated",
-        "deadletter",
-        TOPICS.deadletter(TEMPS.name),
-        record,
-        "a record cut to the broker's packet limit: payload_truncated, size and digest of all",
-    )
+    s.add("deadletter-truncated", "deadletter", TOPICS.deadletter(TEMPS.name), record)
 
 
 def _by_unit(s: _Scenario) -> None:
@@ -324,24 +298,7 @@ def _by_unit(s: _Scenario) -> None:
     core.receive_status(_status("gw-01", 1, s.clock.now_ms()))
     payload = _batch("gw-01", 0, [("t1", 1_000, 21.5, "°C"), ("d1", 2_000, 1.0, None)])
     _combine(s, core, _work(s, spec, PartialBuilder(spec, WORKER_ID), "gw-01", payload)[0])
-    closed = core.flush()
-    ctx = Emission(spec.name, 0, spec.partitions, core.closed_through, s.clock.now_ms())
-    for result in split_windows(closed.frame):
-        s.add(
-            "result-window-null-key",
-            "result-window",
-            TOPICS.results(spec.name),
-            window_json(result, ctx),
-            "a pipeline keyed by an attribute: rows without it have the key null",
-        )
-        messages = dict(key_messages(result, spec.name, s.clock.now_ms()))
-        s.add(
-            "result-key-null",
-            "result-key",
-            TOPICS.result_key(spec.name, None),
-            messages[None],
-            "the latest result of the null key, on the topic segment _",
-        )
+    _emit(s, spec, core, [core.flush()], "-null-key", key=None)
 
 
 def _control(s: _Scenario) -> None:
@@ -351,38 +308,31 @@ def _control(s: _Scenario) -> None:
         "confirm",
         TOPICS.confirm("gw-01", spec.name, 0),
         Confirm("gw-01", spec.name, 0, spec.partitions, 3, s.clock.now_ms()).to_json(),
-        "every batch of gw-01 up to seq 3 is applied and durable in partition 0",
     )
     s.add(
         "confirm-missing",
         "confirm",
         TOPICS.confirm("gw-01", spec.name, 0),
         Confirm("gw-01", spec.name, 0, 4, 3, s.clock.now_ms(), (5, 6)).to_json(),
-        "with seqs the partition has waited for while holding later ones",
     )
     s.add(
         "gateway-status",
         "gateway-status",
         TOPICS.gateway_status("gw-01"),
         _status("gw-01", 4, s.clock.now_ms()).to_json(),
-        "a gateway's retained status",
     )
-    for name, command, note in (
-        ("control-flush", {"cmd": "flush"}, "close every open window now (shoal up, tests)"),
-        ("control-drain", {"cmd": "drain"}, "a worker leaves without losing a batch"),
-        ("control-reset-stats", {"cmd": "reset_stats"}, "benchmarks: forget warm-up latencies"),
-        (
-            "control-marker",
-            {"cmd": "marker", "token": "5f0c2a9e7d41b386"},
-            "a draining worker's marker to itself (Worker._drain_when_asked)",
-        ),
+    for name, command in (
+        ("control-flush", {"cmd": "flush"}),
+        ("control-drain", {"cmd": "drain"}),
+        ("control-reset-stats", {"cmd": "reset_stats"}),
+        ("control-marker", {"cmd": "marker", "token": "5f0c2a9e7d41b386"}),
     ):
         topic = (
             TOPICS.combiner_control(spec.name)
             if command["cmd"] in ("flush", "reset_stats")
             else TOPICS.control(WORKER_ID)
         )
-        s.add(name, "control", topic, orjson.dumps(command), note)
+        s.add(name, "control", topic, orjson.dumps(command))
 
 
 _COMBINER_FIXED: Final = {"uptime_s": 42.125}
@@ -410,7 +360,6 @@ def _metrics(s: _Scenario, runtime: CombinerRuntime) -> None:
         "metrics-combiner",
         TOPICS.metrics("combiner", f"{TEMPS.name}-0"),
         orjson.dumps(body),
-        "a combiner partition's heartbeat (every heartbeat_ms, QoS 0)",
     )
     worker = Worker(WorkerConfig(TEMPS, BrokerSettings(), TOPICS, worker_id=WORKER_ID), s.clock)
     counters = worker.counters
@@ -421,21 +370,11 @@ def _metrics(s: _Scenario, runtime: CombinerRuntime) -> None:
     assert set(_WORKER_FIXED) <= set(body), "a fixed figure the heartbeat no longer has"
     body.update(_WORKER_FIXED)
     s.add(
-        "metrics-worker",
-        "metrics-worker",
-        TOPICS.metrics("worker", WORKER_ID),
-        orjson.dumps(body),
-        "a worker's heartbeat (every heartbeat_ms, QoS 0)",
+        "metrics-worker", "metrics-worker", TOPICS.metrics("worker", WORKER_ID), orjson.dumps(body)
     )
-    s.add(
-        "metrics-worker-gone",
-        "metrics-worker",
-        TOPICS.metrics("worker", WORKER_ID),
-        # The worker's MQTT will, as Worker.run sets it: the broker publishes it for a worker
-        # that vanished without a DISCONNECT.
-        orjson.dumps({"component": "worker", "id": WORKER_ID, "state": "gone"}),
-        "a worker's will: the broker publishes it when the worker vanishes",
-    )
+    # The worker's MQTT will, as Worker.run sets it.
+    gone = orjson.dumps({"component": "worker", "id": WORKER_ID, "state": "gone"})
+    s.add("metrics-worker-gone", "metrics-worker", TOPICS.metrics("worker", WORKER_ID), gone)
 
 
 def output_cases() -> list[OutputCase]:
