@@ -209,8 +209,7 @@ def run_scaling(args: argparse.Namespace) -> int:
     """Run the scaling benchmark; exit 0 when every policy lost and duplicated nothing."""
     from shoal._cli.common import load_spec  # noqa: PLC0415
     from shoal.loadtest import bench_scaling as bench  # noqa: PLC0415 - heavy, run-time only
-    from shoal.loadtest.trace import make_trace  # noqa: PLC0415
-    from shoal.runtime.loadtrace import GatewayLoad  # noqa: PLC0415
+    from shoal.runtime.loadtrace import GatewayLoad, make_trace  # noqa: PLC0415
     from shoal.scaler.policy import POLICIES, Bounds  # noqa: PLC0415
 
     try:

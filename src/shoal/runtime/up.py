@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from shoal.loadtest.trace import Trace
 from shoal.processors.spec import PipelineSpec
-from shoal.runtime.loadtrace import GatewayLoad, TraceDriver
+from shoal.runtime.loadtrace import GatewayLoad, Trace, TraceDriver
 from shoal.runtime.local import (
     SIMULATOR_CONFIRM_WAIT_S,
     Accounting,
