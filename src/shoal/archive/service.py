@@ -31,9 +31,9 @@ from shoal.archive.rollover import RolloverPolicy
 from shoal.archive.writer import ArchiveWriter, Compression, FileJob, WrittenFile
 from shoal.broker.mqtt import AsyncSession, Message, unique_client_id
 from shoal.broker.settings import BrokerSettings
-from shoal.client.messages import parse_window_message
 from shoal.clock import Clock, SystemClock
 from shoal.errors import BrokerError, SchemaError
+from shoal.schemas.results import parse_window_message
 from shoal.schemas.topics import Topics
 
 log = logging.getLogger(__name__)

@@ -36,8 +36,7 @@ from shoal.archive.records import (
     result_rows,
 )
 from shoal.archive.rollover import Buffers, RolloverPolicy
-from shoal.client.assemble import Deduplicator
-from shoal.client.messages import WindowMessage
+from shoal.schemas.results import Deduplicator, WindowMessage
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,10 @@ from shoal.broker.settings import BrokerSettings
 from shoal.client._watch import Watch, messages_with_ticks
 from shoal.client.assemble import DEFAULT_MAX_WAIT_MS, AssembledWindow, WindowAssembler
 from shoal.client.errors import BrokerUnreachableError, ResultsTimeoutError
-from shoal.client.messages import empty_results, key_records_frame
+from shoal.client.messages import key_records_frame
 from shoal.clock import Clock, SystemClock
 from shoal.errors import BrokerError
+from shoal.schemas.results import empty_results
 from shoal.schemas.topics import Topics
 
 log = logging.getLogger(__name__)

@@ -20,8 +20,9 @@ import orjson
 from shoal.broker.mqtt import AsyncSession, Message
 from shoal.client.assemble import AssembledWindow, WindowAssembler
 from shoal.client.errors import NoSuchPipelineError
-from shoal.client.messages import parse_key_message, parse_window_message
+from shoal.client.messages import parse_key_message
 from shoal.errors import BrokerError, SchemaError
+from shoal.schemas.results import parse_window_message
 from shoal.schemas.topics import Topics
 
 log = logging.getLogger(__name__)
