@@ -214,7 +214,7 @@ def run_scaling(args: argparse.Namespace) -> int:
 
     try:
         bounds = Bounds(args.min_workers, args.max_workers)
-    except ValueError as exc:
+    except ConfigError as exc:
         raise ConfigError(f"--min-workers/--max-workers: {exc}") from exc
     if args.time_scale <= 0:
         raise ConfigError("--time-scale must be positive")

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--workers must be at least 1")
     try:
         bounds = Bounds(args.min_workers, args.max_workers)
-    except ValueError as exc:
+    except ConfigError as exc:
         raise ConfigError(f"--min-workers/--max-workers: {exc}") from exc
     scenario = None if args.scenario.lower() == "none" else args.scenario
     if args.trace is not None and scenario is None:

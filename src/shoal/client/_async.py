@@ -19,7 +19,7 @@ from shoal.client.assemble import DEFAULT_MAX_WAIT_MS, AssembledWindow, WindowAs
 from shoal.client.errors import BrokerUnreachableError, ResultsTimeoutError
 from shoal.client.messages import key_records_frame
 from shoal.clock import Clock, SystemClock
-from shoal.errors import BrokerError
+from shoal.errors import BrokerError, UsageError
 from shoal.schemas.results import empty_results
 from shoal.schemas.topics import Topics
 
@@ -207,7 +207,7 @@ class AsyncResultsClient:
             ResultsTimeoutError: fewer than ``n`` windows within ``timeout_s``.
         """
         if n < 1:
-            raise ValueError("n must be at least 1")
+            raise UsageError(f"n must be at least 1, not {n}")
         frames: dict[tuple[str, int], pl.DataFrame] = {}
         if archive is not None:
             frames.update(_archived_windows(archive, pipeline, window, n))

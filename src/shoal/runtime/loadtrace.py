@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from shoal._processes import ChildProcess
+from shoal.errors import TraceError
 from shoal.runtime.local import LocalPipeline
 
 TRACES: Final = ("step", "ramp", "spike")
@@ -51,14 +52,14 @@ class Trace:
     def __post_init__(self) -> None:
         """Refuse traces that cannot run."""
         if not self.phases or self.phases[0].at_s != 0:
-            raise ValueError("a trace starts with a phase at 0 s")
+            raise TraceError("a trace starts with a phase at 0 s")
         times = [p.at_s for p in self.phases]
         if times != sorted(times) or len(set(times)) != len(times):
-            raise ValueError("phases must be in strictly increasing time order")
+            raise TraceError("phases must be in strictly increasing time order")
         if self.duration_s <= times[-1]:
-            raise ValueError("the trace must end after its last phase starts")
+            raise TraceError("the trace must end after its last phase starts")
         if any(p.gateways < 1 for p in self.phases):
-            raise ValueError("every phase needs at least one gateway")
+            raise TraceError("every phase needs at least one gateway")
 
     def phase_at(self, t_s: float) -> Phase:
         """The phase in force ``t_s`` seconds into the trace."""
@@ -84,7 +85,7 @@ class Trace:
     def scaled(self, factor: float) -> Trace:
         """The same trace with every duration multiplied by ``factor`` (shorter runs)."""
         if factor <= 0:
-            raise ValueError("factor must be positive")
+            raise TraceError("factor must be positive")
         return Trace(
             self.name,
             tuple(Phase(p.at_s * factor, p.gateways, p.label) for p in self.phases),
@@ -107,7 +108,7 @@ def make_trace(
     sixth of it for ``spike``), then ``low`` for ``cooldown_s``.
     """
     if not 1 <= low < high:
-        raise ValueError(f"need 1 <= low ({low}) < high ({high})")
+        raise TraceError(f"need 1 <= low ({low}) < high ({high})")
     if name == "step":
         phases = [
             Phase(0.0, low, "A"),
@@ -140,7 +141,7 @@ def make_trace(
             for i, g in enumerate(down)
         ]
         return Trace(name, tuple(phases), phases[-1].at_s + cooldown_s)
-    raise ValueError(f"unknown trace {name!r}; choose one of {', '.join(TRACES)}")
+    raise TraceError(f"unknown trace {name!r}; choose one of {', '.join(TRACES)}")
 
 
 def _ramp_levels(low: int, high: int, groups: int = 3) -> list[int]:

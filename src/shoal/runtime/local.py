@@ -37,6 +37,7 @@ from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.mqtt import AsyncSession, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import SystemClock
+from shoal.errors import UsageError
 from shoal.processors.spec import PipelineSpec
 from shoal.scaler.backends import LocalBackend
 from shoal.scaler.monitor import PipelineMonitor, Snapshot
@@ -340,7 +341,7 @@ class LocalPipeline:
         for child in (*self.children, *self.backend.live, *self.simulators):
             if child.name == name:
                 return child
-        raise KeyError(f"no component named {name!r}")
+        raise UsageError(f"no component named {name!r}")
 
     def kill(self, name: str) -> None:
         """SIGKILL a component (a crash). The backend replaces killed workers on its own."""

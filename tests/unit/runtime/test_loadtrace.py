@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from shoal.errors import TraceError
 from shoal.runtime.loadtrace import Phase, Trace, make_trace
 
 
@@ -56,10 +57,10 @@ def test_scaling_a_trace_keeps_its_shape() -> None:
     ],
 )
 def test_impossible_traces_are_refused(phases, duration, message) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(TraceError, match=message):
         Trace("t", tuple(phases), duration)
 
 
 def test_unknown_trace() -> None:
-    with pytest.raises(ValueError, match="unknown trace"):
+    with pytest.raises(TraceError, match="unknown trace"):
         make_trace("sawtooth")
