@@ -1,6 +1,6 @@
 # shoal: the two commands of the README, and a few more for developers.
 #   make demo [DURATION=20]   bootstrap, then the embedded broker + pipeline + live view
-#   make test                 bootstrap, then ruff, mypy and the whole pytest suite
+#   make test                 bootstrap, then ruff, mypy, the import contracts and the whole pytest suite
 # Bootstrap = a virtualenv in .venv with shoal installed (editable) and Mosquitto on PATH.
 
 SHELL := /bin/bash
@@ -21,6 +21,7 @@ test: bootstrap
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-slow: bootstrap
@@ -33,6 +34,7 @@ lint: bootstrap
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bootstrap: $(VENV)/.installed mosquitto
 
@@ -60,4 +62,4 @@ mosquitto:
 	  fi; }
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis var
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache var

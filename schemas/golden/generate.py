@@ -38,7 +38,8 @@ HERE: Final = Path(__file__).resolve().parent
 def write(valid: list[Valid], invalid: list[Invalid]) -> None:
     """Replace every golden file and the manifest."""
     for folder in HERE.iterdir():
-        if folder.is_dir() and not folder.name.startswith(("_", ".")):
+        # outputs/ holds the output messages, written by generate_outputs.py.
+        if folder.is_dir() and not folder.name.startswith(("_", ".")) and folder.name != "outputs":
             shutil.rmtree(folder)
     valid_entries = []
     for case in valid:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
+from shoal.errors import UsageError
+
 
 class Clock(Protocol):
     """What components need to know about time."""
@@ -51,7 +53,7 @@ class FakeClock:
     def advance(self, ms: int) -> None:
         """Move time forward by ``ms`` milliseconds."""
         if ms < 0:
-            raise ValueError("time only moves forward")
+            raise UsageError(f"time only moves forward, not by {ms} ms")
         self._now_ms += ms
 
 

@@ -7,10 +7,14 @@
     │   ├── DecodeError         the bytes are not a batch: framing, syntax, encoding, limits
     │   └── SchemaError         a well-formed batch that breaks the contract: types, fields, rows
     ├── ConfigError             an invalid pipeline spec, profile, option or flag
+    │   ├── TopicError          a name or root that cannot be part of a topic (also a ValueError)
+    │   └── TraceError          a load trace that cannot run, or an unknown one
     ├── BrokerError             the broker: missing binary, unreachable, refused, too large
     │   ├── BrokerNotFoundError `mosquitto` is not on PATH
     │   └── PayloadTooLargeError a message would exceed the broker's size limit
-    └── SpoolError              the gateway's on-disk spool cannot be read or written
+    ├── SpoolError              the gateway's on-disk spool cannot be read or written
+    │   └── NotStoredError      sealed rows the spool refused (``shoal.gateway._sealer``)
+    └── UsageError              code called shoal with a value it cannot use (a bug in the caller)
 
 Foreign exceptions are wrapped ``from exc`` at the seam that imports the foreign library.
 Messages say what is wrong, where (topic, gateway, seq, field, row) and, where it helps, what
@@ -30,6 +34,9 @@ __all__ = [
     "SchemaError",
     "ShoalError",
     "SpoolError",
+    "TopicError",
+    "TraceError",
+    "UsageError",
 ]
 
 
@@ -101,6 +108,19 @@ class ConfigError(ShoalError):
     """An invalid configuration: pipeline spec, broker profile, CLI option."""
 
 
+class TopicError(ConfigError, ValueError):
+    """A stream, pipeline or gateway name, or a topic root, that cannot be part of a topic.
+
+    Also a ``ValueError`` for now: ``shoal.processors.spec`` and ``shoal.broker.access`` catch
+    ``ValueError`` from ``check_segment`` to say where the name came from; once they catch
+    ``ConfigError`` the ``ValueError`` base can go.
+    """
+
+
+class TraceError(ConfigError):
+    """A load trace that cannot run (phases out of order, no gateways), or an unknown name."""
+
+
 class BrokerError(ShoalError):
     """The MQTT broker could not be started, reached, or used as asked."""
 
@@ -115,3 +135,11 @@ class PayloadTooLargeError(BrokerError):
 
 class SpoolError(ShoalError):
     """The gateway spool on disk cannot be opened, read or written."""
+
+
+class UsageError(ShoalError):
+    """Shoal was called with a value it cannot use: a bug in the calling code, not bad input.
+
+    For example a fake clock moved backwards, or a component looked up by a name that does
+    not exist.
+    """

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal.errors import UsageError
 from shoal.loadtest.bench_floor import Spread
 from tests.support.processes import assert_ran, run_shoal
 
@@ -48,5 +49,5 @@ def test_spread_percentiles() -> None:
     spread = Spread.of([float(v) for v in range(1, 101)])
     assert (spread.min, spread.p50, spread.max, spread.n) == (1.0, 50.5, 100.0, 100)
     assert spread.p99 == pytest.approx(99.01)
-    with pytest.raises(ValueError, match="no samples"):
+    with pytest.raises(UsageError, match="no samples"):
         Spread.of([])

@@ -209,13 +209,12 @@ def run_scaling(args: argparse.Namespace) -> int:
     """Run the scaling benchmark; exit 0 when every policy lost and duplicated nothing."""
     from shoal._cli.common import load_spec  # noqa: PLC0415
     from shoal.loadtest import bench_scaling as bench  # noqa: PLC0415 - heavy, run-time only
-    from shoal.loadtest.trace import make_trace  # noqa: PLC0415
-    from shoal.runtime.loadtrace import GatewayLoad  # noqa: PLC0415
+    from shoal.runtime.loadtrace import GatewayLoad, make_trace  # noqa: PLC0415
     from shoal.scaler.policy import POLICIES, Bounds  # noqa: PLC0415
 
     try:
         bounds = Bounds(args.min_workers, args.max_workers)
-    except ValueError as exc:
+    except ConfigError as exc:
         raise ConfigError(f"--min-workers/--max-workers: {exc}") from exc
     if args.time_scale <= 0:
         raise ConfigError("--time-scale must be positive")

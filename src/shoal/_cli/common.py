@@ -96,10 +96,7 @@ def _password(args: argparse.Namespace, env: Mapping[str, str]) -> str | None:
 def topics(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> Topics:
     """The topic namespace from ``--topic-root`` or ``SHOAL_TOPIC_ROOT``."""
     root = args.topic_root if args.topic_root is not None else env.get("SHOAL_TOPIC_ROOT", "")
-    try:
-        return Topics(root=root)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+    return Topics(root=root)  # a bad root raises TopicError, a ConfigError
 
 
 def setup_logging(verbosity: int, env: Mapping[str, str] = os.environ) -> None:

@@ -60,7 +60,6 @@ def run(args: argparse.Namespace) -> int:
     """Run the scaler until signalled."""
     from shoal._cli._run import run_until_signalled  # noqa: PLC0415
     from shoal._processes import ChildProcess, connection_args, shoal_argv  # noqa: PLC0415
-    from shoal.errors import ConfigError  # noqa: PLC0415
     from shoal.runtime.scaler import Scaler, ScalerConfig  # noqa: PLC0415
     from shoal.scaler.backends import Backend, KubernetesBackend, LocalBackend  # noqa: PLC0415
     from shoal.scaler.policy import Bounds  # noqa: PLC0415
@@ -68,10 +67,7 @@ def run(args: argparse.Namespace) -> int:
     spec = load_spec(args.pipeline)
     settings = broker_settings(args)
     names = topics(args)
-    try:
-        bounds = Bounds(args.min_workers, args.max_workers)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+    bounds = Bounds(args.min_workers, args.max_workers)
     backend: Backend
     if args.backend in ("kubernetes", "keda"):
         backend = KubernetesBackend(

@@ -68,7 +68,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run until Ctrl-C, ``--duration`` or the trace ends; exit 0 only if nothing was lost."""
     from shoal.errors import ConfigError  # noqa: PLC0415
-    from shoal.loadtest.trace import make_trace  # noqa: PLC0415
+    from shoal.runtime.loadtrace import make_trace  # noqa: PLC0415
     from shoal.runtime.up import Up, UpConfig  # noqa: PLC0415
     from shoal.scaler.policy import Bounds  # noqa: PLC0415
 
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--workers must be at least 1")
     try:
         bounds = Bounds(args.min_workers, args.max_workers)
-    except ValueError as exc:
+    except ConfigError as exc:
         raise ConfigError(f"--min-workers/--max-workers: {exc}") from exc
     scenario = None if args.scenario.lower() == "none" else args.scenario
     if args.trace is not None and scenario is None:

@@ -13,7 +13,7 @@ from typing import Final
 
 import polars as pl
 
-from shoal.client.messages import HEADER_SCHEMA, INTEGER_FIELDS
+from shoal.schemas.results import HEADER_SCHEMA, INTEGER_FIELDS
 
 KEY: Final = ("pipeline", "window", "start", "key")
 

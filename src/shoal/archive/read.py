@@ -15,7 +15,7 @@ import polars as pl
 
 from shoal.archive.layout import HOUR_MS, Kind, data_files, partition_values
 from shoal.archive.records import BATCH_SCHEMA
-from shoal.client.messages import ROW_IDENTITY, empty_results
+from shoal.schemas.results import ROW_IDENTITY, empty_results
 
 
 def _read(root: Path, kind: Kind, files: list[Path], name_column: str) -> pl.DataFrame | None:
@@ -67,7 +67,7 @@ def read_results(
 ) -> pl.DataFrame:
     """Archived window results (each row once), windows inside ``[start_ms, end_ms)``.
 
-    Rows are in the result layout (``shoal.client.messages``) plus ``received_at``, sorted by
+    Rows are in the result layout (``shoal.schemas.results``) plus ``received_at``, sorted by
     window end, window, start and key. A window re-published after a combiner restart is
     kept once (the first copy received).
     """

@@ -3,7 +3,7 @@
 Raw batch rows keep the exact payload bytes and content type a worker saw, so a replay decodes
 the same input. ``gateway_id`` and ``seq`` are peeked from the envelope (null when unreadable:
 such a batch is dead-lettered by workers, and skipped by replay). ``topic`` is relative to the
-topic root. Result rows are the result layout (``shoal.client.messages``) plus ``received_at``.
+topic root. Result rows are the result layout (``shoal.schemas.results``) plus ``received_at``.
 The partition column of each kind (``stream``, ``pipeline``) lives in the folder name only.
 """
 
@@ -13,8 +13,8 @@ from typing import Final
 
 import polars as pl
 
-from shoal.client.messages import WindowMessage
 from shoal.schemas import peek_envelope
+from shoal.schemas.results import WindowMessage
 
 BATCH_SCHEMA: Final = pl.Schema(
     {

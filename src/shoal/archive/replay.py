@@ -23,7 +23,7 @@ keys and counts, and values equal up to float summation order. The one live case
 cannot reproduce is timing: rows a live combiner reported late as ``window_closed`` (an idle
 gateway returning after its windows closed) count here.
 
-Results come back in the result layout of ``shoal.client.messages``: each closed window is
+Results come back in the result layout of ``shoal.schemas.results``: each closed window is
 rendered as the JSON message a combiner would publish and parsed back as the client does.
 """
 
@@ -40,7 +40,6 @@ from typing import Final
 import polars as pl
 
 from shoal.archive.read import read_batches
-from shoal.client.messages import empty_results, parse_window_message
 from shoal.clock import FakeClock
 from shoal.errors import InputError
 from shoal.processors.combine import Combiner, LateRows, Step
@@ -50,6 +49,7 @@ from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows
 from shoal.schemas import decode_batch
 from shoal.schemas.control import GatewayStatus
+from shoal.schemas.results import empty_results, parse_window_message
 from shoal.schemas.topics import Topics, topic_matches
 
 log = logging.getLogger(__name__)

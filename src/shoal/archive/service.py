@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import logging
 import resource
-import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,9 +30,9 @@ from shoal.archive.rollover import RolloverPolicy
 from shoal.archive.writer import ArchiveWriter, Compression, FileJob, WrittenFile
 from shoal.broker.mqtt import AsyncSession, Message, unique_client_id
 from shoal.broker.settings import BrokerSettings
-from shoal.client.messages import parse_window_message
 from shoal.clock import Clock, SystemClock
 from shoal.errors import BrokerError, SchemaError
+from shoal.schemas.results import parse_window_message
 from shoal.schemas.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -125,7 +124,12 @@ class Archiver:
     def __init__(self, config: ArchiveConfig, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or SystemClock()
-        self.writer = ArchiveWriter(config.root, config.policy, compression=config.compression)
+        self.writer = ArchiveWriter(
+            config.root,
+            config.policy,
+            compression=config.compression,
+            monotonic=self.clock.monotonic,
+        )
         self.connected = asyncio.Event()
         self.received_batches = 0
         self.received_results = 0
@@ -136,7 +140,7 @@ class Archiver:
         self._stop = asyncio.Event()
         self._jobs: asyncio.Queue[FileJob] = asyncio.Queue()
         self._written_event = asyncio.Event()
-        self._started = time.monotonic()
+        self._started = self.clock.monotonic()
         self._cpu_start = _cpu_s()
         root = config.topics.root.rstrip("/")
         self._prefix = f"{root}/" if root else ""
@@ -147,7 +151,7 @@ class Archiver:
 
     async def run(self) -> ArchiveReport:
         """Archive until ``stop``; returns the report once every buffered row is written."""
-        self._started = time.monotonic()
+        self._started = self.clock.monotonic()
         self._cpu_start = _cpu_s()
         tasks = [asyncio.create_task(self._write_files()), asyncio.create_task(self._tick())]
         try:
@@ -178,7 +182,7 @@ class Archiver:
             backpressure_waits=self.backpressure_waits,
             max_queued_files=self.max_queued_files,
             reconnects=self.reconnects,
-            wall_s=round(time.monotonic() - self._started, 3),
+            wall_s=round(self.clock.monotonic() - self._started, 3),
             cpu_s=round(_cpu_s() - self._cpu_start, 3),
         )
 

@@ -36,8 +36,7 @@ from shoal.archive.records import (
     result_rows,
 )
 from shoal.archive.rollover import Buffers, RolloverPolicy
-from shoal.client.assemble import Deduplicator
-from shoal.client.messages import WindowMessage
+from shoal.schemas.results import Deduplicator, WindowMessage
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +92,7 @@ class ArchiveWriter:
         policy: rollover thresholds and the memory budget.
         compression: Parquet compression codec.
         writer_id: goes into file names (random if empty).
-        monotonic: seconds clock for buffer ages (tests inject one).
+        monotonic: seconds clock for buffer ages and write times (tests inject one).
     """
 
     def __init__(
@@ -189,11 +188,9 @@ class ArchiveWriter:
 
     def write_job(self, job: FileJob) -> WrittenFile:
         """Write one part file atomically (runs on any thread; touches no shared state)."""
-        started = time.perf_counter()
+        started = self.monotonic()
         size = write_parquet_atomically(job.frame, job.path, self.compression)
-        return WrittenFile(
-            job.kind, job.path, job.frame.height, size, time.perf_counter() - started
-        )
+        return WrittenFile(job.kind, job.path, job.frame.height, size, self.monotonic() - started)
 
     def done(self, job: FileJob, written: WrittenFile | None) -> None:
         """Release a job's bytes; record the file (None: the write failed, rows are lost)."""

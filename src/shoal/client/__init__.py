@@ -13,21 +13,21 @@ connect with the same ``BrokerSettings`` as every shoal component and offer:
 
 Errors: ``NoSuchPipelineError`` (nothing on the broker names the pipeline),
 ``BrokerUnreachableError``, ``ResultsTimeoutError``. Frames have the result layout described
-in ``shoal.client.messages``. Talks MQTT only through ``shoal.broker.mqtt``.
+in ``shoal.schemas.results``. Talks MQTT only through ``shoal.broker.mqtt``.
 """
 
 from shoal.client._async import DEFAULT_BROKER_URL, AsyncResultsClient
 from shoal.client._sync import ResultsClient
-from shoal.client.assemble import AssembledWindow, Deduplicator, WindowAssembler
+from shoal.client.assemble import AssembledWindow, WindowAssembler
 from shoal.client.errors import BrokerUnreachableError, NoSuchPipelineError, ResultsTimeoutError
-from shoal.client.messages import (
+from shoal.client.messages import parse_key_message, to_pandas
+from shoal.schemas.results import (
     HEADER_SCHEMA,
     IDENTITY,
+    Deduplicator,
     WindowMessage,
     empty_results,
-    parse_key_message,
     parse_window_message,
-    to_pandas,
 )
 
 __all__ = [

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Final
@@ -17,9 +16,10 @@ from shoal.broker.settings import BrokerSettings
 from shoal.client._watch import Watch, messages_with_ticks
 from shoal.client.assemble import DEFAULT_MAX_WAIT_MS, AssembledWindow, WindowAssembler
 from shoal.client.errors import BrokerUnreachableError, ResultsTimeoutError
-from shoal.client.messages import empty_results, key_records_frame
+from shoal.client.messages import key_records_frame
 from shoal.clock import Clock, SystemClock
-from shoal.errors import BrokerError
+from shoal.errors import BrokerError, UsageError
+from shoal.schemas.results import empty_results
 from shoal.schemas.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -83,13 +83,13 @@ class AsyncResultsClient:
     async def pipelines(self, wait_s: float = 1.5) -> list[str]:
         """Names of pipelines with running combiners or retained confirmations on the broker."""
         async with self._session() as session:
-            watch = Watch(session, self.topics, "-", WindowAssembler())
+            watch = Watch(session, self.topics, "-", WindowAssembler(), clock=self.clock)
             await watch.subscribe()
-            deadline = time.monotonic() + wait_s
+            deadline = self.clock.monotonic() + wait_s
             async for message in messages_with_ticks(session, _TICK_S):
                 if message is not None:
                     watch.on_message(message, self.clock.now_ms())
-                if time.monotonic() >= deadline:
+                if self.clock.monotonic() >= deadline:
                     break
             return sorted(watch.known)
 
@@ -138,13 +138,13 @@ class AsyncResultsClient:
         idle_s: float | None,
     ) -> AsyncGenerator[AssembledWindow, None]:
         assembler = WindowAssembler(max_wait_ms=int(self.assemble_wait_s * 1000))
-        started = last = time.monotonic()
+        started = last = self.clock.monotonic()
         seen = 0
         async with self._session() as session:
-            watch = Watch(session, self.topics, pipeline, assembler)
+            watch = Watch(session, self.topics, pipeline, assembler, clock=self.clock)
             await watch.subscribe()
             async for message in messages_with_ticks(session, _TICK_S):
-                now = time.monotonic()
+                now = self.clock.monotonic()
                 now_ms = self.clock.now_ms()
                 ready = (
                     assembler.expire(now_ms)
@@ -164,7 +164,7 @@ class AsyncResultsClient:
                         )
                     yield item
                     seen += 1
-                    last = time.monotonic()
+                    last = self.clock.monotonic()
                     if count is not None and seen >= count:
                         return
                 self._check_exists(watch, now - started)
@@ -206,13 +206,13 @@ class AsyncResultsClient:
             ResultsTimeoutError: fewer than ``n`` windows within ``timeout_s``.
         """
         if n < 1:
-            raise ValueError("n must be at least 1")
+            raise UsageError(f"n must be at least 1, not {n}")
         frames: dict[tuple[str, int], pl.DataFrame] = {}
         if archive is not None:
             frames.update(_archived_windows(archive, pipeline, window, n))
         if len(frames) >= n:
             return _last(frames, n)
-        started = time.monotonic()
+        started = self.clock.monotonic()
         try:
             async with (
                 asyncio.timeout(timeout_s),
@@ -235,7 +235,7 @@ class AsyncResultsClient:
                 wanted=n,
                 got=len(frames),
             ) from exc
-        elapsed = time.monotonic() - started
+        elapsed = self.clock.monotonic() - started
         raise ResultsTimeoutError(
             f"the result stream of {pipeline!r} ended after {elapsed:.1f} s",
             pipeline=pipeline,
@@ -259,13 +259,15 @@ class AsyncResultsClient:
             BrokerUnreachableError: the broker cannot be reached.
         """
         async with self._session() as session:
-            watch = Watch(session, self.topics, pipeline, WindowAssembler(), per_key=True)
+            watch = Watch(
+                session, self.topics, pipeline, WindowAssembler(), per_key=True, clock=self.clock
+            )
             await watch.subscribe()
-            started = time.monotonic()
+            started = self.clock.monotonic()
             async for message in messages_with_ticks(session, min(_TICK_S, quiet_s)):
                 if message is not None:
                     watch.on_message(message, self.clock.now_ms())
-                now = time.monotonic()
+                now = self.clock.monotonic()
                 if watch.last_retained_at is not None and now - watch.last_retained_at >= quiet_s:
                     break
                 if now - started >= timeout_s:
@@ -276,7 +278,7 @@ class AsyncResultsClient:
                     break  # the pipeline exists but publishes no per-key results
                 raise watch.missing(self.settings.url, self.discovery_timeout_s)
         if not watch.key_records and not watch.exists and watch.can_discover:
-            raise watch.missing(self.settings.url, time.monotonic() - started)
+            raise watch.missing(self.settings.url, self.clock.monotonic() - started)
         return key_records_frame(list(watch.key_records.values()))
 
 

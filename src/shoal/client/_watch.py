@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,8 +19,10 @@ import orjson
 from shoal.broker.mqtt import AsyncSession, Message
 from shoal.client.assemble import AssembledWindow, WindowAssembler
 from shoal.client.errors import NoSuchPipelineError
-from shoal.client.messages import parse_key_message, parse_window_message
+from shoal.client.messages import parse_key_message
+from shoal.clock import Clock, SystemClock
 from shoal.errors import BrokerError, SchemaError
+from shoal.schemas.results import parse_window_message
 from shoal.schemas.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class Watch:
         pipeline: the pipeline to watch.
         assembler: joins partitions and drops duplicates.
         per_key: subscribe to the retained per-key results instead of window messages.
+        clock: when retained messages last arrived is read from it (the client's clock).
     """
 
     def __init__(
@@ -46,8 +48,10 @@ class Watch:
         assembler: WindowAssembler,
         *,
         per_key: bool = False,
+        clock: Clock | None = None,
     ) -> None:
         self.session = session
+        self.clock = clock or SystemClock()
         self.topics = topics
         self.pipeline = pipeline
         self.assembler = assembler
@@ -136,7 +140,7 @@ class Watch:
             return
         self.exists = True
         if message.retain:
-            self.last_retained_at = time.monotonic()
+            self.last_retained_at = self.clock.monotonic()
         key = record.get("key")
         self.key_records["" if key is None else str(key)] = record
 

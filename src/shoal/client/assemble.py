@@ -21,41 +21,15 @@ Must not import ``shoal.broker``: the client feeds it messages and a clock.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Final
 
 import polars as pl
 
-from shoal.client.messages import Identity, WindowMessage
+from shoal.schemas.results import Deduplicator, WindowMessage
 
 DEFAULT_MAX_WAIT_MS: Final = 10_000
 DEFAULT_SETTLE_MS: Final = 1_000
-DEFAULT_REMEMBER: Final = 100_000
-
-
-class Deduplicator:
-    """Remembers the identities of the last ``capacity`` window messages.
-
-    A combiner re-publishes a window after a crash within seconds to minutes, so a bounded
-    memory of recent identities is enough; an archive reader deduplicates exactly instead.
-    """
-
-    def __init__(self, capacity: int = DEFAULT_REMEMBER) -> None:
-        self.capacity = capacity
-        self._seen: OrderedDict[Identity, None] = OrderedDict()
-        self.duplicates = 0
-
-    def first_time(self, identity: Identity) -> bool:
-        """True the first time an identity is offered, False (and counted) afterwards."""
-        if identity in self._seen:
-            self.duplicates += 1
-            self._seen.move_to_end(identity)
-            return False
-        self._seen[identity] = None
-        if len(self._seen) > self.capacity:
-            self._seen.popitem(last=False)
-        return True
 
 
 @dataclass(frozen=True, slots=True)

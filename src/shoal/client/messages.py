@@ -1,17 +1,7 @@
-"""Result messages as polars frames: the one result layout shared by the client, archive and replay.
+"""Per-key result records and pandas copies: what only the results client reads.
 
-A window message (``results/<pipeline>``, JSON or MsgPack; see ``shoal.processors.results``)
-becomes a ``WindowMessage``: its header and a frame with one row per key. Every frame this
-package hands out has the *result layout*::
-
-    pipeline  window  start  end  revision  partition  partitions  watermark  emitted_at
-    key  rows  batches  <aggregates in the pipeline's order>
-
-``key`` is a string, ``rows``, ``batches`` and ``count`` are Int64, the header columns are
-Int64 (``pipeline`` and ``window`` strings), and every other aggregate is Float64 (null where
-undefined, e.g. ``stddev`` of one value). ``(pipeline, window, start, partition, revision)``
-identifies a message: a message published twice after a combiner restart has the same
-identity and the same values.
+The window messages and the result layout (``HEADER_SCHEMA``, ``WindowMessage``,
+``parse_window_message``) are ``shoal.schemas.results``, shared with the archive.
 
 Must not import ``shoal.broker``: parsing is pure.
 """
@@ -19,193 +9,13 @@ Must not import ``shoal.broker``: parsing is pure.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
-import msgpack
 import orjson
 import polars as pl
 
 from shoal.errors import SchemaError
-
-HEADER_SCHEMA: Final = pl.Schema(
-    {
-        "pipeline": pl.String(),
-        "window": pl.String(),
-        "start": pl.Int64(),
-        "end": pl.Int64(),
-        "revision": pl.Int64(),
-        "partition": pl.Int64(),
-        "partitions": pl.Int64(),
-        "watermark": pl.Int64(),
-        "emitted_at": pl.Int64(),
-    }
-)
-"""The header columns every result frame starts with."""
-
-IDENTITY: Final = ("pipeline", "window", "start", "partition", "revision")
-"""Columns that identify one window message (deduplicate on these)."""
-
-ROW_IDENTITY: Final = (*IDENTITY, "key")
-"""Columns that identify one result row."""
-
-INTEGER_FIELDS: Final = frozenset({"rows", "batches", "count"})
-
-Identity = tuple[str, str, int, int, int]
-"""``(pipeline, window, start, partition, revision)`` of a window message."""
-
-
-def field_dtype(name: str) -> pl.DataType:
-    """The dtype of a per-key result column in the result layout."""
-    if name == "key":
-        return pl.String()
-    if name in INTEGER_FIELDS:
-        return pl.Int64()
-    return pl.Float64()
-
-
-def empty_results(aggregates: tuple[str, ...] = ()) -> pl.DataFrame:
-    """A result-layout frame with no rows (``aggregates`` in the pipeline's order)."""
-    schema = dict(HEADER_SCHEMA)
-    for name in ("key", "rows", "batches", *aggregates):
-        schema[name] = field_dtype(name)
-    return pl.DataFrame(schema=schema)
-
-
-@dataclass(frozen=True, slots=True)
-class WindowMessage:
-    """One window result message of one combiner partition.
-
-    Attributes:
-        pipeline: the pipeline.
-        window: the window's name (``tumbling-10s``).
-        start: window start, epoch ms.
-        end: window end (exclusive), epoch ms.
-        revision: 1, higher if late data within allowed lateness updated the window.
-        partition: the combiner partition that emitted it.
-        partitions: how many partitions the pipeline has (each emits its own keys).
-        watermark: the partition's close threshold when it emitted (None: unknown).
-        emitted_at: the combiner's clock at emission, epoch ms.
-        frame: one row per key, in the result layout.
-    """
-
-    pipeline: str
-    window: str
-    start: int
-    end: int
-    revision: int
-    partition: int
-    partitions: int
-    watermark: int | None
-    emitted_at: int
-    frame: pl.DataFrame
-
-    @property
-    def identity(self) -> Identity:
-        """``(pipeline, window, start, partition, revision)``."""
-        return (self.pipeline, self.window, self.start, self.partition, self.revision)
-
-    @property
-    def rows(self) -> int:
-        """Measurements counted in this message (all its keys)."""
-        return int(self.frame["rows"].sum()) if self.frame.height else 0
-
-
-def parse_window_message(payload: bytes, content_type: str | None = None) -> WindowMessage:
-    """Parse a window result message, JSON or MsgPack (detected from the bytes if needed).
-
-    Raises:
-        SchemaError: the payload is not a shoal window result message.
-    """
-    is_json = (
-        content_type.split(";", 1)[0].strip().lower().endswith("json")
-        if content_type
-        else payload[:1] in (b"{", b" ", b"\n", b"\r", b"\t")
-    )
-    try:
-        body: Any = orjson.loads(payload) if is_json else msgpack.unpackb(payload, raw=False)
-    except (orjson.JSONDecodeError, ValueError, msgpack.UnpackException) as exc:
-        raise SchemaError(
-            f"unreadable window result message: {exc}", reason="bad_result_message"
-        ) from exc
-    if not isinstance(body, dict):
-        raise SchemaError(
-            "window result message is not a map",
-            reason="bad_result_message",
-            found=type(body).__name__,
-        )
-    header = _header(body)
-    if "results" in body:
-        columns = _rows_to_columns(body["results"])
-    elif "columns" in body:
-        columns = body["columns"]
-        if not isinstance(columns, dict):
-            raise SchemaError("'columns' is not a map", reason="bad_result_message")
-    else:
-        raise SchemaError(
-            "window result message has neither 'results' nor 'columns'",
-            reason="bad_result_message",
-        )
-    return WindowMessage(**header, frame=_frame(header, columns))
-
-
-def _header(body: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, dtype in HEADER_SCHEMA.items():
-        value = body.get(name)
-        if dtype == pl.String():
-            ok = isinstance(value, str)
-        elif name == "watermark":
-            ok = value is None or type(value) is int
-        else:
-            ok = type(value) is int
-        if not ok:
-            raise SchemaError(
-                "bad window result header",
-                reason="bad_result_message",
-                field=name,
-                expected="a string" if dtype == pl.String() else "an integer",
-                found=repr(value)[:40],
-            )
-        out[name] = value
-    return out
-
-
-def _rows_to_columns(rows: Any) -> dict[str, list[Any]]:
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise SchemaError("'results' is not a list of maps", reason="bad_result_message")
-    names: dict[str, None] = {}
-    for row in rows[:1]:
-        names.update(dict.fromkeys(row))
-    return {name: [row.get(name) for row in rows] for name in names}
-
-
-def _frame(header: dict[str, Any], columns: dict[str, Any]) -> pl.DataFrame:
-    empty = not any(columns.values())
-    for required in _LEADING:
-        if required not in columns:
-            if not empty:
-                raise SchemaError(
-                    "window result rows lack a column", reason="bad_result_message", field=required
-                )
-            columns = {**columns, required: []}
-    try:
-        fields = pl.DataFrame(
-            [
-                pl.Series(name, values, dtype=field_dtype(name), strict=False)
-                for name, values in columns.items()
-            ]
-        )
-    except (TypeError, ValueError, pl.exceptions.PolarsError) as exc:
-        raise SchemaError(
-            f"window result rows do not form a table: {exc}", reason="bad_result_message"
-        ) from exc
-    head = [pl.lit(header[name], dtype=dtype).alias(name) for name, dtype in HEADER_SCHEMA.items()]
-    rest = [c for c in fields.columns if c not in _LEADING]
-    return fields.select(*head, *_LEADING, *rest)
-
-
-_LEADING: Final = ("key", "rows", "batches")
+from shoal.schemas.results import HEADER_SCHEMA, empty_results, field_dtype
 
 
 def parse_key_message(payload: bytes) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from shoal.errors import ConfigError
 from shoal.gateway._blocks import concat_blocks
 from shoal.schemas import Measurements
 
@@ -32,7 +33,7 @@ class Batcher:
 
     def __init__(self, batch_size: int, max_delay_ms: int) -> None:
         if batch_size <= 0 or max_delay_ms <= 0:
-            raise ValueError("batch_size and max_delay_ms must be positive")
+            raise ConfigError("batch_size and max_delay_ms must be positive")
         self.batch_size = batch_size
         self.max_delay_s = max_delay_ms / 1000.0
         self._pending: deque[_Pending] = deque()

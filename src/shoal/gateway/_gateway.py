@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, Final, Self
@@ -300,11 +299,14 @@ class Gateway:
                 self._publish_status(session)
 
     def wait_confirmed(self, timeout_s: float) -> bool:
-        """Wait until every sealed batch is confirmed; False if ``timeout_s`` passes first."""
-        deadline = time.monotonic() + timeout_s
+        """Wait until every sealed batch is confirmed; False if ``timeout_s`` passes first.
+
+        ``timeout_s`` is measured on the gateway's clock (a ``FakeClock`` must be advanced).
+        """
+        deadline = self._clock.monotonic() + timeout_s
         with self._changed:
             while not self._all_confirmed():
-                remaining = deadline - time.monotonic()
+                remaining = deadline - self._clock.monotonic()
                 if remaining <= 0:
                     return False
                 if self._thread is None:

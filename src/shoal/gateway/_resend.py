@@ -12,6 +12,8 @@ import random
 from collections.abc import Iterable
 from typing import Final
 
+from shoal.errors import ConfigError
+
 BACKOFF_CAP_MS: Final = 60_000
 
 
@@ -56,9 +58,9 @@ class ResendPolicy:
         rng: random.Random | None = None,
     ) -> None:
         if after_ms <= 0 or window <= 0 or gap_ms <= 0:
-            raise ValueError("after_ms, window and gap_ms must be positive")
+            raise ConfigError("after_ms, window and gap_ms must be positive")
         if not 0.0 <= jitter < 1.0:
-            raise ValueError("jitter must be in [0, 1)")
+            raise ConfigError(f"jitter must be in [0, 1), not {jitter}")
         self.after_ms = after_ms
         self.window = window
         self.cap_ms = max(cap_ms, after_ms)

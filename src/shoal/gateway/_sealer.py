@@ -29,8 +29,12 @@ _RESEAL_LIMITS: Final = DecodeLimits(
 """Reading back our own spooled batches: our limits, not a worker's."""
 
 
-class NotStoredError(Exception):
-    """Sealed parts that did not reach the spool; their rows go back to the batcher."""
+class NotStoredError(SpoolError):
+    """Sealed parts that did not reach the spool; their rows go back to the batcher.
+
+    A ``SpoolError`` (``error`` is the spool's own) that also carries the rows; it lives here
+    rather than in ``shoal.errors`` because it holds ``Measurements``.
+    """
 
     def __init__(self, error: SpoolError, rows: Measurements) -> None:
         super().__init__(str(error))

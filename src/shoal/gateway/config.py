@@ -97,10 +97,7 @@ class GatewayConfig:
         names = [("gateway id", self.gateway_id), ("stream", self.stream)]
         names += [("pipeline name in confirm_from", p) for p in self.confirm_from]
         for what, name in names:
-            try:
-                check_segment(name, what)
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from exc
+            check_segment(name, what)  # a TopicError is a ConfigError
         if not isinstance(self.encoding, Encoding):
             raise ConfigError(f"encoding must be an Encoding, not {self.encoding!r}")
         if self.zstd and self.encoding is not Encoding.BINARY_COLUMNAR:

@@ -35,7 +35,7 @@ from typing import IO, Any, Final
 
 import orjson
 
-from shoal.errors import SpoolError
+from shoal.errors import ConfigError, SpoolError
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class Spool(ABC):
 
     def __init__(self, max_bytes: int) -> None:
         if max_bytes <= 0:
-            raise ValueError("max_bytes must be positive")
+            raise ConfigError("max_bytes must be positive")
         self.max_bytes = max_bytes
         self._entries: dict[int, SpoolEntry] = {}
         self._bytes = 0
@@ -190,7 +190,10 @@ class Spool(ABC):
             if entry.seq <= top:
                 raise SpoolError(f"seq {entry.seq} is not above the spool's highest ({top})")
             if entry.payload_bytes != len(payload):
-                raise ValueError("entry.payload_bytes does not match the payload")
+                raise SpoolError(
+                    f"seq {entry.seq}: entry.payload_bytes ({entry.payload_bytes}) does not "
+                    f"match the payload ({len(payload)} bytes)"
+                )
             self._store(entry, payload)
             self._entries[entry.seq] = entry
             self._bytes += len(payload)
@@ -343,7 +346,14 @@ class DiskSpool(Spool):
         problem = None
         try:
             entry, payload = self._parse(path.read_bytes())
-        except (ValueError, KeyError, TypeError, struct.error, orjson.JSONDecodeError) as exc:
+        except (
+            SpoolError,
+            ValueError,
+            KeyError,
+            TypeError,
+            struct.error,
+            orjson.JSONDecodeError,
+        ) as exc:
             problem = str(exc)
         else:
             if entry.seq == seq and len(payload) == entry.payload_bytes:
@@ -356,12 +366,12 @@ class DiskSpool(Spool):
     def _parse(data: bytes) -> tuple[SpoolEntry, bytes]:
         magic, header_len = _HEAD.unpack_from(data)
         if magic != MAGIC:
-            raise ValueError("bad magic")
+            raise SpoolError("bad magic")
         start = _HEAD.size + header_len
         entry, crc = SpoolEntry.from_header(data[_HEAD.size : start])
         payload = data[start:]
         if len(payload) != entry.payload_bytes or zlib.crc32(payload) != crc:
-            raise ValueError("payload truncated or corrupt (CRC mismatch)")
+            raise SpoolError("payload truncated or corrupt (CRC mismatch)")
         return entry, payload
 
     def _quarantine(self, path: Path, seq: int) -> None:

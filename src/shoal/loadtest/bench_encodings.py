@@ -23,6 +23,7 @@ from typing import Any, Final
 import polars as pl
 import psutil
 
+from shoal.errors import ConfigError
 from shoal.loadtest.data import synthetic_block
 from shoal.schemas import Encoding, Measurements, decode_batch, encode_batch
 
@@ -213,10 +214,10 @@ def run(
     """Every codec at every batch size, on ``SENSORS`` synthetic sensors.
 
     Raises:
-        ValueError: a size or ``repeats`` below 1.
+        ConfigError: a size or ``repeats`` below 1.
     """
     if repeats < 1 or any(size < 1 for size in sizes):
-        raise ValueError("batch sizes and repeats must be at least 1")
+        raise ConfigError("batch sizes and repeats must be at least 1")
     results = []
     for size in sizes:
         block = synthetic_block(size, sensors=SENSORS)

@@ -35,6 +35,7 @@ import numpy as np
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.mqtt import AsyncSession
 from shoal.broker.settings import BrokerSettings
+from shoal.errors import ConfigError, UsageError
 from shoal.processors.partials import BatchInfo, PartialBuilder
 from shoal.processors.spec import PipelineSpec
 from shoal.schemas import Encoding, decode_batch, encode_batch
@@ -64,7 +65,7 @@ class Spread:
     def of(cls, samples_ms: list[float]) -> Spread:
         """Percentiles of the samples (linear interpolation)."""
         if not samples_ms:
-            raise ValueError("no samples")
+            raise UsageError("no samples")
         values = np.asarray(samples_ms, dtype=np.float64)
         p50, p95, p99 = np.percentile(values, [50, 95, 99])
         return cls(
@@ -118,7 +119,7 @@ def run(
 ) -> Floor:
     """Measure the three floors (about ``3 x samples x period`` seconds)."""
     if samples < 1 or period_ms <= 0 or rows < 1:
-        raise ValueError("samples, period and rows must be positive")
+        raise ConfigError("samples, period and rows must be positive")
     payload = encode_batch(
         synthetic_block(rows),
         gateway_id="gw00",

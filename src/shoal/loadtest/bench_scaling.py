@@ -2,7 +2,7 @@
 
 For each policy, a fresh ``LocalPipeline`` (embedded broker, combiners, workers under the
 local backend) is started with the minimum number of workers; simulated gateways follow the
-trace (``shoal.loadtest.trace``: scenario A, then B, then A again for ``step``), and the
+trace (``shoal.runtime.loadtrace``: scenario A, then B, then A again for ``step``), and the
 scaler ticks once a second with that policy. Every tick is recorded: gateways, workers (live
 and desired), lag in measurements and in seconds of data, the oldest unconfirmed batch.
 At the end the run is settled (every batch confirmed, every window closed) and accounted
@@ -25,9 +25,8 @@ from typing import Any, Final, TextIO
 
 import orjson
 
-from shoal.loadtest.trace import Trace
 from shoal.processors.spec import PipelineSpec
-from shoal.runtime.loadtrace import GatewayLoad, TraceDriver
+from shoal.runtime.loadtrace import GatewayLoad, Trace, TraceDriver
 from shoal.runtime.local import Accounting, LocalPipeline, LocalPipelineConfig
 from shoal.runtime.scaler import Scaler, ScalerConfig
 from shoal.scaler.policy import Bounds

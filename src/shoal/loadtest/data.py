@@ -16,6 +16,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+from shoal.errors import ConfigError
 from shoal.schemas import ATTRIBUTE_COLUMNS, DictColumn, Measurements
 
 KINDS: Final = (
@@ -91,7 +92,7 @@ class SensorField:
     def __post_init__(self) -> None:
         """Draw the per-sensor phases, levels and the noise pool."""
         if self.sensors <= 0 or self.rate_hz <= 0:
-            raise ValueError("sensors and rate_hz must be positive")
+            raise ConfigError("sensors and rate_hz must be positive")
         self.ids = sensor_ids(self.gateway_id, self.sensors)
         self._rng = np.random.default_rng(self.seed)
         phase = self._rng.uniform(0.0, self.period_ms, self.sensors)

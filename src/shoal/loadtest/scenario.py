@@ -83,7 +83,7 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
         raise ConfigError(f"cannot read scenario {path}: {exc}") from exc
     try:
         return _parse(data)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (ConfigError, KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"scenario {path} is invalid: {exc!r}") from exc
 
 
@@ -103,5 +103,5 @@ def _parse(data: dict[str, Any]) -> Scenario:
         duration_s=float(defaults.get("duration_s", 60)),
     )
     if scenario.gateways <= 0 or scenario.sensors_per_gateway <= 0:
-        raise ValueError("gateways and sensors_per_gateway must be positive")
+        raise ConfigError("gateways and sensors_per_gateway must be positive")
     return scenario

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Final
@@ -112,6 +111,7 @@ class CombinerRuntime:
         self._confirmed: dict[str, tuple[int, tuple[int, ...]]] = {}
         self._gaps: dict[str, set[int]] = {}
         self.gaps_reported = 0  # missing seqs named in confirmations (re-send hints)
+        self.partials_unreadable = 0  # partials that did not decode (dropped, see _on_message)
         self._session: AsyncSession | None = None
         # JSON rows of the windows the core finalised ahead of their close, by (window, start)
         self._rendered: tuple[pl.DataFrame, dict[tuple[str, int], bytes]] | None = None
@@ -119,7 +119,7 @@ class CombinerRuntime:
         self.result_latency = LatencyHistogram()
         self.checkpoints = 0
         self.last_checkpoint_ms: float | None = None
-        self.started_at = time.monotonic()
+        self.started_at = self.clock.monotonic()
         self._inputs = [config.topics.under_root(f) for f in config.spec.inputs]
         if config.state_dir is not None:
             self._restore(config.state_dir / CHECKPOINT_FILE)
@@ -190,6 +190,9 @@ class CombinerRuntime:
         try:
             partial = Partial.decode(message.payload)
         except SchemaError as exc:
+            # Counted (``partials_refused``) and dropped: the batch stays unconfirmed, so its
+            # gateway sends it again.
+            self.partials_unreadable += 1
             log.warning("combiner %s: unreadable partial dropped: %s", self.config.client_id, exc)
             return
         step = self.core.receive(partial)
@@ -207,7 +210,7 @@ class CombinerRuntime:
         if step.applied and partial.batch.sent_at_ms:
             self.apply_latency.add(now - partial.batch.sent_at_ms)
         self._publish_step(session, step)
-        closing_since = time.perf_counter()
+        closing_since = self.clock.monotonic()
         self._emit(session, self.core.close_ready(now), closing_since)
 
     def _on_status(self, session: AsyncSession, message: Message) -> None:
@@ -265,18 +268,18 @@ class CombinerRuntime:
     def _emit(
         self, session: AsyncSession, closed: ClosedWindows | None, since: float | None = None
     ) -> None:
-        """Publish closed windows; ``since`` (perf_counter) is when closing them began."""
+        """Publish closed windows; ``since`` (clock monotonic s) is when closing them began."""
         if closed is None or closed.empty:
             return
         spec = self.config.spec
         topics = self.config.topics
         started = self.clock.now_ms()
-        since = time.perf_counter() if since is None else since
+        since = self.clock.monotonic() if since is None else since
         log.info(
             "combiner %s: closed %d rows in %.1f ms",
             self.config.client_id,
             closed.frame.height,
-            (time.perf_counter() - since) * 1000.0,
+            (self.clock.monotonic() - since) * 1000.0,
         )
         ctx = Emission(
             spec.name, self.config.partition, spec.partitions, self.core.closed_through, started
@@ -293,7 +296,7 @@ class CombinerRuntime:
                     if index == 0
                     else topics.results_encoded(spec.name, encoding)
                 )
-                encoding_since = time.perf_counter()
+                encoding_since = self.clock.monotonic()
                 if encoding == "json":
                     rows = rendered.get((result.window, result.start))
                     payload, content_type = window_json(result, ctx, rows), "application/json"
@@ -307,8 +310,8 @@ class CombinerRuntime:
                         result.start,
                         encoding,
                         len(payload),
-                        (time.perf_counter() - encoding_since) * 1000.0,
-                        (time.perf_counter() - since) * 1000.0,
+                        (self.clock.monotonic() - encoding_since) * 1000.0,
+                        (self.clock.monotonic() - since) * 1000.0,
                     )
                 window_futures.append(
                     session.publish_started(topic, payload, content_type=content_type)
@@ -359,7 +362,7 @@ class CombinerRuntime:
 
         def done(fut: asyncio.Future[None]) -> None:
             if not fut.cancelled() and fut.exception() is None:
-                elapsed_ms = (time.perf_counter() - since) * 1000.0
+                elapsed_ms = (self.clock.monotonic() - since) * 1000.0
                 self.result_latency.add(elapsed_ms)
                 log.info(
                     "combiner %s: window result acknowledged %.1f ms after closing began",
@@ -374,7 +377,7 @@ class CombinerRuntime:
     async def _ticker(self, session: AsyncSession) -> None:
         while True:
             await asyncio.sleep(self.config.tick_ms / 1000)
-            since = time.perf_counter()
+            since = self.clock.monotonic()
             step = self.core.tick()
             for late in step.late:
                 self._publish_late(session, late)
@@ -460,6 +463,15 @@ class CombinerRuntime:
             self._confirmed[gateway_id] = (seq, gap)
         await session.wait_published(futures)
 
+    @property
+    def partials_refused(self) -> int:
+        """Partials refused: unreadable, or of another spec, partition or layout.
+
+        Unreadable ones are counted since this process started; the core counts the others
+        (``foreign_partials``, kept in checkpoints).
+        """
+        return self.partials_unreadable + self.core.counters.foreign_partials
+
     async def _heartbeat(self, session: AsyncSession) -> None:
         topic = self.config.topics.metrics(
             "combiner", f"{self.config.spec.name}-{self.config.partition}"
@@ -477,7 +489,7 @@ class CombinerRuntime:
             "pipeline": self.config.spec.name,
             "partition": self.config.partition,
             "at": self.clock.now_ms(),
-            "uptime_s": round(time.monotonic() - self.started_at, 3),
+            "uptime_s": round(self.clock.monotonic() - self.started_at, 3),
             "watermark": self.core.watermark(),
             "closed_through": self.core.closed_through,
             "gateways": len(gateways),
@@ -491,6 +503,7 @@ class CombinerRuntime:
             "state_rows": self.core.state.rows,
             "checkpoints": self.checkpoints,
             "gaps_reported": self.gaps_reported,
+            "partials_refused": self.partials_refused,
             "apply_latency_ms": self.apply_latency.summary(),
             "result_latency_ms": self.result_latency.summary(),
             **asdict(self.core.counters),

@@ -36,7 +36,8 @@ from shoal.broker.access import BrokerUser, Role
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.mqtt import AsyncSession, unique_client_id
 from shoal.broker.settings import BrokerSettings
-from shoal.clock import SystemClock
+from shoal.clock import Clock, SystemClock
+from shoal.errors import UsageError
 from shoal.processors.spec import PipelineSpec
 from shoal.scaler.backends import LocalBackend
 from shoal.scaler.monitor import PipelineMonitor, Snapshot
@@ -148,9 +149,13 @@ class _Usage:
 
 @dataclass
 class ResourceSampler:
-    """CPU seconds and peak RSS of named processes over a run (sampled, psutil)."""
+    """CPU seconds and peak RSS of named processes over a run (sampled, psutil).
+
+    ``monotonic`` is the wall-time clock the CPU shares are measured against.
+    """
 
     usages: dict[str, _Usage] = field(default_factory=dict)
+    monotonic: Callable[[], float] = time.monotonic
 
     def watch(self, name: str, pid: int | None) -> None:
         """Start measuring a process; a name seen before (a restart) keeps its totals."""
@@ -159,7 +164,7 @@ class ResourceSampler:
         with contextlib.suppress(psutil.Error):
             process = psutil.Process(pid)
             times = process.cpu_times()
-            usage = _Usage(name, process, times.user + times.system, time.monotonic())
+            usage = _Usage(name, process, times.user + times.system, self.monotonic())
             before = self.usages.get(name)
             if before is not None and before.process.pid != pid:
                 # CPU and peak memory are per component, over all its incarnations.
@@ -178,7 +183,7 @@ class ResourceSampler:
                 usage.cpu_last = times.user + times.system
                 usage.rss_last = usage.process.memory_info().rss
                 usage.rss_peak = max(usage.rss_peak, usage.rss_last)
-                now = time.monotonic()
+                now = self.monotonic()
                 if now >= usage.next_series_at:
                     usage.rss_series.append(usage.rss_last)
                     usage.next_series_at = now + RSS_EVERY_S
@@ -194,7 +199,7 @@ class ResourceSampler:
 
     def report(self) -> list[dict[str, object]]:
         """Per process: name, CPU % of one core over the run, peak RSS in MB."""
-        now = time.monotonic()
+        now = self.monotonic()
         out = []
         for usage in self.usages.values():
             wall = max(now - usage.wall_start, 1e-9)
@@ -215,10 +220,14 @@ class ResourceSampler:
 
 
 class LocalPipeline:
-    """Broker, combiners and workers as child processes, and a monitor watching them."""
+    """Broker, combiners and workers as child processes, and a monitor watching them.
 
-    def __init__(self, config: LocalPipelineConfig) -> None:
+    ``clock``: the time the monitor, the backend and the waits here read (default: the real one).
+    """
+
+    def __init__(self, config: LocalPipelineConfig, clock: Clock | None = None) -> None:
         self.config = config
+        self.clock = clock or SystemClock()
         self.topics = Topics()
         self.run_dir = config.run_dir or Path(tempfile.mkdtemp(prefix="shoal-run-"))
         self.users = _role_users(config)
@@ -230,11 +239,10 @@ class LocalPipeline:
         )
         self.children: list[ChildProcess] = []
         self.simulators: list[ChildProcess] = []
-        self.backend = LocalBackend(self._spawn_worker)
+        self.backend = LocalBackend(self._spawn_worker, clock=self.clock.monotonic)
         self._worker_numbers = itertools.count()
-        self.clock = SystemClock()
         self.monitor = PipelineMonitor(config.spec, self.topics, self.clock)
-        self.sampler = ResourceSampler()
+        self.sampler = ResourceSampler(monotonic=self.clock.monotonic)
 
     @property
     def logs(self) -> Path:
@@ -340,7 +348,7 @@ class LocalPipeline:
         for child in (*self.children, *self.backend.live, *self.simulators):
             if child.name == name:
                 return child
-        raise KeyError(f"no component named {name!r}")
+        raise UsageError(f"no component named {name!r}")
 
     def kill(self, name: str) -> None:
         """SIGKILL a component (a crash). The backend replaces killed workers on its own."""
@@ -426,7 +434,7 @@ class LocalPipeline:
         gives up after ``timeout_s`` in which nothing was applied, or after
         ``SETTLE_LIMIT_S``. ``progress`` is called about every two seconds while it waits.
         """
-        stopped = time.monotonic()
+        stopped = self.clock.monotonic()
         for simulator in self.simulators:
             if simulator.alive():
                 simulator.signal(signal.SIGINT)
@@ -436,7 +444,7 @@ class LocalPipeline:
             timeout_s,
             progress,
         )
-        waited = time.monotonic() - stopped
+        waited = self.clock.monotonic() - stopped
         for simulator in self.simulators:
             await asyncio.to_thread(simulator.wait, 10.0)
             if simulator.alive():  # it is still waiting for confirmations: abort it
@@ -474,14 +482,14 @@ class LocalPipeline:
         progress: Callable[[float, Snapshot], None] | None,
     ) -> None:
         """Wait until ``done`` while rows keep being applied (see ``settle``)."""
-        started = last_progress = time.monotonic()
+        started = last_progress = self.clock.monotonic()
         applied = self.monitor.snapshot().batch_rows_applied
         next_report = started + 2.0
         while True:
             snap = self.monitor.snapshot()
             if done(snap):
                 return
-            now = time.monotonic()
+            now = self.clock.monotonic()
             if snap.batch_rows_applied != applied:
                 applied, last_progress = snap.batch_rows_applied, now
             if now - last_progress >= stall_s or now - started >= SETTLE_LIMIT_S:
@@ -493,8 +501,8 @@ class LocalPipeline:
 
     async def until(self, done: Callable[[Snapshot], bool], timeout_s: float) -> bool:
         """Wait until ``done(snapshot)`` or the timeout."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        deadline = self.clock.monotonic() + timeout_s
+        while self.clock.monotonic() < deadline:
             if done(self.monitor.snapshot()):
                 return True
             await asyncio.sleep(0.25)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,14 +172,16 @@ class Scaler:
 
     async def _ticks(self) -> None:
         while True:
-            started = time.monotonic()
+            started = self.clock.monotonic()
             try:
                 await self.tick_async()
             except ShoalError as exc:
                 # The backend failed (API down, RBAC): keep the scaler alive, try again.
                 self.tick_errors += 1
                 log.warning("scaler: could not observe or scale the workers: %s", exc)
-            await asyncio.sleep(max(0.0, self.config.interval_s - (time.monotonic() - started)))
+            await asyncio.sleep(
+                max(0.0, self.config.interval_s - (self.clock.monotonic() - started))
+            )
 
     # -- what the endpoint serves --------------------------------------------------------------
 

@@ -13,14 +13,13 @@ import contextlib
 import datetime as dt
 import signal
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from shoal.loadtest.trace import Trace
+from shoal.clock import Clock
 from shoal.processors.spec import PipelineSpec
-from shoal.runtime.loadtrace import GatewayLoad, TraceDriver
+from shoal.runtime.loadtrace import GatewayLoad, Trace, TraceDriver
 from shoal.runtime.local import (
     SIMULATOR_CONFIRM_WAIT_S,
     Accounting,
@@ -31,7 +30,7 @@ from shoal.runtime.scaler import Scaler, ScalerConfig, ScaleRecord
 from shoal.scaler.http import MetricsServer
 from shoal.scaler.monitor import Snapshot
 from shoal.scaler.policy import Bounds
-from shoal.scaler.status import gateway_notes, pipeline_status
+from shoal.scaler.status import gateway_notes, pipeline_status, refused_note
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +75,9 @@ class UpConfig:
 class Up:
     """Runs the whole thing (see the module docstring)."""
 
-    def __init__(self, config: UpConfig, out: TextIO = sys.stdout) -> None:
+    def __init__(
+        self, config: UpConfig, out: TextIO = sys.stdout, clock: Clock | None = None
+    ) -> None:
         self.config = config
         self.out = out
         self.local = LocalPipeline(
@@ -86,7 +87,8 @@ class Up:
                 workers=config.workers,
                 profile=config.profile,
                 run_dir=config.run_dir,
-            )
+            ),
+            clock,
         )
         self._stop = asyncio.Event()
         self._tty = out.isatty()
@@ -108,7 +110,7 @@ class Up:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stop.set)
-        started = time.monotonic()
+        started = self.local.clock.monotonic()
         async with self.local.watching() as session:
             await asyncio.sleep(1.5)  # let workers and combiners subscribe before data flows
             server = await self._start_scaler()
@@ -120,7 +122,7 @@ class Up:
                     await server.close()
             self._line("stopping: sealing the last batches and waiting for confirmations ...")
             accounting = await self.local.settle(session)
-        self._print_summary(accounting, time.monotonic() - started)
+        self._print_summary(accounting, self.local.clock.monotonic() - started)
         return accounting
 
     async def _start_scaler(self) -> MetricsServer | None:
@@ -137,6 +139,7 @@ class Up:
                 http_port=cfg.metrics_port,
             ),
             self.local.backend,
+            clock=self.local.clock,
             monitor=self.local.monitor,
             on_decision=self._on_decision,
         )
@@ -190,8 +193,8 @@ class Up:
         after = record.decision.desired
         if after == before:
             return
-        when = dt.datetime.now(tz=dt.UTC).strftime("%H:%M:%S")
-        text = f"{when} workers {before} -> {after}: {record.decision.reason}"
+        when = dt.datetime.fromtimestamp(self.local.clock.now_ms() / 1000, tz=dt.UTC)
+        text = f"{when:%H:%M:%S} workers {before} -> {after}: {record.decision.reason}"
         self.scale_log = [*self.scale_log[-4:], text]
         if not self._tty:
             self._line(f"scale: {text}")
@@ -199,7 +202,7 @@ class Up:
     async def _show(self, started: float) -> None:
         deadline = None if self.config.duration_s is None else started + self.config.duration_s
         while not self._stop.is_set():
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline is not None and self.local.clock.monotonic() >= deadline:
                 return
             dead = self.local.dead_children()
             if dead:
@@ -207,7 +210,7 @@ class Up:
                     f"component(s) exited unexpectedly: {', '.join(dead)}; see {self.local.logs}"
                 )
                 return
-            elapsed = time.monotonic() - started
+            elapsed = self.local.clock.monotonic() - started
             if self._driver is not None:
                 trace = self._driver.trace
                 if elapsed >= trace.duration_s and self.config.duration_s is None:
@@ -226,6 +229,8 @@ class Up:
     def _draw(self, snap: Snapshot, elapsed: float) -> None:
         age = snap.oldest_unconfirmed_age_ms
         oldest = "-" if age is None else f"{age / 1000:.1f} s"
+        event_time = pipeline_status(self.config.spec.name, snap, listened_s=0.0)
+        refused = sum(p["partials_refused"] for p in event_time["partitions"])
         status = (
             f"[{elapsed:5.0f} s] in {snap.rows_in_per_s:>10,.0f}/s  "
             f"out {snap.rows_out_per_s:>10,.0f}/s  "
@@ -233,8 +238,8 @@ class Up:
             f"lag {snap.lag_batches} batches / {snap.lag_rows:,} meas "
             f"(oldest {oldest})  windows {snap.windows_emitted}  late {snap.late_rows:,}  "
             f"dead letters {snap.deadletters}"
+            + (f"  partials refused {refused:,}" if refused else "")
         )
-        event_time = pipeline_status(self.config.spec.name, snap, listened_s=0.0)
         if not self._tty:
             self._line(status)
             # Piped output (CI logs, files) gets each new window's results once, for a few keys.
@@ -270,7 +275,10 @@ class Up:
             lines += ["", f"scaling ({self.scaler.policy.name} policy):"]
             lines += [f"  {text}" for text in self.scale_log] or ["  no changes yet"]
         lines += ["", "event time:"]
-        lines += [f"  partition {p['partition']}: {p['why']}" for p in event_time["partitions"]]
+        lines += [
+            f"  partition {p['partition']}: {p['why']}{refused_note(p)}"
+            for p in event_time["partitions"]
+        ]
         lines += [f"  {g}: {note}" for g, note in sorted(gateway_notes(event_time).items())]
         lines += ["", "latest results:"]
         lines += [f"  {self._result_text(row)}" for row in snap.latest]

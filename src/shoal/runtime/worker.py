@@ -86,7 +86,7 @@ class Worker:
         self.worker_id = config.worker_id or unique_client_id(f"shoal-worker-{config.spec.name}")
         self.builder = PartialBuilder(config.spec, self.worker_id)
         self.counters = WorkerCounters()
-        self.started_at = time.monotonic()
+        self.started_at = self.clock.monotonic()
         self._stop = asyncio.Event()
         self._finished = asyncio.Event()
         self._drain_requested = asyncio.Event()
@@ -207,7 +207,7 @@ class Worker:
 
     def _handle(self, session: AsyncSession, message: Message) -> list[asyncio.Future[None]]:
         """Decode, compute, start publishing; returns the PUBACK futures to wait for."""
-        started = time.perf_counter()
+        started = self.clock.monotonic()
         cpu_started = time.process_time()
         now = self.clock.now_ms()
         spec = self.config.spec
@@ -227,12 +227,12 @@ class Worker:
             for partial in partials
         )
         self.counters.partials += len(partials)
-        elapsed = time.perf_counter() - started
+        elapsed = self.clock.monotonic() - started
         self.counters.busy_s += elapsed
         rows = partials[0].batch.rows if partials else 0
         # Capacity counts CPU time, not wall time: on a crowded machine a worker waits for a
         # core, and that says nothing about what one more worker with its own core would do.
-        self._recent.append((time.monotonic(), rows, time.process_time() - cpu_started))
+        self._recent.append((self.clock.monotonic(), rows, time.process_time() - cpu_started))
         self.handle_latency.add(elapsed * 1000.0)
         return futures
 
@@ -347,7 +347,7 @@ class Worker:
 
     def metrics(self) -> dict[str, object]:
         """The heartbeat payload (rates and fractions over the last heartbeat interval)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         uptime = now - self.started_at
         cpu = self._process.cpu_times()
         cpu_s = cpu.user + cpu.system

@@ -152,6 +152,7 @@ class KubernetesBackend:
         read_only: observe the Deployment but never patch it, for when KEDA sets the replicas
             from the scaler's ``/api/v1/scaling`` endpoint (``deploy/kubernetes/keda/``).
         request_timeout_s: the longest one API call may take (the scaler's loop waits for it).
+        clock: monotonic seconds (injected for tests), the time of each scale event.
     """
 
     name = "kubernetes"
@@ -164,11 +165,13 @@ class KubernetesBackend:
         *,
         read_only: bool = False,
         request_timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.deployment = deployment
         self.namespace = namespace
         self.read_only = read_only
         self.request_timeout_s = request_timeout_s
+        self._clock = clock
         self._api = api if api is not None else _apps_api()
         self.stats = BackendStats()
         self._replicas: int | None = None
@@ -187,7 +190,7 @@ class KubernetesBackend:
             "patch", self._api.patch_namespaced_deployment_scale, {"spec": {"replicas": desired}}
         )
         self._replicas = desired
-        self.stats.events.append((time.monotonic(), desired))
+        self.stats.events.append((self._clock(), desired))
 
     def close(self) -> None:
         """Nothing to stop: the cluster owns the pods."""

@@ -21,6 +21,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
+from shoal.errors import ConfigError
+
 PolicyName = Literal["lag", "cpu", "rps"]
 POLICIES: Final = ("lag", "cpu", "rps")
 
@@ -80,7 +82,7 @@ class Bounds:
     def __post_init__(self) -> None:
         """Refuse impossible bounds."""
         if not 0 <= self.min_workers <= self.max_workers or self.max_workers < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"need 0 <= min ({self.min_workers}) <= max ({self.max_workers}), max >= 1"
             )
 
@@ -302,4 +304,4 @@ def make_policy(name: str, bounds: Bounds) -> Policy:
         return CpuPolicy(CpuConfig(bounds=bounds))
     if name == "rps":
         return RpsPolicy(RpsConfig(bounds=bounds))
-    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
+    raise ConfigError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")

@@ -73,6 +73,7 @@ def _partition(partition: int, beat: dict[str, Any], now_ms: int) -> dict[str, A
         "closed_through": beat.get("closed_through"),
         "max_hold_ms": beat.get("max_hold_ms"),
         "pending_batches": beat.get("pending_batches"),
+        "partials_refused": int(beat.get("partials_refused", 0)),
         "heartbeat_age_ms": max(0, now_ms - int(beat.get("at", now_ms))),
         "waiting_for": waiting_for,
         "why": why,
@@ -137,6 +138,14 @@ def gateway_notes(status: dict[str, Any], *, durations: bool = True) -> dict[str
     return notes
 
 
+def refused_note(partition: dict[str, Any]) -> str:
+    """``"; N partials refused"`` for a partition that refused partials, else ``""``."""
+    refused = partition["partials_refused"]
+    if not refused:
+        return ""
+    return f"; {refused:,} partial{'s' if refused != 1 else ''} refused (see its log)"
+
+
 def _when(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
@@ -169,7 +178,7 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(
             f"  partition {p['partition']}: windows closed through "
             f"{'-' if closed is None else _when(closed)}; {p['why']} (max hold "
-            f"{_ms(p['max_hold_ms'])})"
+            f"{_ms(p['max_hold_ms'])}){refused_note(p)}"
         )
     if not status["partitions"]:
         lines.append("  no combiner heartbeat yet: is the pipeline running?")

@@ -12,7 +12,7 @@ from typing import Any, Final
 import orjson
 import polars as pl
 
-from shoal.errors import DecodeError, SchemaError
+from shoal.errors import ConfigError, DecodeError, SchemaError
 from shoal.schemas._binary import DecodedBinary, decode_binary, encode_binary
 from shoal.schemas._checks import (
     GATEWAY_ID_PATTERN,
@@ -195,7 +195,9 @@ def encode_batch(
     if not 0 <= seq <= MAX_SEQ:
         raise SchemaError("seq out of range", reason="out_of_range", field="seq", found=str(seq))
     if zstd and encoding is not Encoding.BINARY_COLUMNAR:
-        raise ValueError("zstd applies to the binary-columnar encoding only")
+        raise ConfigError(
+            f"zstd applies to the binary-columnar encoding only, not {encoding.value}"
+        )
     header: dict[str, Any] = {
         "shoal": SCHEMA_VERSION,
         "enc": encoding.value,

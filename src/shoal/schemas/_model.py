@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, SchemaError, UsageError
 
 SCHEMA_VERSION: Final = 1
 """The wire-format version this codec writes and reads (the ``shoal`` key of every batch)."""
@@ -155,7 +155,7 @@ class Batch:
             ts = frame.get_column("ts").to_numpy() if ts is None else ts
             value = frame.get_column("value").to_numpy() if value is None else value
         elif ts is None or value is None:
-            raise TypeError("a batch built on demand needs its ts and value arrays")
+            raise UsageError("a batch built on demand needs its ts and value arrays")
         else:
             self._frame, self._build = None, frame
         self.ts: npt.NDArray[np.int64] = ts
@@ -249,10 +249,20 @@ class Measurements:
         lengths = {len(self.sensor_id.codes), len(self.value), n}
         lengths.update(len(col.codes) for col in self.attributes.values())
         if len(lengths) != 1:
-            raise ValueError(f"columns differ in length: {sorted(lengths)}")
+            raise SchemaError(
+                "columns differ in length",
+                reason="length_mismatch",
+                expected="one length for every column",
+                found=str(sorted(lengths)),
+            )
         unknown = set(self.attributes) - set(ATTRIBUTE_COLUMNS)
         if unknown:
-            raise ValueError(f"unknown attribute columns {sorted(unknown)}")
+            raise SchemaError(
+                "unknown attribute columns",
+                reason="unknown_field",
+                expected=", ".join(ATTRIBUTE_COLUMNS),
+                found=", ".join(sorted(unknown)),
+            )
 
     def __len__(self) -> int:
         return len(self.ts)

@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
+from shoal.errors import TopicError
+
 _SEGMENT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 _UNSAFE: Final = re.compile(r"[/+#\x00]")
 
@@ -17,7 +19,7 @@ _UNSAFE: Final = re.compile(r"[/+#\x00]")
 def check_segment(text: str, what: str) -> str:
     """Return ``text`` if it is a safe single topic segment (stream, pipeline, gateway id)."""
     if _SEGMENT.fullmatch(text) is None:
-        raise ValueError(
+        raise TopicError(
             f"{what} {text!r} is not a valid name: use 1-128 characters of [A-Za-z0-9_.-], "
             "starting with a letter or digit"
         )
@@ -60,7 +62,7 @@ class Topics:
     def __post_init__(self) -> None:
         """Refuse roots that would break topic filters."""
         if self.root.startswith(("/", "$")) or any(c in self.root for c in "+#\x00"):
-            raise ValueError(
+            raise TopicError(
                 f"topic root {self.root!r} must not start with / or $ nor contain + or #"
             )
 

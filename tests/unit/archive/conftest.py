@@ -3,7 +3,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from shoal.client.messages import WindowMessage, parse_window_message
+from shoal.schemas.results import WindowMessage, parse_window_message
 
 T0 = 1_700_000_000_000
 

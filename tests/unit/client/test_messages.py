@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from shoal.client import empty_results, parse_key_message, parse_window_message, to_pandas
-from shoal.client.messages import HEADER_SCHEMA, key_records_frame
+from shoal.client.messages import key_records_frame
 from shoal.errors import SchemaError
 from shoal.processors.results import (
     Emission,
@@ -17,6 +17,7 @@ from shoal.processors.results import (
     window_json,
     window_msgpack,
 )
+from shoal.schemas.results import HEADER_SCHEMA
 
 T0 = 1_700_000_000_000
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from shoal.clock import FakeClock
+from shoal.errors import ConfigError
 from shoal.gateway._batcher import Batcher
 from shoal.schemas import DictColumn, Measurements
 
@@ -102,5 +103,5 @@ def test_blocks_with_different_dictionaries_are_merged() -> None:
 
 
 def test_rejects_nonsense_settings() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError):
         Batcher(batch_size=0, max_delay_ms=10)

@@ -7,6 +7,7 @@ import random
 import pytest
 
 from shoal.clock import FakeClock
+from shoal.errors import ConfigError
 from shoal.gateway._resend import ResendPolicy
 
 
@@ -140,5 +141,5 @@ def test_jitter_spreads_the_resends_of_batches_sent_together() -> None:
 
 
 def test_jitter_out_of_range_is_refused() -> None:
-    with pytest.raises(ValueError, match="jitter"):
+    with pytest.raises(ConfigError, match="jitter"):
         ResendPolicy(after_ms=1000, window=4, jitter=1.0)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shoal.errors import ConfigError
 from shoal.scaler.policy import (
     Bounds,
     CpuConfig,
@@ -257,14 +258,14 @@ def test_make_policy_knows_its_names() -> None:
     assert make_policy("lag", Bounds()).name == "lag"
     assert make_policy("cpu", Bounds()).name == "cpu"
     assert make_policy("rps", Bounds()).name == "rps"
-    with pytest.raises(ValueError, match="unknown policy"):
+    with pytest.raises(ConfigError, match="unknown policy"):
         make_policy("magic", Bounds())
 
 
 def test_bounds_refuse_nonsense() -> None:
-    with pytest.raises(ValueError, match="min"):
+    with pytest.raises(ConfigError, match="min"):
         Bounds(3, 2)
-    with pytest.raises(ValueError, match="max >= 1"):
+    with pytest.raises(ConfigError, match="max >= 1"):
         Bounds(0, 0)
     assert Bounds(1, 4).clamp(9) == 4
     assert Bounds(2, 4).clamp(0) == 2

@@ -132,3 +132,12 @@ def test_gateway_notes_name_what_is_wrong_and_are_stable_without_durations() -> 
     stable = gateway_notes(status, durations=False)
     assert "for" not in stable["slow"]
     assert stable["ahead"].startswith("batches refused")
+
+
+def test_partials_a_partition_refused_are_reported_only_when_there_are_some() -> None:
+    refusing = {**beat({"a": view(NOW)}), "partials_refused": 2}
+    status = pipeline_status("p", snapshot({0: refusing, 1: beat({"a": view(NOW)})}), 1.0)
+    assert [p["partials_refused"] for p in status["partitions"]] == [2, 0]
+    lines = format_status(status).splitlines()
+    assert "2 partials refused" in next(line for line in lines if "partition 0:" in line)
+    assert "refused (see" not in next(line for line in lines if "partition 1:" in line)

@@ -21,6 +21,7 @@ import zstandard
 from shoal.errors import DecodeError, InputError, SchemaError
 from shoal.schemas import DecodeLimits, decode_batch
 from shoal.schemas.control import Confirm
+from shoal.schemas.results import parse_window_message
 
 T0 = 1_700_000_000_000
 SOURCE = Path(__file__).resolve().parents[3] / "src" / "shoal" / "schemas"
@@ -165,11 +166,26 @@ def test_each_control_reason_is_a_schema_error(
     assert (info.value.reason, info.value.field, info.value.row) == (reason, field_, None)
 
 
+RESULT_CASES = [
+    ("bad_result_message", b"[1]", None),
+    ("bad_result_message", orjson.dumps({"pipeline": 1}), "pipeline"),
+]
+
+
+@pytest.mark.parametrize(("reason", "payload", "field_"), RESULT_CASES)
+def test_each_result_message_reason_is_a_schema_error(
+    reason: str, payload: bytes, field_: str | None
+) -> None:
+    with pytest.raises(SchemaError) as info:
+        parse_window_message(payload)
+    assert (info.value.reason, info.value.field) == (reason, field_)
+
+
 def test_the_tables_name_every_reason_in_the_source() -> None:
     found = set()
     for path in SOURCE.glob("*.py"):
         found |= set(re.findall(r'reason="([a-z_]+)"', path.read_text("utf-8")))
-    assert found == {c.reason for c in CASES} | {c[0] for c in CONTROL_CASES}
+    assert found == {c.reason for c in CASES} | {c[0] for c in CONTROL_CASES + RESULT_CASES}
 
 
 def test_both_error_classes_derive_from_input_error() -> None:

@@ -1,0 +1,388 @@
+"""The golden output messages: fixed input run through the code that builds each message.
+
+``output_cases()`` drives a worker's and a combiner's pure parts on a fake clock (decode, the
+partial builder, the combiner core) and renders what they would publish with the same
+functions the runtime calls (``shoal.processors.results``, ``Confirm.to_json``,
+``Partial.encode``, the runtime's ``metrics()``). ``generate_outputs.py`` writes the result;
+``tests/unit/schemas/test_output_contract.py`` runs it again and compares, so a change to a
+message that does not change its golden file (and its schema) fails a test.
+
+The scenario (one gateway ``gw-01`` on stream ``plant``, pipeline ``temps``, 10 s tumbling
+windows, 1 s lateness):
+
+* seq 0 and 1 fill the window [T0, T0 + 10 s) and move the watermark past its close;
+* seq 2 brings a row for that window, behind gw-01's own watermark: late, ``behind_watermark``;
+* seq 3 is refused (a string where a value belongs): a dead letter and a rejected partial;
+* gw-02 appears after the window closed, with a row for it: late, ``window_closed``;
+* a second pipeline ``by-unit`` keys by ``unit``, so one key is null (topic segment ``_``).
+
+Only the heartbeats' process-dependent figures (uptime, CPU, rates over wall time) are set
+to fixed values after ``metrics()`` returns; every other byte is the code's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+import orjson
+import polars as pl
+
+from shoal.broker.settings import BrokerSettings
+from shoal.clock import FakeClock
+from shoal.errors import InputError
+from shoal.processors.combine import Combiner, LateRows
+from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
+from shoal.processors.results import (
+    DEADLETTER_HEADROOM,
+    Emission,
+    deadletter_message,
+    key_messages,
+    late_message,
+    split_windows,
+    window_json,
+    window_msgpack,
+)
+from shoal.processors.spec import SIMPLE_AGGREGATES, PipelineSpec, parse_pipeline
+from shoal.processors.state import ClosedWindows
+from shoal.runtime.combiner import CombinerConfig, CombinerRuntime
+from shoal.runtime.worker import Worker, WorkerConfig
+from shoal.schemas import Encoding, decode_batch, encode_batch, peek_envelope
+from shoal.schemas.control import Confirm, GatewayStatus
+from shoal.schemas.topics import Topics
+
+T0: Final = 1_700_000_000_000
+STREAM: Final = "plant"
+WORKER_ID: Final = "shoal-worker-temps-edge1-4242-1-9f3a"
+TOPICS: Final = Topics()
+
+TEMPS: Final = parse_pipeline(
+    {
+        "name": "temps",
+        "windows": [{"kind": "tumbling", "size_ms": 10_000}],
+        "aggregates": [*SIMPLE_AGGREGATES, "p50", "p99"],
+        "lateness_ms": 1_000,
+        "output_encodings": ["json", "msgpack"],
+    }
+)
+BY_UNIT: Final = parse_pipeline(
+    {
+        "name": "by-unit",
+        "key": "unit",
+        "windows": [{"kind": "tumbling", "size_ms": 60_000}],
+        "aggregates": ["count", "mean"],
+    }
+)
+MISMATCH: Final = InputError(
+    "the batch names another gateway than its topic",
+    reason="gateway_mismatch",
+    field="gateway_id",
+    expected="gw-01",
+    found="gw-99",
+)
+"""The error ``Worker._decode`` raises for a batch whose envelope names another gateway."""
+
+
+NOTES: Final = {
+    "partial": "internal: the state rows and sketch of one batch for one partition",
+    "result-window": "a closed window, every key of the partition (JSON, the first encoding)",
+    "result-window-columnar": "the same window in MsgPack, one array per column",
+    "result-key": "the latest result of one key (retained)",
+    "deadletter": "a batch refused for one bad row: its gateway and seq were readable",
+    "partial-rejected": "internal: a refused batch marked handled, with no rows",
+    "late": "rows of one batch behind their gateway's own watermark",
+    "late-window-closed": "rows of one batch for a window already emitted",
+    "deadletter-unreadable": "bytes that are no batch at all: no field, no row, no seq to mark",
+    "deadletter-truncated": "a record cut to the broker's packet limit (payload_truncated)",
+    "result-window-null-key": "a pipeline keyed by an attribute: rows without it have key null",
+    "result-key-null-key": "the latest result of the null key, on the topic segment _",
+    "confirm": "every batch of gw-01 up to seq 3 is applied and durable in partition 0",
+    "confirm-missing": "with seqs the partition has waited for while holding later ones",
+    "gateway-status": "a gateway's retained status",
+    "control-flush": "close every open window now (shoal up, benchmarks, operators)",
+    "control-drain": "a worker leaves without losing a batch",
+    "control-reset-stats": "benchmarks: forget warm-up latencies",
+    "control-marker": "a draining worker's marker to itself (Worker._drain_when_asked)",
+    "metrics-combiner": "a combiner partition's heartbeat (every heartbeat_ms, QoS 0)",
+    "metrics-worker": "a worker's heartbeat (every heartbeat_ms, QoS 0)",
+    "metrics-worker-gone": "a worker's will: the broker publishes it when the worker vanishes",
+}
+"""Every golden case by name, with what it shows (``manifest.json``'s notes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputCase:
+    """One golden message and how it travels.
+
+    Attributes:
+        name: file name without extension, below ``golden/outputs/``.
+        kind: its ``shoal.schemas.catalog`` kind.
+        topic: the topic it is published on (no deployment root).
+        payload: the exact bytes.
+        syntax: ``json`` or ``msgpack`` (MsgPack goldens get a ``.expected.json`` view).
+        note: what it shows.
+    """
+
+    name: str
+    kind: str
+    topic: str
+    payload: bytes
+    syntax: str
+    note: str
+
+    @property
+    def file(self) -> str:
+        """The payload's path below ``golden/``."""
+        return f"outputs/{self.name}.{'json' if self.syntax == 'json' else 'msgpack'}"
+
+
+@dataclass
+class _Scenario:
+    """The running scenario: one builder (the worker), the combiner core, the clock."""
+
+    clock: FakeClock = field(default_factory=lambda: FakeClock(T0 + 20_000))
+    cases: list[OutputCase] = field(default_factory=list)
+    late: list[LateRows] = field(default_factory=list)
+
+    def add(self, name: str, kind: str, topic: str, payload: bytes) -> None:
+        syntax = "json" if payload[:1] == b"{" else "msgpack"
+        self.cases.append(OutputCase(name, kind, topic, payload, syntax, NOTES[name]))
+
+
+def _batch(gateway_id: str, seq: int, rows: list[tuple[str, int, float, str | None]]) -> bytes:
+    frame = pl.DataFrame(
+        {
+            "sensor_id": [r[0] for r in rows],
+            "ts": [T0 + r[1] for r in rows],
+            "value": [r[2] for r in rows],
+            "unit": [r[3] for r in rows],
+        },
+        schema={"sensor_id": pl.String, "ts": pl.Int64, "value": pl.Float64, "unit": pl.String},
+    )
+    return encode_batch(
+        frame,
+        gateway_id=gateway_id,
+        seq=seq,
+        sent_at_ms=T0 + 19_000,
+        encoding=Encoding.JSON_ROWS,
+    )
+
+
+def _status(gateway_id: str, next_seq: int, at_ms: int) -> GatewayStatus:
+    return GatewayStatus(gateway_id, STREAM, next_seq, 0, next_seq, 6, T0 + 19_000, 900, 6, at_ms)
+
+
+def _work(
+    s: _Scenario, spec: PipelineSpec, builder: PartialBuilder, gateway_id: str, payload: bytes
+) -> tuple[list[Partial], bytes | None]:
+    """What ``Worker._handle`` publishes for one batch: partials, and a dead letter if refused."""
+    now = s.clock.now_ms()
+    try:
+        batch = decode_batch(payload, limits=spec.limits, now_ms=now)
+    except InputError as exc:
+        record = deadletter_message(
+            pipeline=spec.name,
+            topic=TOPICS.ingest(STREAM, gateway_id),
+            content_type=None,
+            payload=payload,
+            error=exc.as_record(),
+            worker=builder.worker_id,
+            at_ms=now,
+        )
+        named = peek_envelope(payload, spec.limits)
+        if named is None:
+            return [], record
+        info = BatchInfo(*named, STREAM, 0, None, None, 0, now, builder.worker_id)
+        return builder.rejected(replace(info, status="rejected", reason=exc.reason), now), record
+    env = batch.envelope
+    info = BatchInfo(
+        gateway_id, env.seq, STREAM, batch.rows, None, None, env.sent_at_ms, now, builder.worker_id
+    )
+    return builder.build_batch(batch, info, now), None
+
+
+def _combine(s: _Scenario, core: Combiner, partials: list[Partial]) -> list[ClosedWindows]:
+    """Apply partials (through their wire form) as ``CombinerRuntime`` does; closed windows."""
+    closed: list[ClosedWindows] = []
+    for partial in partials:
+        step = core.receive(Partial.decode(partial.encode()))
+        s.late.extend(step.late)
+        found = (step.closed, core.close_ready(s.clock.now_ms()))
+        closed.extend(c for c in found if c is not None and not c.empty)
+    return closed
+
+
+def _emit(  # noqa: PLR0917 - private; one call per pipeline of the scenario
+    s: _Scenario,
+    spec: PipelineSpec,
+    core: Combiner,
+    closed: list[ClosedWindows],
+    tag: str = "",
+    key: str | None = "t1",
+) -> None:
+    """Window messages of ``closed`` as ``CombinerRuntime._emit`` renders them; ``key``'s."""
+    ctx = Emission(spec.name, 0, spec.partitions, core.closed_through, s.clock.now_ms())
+    for frame in closed:
+        for result in split_windows(frame.frame):
+            rendered = {"result-window": window_json(result, ctx)}
+            if "msgpack" in spec.output_encodings:
+                rendered["result-window-columnar"] = window_msgpack(result, ctx)
+            for kind, payload in rendered.items():
+                topic = TOPICS.results(spec.name)
+                if kind != "result-window":
+                    topic = TOPICS.results_encoded(spec.name, "msgpack")
+                s.add(kind + tag, kind, topic, payload)
+            keys = dict(key_messages(result, spec.name, s.clock.now_ms()))
+            topic = TOPICS.result_key(spec.name, key)
+            s.add("result-key" + tag, "result-key", topic, keys[key])
+
+
+def _temps(s: _Scenario) -> CombinerRuntime:
+    spec = TEMPS
+    builder = PartialBuilder(spec, WORKER_ID)
+    runtime = CombinerRuntime(CombinerConfig(spec, 0, BrokerSettings()), s.clock)
+    core = runtime.core
+    core.receive_status(_status("gw-01", 4, s.clock.now_ms()))
+    seq0 = _batch(
+        "gw-01", 0, [("t1", 0, 21.5, "°C"), ("t1", 250, 21.625, "°C"), ("t2", 500, 3.0, None)]
+    )
+    seq1 = _batch("gw-01", 1, [("t1", 12_000, 22.0, "°C"), ("t2", 12_500, 4.5, None)])
+    seq2 = _batch("gw-01", 2, [("t2", 100, 4.0, None)])
+    seq3 = seq2.replace(b'"seq":2', b'"seq":3').replace(b'"value":4.0', b'"value":"warm"')
+    partials, _ = _work(s, spec, builder, "gw-01", seq0)
+    s.add("partial", "partial", TOPICS.partials(spec.name, 0), partials[0].encode())
+    closed = _combine(s, core, partials)
+    s.clock.advance(100)
+    closed += _combine(s, core, _work(s, spec, builder, "gw-01", seq1)[0])
+    _emit(s, spec, core, closed)
+    s.clock.advance(100)
+    _combine(s, core, _work(s, spec, builder, "gw-01", seq2)[0])
+    s.clock.advance(100)
+    rejected, dead = _work(s, spec, builder, "gw-01", seq3)
+    assert dead is not None
+    s.add("deadletter", "deadletter", TOPICS.deadletter(spec.name), dead)
+    s.add("partial-rejected", "partial", TOPICS.partials(spec.name, 0), rejected[0].encode())
+    _combine(s, core, rejected)
+    s.clock.advance(100)
+    core.receive_status(_status("gw-02", 1, s.clock.now_ms()))
+    returning = _batch("gw-02", 0, [("t3", 9_000, 7.25, None)])  # for the closed window
+    _combine(s, core, _work(s, spec, builder, "gw-02", returning)[0])
+    for late, name in zip(s.late, ("late", "late-window-closed"), strict=True):
+        payload = late_message(late, spec.name, 0, s.clock.now_ms())
+        s.add(name, "late", TOPICS.late(spec.name), payload)
+    return runtime
+
+
+def _deadletters(s: _Scenario) -> None:
+    builder = PartialBuilder(TEMPS, WORKER_ID)
+    _, dead = _work(s, TEMPS, builder, "gw-01", b"\x00garbage")
+    assert dead is not None
+    s.add("deadletter-unreadable", "deadletter", TOPICS.deadletter(TEMPS.name), dead)
+    big = _batch("gw-01", 9, [("t1", 1_000 + i, 1.0, None) for i in range(40)])
+    record = deadletter_message(
+        pipeline=TEMPS.name,
+        topic=TOPICS.ingest(STREAM, "gw-01"),
+        content_type=Encoding.JSON_ROWS.content_type,
+        payload=big,
+        error=MISMATCH.as_record(),
+        worker=WORKER_ID,
+        at_ms=s.clock.now_ms(),
+        max_bytes=DEADLETTER_HEADROOM // 4,
+    )
+    s.add("deadletter-truncated", "deadletter", TOPICS.deadletter(TEMPS.name), record)
+
+
+def _by_unit(s: _Scenario) -> None:
+    spec = BY_UNIT
+    core = Combiner(spec, 0, s.clock)
+    core.receive_status(_status("gw-01", 1, s.clock.now_ms()))
+    payload = _batch("gw-01", 0, [("t1", 1_000, 21.5, "°C"), ("d1", 2_000, 1.0, None)])
+    _combine(s, core, _work(s, spec, PartialBuilder(spec, WORKER_ID), "gw-01", payload)[0])
+    _emit(s, spec, core, [core.flush()], "-null-key", key=None)
+
+
+def _control(s: _Scenario) -> None:
+    spec = TEMPS
+    s.add(
+        "confirm",
+        "confirm",
+        TOPICS.confirm("gw-01", spec.name, 0),
+        Confirm("gw-01", spec.name, 0, spec.partitions, 3, s.clock.now_ms()).to_json(),
+    )
+    s.add(
+        "confirm-missing",
+        "confirm",
+        TOPICS.confirm("gw-01", spec.name, 0),
+        Confirm("gw-01", spec.name, 0, 4, 3, s.clock.now_ms(), (5, 6)).to_json(),
+    )
+    s.add(
+        "gateway-status",
+        "gateway-status",
+        TOPICS.gateway_status("gw-01"),
+        _status("gw-01", 4, s.clock.now_ms()).to_json(),
+    )
+    for name, command in (
+        ("control-flush", {"cmd": "flush"}),
+        ("control-drain", {"cmd": "drain"}),
+        ("control-reset-stats", {"cmd": "reset_stats"}),
+        ("control-marker", {"cmd": "marker", "token": "5f0c2a9e7d41b386"}),
+    ):
+        topic = (
+            TOPICS.combiner_control(spec.name)
+            if command["cmd"] in ("flush", "reset_stats")
+            else TOPICS.control(WORKER_ID)
+        )
+        s.add(name, "control", topic, orjson.dumps(command))
+
+
+_COMBINER_FIXED: Final = {"uptime_s": 42.125}
+_WORKER_FIXED: Final = {
+    "uptime_s": 42.5,
+    "busy_s": 0.012345,
+    "busy_fraction": 0.0003,
+    "cpu_percent": 1.5,
+    "batches_per_s": 0.1,
+    "rows_per_s": 0.4,
+    "capacity_rows_per_s": 2700.0,
+}
+"""Figures that depend on the process (wall time, CPU), fixed so the goldens are stable."""
+
+
+def _metrics(s: _Scenario, runtime: CombinerRuntime) -> None:
+    for ms in (3.5, 4.0, 12.25):
+        runtime.apply_latency.add(ms)
+    runtime.result_latency.add(2.75)
+    body = runtime.metrics()
+    assert set(_COMBINER_FIXED) <= set(body), "a fixed figure the heartbeat no longer has"
+    body.update(_COMBINER_FIXED)
+    s.add(
+        "metrics-combiner",
+        "metrics-combiner",
+        TOPICS.metrics("combiner", f"{TEMPS.name}-0"),
+        orjson.dumps(body),
+    )
+    worker = Worker(WorkerConfig(TEMPS, BrokerSettings(), TOPICS, worker_id=WORKER_ID), s.clock)
+    counters = worker.counters
+    counters.batches, counters.rows, counters.deadletters, counters.partials = 5, 9, 2, 5
+    for ms in (0.8, 1.1, 2.4):
+        worker.handle_latency.add(ms)
+    body = worker.metrics()
+    assert set(_WORKER_FIXED) <= set(body), "a fixed figure the heartbeat no longer has"
+    body.update(_WORKER_FIXED)
+    s.add(
+        "metrics-worker", "metrics-worker", TOPICS.metrics("worker", WORKER_ID), orjson.dumps(body)
+    )
+    # The worker's MQTT will, as Worker.run sets it.
+    gone = orjson.dumps({"component": "worker", "id": WORKER_ID, "state": "gone"})
+    s.add("metrics-worker-gone", "metrics-worker", TOPICS.metrics("worker", WORKER_ID), gone)
+
+
+def output_cases() -> list[OutputCase]:
+    """Every golden output message, built by running the scenario (deterministic)."""
+    s = _Scenario()
+    runtime = _temps(s)
+    _deadletters(s)
+    _by_unit(s)
+    _control(s)
+    _metrics(s, runtime)
+    return s.cases

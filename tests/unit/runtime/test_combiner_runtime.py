@@ -1,0 +1,73 @@
+"""The combiner, worker and scaler processes without a broker: their clocks and counters."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from shoal.broker import Message
+from shoal.broker.settings import BrokerSettings
+from shoal.clock import FakeClock
+from shoal.processors.partials import BatchInfo, PartialBuilder
+from shoal.processors.spec import parse_pipeline
+from shoal.runtime.combiner import CombinerConfig, CombinerRuntime
+from shoal.runtime.scaler import Scaler, ScalerConfig
+from shoal.runtime.worker import Worker, WorkerConfig
+from shoal.schemas import FRAME_SCHEMA
+from shoal.schemas.topics import Topics
+
+SPEC = parse_pipeline({"name": "p", "windows": [{"kind": "tumbling", "size_ms": 1000}]})
+OTHER = parse_pipeline({"name": "p", "windows": [{"kind": "tumbling", "size_ms": 5000}]})
+START = 1_700_000_000_000
+
+
+class _NoBackend:
+    name = "none"
+
+    def observe(self) -> int:
+        return 1
+
+    def scale_to(self, desired: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def combiner(clock: FakeClock) -> CombinerRuntime:
+    return CombinerRuntime(CombinerConfig(SPEC, 0, BrokerSettings()), clock)
+
+
+def test_heartbeats_read_the_injected_clock() -> None:
+    clock = FakeClock(START)
+    runtimes = [combiner(clock), Worker(WorkerConfig(SPEC, BrokerSettings()), clock)]
+    clock.advance(2_500)
+    for runtime in runtimes:
+        beat = runtime.metrics()
+        assert beat["at"] == START + 2_500
+        assert beat["uptime_s"] == 2.5
+
+
+def test_the_scaler_records_its_decisions_at_the_injected_clock() -> None:
+    clock = FakeClock(START)
+    scaler = Scaler(ScalerConfig(SPEC, BrokerSettings(), http_port=None), _NoBackend(), clock=clock)
+    clock.advance(7_000)
+    assert scaler.decide(1).at_s == 7.0
+
+
+def test_refused_partials_are_counted_in_the_heartbeat() -> None:
+    clock = FakeClock(START)
+    runtime = combiner(clock)
+    topic = Topics().partials(SPEC.name, 0)
+    assert runtime.metrics()["partials_refused"] == 0
+
+    runtime._on_message(None, Message(topic, b"\x93not a partial"))
+    assert runtime.metrics()["partials_refused"] == 1
+
+    # A well-formed partial of another spec (another worker version) is refused too.
+    info = BatchInfo("gw", 0, "s", 0, None, None, START, START, "w-old")
+    builder = PartialBuilder(OTHER, "w-old")
+    (foreign,) = builder.build(pl.DataFrame(schema=FRAME_SCHEMA), info, START)
+    runtime._on_message(None, Message(topic, foreign.encode()))
+    beat = runtime.metrics()
+    assert beat["partials_refused"] == 2
+    assert beat["foreign_partials"] == 1
