@@ -22,7 +22,8 @@ split, combine to the same state.
   sketch of ``sketch.py`` (cells of ``(group, bucket) -> count``, carried beside the state
   columns), merged by adding counts.
 
-Adding an aggregate: docs/architecture.md, "Adding an aggregate".
+Imports only ``_kernels`` and ``sketch``; ``spec`` checks names against this registry, never
+the reverse. Adding an aggregate: docs/architecture.md, "Adding an aggregate".
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -38,9 +39,6 @@ import polars as pl
 
 from shoal.processors._kernels import Runs, quantile_buckets
 from shoal.processors.sketch import LogBuckets
-
-if TYPE_CHECKING:
-    from shoal.processors.spec import PipelineSpec
 
 Kernel = Callable[[Runs], npt.NDArray[Any]]
 """A state field's numpy kernel: one value per run (group) of sorted rows."""
@@ -328,6 +326,18 @@ ALIASES: Final[dict[str, str]] = {
 
 
 @dataclass(frozen=True, slots=True)
+class AggregateSpec:
+    """One requested aggregate: its output name and, for quantiles, the quantile in (0, 1).
+
+    The name is one of ``AGGREGATES``, or a quantile name (``QUANTILES``); pipeline specs
+    (``spec.parse_pipeline``) resolve aliases and refuse other names.
+    """
+
+    name: str
+    quantile: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AggregatePlan:
     """What a pipeline computes: the registry entries its aggregates need, resolved once.
 
@@ -342,12 +352,12 @@ class AggregatePlan:
     quantiles: dict[str, float]
 
     @classmethod
-    def for_spec(cls, spec: PipelineSpec) -> AggregatePlan:
-        """Compile the aggregates a pipeline spec asks for."""
+    def for_aggregates(cls, aggregates: Iterable[AggregateSpec]) -> AggregatePlan:
+        """Resolve the aggregates a pipeline spec asks for (``PipelineSpec.aggregates``)."""
         wanted: list[StateField] = list(ALWAYS)
         outputs: dict[str, pl.Expr] = {}
         quantiles: dict[str, float] = {}
-        for requested in spec.aggregates:
+        for requested in aggregates:
             if requested.quantile is not None:
                 quantiles[requested.name] = requested.quantile
                 continue

@@ -31,7 +31,7 @@ import numpy.typing as npt
 import polars as pl
 
 from shoal.clock import Clock
-from shoal.errors import ConfigError, SchemaError
+from shoal.errors import SchemaError, UsageError
 from shoal.processors.aggregates import AggregatePlan
 from shoal.processors.partials import Partial, PartialRows, spec_fingerprint
 from shoal.processors.progress import GatewayProgress, ProgressTracker
@@ -107,13 +107,11 @@ class Combiner:
         max_pending_bytes: int | None = MAX_PENDING_BYTES,
     ) -> None:
         if not 0 <= partition < spec.partitions:
-            raise ConfigError(
-                f"{spec.name}: partition {partition} outside 0..{spec.partitions - 1}"
-            )
+            raise UsageError(f"{spec.name}: partition {partition} outside 0..{spec.partitions - 1}")
         self.spec = spec
         self.partition = partition
         self.clock = clock
-        self.plan = AggregatePlan.for_spec(spec)
+        self.plan = AggregatePlan.for_aggregates(spec.aggregates)
         self.fingerprint = spec_fingerprint(spec)
         self.tracker: ProgressTracker[Partial] = ProgressTracker(
             spec.idle_timeout_ms,

@@ -427,7 +427,7 @@ class PartialBuilder:
     def __init__(self, spec: PipelineSpec, worker_id: str) -> None:
         self.spec = spec
         self.worker_id = worker_id
-        self.plan = AggregatePlan.for_spec(spec)
+        self.plan = AggregatePlan.for_aggregates(spec.aggregates)
         self.buckets = LogBuckets(spec.sketch_accuracy)
         self.router = KeyRouter(spec.partitions)
         self.fingerprint = spec_fingerprint(spec)

@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from shoal.errors import ConfigError
+from shoal.errors import UsageError
 
 MIN_INDEXABLE: Final = 1e-9
 
@@ -40,7 +40,7 @@ class LogBuckets:
     def __post_init__(self) -> None:
         """Refuse accuracies that make no sense."""
         if not 0.0 < self.relative_accuracy < 1.0:
-            raise ConfigError(f"relative_accuracy must be in (0, 1), not {self.relative_accuracy}")
+            raise UsageError(f"relative_accuracy must be in (0, 1), not {self.relative_accuracy}")
 
     @property
     def gamma(self) -> float:

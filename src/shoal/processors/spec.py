@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from shoal.errors import ConfigError
-from shoal.processors.aggregates import AGGREGATES, ALIASES, QUANTILES
-from shoal.processors.windows import WINDOW_KINDS
+from shoal.errors import ConfigError, UsageError
+from shoal.processors.aggregates import AGGREGATES, ALIASES, QUANTILES, AggregateSpec
+from shoal.processors.windows import WINDOW_KINDS, WindowSpec
 from shoal.schemas import ATTRIBUTE_COLUMNS, DecodeLimits
 from shoal.schemas.topics import check_segment
 
@@ -24,39 +24,6 @@ OutputEncoding = Literal["json", "msgpack"]
 KEY_COLUMNS: Final = ("sensor_id", *ATTRIBUTE_COLUMNS)
 MAX_WINDOWS_PER_ROW: Final = 64
 """A hopping window puts each row into size/slide windows; beyond this the spec is refused."""
-
-
-@dataclass(frozen=True, slots=True)
-class WindowSpec:
-    """An event-time window aligned to the epoch.
-
-    Attributes:
-        name: label carried by results (``tumbling-10s`` unless given).
-        kind: a name in ``windows.WINDOW_KINDS``: ``tumbling`` (slide = size) or ``hopping``.
-        size_ms: window length.
-        slide_ms: distance between window starts (= size for tumbling).
-    """
-
-    name: str
-    kind: str
-    size_ms: int
-    slide_ms: int
-
-    @property
-    def windows_per_row(self) -> int:
-        """How many windows each timestamp falls into."""
-        return self.size_ms // self.slide_ms
-
-
-@dataclass(frozen=True, slots=True)
-class AggregateSpec:
-    """One requested aggregate: its output name and, for quantiles, the quantile in (0, 1).
-
-    The name is one of ``aggregates.AGGREGATES``, or a quantile name (``aggregates.QUANTILES``).
-    """
-
-    name: str
-    quantile: float | None = None
 
 
 def default_max_hold_ms(lateness_ms: int, idle_timeout_ms: int) -> int:
@@ -131,7 +98,7 @@ class PipelineSpec:
         for window in self.windows:
             if window.name == name:
                 return window
-        raise ConfigError(
+        raise UsageError(
             f"{self.name}: no window named {name!r}; the windows are "
             f"{[w.name for w in self.windows]}"
         )
@@ -231,7 +198,7 @@ class _Reader:
             raise ConfigError(f"{self.where}: {key} must be a string")
         try:
             return check_segment(value, key)
-        except ValueError as exc:
+        except ConfigError as exc:  # TopicError: say which spec and field
             raise ConfigError(f"{self.where}: {exc}") from None
 
     def strings(self, key: str, *, default: tuple[str, ...]) -> tuple[str, ...]:

@@ -12,22 +12,43 @@ is ``floor(t / slide) * slide - j * slide`` for ``j`` in ``0 .. size/slide - 1``
 window is a hopping one with ``slide = size``. Floor division makes negative timestamps fall
 into the window *before* zero, like positive ones.
 
-Adding a window kind: docs/architecture.md, "Adding a window kind".
+Imports no other shoal module (``spec`` reads window tables into ``WindowSpec`` and checks the
+kind against ``WINDOW_KINDS``). Adding a window kind: docs/architecture.md, "Adding a window
+kind".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-if TYPE_CHECKING:
-    from shoal.processors.spec import WindowSpec
-
 Int64Array = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSpec:
+    """One window of a pipeline spec (``spec.parse_pipeline`` reads and checks it).
+
+    Attributes:
+        name: label carried by results (``tumbling-10s`` unless given).
+        kind: a name in ``WINDOW_KINDS``: ``tumbling`` (slide = size) or ``hopping``.
+        size_ms: window length.
+        slide_ms: distance between window starts (= size for tumbling).
+    """
+
+    name: str
+    kind: str
+    size_ms: int
+    slide_ms: int
+
+    @property
+    def windows_per_row(self) -> int:
+        """How many windows each timestamp falls into."""
+        return self.size_ms // self.slide_ms
 
 
 @dataclass(frozen=True, slots=True)

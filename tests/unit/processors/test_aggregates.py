@@ -23,7 +23,7 @@ def spec_with(aggregates: list[str]) -> PipelineSpec:
 
 
 ALL_SIMPLE = spec_with(list(AGGREGATES))
-PLAN = AggregatePlan.for_spec(ALL_SIMPLE)
+PLAN = AggregatePlan.for_aggregates(ALL_SIMPLE.aggregates)
 SCHEMA = {"key": pl.String, "ts": pl.Int64, "value": pl.Float64}
 
 Row = tuple[str, int, float]
@@ -227,14 +227,14 @@ def assert_dependency_order(plan: AggregatePlan) -> None:
     ],
 )
 def test_plan_fields_in_dependency_order(aggregates: list[str], fields: tuple[str, ...]) -> None:
-    plan = AggregatePlan.for_spec(spec_with(aggregates))
+    plan = AggregatePlan.for_aggregates(spec_with(aggregates).aggregates)
     assert plan.field_names == fields
     assert_dependency_order(plan)
 
 
 @pytest.mark.parametrize("name", list(AGGREGATES))
 def test_every_aggregate_alone(name: str) -> None:
-    plan = AggregatePlan.for_spec(spec_with([name]))
+    plan = AggregatePlan.for_aggregates(spec_with([name]).aggregates)
     assert_dependency_order(plan)
     assert {f.name for f in AGGREGATES[name].state} <= set(plan.field_names)
     assert list(plan.outputs) == [name]
@@ -243,14 +243,14 @@ def test_every_aggregate_alone(name: str) -> None:
 
 
 def test_quantiles_go_to_the_sketch() -> None:
-    plan = AggregatePlan.for_spec(spec_with(["p50", "mean", "p99.9"]))
+    plan = AggregatePlan.for_aggregates(spec_with(["p50", "mean", "p99.9"]).aggregates)
     assert plan.quantiles == {"p50": 0.5, "p99.9": pytest.approx(0.999)}
     assert list(plan.outputs) == ["mean"]
     assert plan.needs_sketch
 
 
 def test_state_schema() -> None:
-    plan = AggregatePlan.for_spec(spec_with(["stddev", "last"]))
+    plan = AggregatePlan.for_aggregates(spec_with(["stddev", "last"]).aggregates)
     schema = plan.state_schema({"key": pl.String()})
     assert schema.names() == ["key", *plan.field_names]
     assert {name: schema[name] for name in plan.field_names} == {
@@ -259,7 +259,7 @@ def test_state_schema() -> None:
 
 
 def test_partial_state_has_the_declared_dtypes() -> None:
-    plan = AggregatePlan.for_spec(ALL_SIMPLE)
+    plan = AggregatePlan.for_aggregates(ALL_SIMPLE.aggregates)
     state = partial([("a", 1, 1.0), ("a", 2, 2.0)])
     merged = merge([state, state])
     for frame in (state, merged):

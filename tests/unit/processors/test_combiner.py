@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
 from shoal.clock import FakeClock
-from shoal.errors import ConfigError, SchemaError
+from shoal.errors import SchemaError, UsageError
 from shoal.processors.combine import Combiner, CombinerCounters, LateRows, Step
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.progress import DISCOVERY_GRACE_MS
@@ -399,7 +399,7 @@ def test_foreign_partition_is_refused() -> None:
 
 @pytest.mark.parametrize("partition", [-1, 2])
 def test_partition_out_of_range(partition: int) -> None:
-    with pytest.raises(ConfigError, match="partition"):
+    with pytest.raises(UsageError, match="partition"):
         Combiner(make_spec(partitions=2), partition, FakeClock())
 
 

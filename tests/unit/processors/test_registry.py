@@ -64,7 +64,7 @@ def hot_path(spec: PipelineSpec, batches: list[list[Row]], data: st.DataObject) 
         info = BatchInfo("gw", seq, "s", 0, None, None, 0, 0, "w")
         (partial,) = builder.build(frame_of(rows), info, 0)
         partials.append(Partial.decode(partial.encode()))
-    state = WindowState(spec, AggregatePlan.for_spec(spec))
+    state = WindowState(spec, AggregatePlan.for_aggregates(spec.aggregates))
     for index in data.draw(st.permutations(range(len(partials))), label="order"):
         rows = partials[index].rows
         assert rows is not None

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.errors import ConfigError
+from shoal.errors import UsageError
 from shoal.processors.sketch import (
     MIN_INDEXABLE,
     LogBuckets,
@@ -44,7 +44,7 @@ def within_bound(estimate: float, exact: float, accuracy: float) -> bool:
 
 @pytest.mark.parametrize("accuracy", [0.0, 1.0, -0.01, 1.5])
 def test_refuses_nonsense_accuracy(accuracy: float) -> None:
-    with pytest.raises(ConfigError, match="relative_accuracy"):
+    with pytest.raises(UsageError, match="relative_accuracy"):
         LogBuckets(accuracy)
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, UsageError
 from shoal.processors.spec import (
     MAX_WINDOWS_PER_ROW,
     AggregateSpec,
@@ -92,7 +92,7 @@ def test_full_spec() -> None:
     assert spec.aggregate_names == ("p50", "mean", "stddev", "p99.9", "count", "last")
     assert spec.quantiles == (0.5, pytest.approx(0.999))
     assert spec.window("minute").size_ms == 60_000
-    with pytest.raises(ConfigError, match="no window named 'nope'"):
+    with pytest.raises(UsageError, match="no window named 'nope'"):
         spec.window("nope")
     assert spec.output_encodings == ("msgpack", "json")
     assert spec.sketch_accuracy == 0.001

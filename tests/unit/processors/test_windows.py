@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.processors.spec import WindowSpec
 from shoal.processors.windows import (
     WINDOW_KINDS,
+    WindowSpec,
     kind_of,
     window_end,
     window_start,
