@@ -20,7 +20,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.processors.aggregates import AGGREGATES, QUANTILES, AggregatePlan
+from shoal.processors.aggregates import (
+    AGGREGATES,
+    ALIASES,
+    ALWAYS,
+    BUILTIN,
+    QUANTILES,
+    STATE_FIELDS,
+    AggregatePlan,
+)
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec, parse_pipeline
@@ -135,6 +143,19 @@ def test_every_window_kind_has_examples() -> None:
     assert set(WINDOW_EXAMPLES) == set(WINDOW_KINDS)
     for kind, windows in WINDOW_EXAMPLES.items():
         assert all(spec_of(w, ["count"]).windows[0].kind == kind for w in windows)
+
+
+def test_names_are_unambiguous() -> None:
+    """One entry per name, one field object per column name, aliases that point elsewhere."""
+    assert len(AGGREGATES) == len(BUILTIN)
+    fields = {id(f): f for a in BUILTIN for f in (*a.state, *ALWAYS)}
+    needed = {id(d): d for f in fields.values() for d in f.needs}
+    assert len({f.name for f in {**fields, **needed}.values()}) == len({**fields, **needed})
+    assert set(STATE_FIELDS) == {f.name for f in {**fields, **needed}.values()}
+    for name in AGGREGATES:
+        assert QUANTILES.parse(name) is None, name
+        assert name not in ALIASES, name
+    assert all(alias not in AGGREGATES and QUANTILES.parse(alias) is None for alias in ALIASES)
 
 
 def test_every_name_is_accepted_by_pipeline_specs() -> None:
