@@ -12,7 +12,8 @@ from pathlib import Path
 import orjson
 import polars as pl
 
-from shoal.broker.mqtt import AsyncSession, Message, unique_client_id
+from shoal.broker import AsyncSession
+from shoal.broker.session import Message, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
 from shoal.processors.spec import PipelineSpec
