@@ -26,7 +26,7 @@ from shoal.broker._paho_glue import (
     reason_failed,
     tls_context,
 )
-from shoal.broker._shared import check_size, until_stopped, wait_all
+from shoal.broker._shared import SessionBase, check_size
 from shoal.broker.session import Message, Will
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
@@ -50,7 +50,7 @@ class _ConnackInfo:
     receive_maximum: int | None = None
 
 
-class AsyncSession:
+class AsyncSession(SessionBase):
     """The ``Session`` Protocol over aiomqtt (MQTT 5); also its ``SessionFactory``.
 
     See ``shoal.broker.session.SessionFactory`` for the arguments.
@@ -138,13 +138,18 @@ class AsyncSession:
         inner.on_connect = connect_hook
         inner.on_publish = publish_hook
 
-    async def __aenter__(self) -> Self:
-        self._client_obj = self._build()
-        inner = self._paho_obj = paho_client_of(self._client_obj)
+    def _prepare(self) -> aiomqtt.Client:
+        """The client, built and wired (manual ack, our callbacks), not yet connected."""
+        client = self._client_obj = self._build()
+        inner = self._paho_obj = paho_client_of(client)
         inner.manual_ack_set(self._manual_ack)
         self._wrap_callbacks(inner)
+        return client
+
+    async def __aenter__(self) -> Self:
+        client = self._prepare()
         try:
-            await self._client.__aenter__()
+            await client.__aenter__()
         except aiomqtt.MqttError as exc:
             raise BrokerError(
                 f"cannot connect to the broker at {self.settings.url} as {self.client_id!r}: {exc}"
@@ -204,7 +209,11 @@ class AsyncSession:
         user_properties: Sequence[tuple[str, str]] | None = None,
         message_expiry_s: int | None = None,
     ) -> asyncio.Future[None]:
-        """Hand a message to the connection now; the future completes on PUBACK (QoS 1)."""
+        """Hand a message to the connection now; the future completes on PUBACK (QoS 1).
+
+        Raises:
+            PayloadTooLargeError: larger than the broker's maximum packet size; not sent.
+        """
         check_size(topic, payload, self._connack.maximum_packet_size)
         props = publish_properties(content_type, user_properties, message_expiry_s)
         info = self._paho.publish(topic, payload, qos=qos, retain=retain, properties=props)
@@ -217,38 +226,6 @@ class AsyncSession:
         else:
             self._pending[info.mid] = fut
         return fut
-
-    async def publish(
-        self,
-        topic: str,
-        payload: bytes,
-        *,
-        qos: int = 1,
-        retain: bool = False,
-        content_type: str | None = None,
-        user_properties: Sequence[tuple[str, str]] | None = None,
-        message_expiry_s: int | None = None,
-    ) -> None:
-        """Publish and, for QoS 1, wait until the broker has accepted it (PUBACK).
-
-        Raises:
-            PayloadTooLargeError: larger than the broker's maximum packet size; not sent.
-            BrokerError: refused, disconnected, or no PUBACK within the timeout.
-        """
-        fut = self.publish_started(
-            topic,
-            payload,
-            qos=qos,
-            retain=retain,
-            content_type=content_type,
-            user_properties=user_properties,
-            message_expiry_s=message_expiry_s,
-        )
-        await self.wait_published([fut])
-
-    async def wait_published(self, futures: Sequence[asyncio.Future[None]]) -> None:
-        """Wait for PUBACKs of publishes started with ``publish_started``."""
-        await wait_all(futures, self._publish_timeout_s)
 
     def ack(self, message: Message) -> None:
         """PUBACK a QoS 1 message received with ``manual_ack`` (no-op otherwise)."""
@@ -279,11 +256,3 @@ class AsyncSession:
                 user_properties=tuple(user) if user else (),
                 mid=msg.mid,
             )
-
-    def messages_until(self, stop: asyncio.Event) -> AsyncIterator[Message]:
-        """Received messages until ``stop`` is set (then it simply ends).
-
-        Raises:
-            BrokerError: the connection was lost first.
-        """
-        return until_stopped(self.messages(), stop)

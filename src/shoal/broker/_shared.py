@@ -1,4 +1,4 @@
-"""What every session implementation does the same way: size checks, PUBACK waits, stopping.
+"""What the session implementations share: the size check, and ``SessionBase``.
 
 No third-party imports.
 """
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 
 from shoal.broker.session import PROTOCOL_OVERHEAD, Message
@@ -26,24 +27,86 @@ def check_size(topic: str, payload: bytes, limit: int | None) -> None:
         )
 
 
-async def wait_all(futures: Sequence[asyncio.Future[None]], timeout_s: float) -> None:
-    """Wait for publish futures; ``BrokerError`` if they are not all done within the timeout."""
-    if not futures:
-        return
-    try:
-        await asyncio.wait_for(asyncio.gather(*futures), timeout=timeout_s)
-    except TimeoutError as exc:
-        raise BrokerError(f"no PUBACK within {timeout_s} s") from exc
+class SessionBase(ABC):
+    """The part of a ``Session`` that follows from ``publish_started`` and ``messages``.
+
+    Subclasses set ``_publish_timeout_s``.
+    """
+
+    _publish_timeout_s: float
+
+    @abstractmethod
+    def publish_started(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        content_type: str | None = None,
+        user_properties: Sequence[tuple[str, str]] | None = None,
+        message_expiry_s: int | None = None,
+    ) -> asyncio.Future[None]:
+        """Hand a message to the connection now; the future completes on PUBACK (QoS 1)."""
+
+    @abstractmethod
+    def messages(self) -> AsyncIterator[Message]:
+        """Received messages, in arrival order, until the connection drops."""
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        content_type: str | None = None,
+        user_properties: Sequence[tuple[str, str]] | None = None,
+        message_expiry_s: int | None = None,
+    ) -> None:
+        """Publish and, for QoS 1, wait until the broker has accepted it (PUBACK).
+
+        Raises:
+            PayloadTooLargeError: larger than the broker's maximum packet size; not sent.
+            BrokerError: refused, disconnected, or no PUBACK within the timeout.
+        """
+        fut = self.publish_started(
+            topic,
+            payload,
+            qos=qos,
+            retain=retain,
+            content_type=content_type,
+            user_properties=user_properties,
+            message_expiry_s=message_expiry_s,
+        )
+        await self.wait_published([fut])
+
+    async def wait_published(self, futures: Sequence[asyncio.Future[None]]) -> None:
+        """Wait for PUBACKs of publishes started with ``publish_started``.
+
+        Raises:
+            BrokerError: one failed, or they were not all acknowledged within the timeout.
+        """
+        if not futures:
+            return
+        try:
+            await asyncio.wait_for(asyncio.gather(*futures), timeout=self._publish_timeout_s)
+        except TimeoutError as exc:
+            raise BrokerError(f"no PUBACK within {self._publish_timeout_s} s") from exc
+
+    def messages_until(self, stop: asyncio.Event) -> AsyncIterator[Message]:
+        """Received messages until ``stop`` is set (then it simply ends).
+
+        Raises:
+            BrokerError: the connection was lost first.
+        """
+        return _until_stopped(self.messages(), stop)
 
 
-async def until_stopped(
+async def _until_stopped(
     messages: AsyncIterator[Message], stop: asyncio.Event
 ) -> AsyncIterator[Message]:
-    """``messages`` until ``stop`` is set, then it ends (a receive still pending is cancelled).
-
-    Raises:
-        BrokerError: the connection was lost first.
-    """
+    """``messages`` until ``stop`` is set, then it ends (a receive still pending is cancelled)."""
     iterator = messages.__aiter__()
     stopper = asyncio.ensure_future(stop.wait())
     try:
