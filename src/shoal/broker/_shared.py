@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 
-from shoal.broker.session import PROTOCOL_OVERHEAD, Message
+from shoal.broker.session import PROTOCOL_OVERHEAD, Message, Session
 from shoal.errors import BrokerError, PayloadTooLargeError
 
 
@@ -27,31 +26,14 @@ def check_size(topic: str, payload: bytes, limit: int | None) -> None:
         )
 
 
-class SessionBase(ABC):
+class SessionBase(Session):
     """The part of a ``Session`` that follows from ``publish_started`` and ``messages``.
 
-    Subclasses set ``_publish_timeout_s``.
+    Implementations subclass it (and so declare that they are a ``Session``); they set
+    ``_publish_timeout_s``.
     """
 
     _publish_timeout_s: float
-
-    @abstractmethod
-    def publish_started(
-        self,
-        topic: str,
-        payload: bytes,
-        *,
-        qos: int = 1,
-        retain: bool = False,
-        content_type: str | None = None,
-        user_properties: Sequence[tuple[str, str]] | None = None,
-        message_expiry_s: int | None = None,
-    ) -> asyncio.Future[None]:
-        """Hand a message to the connection now; the future completes on PUBACK (QoS 1)."""
-
-    @abstractmethod
-    def messages(self) -> AsyncIterator[Message]:
-        """Received messages, in arrival order, until the connection drops."""
 
     async def publish(
         self,

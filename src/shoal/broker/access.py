@@ -1,7 +1,8 @@
 """Who may do what on a shoal broker: roles, users, and the users file.
 
-Pure, except that a users file may name a password file; ``EmbeddedBroker`` writes the files.
-What each role may read and write, and how Mosquitto applies it, is ``shoal.broker.acl``.
+Pure, except that a users file may name a password file; ``shoal.broker.profiles`` writes the
+password and ACL files. What each role may read and write, and how Mosquitto applies it, is
+``shoal.broker.acl``.
 """
 
 from __future__ import annotations
