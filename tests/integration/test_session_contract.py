@@ -143,17 +143,8 @@ def test_manual_ack_and_receive_maximum_hold_back_deliveries(connect: Open, topi
 
 
 def test_an_unacknowledged_message_comes_back_to_a_persistent_session(
-    connect: Open, topics: Topics, request: pytest.FixtureRequest
+    connect: Open, topics: Topics
 ) -> None:
-    if "mosquitto" in request.node.callspec.id:
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="AsyncSession passes clean_start=False to paho as "
-                "MQTT_CLEAN_START_FIRST_ONLY, and each AsyncSession is a new paho client, so "
-                "its first (only) connect starts clean: the stored session is discarded",
-            )
-        )
     topic = topics.partials("p", 0)
     persistent = {"clean_start": False, "session_expiry_s": 60, "manual_ack": True}
 

@@ -100,7 +100,9 @@ class AsyncSession(SessionBase):
             password=settings.password,
             identifier=self.client_id,
             protocol=aiomqtt.ProtocolVersion.V5,
-            clean_start=True if clean_start else paho.MQTT_CLEAN_START_FIRST_ONLY,
+            # Not paho's MQTT_CLEAN_START_FIRST_ONLY: every AsyncSession is a new paho client,
+            # so its first (and only) connect would start clean and discard the stored session.
+            clean_start=clean_start,
             keepalive=settings.keepalive_s,
             properties=connect_properties(session_expiry_s, receive_maximum),
             tls_context=tls_context(settings),
