@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shoal.broker.mqtt import Message, ThreadedSession, unique_client_id
+from shoal.broker import GatewaySession, ThreadedSession
+from shoal.broker.session import Message, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
 from shoal.schemas import decode_batch
@@ -68,7 +69,7 @@ class Confirmer:
     def __exit__(self, *exc: object) -> None:
         self.session.stop()
 
-    def _on_connect(self, session: ThreadedSession) -> None:
+    def _on_connect(self, session: GatewaySession) -> None:
         session.subscribe(self.topics.ingest_filter(self.stream), qos=1)
         with self.lock:  # retained confirms may have died with a killed broker
             for gateway in self.gateways:

@@ -18,8 +18,10 @@ from shoal.archive import (
     read_results,
     replay,
 )
-from shoal.broker.embedded import EmbeddedBroker, free_port
-from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.broker import AsyncSession
+from shoal.broker.embedded import EmbeddedBroker
+from shoal.broker.probe import free_port
+from shoal.broker.session import unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.cli import main as shoal_main
 from shoal.client import AsyncResultsClient

@@ -12,8 +12,10 @@ import orjson
 import polars as pl
 import pytest
 
-from shoal.broker.embedded import EmbeddedBroker, free_port
-from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.broker import AsyncSession
+from shoal.broker.embedded import EmbeddedBroker
+from shoal.broker.probe import free_port
+from shoal.broker.session import unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.client import (
     AsyncResultsClient,

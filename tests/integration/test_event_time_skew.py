@@ -22,7 +22,8 @@ import orjson
 import pytest
 
 from shoal._cli.common import load_spec
-from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.broker import AsyncSession
+from shoal.broker.session import unique_client_id
 from shoal.runtime.local import Accounting, LocalPipeline, LocalPipelineConfig
 
 pytestmark = pytest.mark.broker

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from shoal.broker import ThreadedSession, unique_client_id
+from shoal.broker import GatewaySession, ThreadedSession, unique_client_id
 from shoal.gateway import Gateway, GatewayConfig
 from shoal.schemas.control import Confirm, GatewayStatus
 from tests.integration._gateway_support import Confirmer
@@ -23,7 +23,7 @@ def _add(gateway: Gateway, start: int, rows: int = 100) -> None:
 def _retained(broker, topic: str, timeout_s: float = 5.0) -> bytes:
     got: list[bytes] = []
 
-    def on_connect(session: ThreadedSession) -> None:
+    def on_connect(session: GatewaySession) -> None:
         session.subscribe(topic)
 
     reader = ThreadedSession(

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from shoal.broker import embedded
-from shoal.broker import mqtt as mqtt_module
+from shoal._resources import resource_dir
 from shoal.broker.embedded import EmbeddedBroker
+from shoal.broker.session import PROTOCOL_OVERHEAD
 from shoal.gateway import Gateway, GatewayConfig
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
@@ -168,16 +168,12 @@ def test_broker_crash_and_restart_mid_stream_loses_nothing(broker, topics, tmp_p
 
 
 @pytest.fixture
-def small_packet_broker(tmp_path, monkeypatch) -> EmbeddedBroker:
-    """A broker whose max_packet_size is 32 KiB (a test-only profile; shipped ones untouched)."""
-    profiles = tmp_path / "profiles" / "broker"
-    profiles.mkdir(parents=True)
-    dev = (embedded.resource_dir("broker") / "dev.conf").read_text()
-    small = dev.replace("max_packet_size 16777216", "max_packet_size 32768")
-    assert small != dev
-    (profiles / "smallpacket.conf").write_text(small)
-    monkeypatch.setattr(embedded, "resource_dir", lambda name: profiles)
-    broker = EmbeddedBroker("smallpacket", data_dir=tmp_path / "data")
+def small_packet_broker(tmp_path) -> EmbeddedBroker:
+    """A broker whose max_packet_size is 32 KiB (the dev profile, overridden)."""
+    assert "max_packet_size 16777216" in (resource_dir("broker") / "dev.conf").read_text()
+    broker = EmbeddedBroker(
+        "dev", data_dir=tmp_path / "data", overrides={"max_packet_size": "32768"}
+    )
     broker.start()
     yield broker
     broker.close()
@@ -220,7 +216,7 @@ def test_small_packet_limit_splits_and_never_sends_oversize(small_packet_broker,
         got = confirmer.snapshot("gw-small")
 
     _check_sequence(got)
-    overhead = len(config.ingest_topic) + mqtt_module.PROTOCOL_OVERHEAD
+    overhead = len(config.ingest_topic) + PROTOCOL_OVERHEAD
     assert max(confirmer.payload_sizes) + overhead <= limit
     assert confirmer.content_types == {Encoding.JSON_ROWS.content_type}
     assert stats.splits > 0

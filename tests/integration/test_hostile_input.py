@@ -28,8 +28,9 @@ import polars as pl
 import psutil
 import pytest
 
+from shoal.broker import AsyncSession
 from shoal.broker.embedded import EmbeddedBroker
-from shoal.broker.mqtt import AsyncSession, Message, unique_client_id
+from shoal.broker.session import Message, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.processors.spec import load_pipeline
 from shoal.runtime.worker import Worker, WorkerConfig

@@ -21,9 +21,10 @@ import numpy as np
 import orjson
 import pytest
 
+from shoal.broker import AsyncSession
 from shoal.broker.access import BrokerUser, Role
 from shoal.broker.embedded import EmbeddedBroker
-from shoal.broker.mqtt import AsyncSession, Message, unique_client_id
+from shoal.broker.session import Message, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
 from shoal.gateway import Gateway, GatewayConfig

@@ -14,7 +14,8 @@ import psutil
 import pytest
 
 from shoal._processes import shoal_argv
-from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.broker import AsyncSession
+from shoal.broker.session import unique_client_id
 from shoal.broker.settings import BrokerSettings, TlsSettings
 from shoal.errors import BrokerError
 

@@ -20,10 +20,13 @@ import numpy as np
 import orjson
 import pytest
 
+from shoal.broker import AsyncSession, ThreadedSession
 from shoal.broker.access import BrokerUser, Role
 from shoal.broker.certs import CertFiles, CertificateAuthority, make_ca, make_certificate
-from shoal.broker.embedded import EmbeddedBroker, ServerTls
-from shoal.broker.mqtt import AsyncSession, ThreadedSession, probe_broker, unique_client_id
+from shoal.broker.embedded import EmbeddedBroker
+from shoal.broker.probe import probe_broker
+from shoal.broker.profiles import ServerTls
+from shoal.broker.session import unique_client_id
 from shoal.broker.settings import BrokerSettings, TlsSettings
 from shoal.errors import BrokerError
 from shoal.gateway import Gateway, GatewayConfig

@@ -9,8 +9,9 @@ import msgpack
 import numpy as np
 import polars as pl
 
+from shoal.broker import AsyncSession
 from shoal.broker.embedded import EmbeddedBroker
-from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.broker.session import unique_client_id
 from shoal.processors.spec import parse_pipeline
 from shoal.schemas import Encoding, encode_batch
 from shoal.schemas.control import GatewayStatus

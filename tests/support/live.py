@@ -1,4 +1,8 @@
-"""A live pipeline for integration tests: real broker, in-process workers and combiners."""
+"""A live pipeline for tests: in-process workers and combiners on a broker.
+
+The broker is Mosquitto (``AsyncSession``, the default) or, given ``MemoryBroker.session_factory``,
+the in-memory one.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ from pathlib import Path
 import orjson
 import polars as pl
 
-from shoal.broker.mqtt import AsyncSession, Message, unique_client_id
+from shoal.broker import AsyncSession
+from shoal.broker.session import Message, SessionFactory, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
 from shoal.processors.spec import PipelineSpec
@@ -21,7 +26,9 @@ from shoal.runtime.worker import Worker, WorkerConfig
 from shoal.schemas import Encoding, Measurements, encode_batch
 from shoal.schemas.control import GatewayStatus
 from shoal.schemas.topics import Topics
-from tests.support.datasets import GeneratedBatch
+from tests.support.compare import assert_matches_oracle, scale_of
+from tests.support.datasets import GeneratedBatch, all_rows
+from tests.support.oracle import expected_results
 
 
 @dataclass
@@ -50,7 +57,11 @@ class Collected:
 
 @contextlib.asynccontextmanager
 async def collector(
-    settings: BrokerSettings, topics: Topics, pipeline: str
+    settings: BrokerSettings,
+    topics: Topics,
+    pipeline: str,
+    *,
+    session_factory: SessionFactory = AsyncSession,
 ) -> AsyncIterator[Collected]:
     """Subscribe to results, late rows, dead letters and confirmations while the body runs.
 
@@ -80,7 +91,7 @@ async def collector(
 
     async def listen() -> None:
         while True:
-            session = AsyncSession(settings, client_id, clean_start=False, session_expiry_s=600)
+            session = session_factory(settings, client_id, clean_start=False, session_expiry_s=600)
             try:
                 async with session:
                     await session.subscribe(filters, qos=1)
@@ -111,10 +122,14 @@ class InProcessPipeline:
         *,
         workers: int,
         state_dir: Path | None,
+        session_factory: SessionFactory = AsyncSession,
     ) -> None:
         self.spec = spec
         self.workers = [
-            Worker(WorkerConfig(spec, settings, topics, worker_id=f"{topics.root}-w{i}"))
+            Worker(
+                WorkerConfig(spec, settings, topics, worker_id=f"{topics.root}-w{i}"),
+                session_factory=session_factory,
+            )
             for i in range(workers)
         ]
         self.combiners = [
@@ -127,7 +142,8 @@ class InProcessPipeline:
                     state_dir=None if state_dir is None else state_dir / f"p{p}",
                     tick_ms=50,
                     per_key_results=False,
-                )
+                ),
+                session_factory=session_factory,
             )
             for p in range(spec.partitions)
         ]
@@ -179,12 +195,13 @@ async def publish_batches(
     *,
     encoding: Encoding,
     stream: str = "s",
+    session_factory: SessionFactory = AsyncSession,
 ) -> None:
     """Announce every gateway (retained status), then publish batches in ``order``."""
     by_gateway: dict[str, list[int]] = {}
     for batch in batches:
         by_gateway.setdefault(batch.gateway_id, []).append(batch.seq)
-    async with AsyncSession(settings, unique_client_id("test-gateways")) as session:
+    async with session_factory(settings, unique_client_id("test-gateways")) as session:
         now = int(time.time() * 1000)
         for gateway_id, seqs in by_gateway.items():
             status = GatewayStatus(
@@ -211,3 +228,56 @@ async def publish_batches(
                 )
             )
         await session.wait_published(futures)
+
+
+@dataclass
+class OracleRun:
+    """What ``run_against_oracle`` saw: the pipeline, its outputs, the oracle's late rows."""
+
+    pipeline: InProcessPipeline
+    seen: Collected
+    late_count: int
+
+
+async def run_against_oracle(
+    spec: PipelineSpec,
+    batches: list[GeneratedBatch],
+    order: list[int],
+    *,
+    settings: BrokerSettings,
+    topics: Topics,
+    workers: int,
+    state_dir: Path | None,
+    encoding: Encoding,
+    session_factory: SessionFactory = AsyncSession,
+) -> OracleRun:
+    """Run the pipeline over ``batches`` published in ``order``; its closed windows and late
+    rows must be the oracle's."""
+    pipeline = InProcessPipeline(
+        spec,
+        settings,
+        topics,
+        workers=workers,
+        state_dir=state_dir,
+        session_factory=session_factory,
+    )
+    async with collector(settings, topics, spec.name, session_factory=session_factory) as seen:
+        await pipeline.start()
+        await publish_batches(
+            settings, topics, batches, order, encoding=encoding, session_factory=session_factory
+        )
+        last = {
+            b.gateway_id: max(x.seq for x in batches if x.gateway_id == b.gateway_id)
+            for b in batches
+        }
+        await pipeline.wait_applied(last)
+        max_ts = max(int(b.frame["ts"].max()) for b in batches if b.frame.height)
+        threshold = await pipeline.wait_closed_through(max_ts - spec.lateness_ms)
+        await asyncio.sleep(0.5)  # the last results travel to the collector
+        await pipeline.stop()
+    rows = all_rows(batches)
+    expected, late_count = expected_results(rows, spec)
+    expected = expected.filter(pl.col("end") <= threshold)
+    assert_matches_oracle(seen.results_frame(), expected, spec, scale_of(rows, spec))
+    assert sum(item["rows"] for item in seen.late) == late_count
+    return OracleRun(pipeline, seen, late_count)

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from shoal.broker.access import BrokerUser, Role, users_from_config
-from shoal.broker.embedded import EmbeddedBroker, ServerTls, broker_profiles
+from shoal.broker.embedded import EmbeddedBroker
+from shoal.broker.profiles import ServerTls, broker_profiles
 from shoal.errors import ConfigError
 
 

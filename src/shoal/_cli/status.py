@@ -46,7 +46,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Listen for ``--wait`` seconds, then print the status."""
-    from shoal.broker.mqtt import AsyncSession, unique_client_id  # noqa: PLC0415
+    from shoal.broker import AsyncSession, unique_client_id  # noqa: PLC0415
     from shoal.clock import SystemClock  # noqa: PLC0415
     from shoal.scaler.monitor import PipelineMonitor  # noqa: PLC0415
     from shoal.scaler.status import format_status, pipeline_status  # noqa: PLC0415

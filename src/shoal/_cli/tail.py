@@ -56,7 +56,7 @@ def format_window(message: dict[str, Any], keys: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Print results until Ctrl-C, ``--count`` windows or ``--timeout``."""
-    from shoal.broker.mqtt import AsyncSession, unique_client_id  # noqa: PLC0415
+    from shoal.broker import AsyncSession, unique_client_id  # noqa: PLC0415
 
     names = topics(args)
     settings = broker_settings(args)

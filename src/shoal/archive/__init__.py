@@ -8,8 +8,8 @@
   same decoding and aggregation code, giving the results the live pipeline emitted;
 * ``compare_results``: live vs replayed, counts exact and values within a tolerance.
 
-Talks MQTT only through ``shoal.broker.mqtt`` (in ``service``); everything else is pure or
-file I/O.
+Talks MQTT only through a ``shoal.broker.session.Session`` (in ``service``); everything else
+is pure or file I/O.
 """
 
 from shoal.archive.compare import Comparison, compare_results

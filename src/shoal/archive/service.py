@@ -28,7 +28,8 @@ import polars as pl
 
 from shoal.archive.rollover import RolloverPolicy
 from shoal.archive.writer import ArchiveWriter, Compression, FileJob, WrittenFile
-from shoal.broker.mqtt import AsyncSession, Message, unique_client_id
+from shoal.broker import default_session_factory
+from shoal.broker.session import Message, SessionFactory, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
 from shoal.errors import BrokerError, SchemaError
@@ -119,11 +120,21 @@ def _cpu_s() -> float:
 
 
 class Archiver:
-    """Runs until ``stop``; reconnects after broker failures (see the module docstring)."""
+    """Runs until ``stop``; reconnects after broker failures (see the module docstring).
 
-    def __init__(self, config: ArchiveConfig, clock: Clock | None = None) -> None:
+    ``session_factory`` opens its MQTT sessions (default: ``default_session_factory()``).
+    """
+
+    def __init__(
+        self,
+        config: ArchiveConfig,
+        clock: Clock | None = None,
+        *,
+        session_factory: SessionFactory | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock or SystemClock()
+        self._connect = session_factory or default_session_factory()
         self.writer = ArchiveWriter(
             config.root,
             config.policy,
@@ -190,7 +201,7 @@ class Archiver:
         config = self.config
         persistent = bool(config.client_id)
         while not self._stop.is_set():
-            session = AsyncSession(
+            session = self._connect(
                 config.broker,
                 config.client_id or unique_client_id("shoal-archive"),
                 clean_start=not persistent,

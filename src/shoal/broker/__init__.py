@@ -1,20 +1,53 @@
-"""Talking to brokers: the one MQTT module, the embedded Mosquitto launcher, settings.
+"""Talking to brokers: the session Protocols and their implementations, embedded Mosquitto.
 
-``shoal.broker`` never imports ``shoal.processors``.
+Runtime components type against ``shoal.broker.session`` (``Session``, ``SessionFactory``,
+``GatewaySession``) and receive a factory; ``default_session_factory`` and
+``default_gateway_session_factory`` name the implementations shoal runs on (aiomqtt and
+paho, the only modules that import them live in this package). ``shoal.broker.memory`` is
+an in-memory broker for logic tests. ``shoal.broker`` never imports ``shoal.processors``.
 """
 
-from shoal.broker.embedded import EmbeddedBroker, broker_profiles
-from shoal.broker.mqtt import AsyncSession, Message, ThreadedSession, Will, unique_client_id
+from shoal.broker._aio import AsyncSession
+from shoal.broker._threaded import ThreadedSession
+from shoal.broker.embedded import EmbeddedBroker
+from shoal.broker.profiles import broker_profiles
+from shoal.broker.session import (
+    GatewaySession,
+    GatewaySessionFactory,
+    Message,
+    PublishHandle,
+    Session,
+    SessionFactory,
+    Will,
+    unique_client_id,
+)
 from shoal.broker.settings import BrokerSettings, TlsSettings
 
 __all__ = [
     "AsyncSession",
     "BrokerSettings",
     "EmbeddedBroker",
+    "GatewaySession",
+    "GatewaySessionFactory",
     "Message",
+    "PublishHandle",
+    "Session",
+    "SessionFactory",
     "ThreadedSession",
     "TlsSettings",
     "Will",
     "broker_profiles",
+    "default_gateway_session_factory",
+    "default_session_factory",
     "unique_client_id",
 ]
+
+
+def default_session_factory() -> SessionFactory:
+    """The ``Session`` implementation components use unless given another: ``AsyncSession``."""
+    return AsyncSession
+
+
+def default_gateway_session_factory() -> GatewaySessionFactory:
+    """The ``GatewaySession`` gateways use unless given another: ``ThreadedSession``."""
+    return ThreadedSession

@@ -1,30 +1,8 @@
-"""Who may do what on a shoal broker: roles, users, and the Mosquitto ACL lines they become.
+"""Who may do what on a shoal broker: roles, users, and the users file.
 
-Pure, except that a users file may name a password file; ``EmbeddedBroker`` writes the files.
-Every rule is derived from ``shoal.schemas.topics.Topics``, so the ACL follows the topic
-names and the topic root.
-
-Roles (``R`` is the topic root, ``P`` the role's pipeline, ``G`` a gateway id)::
-
-    gateway G    write R/ingest/+/G, R/shoal/gateway/G        read R/shoal/confirm/G/#
-    worker P     read  the pipeline's inputs (R/ingest/+/+)   write R/shoal/partials/P/+,
-                 R/shoal/deadletter/P, R/shoal/metrics/worker/+; readwrite R/shoal/control/+
-    combiner P   read  R/shoal/partials/P/+, R/shoal/gateway/+, R/shoal/control/combiners/P
-                 write R/results/P, R/results/P/#, R/shoal/late/P, R/shoal/confirm/+/P/+,
-                       R/shoal/metrics/combiner/+
-    dashboard    read  R/results/# (or R/results/P and R/results/P/# for one pipeline)
-    admin        read  R/shoal/gateway/+, R/shoal/confirm/#, R/results/#, R/shoal/late/#,
-                       R/shoal/deadletter/#, $SYS/#; readwrite R/shoal/metrics/#,
-                       R/shoal/control/#
-
-Everything else is denied. How Mosquitto 2.0.11 applies an ``acl_file`` (measured, see
-``tests/integration/test_security.py``): a denied QoS 1 PUBLISH gets PUBACK "Not authorized"
-and goes nowhere; SUBSCRIBE is always granted, and the read rule is checked for every message
-(retained ones included) against the message's own topic, so a forbidden subscription stays
-silent. For shared subscriptions that means the ``$share/<group>/`` prefix plays no part in
-the check, and a client without read access that joins a group still takes its round-robin
-turn: the broker drops the messages dealt to it. Nothing is lost for good (gateways re-send
-unconfirmed batches), but only trusted users should hold credentials at all.
+Pure, except that a users file may name a password file; ``shoal.broker.profiles`` writes the
+password and ACL files. What each role may read and write, and how Mosquitto applies it, is
+``shoal.broker.acl``.
 """
 
 from __future__ import annotations
@@ -35,27 +13,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal, get_args
 
+from shoal.broker.acl import (
+    Rule,
+    admin_rules,
+    combiner_rules,
+    dashboard_rules,
+    gateway_rules,
+    worker_rules,
+)
 from shoal.errors import ConfigError
 from shoal.schemas.topics import Topics, check_segment
 
-Access = Literal["read", "write", "readwrite"]
 RoleKind = Literal["gateway", "worker", "combiner", "dashboard", "admin"]
 ROLE_KINDS: Final[tuple[str, ...]] = get_args(RoleKind)
 DEFAULT_INPUTS: Final = ("ingest/+/+",)
 
 _USER_NAME: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@\-]{0,127}")
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    """One ACL line: an access right on a topic or topic filter."""
-
-    access: Access
-    topic: str
-
-    def line(self) -> str:
-        """The line as Mosquitto's ``acl_file`` spells it."""
-        return f"topic {self.access} {self.topic}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,14 +116,14 @@ class Role:
     def rules(self, user: str, topics: Topics) -> list[Rule]:
         """The ACL rules of a user with this role, below ``topics``' root."""
         if self.kind == "gateway":
-            return _gateway_rules(self.gateways or (user,), topics)
+            return gateway_rules(self.gateways or (user,), topics)
         if self.kind == "worker":
-            return _worker_rules(_named(self.pipeline), self.inputs, topics)
+            return worker_rules(_named(self.pipeline), self.inputs, topics)
         if self.kind == "combiner":
-            return _combiner_rules(_named(self.pipeline), topics)
+            return combiner_rules(_named(self.pipeline), topics)
         if self.kind == "dashboard":
-            return _dashboard_rules(self.pipeline, topics)
-        return _admin_rules(topics)
+            return dashboard_rules(self.pipeline, topics)
+        return admin_rules(topics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,84 +166,9 @@ def render_acl(users: Iterable[BrokerUser], topics: Topics) -> str:
     return "\n\n".join(blocks) + "\n" if blocks else ""
 
 
-# -- rules per role ------------------------------------------------------------------------------
-
-
 def _named(pipeline: str | None) -> str:
     assert pipeline is not None  # checked in Role.__post_init__
     return pipeline
-
-
-def _last_level_wild(topic: str) -> str:
-    """``a/b/c`` → ``a/b/+``: every value of the last level."""
-    return f"{topic.rsplit('/', 1)[0]}/+"
-
-
-def _siblings_below(topic: str) -> str:
-    """``a/b/c`` → ``a/b/#``: everything below the parent of ``topic``."""
-    return f"{topic.rsplit('/', 1)[0]}/#"
-
-
-_ANY: Final = "x"
-"""A placeholder name, replaced by a wildcard in the rules above."""
-
-
-def _gateway_rules(gateway_ids: Iterable[str], topics: Topics) -> list[Rule]:
-    rules = []
-    for gateway_id in gateway_ids:
-        rules += [
-            Rule("write", topics.ingest("+", gateway_id)),
-            Rule("write", topics.gateway_status(gateway_id)),
-            Rule("read", topics.confirm_filter(gateway_id)),
-        ]
-    return rules
-
-
-def _worker_rules(pipeline: str, inputs: Iterable[str], topics: Topics) -> list[Rule]:
-    return [
-        *(Rule("read", topics.under_root(f)) for f in inputs),
-        Rule("write", _last_level_wild(topics.partials(pipeline, 0))),
-        Rule("write", topics.deadletter(pipeline)),
-        Rule("write", topics.metrics("worker", "+")),
-        # Its own control topic (drain markers); worker ids are not known in advance.
-        Rule("readwrite", topics.control("+")),
-    ]
-
-
-def _combiner_rules(pipeline: str, topics: Topics) -> list[Rule]:
-    confirm = topics.confirm("+", pipeline, 0)
-    return [
-        Rule("read", _last_level_wild(topics.partials(pipeline, 0))),
-        Rule("read", topics.gateway_status_all()),
-        Rule("read", topics.combiner_control(pipeline)),
-        Rule("write", topics.results(pipeline)),
-        Rule("write", f"{topics.results(pipeline)}/#"),
-        Rule("write", topics.late(pipeline)),
-        Rule("write", _last_level_wild(confirm)),
-        Rule("write", topics.metrics("combiner", "+")),
-    ]
-
-
-def _dashboard_rules(pipeline: str | None, topics: Topics) -> list[Rule]:
-    if pipeline is None:
-        return [Rule("read", _siblings_below(topics.results(_ANY)))]
-    return [
-        Rule("read", topics.results(pipeline)),
-        Rule("read", f"{topics.results(pipeline)}/#"),
-    ]
-
-
-def _admin_rules(topics: Topics) -> list[Rule]:
-    return [
-        Rule("read", topics.gateway_status_all()),
-        Rule("read", topics.confirm_all()),
-        Rule("read", _siblings_below(topics.results(_ANY))),
-        Rule("read", _siblings_below(topics.late(_ANY))),
-        Rule("read", _siblings_below(topics.deadletter(_ANY))),
-        Rule("readwrite", topics.metrics_all()),
-        Rule("readwrite", _siblings_below(topics.control(_ANY))),
-        Rule("read", "$SYS/#"),
-    ]
 
 
 def users_from_config(

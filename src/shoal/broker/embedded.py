@@ -1,88 +1,41 @@
 """The embedded broker: ``mosquitto`` from PATH with a ``broker/`` profile on a free port.
 
-Used by ``shoal broker``, ``shoal up``, the tests and the benchmarks. A profile is a template
-(``broker/<profile>.conf``) whose ``${name}`` placeholders are filled in at start; a profile
-that uses ``${acl_file}`` also gets ``broker/<profile>.acl`` rendered with one block per user
-role (``shoal.broker.access``), and one that uses ``${tls_port}`` gets a TLS listener (with a
-throwaway CA and server certificate when none is given).
+Used by ``shoal broker``, ``shoal up``, the tests and the benchmarks. The profile's files are
+written by ``shoal.broker.profiles`` (a TLS listener gets a throwaway CA and server
+certificate when none is given); this module runs, restarts and stops the process.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
-import re
 import shutil
-import signal
-import socket
-import string
-import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
-from shoal._resources import resource_dir
-from shoal.broker.access import BrokerUser, render_acl
-from shoal.broker.certs import make_ca, make_certificate
-from shoal.broker.mqtt import probe_broker
+from shoal.broker._mosquitto import MosquittoProcess, mosquitto_binary
+from shoal.broker.access import BrokerUser
+from shoal.broker.probe import free_port
+from shoal.broker.profiles import (
+    ServerTls,
+    as_users,
+    fill,
+    override,
+    profile_template,
+    throwaway_tls,
+    tls_values,
+    write_acl,
+    write_passwords,
+)
 from shoal.broker.settings import BrokerSettings, TlsSettings
-from shoal.errors import BrokerError, BrokerNotFoundError, ConfigError
+from shoal.errors import BrokerError, ConfigError
 from shoal.schemas.topics import Topics
 
-INSTALL_HINT: Final = (
-    "mosquitto is not installed or not on PATH: install it with "
-    "`sudo apt-get install -y mosquitto` (Debian/Ubuntu), `brew install mosquitto` (macOS), "
-    "or run `make demo`/`make test`, which install it for you"
-)
 _START_ATTEMPTS: Final = 3
 _ANY_ADDRESS: Final = frozenset({"0.0.0.0", "", "::"})  # noqa: S104 - recognised, not bound
-
-
-class _ConfigTemplate(string.Template):
-    """Only ``${name}`` is a placeholder, so ``$SYS`` in comments stays as written."""
-
-    pattern = r"""
-        \$(?:
-            (?P<escaped>\$)
-          | \{(?P<braced>[_a-z][_a-z0-9]*)\}
-          | (?P<named>(?!x)x)
-          | (?P<invalid>(?!x)x)
-        )
-    """  # type: ignore[assignment]
-
-
-@dataclass(frozen=True, slots=True)
-class ServerTls:
-    """The broker side of TLS.
-
-    Attributes:
-        cert_file: the broker's certificate (PEM).
-        key_file: its private key.
-        ca_file: the CA clients trust for it; also the CA client certificates must chain to.
-        require_client_certificate: refuse clients without a certificate from ``ca_file``.
-    """
-
-    cert_file: Path
-    key_file: Path
-    ca_file: Path
-    require_client_certificate: bool = False
-
-
-def broker_profiles() -> list[str]:
-    """Names of the profiles in ``broker/`` (``dev``, ``edge``, ...)."""
-    return sorted(p.stem for p in resource_dir("broker").glob("*.conf"))
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the caller retries if it is taken meanwhile)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class EmbeddedBroker:
@@ -137,7 +90,7 @@ class EmbeddedBroker:
         self.data_dir = (
             Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="shoal-broker-"))
         )
-        self.users = _as_users(users)
+        self.users = as_users(users)
         try:
             self.topics = Topics(root=topic_root)
         except ValueError as exc:
@@ -147,7 +100,7 @@ class EmbeddedBroker:
         self.tls_bind = tls_bind or bind
         self.tls = tls
         self.startup_timeout_s = startup_timeout_s
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process: MosquittoProcess | None = None
 
     # -- properties ------------------------------------------------------------------------
 
@@ -202,12 +155,12 @@ class EmbeddedBroker:
     @property
     def pid(self) -> int | None:
         """PID of the running mosquitto, if any."""
-        return self._process.pid if self.running and self._process else None
+        return self._process.pid if self._process is not None and self.running else None
 
     @property
     def running(self) -> bool:
         """Whether the mosquitto process is alive."""
-        return self._process is not None and self._process.poll() is None
+        return self._process is not None and self._process.alive()
 
     @property
     def config_path(self) -> Path:
@@ -230,29 +183,21 @@ class EmbeddedBroker:
         """
         if self.running:
             return self
-        binary = shutil.which("mosquitto")
-        if binary is None:
-            raise BrokerNotFoundError(INSTALL_HINT)
+        binary = mosquitto_binary()
         for attempt in range(_START_ATTEMPTS):
             if self._port is None or (attempt and not self._fixed_port):
                 self._port = free_port(self.settings_host)
             if attempt and not self._fixed_tls_port:
                 self._tls_port = None  # _render picks another one if the profile has TLS
             self._render()
-            self.log_path.touch()
-            log_offset = self.log_path.stat().st_size
-            with self._stderr_path.open("wb") as stderr_file:
-                self._process = subprocess.Popen(
-                    [binary, "-c", str(self.config_path)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=stderr_file,
-                    start_new_session=True,  # a Ctrl-C in the terminal is ours to forward
-                )
-            if self._wait_listening():
+            process = self._process = MosquittoProcess(
+                binary, self.config_path, self.data_dir / "mosquitto.stderr", self.log_path
+            )
+            if process.wait_listening(self.settings_host, self.port, self.startup_timeout_s):
                 return self
-            stderr = self._reap()
-            tail = self._log_tail(log_offset) + stderr
+            self._process = None
+            stderr = process.reap()
+            tail = process.log_tail() + stderr
             if "Address already in use" in tail and not self._fixed_port:
                 continue
             raise BrokerError(
@@ -263,27 +208,17 @@ class EmbeddedBroker:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop mosquitto gracefully (SIGTERM: it saves its state), then SIGKILL if needed."""
-        process = self._process
-        if process is None:
-            return
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        self._reap()
+        process, self._process = self._process, None
+        if process is not None:
+            process.terminate(timeout_s)
+            process.reap()
 
     def kill(self) -> None:
         """SIGKILL mosquitto (a crash: state since the last autosave is lost)."""
-        process = self._process
-        if process is None:
-            return
-        if process.poll() is None:
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-        self._reap()
+        process, self._process = self._process, None
+        if process is not None:
+            process.kill()
+            process.reap()
 
     def restart(self) -> Self:
         """Start again on the same port with the same persisted state."""
@@ -297,13 +232,13 @@ class EmbeddedBroker:
 
         Connected clients keep their sessions; the new ACL applies to their next message.
         """
-        self.users = _as_users(users)
+        self.users = as_users(users)
         if not self.running or self._process is None:
             return
-        self._write_passwords(self.password_path)
+        write_passwords(self.password_path, self.users)
         if self.acl_path.exists():
-            self._write_acl()
-        self._process.send_signal(signal.SIGHUP)
+            write_acl(self.acl_path, self.profile, self.users, self.topics)
+        self._process.reload()
 
     def close(self) -> None:
         """Stop and, if the data folder was temporary, remove it."""
@@ -325,13 +260,9 @@ class EmbeddedBroker:
     # -- internals -------------------------------------------------------------------------
 
     def _render(self) -> None:
-        template_path = resource_dir("broker") / f"{self.profile}.conf"
-        if not template_path.is_file():
-            available = ", ".join(broker_profiles())
-            raise ConfigError(f"unknown broker profile {self.profile!r}; available: {available}")
+        source, template = profile_template(self.profile)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._write_passwords(self.password_path)
-        template = template_path.read_text()
+        write_passwords(self.password_path, self.users)
         values = {
             "port": str(self._port),
             "bind": self.bind,
@@ -344,144 +275,11 @@ class EmbeddedBroker:
             "user": pwd.getpwuid(os.getuid()).pw_name,
         }
         if "${acl_file}" in template:
-            self._write_acl()
+            write_acl(self.acl_path, self.profile, self.users, self.topics)
         if "${tls_port}" in template:
-            values.update(self._tls_values())
-        try:
-            text = _ConfigTemplate(template).substitute(values)
-        except (KeyError, ValueError) as exc:
-            raise ConfigError(
-                f"broker profile {template_path} has a bad placeholder: {exc}"
-            ) from exc
-        self.config_path.write_text(_override(text, self.overrides))
-
-    def _tls_values(self) -> dict[str, str]:
-        if self.tls is None:
-            self.tls = _throwaway_tls(self.data_dir / "tls")
-        if self._tls_port is None:
-            self._tls_port = free_port(self.settings_host)
-        return {
-            "tls_port": str(self._tls_port),
-            "tls_bind": self.tls_bind,
-            "tls_ca_file": str(self.tls.ca_file),
-            "tls_cert_file": str(self.tls.cert_file),
-            "tls_key_file": str(self.tls.key_file),
-            "tls_require_certificate": "true" if self.tls.require_client_certificate else "false",
-        }
-
-    def _write_acl(self) -> None:
-        template_path = resource_dir("broker") / f"{self.profile}.acl"
-        if not template_path.is_file():
-            raise ConfigError(
-                f"broker profile {self.profile!r} uses an ACL but {template_path} is missing"
-            )
-        values = {
-            "root": self.topics.root or "(none)",
-            "users": render_acl(self.users, self.topics),
-        }
-        try:
-            text = _ConfigTemplate(template_path.read_text()).substitute(values)
-        except (KeyError, ValueError) as exc:
-            raise ConfigError(f"ACL template {template_path} has a bad placeholder: {exc}") from exc
-        tmp = self.acl_path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.chmod(0o600)
-        tmp.replace(self.acl_path)
-
-    def _write_passwords(self, path: Path) -> None:
-        # Written beside the file and renamed, so a reloading broker never reads half of it.
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("")
-        tmp.chmod(0o600)
-        if self.users:
-            tool = shutil.which("mosquitto_passwd")
-            if tool is None:
-                raise BrokerNotFoundError(
-                    "mosquitto_passwd is not on PATH (it ships with the mosquitto package)"
-                )
-            for user in self.users:
-                # -b takes the password on the command line; it lives for milliseconds and
-                # only on this machine (mosquitto_passwd 2.0 cannot read it from stdin in batch).
-                result = subprocess.run(
-                    [tool, "-b", str(tmp), user.name, user.password],
-                    capture_output=True,
-                    check=False,
-                )
-                if result.returncode != 0:
-                    raise BrokerError(
-                        f"mosquitto_passwd failed for user {user.name!r}: "
-                        f"{result.stderr.decode().strip()}"
-                    )
-        tmp.replace(path)
-
-    def _wait_listening(self) -> bool:
-        process = self._process
-        assert process is not None
-        step = 0.25
-        waited = 0.0
-        while waited < self.startup_timeout_s:
-            if process.poll() is not None:
-                return False
-            if probe_broker(self.settings_host, self.port, step):
-                return process.poll() is None
-            waited += step
-        process.kill()
-        return False
-
-    @property
-    def _stderr_path(self) -> Path:
-        return self.data_dir / "mosquitto.stderr"
-
-    def _reap(self) -> str:
-        process, self._process = self._process, None
-        if process is None:
-            return ""
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(1)
-        try:
-            return self._stderr_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def _log_tail(self, offset: int, lines: int = 15) -> str:
-        try:
-            with self.log_path.open("rb") as fh:
-                fh.seek(offset)
-                text = fh.read().decode(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:]) + "\n"
-
-
-def _as_users(users: Mapping[str, str] | Iterable[BrokerUser] | None) -> list[BrokerUser]:
-    if users is None:
-        return []
-    if isinstance(users, Mapping):
-        return [BrokerUser(name, password) for name, password in users.items()]
-    listed = list(users)
-    names = [u.name for u in listed]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"duplicate broker user names in {names}")
-    return listed
-
-
-def _throwaway_tls(directory: Path) -> ServerTls:
-    """A CA and a server certificate for this machine, made once per data folder."""
-    ca_cert, cert, key = directory / "ca.crt", directory / "server.crt", directory / "server.key"
-    if not (ca_cert.exists() and cert.exists() and key.exists()):
-        ca = make_ca(directory, "ca")
-        files = make_certificate(ca, directory, "server")
-        return ServerTls(files.cert_file, files.key_file, files.ca_file)
-    return ServerTls(cert, key, ca_cert)
-
-
-def _override(config: str, overrides: Mapping[str, str]) -> str:
-    """``config`` with each option in ``overrides`` set to its value (replaced or added)."""
-    for option, value in overrides.items():
-        if not re.fullmatch(r"[a-z_]+", option) or "\n" in value:
-            raise ConfigError(f"not a Mosquitto option: {option!r} {value!r}")
-        line = f"{option} {value}"
-        config, found = re.subn(rf"(?m)^{option}\s.*$", line, config)
-        if not found:
-            config = f"{config.rstrip()}\n{line}\n"
-    return config
+            if self.tls is None:
+                self.tls = throwaway_tls(self.data_dir / "tls")
+            if self._tls_port is None:
+                self._tls_port = free_port(self.settings_host)
+            values.update(tls_values(self.tls, self._tls_port, self.tls_bind))
+        self.config_path.write_text(override(fill(template, values, source), self.overrides))

@@ -13,7 +13,7 @@ connect with the same ``BrokerSettings`` as every shoal component and offer:
 
 Errors: ``NoSuchPipelineError`` (nothing on the broker names the pipeline),
 ``BrokerUnreachableError``, ``ResultsTimeoutError``. Frames have the result layout described
-in ``shoal.schemas.results``. Talks MQTT only through ``shoal.broker.mqtt``.
+in ``shoal.schemas.results``. Talks MQTT only through a ``shoal.broker.session.Session``.
 """
 
 from shoal.client._async import DEFAULT_BROKER_URL, AsyncResultsClient

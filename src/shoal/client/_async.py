@@ -11,7 +11,8 @@ from typing import Final
 
 import polars as pl
 
-from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.broker import default_session_factory
+from shoal.broker.session import Session, SessionFactory, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.client._watch import Watch, messages_with_ticks
 from shoal.client.assemble import DEFAULT_MAX_WAIT_MS, AssembledWindow, WindowAssembler
@@ -43,6 +44,7 @@ class AsyncResultsClient:
         assemble_wait_s: how long a window of a partitioned pipeline waits for its other
             partitions before it is delivered with what arrived.
         clock: time source (tests inject one).
+        session_factory: opens the MQTT sessions (default: ``default_session_factory()``).
     """
 
     def __init__(
@@ -53,16 +55,18 @@ class AsyncResultsClient:
         discovery_timeout_s: float = 3.0,
         assemble_wait_s: float = DEFAULT_MAX_WAIT_MS / 1000,
         clock: Clock | None = None,
+        session_factory: SessionFactory | None = None,
     ) -> None:
         self.settings = BrokerSettings.from_url(broker) if isinstance(broker, str) else broker
+        self._connect = session_factory or default_session_factory()
         self.topics = Topics(root=topic_root)
         self.discovery_timeout_s = discovery_timeout_s
         self.assemble_wait_s = assemble_wait_s
         self.clock = clock or SystemClock()
 
     @contextlib.asynccontextmanager
-    async def _session(self) -> AsyncIterator[AsyncSession]:
-        session = AsyncSession(self.settings, unique_client_id("shoal-client"))
+    async def _session(self) -> AsyncIterator[Session]:
+        session = self._connect(self.settings, unique_client_id("shoal-client"))
         try:
             await session.__aenter__()
         except BrokerError as exc:

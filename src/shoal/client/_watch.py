@@ -1,6 +1,6 @@
 """One subscription to a pipeline's results, and what it learns about the pipeline.
 
-A ``Watch`` owns an ``AsyncSession`` subscribed to the pipeline's window results (and, where the
+A ``Watch`` owns an ``Session`` subscribed to the pipeline's window results (and, where the
 broker's ACL allows, combiner heartbeats and retained confirmations, which tell whether the
 pipeline exists and how far each partition has closed). It turns messages into assembled
 windows, per-key records and evidence that the pipeline exists.
@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from shoal.broker.mqtt import AsyncSession, Message
+from shoal.broker.session import Message, Session
 from shoal.client.assemble import AssembledWindow, WindowAssembler
 from shoal.client.errors import NoSuchPipelineError
 from shoal.client.messages import parse_key_message
@@ -42,7 +42,7 @@ class Watch:
 
     def __init__(
         self,
-        session: AsyncSession,
+        session: Session,
         topics: Topics,
         pipeline: str,
         assembler: WindowAssembler,
@@ -157,9 +157,7 @@ def _json(payload: bytes) -> dict[str, Any]:
     return body if isinstance(body, dict) else {}
 
 
-async def messages_with_ticks(
-    session: AsyncSession, tick_s: float
-) -> AsyncIterator[Message | None]:
+async def messages_with_ticks(session: Session, tick_s: float) -> AsyncIterator[Message | None]:
     """The session's messages, with ``None`` every ``tick_s`` seconds without one.
 
     Waiting never cancels a pending receive (cancelling it would end the session's iterator).

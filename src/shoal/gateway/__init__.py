@@ -10,7 +10,8 @@ confirms it, and publishes it QoS 1 to ``ingest/<stream>/<gateway_id>``::
     with Gateway(config) as gateway:
         gateway.add_many(sensor_ids, ts_ms, values)
 
-Imports the broker only through ``shoal.broker.mqtt``; never imports ``shoal.processors``.
+Talks MQTT only through a ``shoal.broker.session.GatewaySession`` (``Gateway`` takes a
+factory for it); never imports ``shoal.processors``.
 """
 
 from shoal.gateway._gateway import Gateway

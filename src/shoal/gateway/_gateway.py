@@ -17,7 +17,7 @@ The order that makes delivery end to end (design §3), per batch:
    re-published after every reconnect, when a combiner reports it missing, and, with
    backoff, when confirmations stall.
 
-Never imports paho: MQTT goes through ``shoal.broker.mqtt.ThreadedSession``.
+Never imports paho: MQTT goes through a ``shoal.broker.session.GatewaySession``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,14 @@ from typing import Any, Final, Self
 import numpy.typing as npt
 import polars as pl
 
-from shoal.broker.mqtt import Message, PublishHandle, ThreadedSession, unique_client_id
+from shoal.broker import default_gateway_session_factory
+from shoal.broker.session import (
+    GatewaySession,
+    GatewaySessionFactory,
+    Message,
+    PublishHandle,
+    unique_client_id,
+)
 from shoal.clock import Clock, SystemClock
 from shoal.errors import BrokerError, PayloadTooLargeError, SchemaError, ShoalError, SpoolError
 from shoal.gateway._batcher import Batcher
@@ -76,6 +83,8 @@ class Gateway:
         config: what to batch and where to send it.
         clock: time source (batch age, sealed-at stamps, re-send timing, status).
         spool: override the spool ``config.spool_dir`` implies (tests, simulations).
+        session_factory: makes its MQTT session (default:
+            ``default_gateway_session_factory()``).
 
     Raises:
         SpoolError: the spool cannot be opened (missing permissions, in use by another
@@ -83,9 +92,15 @@ class Gateway:
     """
 
     def __init__(
-        self, config: GatewayConfig, clock: Clock | None = None, *, spool: Spool | None = None
+        self,
+        config: GatewayConfig,
+        clock: Clock | None = None,
+        *,
+        spool: Spool | None = None,
+        session_factory: GatewaySessionFactory | None = None,
     ) -> None:
         self.config = config
+        self._connect = session_factory or default_gateway_session_factory()
         self._clock: Clock = clock or SystemClock()
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -120,7 +135,7 @@ class Gateway:
             on_replaced=self._outbox.drop,
         )
         self._blocked = False  # a seal did not fit the spool: refuse rows until it does
-        self._session: ThreadedSession | None = None
+        self._session: GatewaySession | None = None
         self._connections = 0  # bumped on every CONNACK (paho's thread)
         self._seen_connections = 0
         # Up from our on_connect to on_disconnect. The session's own `connected` turns true
@@ -148,7 +163,7 @@ class Gateway:
                 raise ShoalError("the gateway is closed")
             if self._session is not None:
                 return self
-            self._session = ThreadedSession(
+            self._session = self._connect(
                 self.config.broker,
                 unique_client_id(f"gw-{self.config.gateway_id}"),
                 on_message=self._on_message,
@@ -577,7 +592,7 @@ class Gateway:
     def _now_ms(self) -> int:
         return int(self._clock.monotonic() * 1000)
 
-    def _on_connect(self, session: ThreadedSession) -> None:
+    def _on_connect(self, session: GatewaySession) -> None:
         """Paho's thread, after every CONNACK: (re)subscribe, let the publisher catch up."""
         session.subscribe(self.config.topics.confirm_filter(self.config.gateway_id), qos=1)
         with self._tracker_lock:
@@ -591,7 +606,7 @@ class Gateway:
             self._link_up = False
         self._wake.set()
 
-    def _on_new_connection(self, session: ThreadedSession) -> None:
+    def _on_new_connection(self, session: GatewaySession) -> None:
         limit = self.config.payload_limit(session.max_packet_size)
         shrunk = limit < self._sealer.payload_limit
         self._sealer.payload_limit = limit
@@ -634,7 +649,7 @@ class Gateway:
         assert refit is not None
         return refit
 
-    def _publish_status(self, session: ThreadedSession) -> PublishHandle | None:
+    def _publish_status(self, session: GatewaySession) -> PublishHandle | None:
         self._status_due_s = self._clock.monotonic() + self.config.status_interval_ms / 1000.0
         try:
             return session.publish(self._status_topic, self.status().to_json(), qos=1, retain=True)

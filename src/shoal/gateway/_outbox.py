@@ -3,7 +3,7 @@
 The batches stay in the spool; the outbox knows which seqs are in flight (published, no
 PUBACK yet), which were sent before, and where the first sends of this connection have
 got to. ``ResendPolicy`` decides when to send again. Not thread-safe: the gateway calls
-it under its lock. Speaks MQTT only through ``ThreadedSession``.
+it under its lock. Speaks MQTT only through a ``GatewaySession``.
 
 Two limits bound what one gateway puts into the pipeline at a time:
 
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from shoal.broker.mqtt import PublishHandle, ThreadedSession
+from shoal.broker.session import GatewaySession, PublishHandle
 from shoal.errors import BrokerError
 from shoal.gateway._resend import ResendPolicy
 from shoal.gateway.spool import Spool, SpoolEntry
@@ -155,7 +155,7 @@ class Outbox:
 
     def send(
         self,
-        session: ThreadedSession,
+        session: GatewaySession,
         *,
         first_unconfirmed: int,
         next_seq: int,
@@ -186,7 +186,7 @@ class Outbox:
 
     def _send(
         self,
-        session: ThreadedSession,
+        session: GatewaySession,
         seq: int,
         fit: Callable[[SpoolEntry], SpoolEntry],
         *,

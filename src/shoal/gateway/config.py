@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from shoal.broker.mqtt import PROTOCOL_OVERHEAD
+from shoal.broker.session import PROTOCOL_OVERHEAD
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import ConfigError
 from shoal.schemas import DEFAULT_LIMITS, Encoding, Topics

@@ -19,7 +19,8 @@ from typing import Any
 import msgpack
 import orjson
 
-from shoal.broker.mqtt import AsyncSession, Message
+from shoal.broker import AsyncSession
+from shoal.broker.session import Message
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
 from shoal.processors.results import late_memberships

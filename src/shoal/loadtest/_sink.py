@@ -28,7 +28,8 @@ from typing import Any
 
 import orjson
 
-from shoal.broker.mqtt import AsyncSession, Message, unique_client_id
+from shoal.broker import AsyncSession
+from shoal.broker.session import Message, unique_client_id
 from shoal.broker.settings import BrokerSettings, TlsSettings
 from shoal.errors import BrokerError, ShoalError
 from shoal.schemas import decode_batch

@@ -7,8 +7,8 @@ pays for a batch, each in isolation:
 * **wakeup**: a process woken by a write to a socket from another process (a socketpair):
   the kernel and the virtual machine's floor, no Python library in between but the socket;
 * **hop**: one QoS 1 message of a batch's size through the embedded Mosquitto, from one
-  shoal MQTT session to another, each in its own process (``shoal.broker.mqtt``, aiomqtt
-  over paho): the floor of one broker hop;
+  shoal MQTT session to another, each in its own process (``shoal.broker.AsyncSession``,
+  aiomqtt over paho): the floor of one broker hop;
 * **handle**: what a worker does with a batch (decode the binary columnar payload, compute the
   partials, encode them), back to back (warm) and after sleeping the batch period (idle,
   what a worker really sees at scenario A).
@@ -32,8 +32,8 @@ from typing import Any, Final
 
 import numpy as np
 
+from shoal.broker import AsyncSession
 from shoal.broker.embedded import EmbeddedBroker
-from shoal.broker.mqtt import AsyncSession
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import ConfigError, UsageError
 from shoal.processors.partials import BatchInfo, PartialBuilder

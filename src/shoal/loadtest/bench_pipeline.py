@@ -26,7 +26,7 @@ import orjson
 import polars as pl
 import psutil
 
-from shoal.broker.mqtt import AsyncSession
+from shoal.broker.session import Session
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime.local import SIMULATOR_CONFIRM_WAIT_S, LocalPipeline, LocalPipelineConfig
 from shoal.scaler.monitor import Snapshot
@@ -221,7 +221,7 @@ def _drain_progress(out: TextIO) -> Callable[[float, Snapshot], None]:
     return show
 
 
-async def _reset_stats(local: LocalPipeline, session: AsyncSession, pipeline: str) -> None:
+async def _reset_stats(local: LocalPipeline, session: Session, pipeline: str) -> None:
     """Combiners and workers forget the warm-up's latencies."""
     reset = orjson.dumps({"cmd": "reset_stats"})
     await session.publish(local.topics.combiner_control(pipeline), reset)

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any, Final, TextIO
 
 from shoal._processes import ChildProcess
-from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.broker import AsyncSession
+from shoal.broker.session import unique_client_id
 from shoal.gateway import Gateway, GatewayConfig
 from shoal.loadtest._ledger import Ledger, follow
 from shoal.loadtest.bench_pipeline import machine

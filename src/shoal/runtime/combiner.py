@@ -33,7 +33,8 @@ from typing import Final
 import orjson
 import polars as pl
 
-from shoal.broker.mqtt import AsyncSession, Message
+from shoal.broker import default_session_factory
+from shoal.broker.session import Message, Session, SessionFactory
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
 from shoal.errors import BrokerError, SchemaError
@@ -99,11 +100,21 @@ class CombinerConfig:
 
 
 class CombinerRuntime:
-    """Runs one combiner partition until ``stop`` (see the module docstring)."""
+    """Runs one combiner partition until ``stop`` (see the module docstring).
 
-    def __init__(self, config: CombinerConfig, clock: Clock | None = None) -> None:
+    ``session_factory`` opens its MQTT sessions (default: ``default_session_factory()``).
+    """
+
+    def __init__(
+        self,
+        config: CombinerConfig,
+        clock: Clock | None = None,
+        *,
+        session_factory: SessionFactory | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock or SystemClock()
+        self._connect = session_factory or default_session_factory()
         self.core = Combiner(config.spec, config.partition, self.clock)
         self._stop = asyncio.Event()
         self._unacked: list[asyncio.Future[None]] = []
@@ -112,7 +123,7 @@ class CombinerRuntime:
         self._gaps: dict[str, set[int]] = {}
         self.gaps_reported = 0  # missing seqs named in confirmations (re-send hints)
         self.partials_unreadable = 0  # partials that did not decode (dropped, see _on_message)
-        self._session: AsyncSession | None = None
+        self._session: Session | None = None
         # JSON rows of the windows the core finalised ahead of their close, by (window, start)
         self._rendered: tuple[pl.DataFrame, dict[tuple[str, int], bytes]] | None = None
         self.apply_latency = LatencyHistogram()
@@ -142,7 +153,7 @@ class CombinerRuntime:
                 # checkpoint and let the gateways re-send.
                 self._reload()
             first = False
-            session = AsyncSession(
+            session = self._connect(
                 self.config.broker,
                 self.config.client_id,
                 clean_start=False,
@@ -170,7 +181,7 @@ class CombinerRuntime:
                 self._session = None
                 self._unacked.clear()
 
-    async def _serve(self, session: AsyncSession) -> None:
+    async def _serve(self, session: Session) -> None:
         async with supervised(
             self._stop, self._ticker(session), self._checkpointer(session), self._heartbeat(session)
         ) as ending:
@@ -179,7 +190,7 @@ class CombinerRuntime:
 
     # -- input -------------------------------------------------------------------------------
 
-    def _on_message(self, session: AsyncSession, message: Message) -> None:
+    def _on_message(self, session: Session, message: Message) -> None:
         if message.topic.startswith(self.config.topics.gateway_status_all()[:-1]):
             self._on_status(session, message)
             return
@@ -213,7 +224,7 @@ class CombinerRuntime:
         closing_since = self.clock.monotonic()
         self._emit(session, self.core.close_ready(now), closing_since)
 
-    def _on_status(self, session: AsyncSession, message: Message) -> None:
+    def _on_status(self, session: Session, message: Message) -> None:
         if not message.payload:
             return  # a cleared retained status
         try:
@@ -226,7 +237,7 @@ class CombinerRuntime:
             return  # a gateway of a stream this pipeline does not read
         self._publish_step(session, self.core.receive_status(status))
 
-    def _on_control(self, session: AsyncSession, message: Message) -> None:
+    def _on_control(self, session: Session, message: Message) -> None:
         try:
             command = orjson.loads(message.payload).get("cmd")
         except (orjson.JSONDecodeError, AttributeError):
@@ -247,13 +258,13 @@ class CombinerRuntime:
 
     # -- output ------------------------------------------------------------------------------
 
-    def _publish_step(self, session: AsyncSession, step: Step) -> None:
+    def _publish_step(self, session: Session, step: Step) -> None:
         for late in step.late:
             self._publish_late(session, late)
         if step.closed is not None:
             self._emit(session, step.closed)
 
-    def _publish_late(self, session: AsyncSession, late: LateRows) -> None:
+    def _publish_late(self, session: Session, late: LateRows) -> None:
         payload = late_message(
             late, self.config.spec.name, self.config.partition, self.clock.now_ms()
         )
@@ -266,7 +277,7 @@ class CombinerRuntime:
         )
 
     def _emit(
-        self, session: AsyncSession, closed: ClosedWindows | None, since: float | None = None
+        self, session: Session, closed: ClosedWindows | None, since: float | None = None
     ) -> None:
         """Publish closed windows; ``since`` (clock monotonic s) is when closing them began."""
         if closed is None or closed.empty:
@@ -330,7 +341,7 @@ class CombinerRuntime:
 
     async def _publish_keys(
         self,
-        session: AsyncSession,
+        session: Session,
         result: WindowResult,
         at_ms: int,
         after: list[asyncio.Future[None]],
@@ -374,7 +385,7 @@ class CombinerRuntime:
 
     # -- timers ------------------------------------------------------------------------------
 
-    async def _ticker(self, session: AsyncSession) -> None:
+    async def _ticker(self, session: Session) -> None:
         while True:
             await asyncio.sleep(self.config.tick_ms / 1000)
             since = self.clock.monotonic()
@@ -402,13 +413,13 @@ class CombinerRuntime:
             return
         self._rendered = (frame, {(r.window, r.start): json_rows(r) for r in split_windows(frame)})
 
-    async def _checkpointer(self, session: AsyncSession) -> None:
+    async def _checkpointer(self, session: Session) -> None:
         interval = self.config.spec.checkpoint_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
             await self._checkpoint(session)
 
-    async def _checkpoint(self, session: AsyncSession) -> None:
+    async def _checkpoint(self, session: Session) -> None:
         """Snapshot, wait for the outputs it relies on, persist, then confirm."""
         snapshot = self.core.snapshot() if self.config.state_dir is not None else None
         confirmable = self.core.confirmable()
@@ -444,7 +455,7 @@ class CombinerRuntime:
 
     async def _confirm(
         self,
-        session: AsyncSession,
+        session: Session,
         confirmable: dict[str, int],
         missing: dict[str, tuple[int, ...]],
     ) -> None:
@@ -472,7 +483,7 @@ class CombinerRuntime:
         """
         return self.partials_unreadable + self.core.counters.foreign_partials
 
-    async def _heartbeat(self, session: AsyncSession) -> None:
+    async def _heartbeat(self, session: Session) -> None:
         topic = self.config.topics.metrics(
             "combiner", f"{self.config.spec.name}-{self.config.partition}"
         )

@@ -32,9 +32,10 @@ import psutil
 
 from shoal._processes import ChildProcess, connection_args, shoal_argv
 from shoal._resources import resource_dir
+from shoal.broker import AsyncSession
 from shoal.broker.access import BrokerUser, Role
 from shoal.broker.embedded import EmbeddedBroker
-from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.broker.session import Session, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
 from shoal.errors import UsageError
@@ -394,7 +395,7 @@ class LocalPipeline:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     @contextlib.asynccontextmanager
-    async def watching(self) -> AsyncIterator[AsyncSession]:
+    async def watching(self) -> AsyncIterator[Session]:
         """Feed the monitor (and sample resources) while the body runs."""
         async with AsyncSession(
             self.credentials("admin"), unique_client_id("shoal-monitor")
@@ -421,7 +422,7 @@ class LocalPipeline:
 
     async def settle(
         self,
-        session: AsyncSession,
+        session: Session,
         timeout_s: float = SETTLE_TIMEOUT_S,
         *,
         progress: Callable[[float, Snapshot], None] | None = None,

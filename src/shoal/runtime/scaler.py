@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shoal.broker.mqtt import AsyncSession, unique_client_id
+from shoal.broker import default_session_factory
+from shoal.broker.session import SessionFactory, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.broker.sysmon import SYS_TOPICS, BrokerCounters
 from shoal.clock import Clock, SystemClock
@@ -68,7 +69,8 @@ class Scaler:
     """Policy + backend + monitor (see the module docstring).
 
     ``tick`` is the whole decision step and can be driven by a host that already feeds a
-    monitor (``shoal up``, the scaling benchmark); ``run`` does the feeding itself.
+    monitor (``shoal up``, the scaling benchmark); ``run`` does the feeding itself, through
+    sessions from ``session_factory`` (default: ``default_session_factory()``).
     """
 
     def __init__(
@@ -79,9 +81,11 @@ class Scaler:
         clock: Clock | None = None,
         monitor: PipelineMonitor | None = None,
         on_decision: Callable[[ScaleRecord], None] | None = None,
+        session_factory: SessionFactory | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
+        self._connect = session_factory or default_session_factory()
         self.clock = clock or SystemClock()
         self.monitor = monitor or PipelineMonitor(config.spec, config.topics, self.clock)
         self.policy = make_policy(config.policy, config.bounds)
@@ -158,7 +162,7 @@ class Scaler:
             self.backend.close()
 
     async def _session(self) -> None:
-        session = AsyncSession(self.config.broker, unique_client_id("shoal-scaler"))
+        session = self._connect(self.config.broker, unique_client_id("shoal-scaler"))
         async with session:
             await session.subscribe([*self.monitor.filters(), *SYS_TOPICS], qos=0)
             ticker = asyncio.create_task(self._ticks())

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import orjson
 import psutil
 
-from shoal.broker.mqtt import AsyncSession, Message, Will, unique_client_id
+from shoal.broker import default_session_factory
+from shoal.broker.session import Message, Session, SessionFactory, Will, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
 from shoal.errors import BrokerError, InputError
@@ -78,11 +79,21 @@ class WorkerCounters:
 
 
 class Worker:
-    """One worker process's logic (see the module docstring for the ack order)."""
+    """One worker process's logic (see the module docstring for the ack order).
 
-    def __init__(self, config: WorkerConfig, clock: Clock | None = None) -> None:
+    ``session_factory`` opens its MQTT sessions (default: ``default_session_factory()``).
+    """
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        clock: Clock | None = None,
+        *,
+        session_factory: SessionFactory | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock or SystemClock()
+        self._connect = session_factory or default_session_factory()
         self.worker_id = config.worker_id or unique_client_id(f"shoal-worker-{config.spec.name}")
         self.builder = PartialBuilder(config.spec, self.worker_id)
         self.counters = WorkerCounters()
@@ -117,7 +128,7 @@ class Worker:
         spec = self.config.spec
         filters = [topics.shared(spec.name, topics.under_root(f)) for f in spec.inputs]
         while not self._stop.is_set() and not self._drained.is_set():
-            session = AsyncSession(
+            session = self._connect(
                 self.config.broker,
                 self.worker_id,
                 clean_start=True,
@@ -144,7 +155,7 @@ class Worker:
                 log.warning("worker %s: %s; reconnecting", self.worker_id, exc)
                 await asyncio.sleep(self.config.reconnect_delay_s)
 
-    async def _serve(self, session: AsyncSession, filters: list[str]) -> None:
+    async def _serve(self, session: Session, filters: list[str]) -> None:
         inflight: asyncio.Queue[tuple[Message, list[asyncio.Future[None]]] | None] = asyncio.Queue()
         done = asyncio.Event()
         async with supervised(
@@ -169,7 +180,7 @@ class Worker:
         """Leave the group without losing anything (see ``_drain_when_asked``)."""
         self._drain_requested.set()
 
-    async def _drain_when_asked(self, session: AsyncSession, filters: list[str]) -> None:
+    async def _drain_when_asked(self, session: Session, filters: list[str]) -> None:
         """Scale-down without loss: stop new routing, flush the queue, then leave.
 
         1. UNSUBSCRIBE from the shared filters: the broker routes no new batches to us;
@@ -205,7 +216,7 @@ class Worker:
         else:
             log.warning("worker %s: unknown control message %r", self.worker_id, body)
 
-    def _handle(self, session: AsyncSession, message: Message) -> list[asyncio.Future[None]]:
+    def _handle(self, session: Session, message: Message) -> list[asyncio.Future[None]]:
         """Decode, compute, start publishing; returns the PUBACK futures to wait for."""
         started = self.clock.monotonic()
         cpu_started = time.process_time()
@@ -273,7 +284,7 @@ class Worker:
 
     def _refuse(
         self,
-        session: AsyncSession,
+        session: Session,
         message: Message,
         exc: InputError,
         *,
@@ -326,7 +337,7 @@ class Worker:
 
     async def _ack_in_order(
         self,
-        session: AsyncSession,
+        session: Session,
         inflight: asyncio.Queue[tuple[Message, list[asyncio.Future[None]]] | None],
         done: asyncio.Event,
     ) -> None:
@@ -375,7 +386,7 @@ class Worker:
             "reconnects": self.counters.reconnects,
         }
 
-    async def _heartbeat(self, session: AsyncSession) -> None:
+    async def _heartbeat(self, session: Session) -> None:
         topic = self.config.topics.metrics("worker", self.worker_id)
         while True:
             try:

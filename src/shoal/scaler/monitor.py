@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import orjson
 
-from shoal.broker.mqtt import Message
+from shoal.broker.session import Message
 from shoal.clock import Clock
 from shoal.errors import SchemaError
 from shoal.processors.results import late_memberships

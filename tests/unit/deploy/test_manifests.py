@@ -33,7 +33,7 @@ import yaml
 import shoal
 from shoal._cli import common
 from shoal.broker.access import BrokerUser, Role, render_acl
-from shoal.broker.embedded import _ConfigTemplate
+from shoal.broker.profiles import ConfigTemplate
 from shoal.broker.settings import BrokerSettings
 from shoal.cli import build_parser
 from shoal.processors.spec import PipelineSpec, parse_pipeline
@@ -543,7 +543,7 @@ def acl_users() -> list[BrokerUser]:
 
 def test_the_acl_is_what_shoal_renders_for_its_users() -> None:
     template = (REPO / "broker" / "secure.acl").read_text()
-    rendered = _ConfigTemplate(template).substitute(
+    rendered = ConfigTemplate(template).substitute(
         root="(none)", users=render_acl(acl_users(), Topics())
     )
     deployed = find("ConfigMap", "shoal-broker-config")["data"]["acl"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from shoal.broker.mqtt import ThreadedSession
+from shoal.broker.session import GatewaySession
 from shoal.clock import FakeClock
 from shoal.gateway._outbox import Outbox
 from shoal.gateway._resend import ResendPolicy
@@ -61,7 +61,7 @@ def _setup(sizes: list[int], window: int) -> tuple[Outbox, _AckingSession, FakeC
 def _send(outbox: Outbox, session: _AckingSession, confirmed: int, next_seq: int) -> list[int]:
     before = len(session.sent)
     outbox.send(
-        cast("ThreadedSession", session),
+        cast("GatewaySession", session),
         first_unconfirmed=confirmed + 1,
         next_seq=next_seq,
         fit=lambda entry: entry,
@@ -104,7 +104,7 @@ def test_reported_missing_seqs_are_resent_within_the_window() -> None:
     assert _send(outbox, session, -1, 6) == [0, 1, 2, 3]
     clock.advance(2_000)
     outbox.send(
-        cast("ThreadedSession", session),
+        cast("GatewaySession", session),
         first_unconfirmed=0,
         next_seq=6,
         fit=lambda entry: entry,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import orjson
 
-from shoal.broker.mqtt import Message
+from shoal.broker.session import Message
 from shoal.loadtest._ledger import Ledger
 from shoal.schemas.topics import Topics
 

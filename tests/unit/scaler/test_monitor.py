@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from shoal.broker.mqtt import Message
+from shoal.broker.session import Message
 from shoal.clock import FakeClock
 from shoal.processors.spec import parse_pipeline
 from shoal.scaler.monitor import HEARTBEAT_TIMEOUT_MS, PipelineMonitor

@@ -1,0 +1,260 @@
+"""``AsyncSession``: the ``Session`` on aiomqtt, for pipeline components.
+
+Manual acknowledgement, CONNACK properties and PUBACK reason codes are not in aiomqtt's
+public API; ``paho_client_of`` is the one place that reaches past it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+import aiomqtt
+import paho.mqtt.client as paho
+from paho.mqtt.reasoncodes import ReasonCode
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from shoal.broker._paho_glue import (
+    NO_DELAY,
+    connect_properties,
+    publish_error,
+    publish_properties,
+    reason_failed,
+    tls_context,
+)
+from shoal.broker._shared import SessionBase, check_size
+from shoal.broker.session import Message, Will
+from shoal.broker.settings import BrokerSettings
+from shoal.errors import BrokerError
+
+
+def paho_client_of(client: aiomqtt.Client) -> paho.Client:
+    """The paho client inside an aiomqtt client (its private ``_client``).
+
+    aiomqtt has no manual acknowledgement (empicano/aiomqtt#345, draft PR #346) and its
+    maintainers prefer not to expose the paho client (empicano/aiomqtt#191); CONNACK
+    properties and PUBACK reason codes are only visible to paho's callbacks. This is the one
+    place that reaches in; ``tests/unit/broker/test_aio.py`` pins what we rely on.
+    """
+    inner: paho.Client = client._client
+    return inner
+
+
+@dataclass(slots=True)
+class _ConnackInfo:
+    maximum_packet_size: int | None = None
+    receive_maximum: int | None = None
+
+
+class AsyncSession(SessionBase):
+    """The ``Session`` Protocol over aiomqtt (MQTT 5); also its ``SessionFactory``.
+
+    See ``shoal.broker.session.SessionFactory`` for the arguments.
+    """
+
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        client_id: str,
+        *,
+        clean_start: bool = True,
+        session_expiry_s: int = 0,
+        receive_maximum: int | None = None,
+        manual_ack: bool = False,
+        will: Will | None = None,
+        publish_timeout_s: float = 30.0,
+    ) -> None:
+        self.settings = settings
+        self.client_id = client_id
+        self._manual_ack = manual_ack
+        self._publish_timeout_s = publish_timeout_s
+        self._options = (clean_start, session_expiry_s, receive_maximum, will)
+        self._connack = _ConnackInfo()
+        self._pending: dict[int, asyncio.Future[None]] = {}
+        self._client_obj: aiomqtt.Client | None = None
+        self._paho_obj: paho.Client | None = None
+
+    @property
+    def _client(self) -> aiomqtt.Client:
+        if self._client_obj is None:
+            raise BrokerError("the session is not open (use `async with session:`)")
+        return self._client_obj
+
+    @property
+    def _paho(self) -> paho.Client:
+        if self._paho_obj is None:
+            raise BrokerError("the session is not open (use `async with session:`)")
+        return self._paho_obj
+
+    def _build(self) -> aiomqtt.Client:
+        clean_start, session_expiry_s, receive_maximum, will = self._options
+        settings = self.settings
+        client = aiomqtt.Client(
+            settings.host,
+            settings.port,
+            username=settings.username,
+            password=settings.password,
+            identifier=self.client_id,
+            protocol=aiomqtt.ProtocolVersion.V5,
+            # Not paho's MQTT_CLEAN_START_FIRST_ONLY: every AsyncSession is a new paho client,
+            # so its first (and only) connect would start clean and discard the stored session.
+            clean_start=clean_start,
+            keepalive=settings.keepalive_s,
+            properties=connect_properties(session_expiry_s, receive_maximum),
+            tls_context=tls_context(settings),
+            tls_insecure=(not settings.tls.verify_hostname) if settings.tls else None,
+            will=aiomqtt.Will(will.topic, will.payload, will.qos, will.retain) if will else None,
+            timeout=10,
+            socket_options=[NO_DELAY],
+        )
+        client.pending_calls_threshold = 1_000_000  # in-flight work is bounded by the caller
+        return client
+
+    def _wrap_callbacks(self, inner: paho.Client) -> None:
+        on_connect: Any = inner.on_connect
+        on_publish: Any = inner.on_publish
+
+        def connect_hook(
+            client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode, props: Any = None
+        ) -> None:
+            if props is not None:
+                self._connack.maximum_packet_size = getattr(props, "MaximumPacketSize", None)
+                self._connack.receive_maximum = getattr(props, "ReceiveMaximum", None)
+            on_connect(client, userdata, flags, reason, props)
+
+        def publish_hook(
+            client: paho.Client, userdata: Any, mid: int, reason: ReasonCode, props: Any
+        ) -> None:
+            fut = self._pending.pop(mid, None)
+            if fut is not None and not fut.done():
+                if reason_failed(reason):
+                    fut.set_exception(BrokerError(f"broker refused a publish: {reason}"))
+                else:
+                    fut.set_result(None)
+            on_publish(client, userdata, mid, reason, props)
+
+        inner.on_connect = connect_hook
+        inner.on_publish = publish_hook
+
+    def _prepare(self) -> aiomqtt.Client:
+        """The client, built and wired (manual ack, our callbacks), not yet connected."""
+        client = self._client_obj = self._build()
+        inner = self._paho_obj = paho_client_of(client)
+        inner.manual_ack_set(self._manual_ack)
+        self._wrap_callbacks(inner)
+        return client
+
+    async def __aenter__(self) -> Self:
+        client = self._prepare()
+        try:
+            await client.__aenter__()
+        except aiomqtt.MqttError as exc:
+            raise BrokerError(
+                f"cannot connect to the broker at {self.settings.url} as {self.client_id!r}: {exc}"
+            ) from exc
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(BrokerError("connection closed before the PUBACK arrived"))
+        self._pending.clear()
+        with contextlib.suppress(aiomqtt.MqttError):
+            await self._client.__aexit__(exc_type, exc, tb)
+
+    @property
+    def max_packet_size(self) -> int | None:
+        """The broker's Maximum Packet Size from CONNACK (None: the broker set no limit)."""
+        return self._connack.maximum_packet_size
+
+    async def subscribe(
+        self, filters: Sequence[str], qos: int = 1, *, no_local: bool = False
+    ) -> None:
+        """Subscribe to topic filters (including ``$share/<group>/...``)."""
+        options = SubscribeOptions(qos=qos, noLocal=no_local)
+        try:
+            result = await self._client.subscribe([(f, options) for f in filters])
+        except aiomqtt.MqttError as exc:
+            raise BrokerError(f"subscribe to {list(filters)} failed: {exc}") from exc
+        failed = [
+            f
+            for f, code in zip(filters, result, strict=False)
+            if reason_failed(code)  # type: ignore[arg-type]
+        ]
+        if failed:
+            raise BrokerError(f"the broker refused subscriptions {failed}: {result}")
+
+    async def unsubscribe(self, filters: Sequence[str]) -> None:
+        """Stop new deliveries for these filters (already queued messages still arrive)."""
+        try:
+            await self._client.unsubscribe(list(filters))
+        except aiomqtt.MqttError as exc:
+            raise BrokerError(f"unsubscribe from {list(filters)} failed: {exc}") from exc
+
+    def publish_started(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        content_type: str | None = None,
+        user_properties: Sequence[tuple[str, str]] | None = None,
+        message_expiry_s: int | None = None,
+    ) -> asyncio.Future[None]:
+        """Hand a message to the connection now; the future completes on PUBACK (QoS 1).
+
+        Raises:
+            PayloadTooLargeError: larger than the broker's maximum packet size; not sent.
+        """
+        check_size(topic, payload, self._connack.maximum_packet_size)
+        props = publish_properties(content_type, user_properties, message_expiry_s)
+        info = self._paho.publish(topic, payload, qos=qos, retain=retain, properties=props)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        if info.rc != paho.MQTT_ERR_SUCCESS:
+            fut.set_exception(publish_error(topic, info.rc))
+        elif qos == 0 or info.is_published():
+            fut.set_result(None)
+        else:
+            self._pending[info.mid] = fut
+        return fut
+
+    def ack(self, message: Message) -> None:
+        """PUBACK a QoS 1 message received with ``manual_ack`` (no-op otherwise)."""
+        if self._manual_ack and message.qos > 0:
+            self._paho.ack(message.mid, message.qos)
+
+    async def messages(self) -> AsyncIterator[Message]:
+        """Received messages, in arrival order, until the connection drops.
+
+        Raises:
+            BrokerError: the connection was lost.
+        """
+        iterator = self._client.messages
+        while True:
+            try:
+                msg = await iterator.__anext__()
+            except aiomqtt.MqttError as exc:
+                raise BrokerError(f"connection to {self.settings.url} lost: {exc}") from exc
+            props = msg.properties
+            content_type = getattr(props, "ContentType", None) if props is not None else None
+            user = getattr(props, "UserProperty", None) if props is not None else None
+            yield Message(
+                topic=msg.topic.value,
+                payload=bytes(msg.payload) if isinstance(msg.payload, bytes | bytearray) else b"",
+                qos=msg.qos,
+                retain=bool(msg.retain),
+                content_type=content_type,
+                user_properties=tuple(user) if user else (),
+                mid=msg.mid,
+            )

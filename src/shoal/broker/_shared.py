@@ -1,0 +1,106 @@
+"""What the session implementations share: the size check, and ``SessionBase``.
+
+No third-party imports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+from shoal.broker.session import PROTOCOL_OVERHEAD, Message, Session
+from shoal.errors import BrokerError, PayloadTooLargeError
+
+
+def check_size(topic: str, payload: bytes, limit: int | None) -> None:
+    """Refuse a message the broker would refuse (paho would reconnect and resend it forever).
+
+    Raises:
+        PayloadTooLargeError: it does not fit in ``limit`` bytes with the protocol overhead.
+    """
+    if limit is not None and len(payload) + len(topic) + PROTOCOL_OVERHEAD > limit:
+        raise PayloadTooLargeError(
+            f"message for {topic!r} is {len(payload)} bytes; the broker accepts packets of at "
+            f"most {limit} bytes. It was not sent: split it or raise the broker's max_packet_size."
+        )
+
+
+class SessionBase(Session):
+    """The part of a ``Session`` that follows from ``publish_started`` and ``messages``.
+
+    Implementations subclass it (and so declare that they are a ``Session``); they set
+    ``_publish_timeout_s``.
+    """
+
+    _publish_timeout_s: float
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        content_type: str | None = None,
+        user_properties: Sequence[tuple[str, str]] | None = None,
+        message_expiry_s: int | None = None,
+    ) -> None:
+        """Publish and, for QoS 1, wait until the broker has accepted it (PUBACK).
+
+        Raises:
+            PayloadTooLargeError: larger than the broker's maximum packet size; not sent.
+            BrokerError: refused, disconnected, or no PUBACK within the timeout.
+        """
+        fut = self.publish_started(
+            topic,
+            payload,
+            qos=qos,
+            retain=retain,
+            content_type=content_type,
+            user_properties=user_properties,
+            message_expiry_s=message_expiry_s,
+        )
+        await self.wait_published([fut])
+
+    async def wait_published(self, futures: Sequence[asyncio.Future[None]]) -> None:
+        """Wait for PUBACKs of publishes started with ``publish_started``.
+
+        Raises:
+            BrokerError: one failed, or they were not all acknowledged within the timeout.
+        """
+        if not futures:
+            return
+        try:
+            await asyncio.wait_for(asyncio.gather(*futures), timeout=self._publish_timeout_s)
+        except TimeoutError as exc:
+            raise BrokerError(f"no PUBACK within {self._publish_timeout_s} s") from exc
+
+    def messages_until(self, stop: asyncio.Event) -> AsyncIterator[Message]:
+        """Received messages until ``stop`` is set (then it simply ends).
+
+        Raises:
+            BrokerError: the connection was lost first.
+        """
+        return _until_stopped(self.messages(), stop)
+
+
+async def _until_stopped(
+    messages: AsyncIterator[Message], stop: asyncio.Event
+) -> AsyncIterator[Message]:
+    """``messages`` until ``stop`` is set, then it ends (a receive still pending is cancelled)."""
+    iterator = messages.__aiter__()
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        while True:
+            nxt = asyncio.ensure_future(iterator.__anext__())
+            done, _ = await asyncio.wait({nxt, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if nxt in done:
+                yield nxt.result()
+                continue
+            nxt.cancel()
+            with contextlib.suppress(asyncio.CancelledError, BrokerError):
+                await nxt
+            return
+    finally:
+        stopper.cancel()

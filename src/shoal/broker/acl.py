@@ -1,0 +1,126 @@
+"""The Mosquitto ACL rules of each role, derived from ``shoal.schemas.topics.Topics``.
+
+Pure. The ACL follows the topic names and the topic root; ``shoal.broker.access`` gives the
+roles to users.
+
+Roles (``R`` is the topic root, ``P`` the role's pipeline, ``G`` a gateway id)::
+
+    gateway G    write R/ingest/+/G, R/shoal/gateway/G        read R/shoal/confirm/G/#
+    worker P     read  the pipeline's inputs (R/ingest/+/+)   write R/shoal/partials/P/+,
+                 R/shoal/deadletter/P, R/shoal/metrics/worker/+; readwrite R/shoal/control/+
+    combiner P   read  R/shoal/partials/P/+, R/shoal/gateway/+, R/shoal/control/combiners/P
+                 write R/results/P, R/results/P/#, R/shoal/late/P, R/shoal/confirm/+/P/+,
+                       R/shoal/metrics/combiner/+
+    dashboard    read  R/results/# (or R/results/P and R/results/P/# for one pipeline)
+    admin        read  R/shoal/gateway/+, R/shoal/confirm/#, R/results/#, R/shoal/late/#,
+                       R/shoal/deadletter/#, $SYS/#; readwrite R/shoal/metrics/#,
+                       R/shoal/control/#
+
+Everything else is denied. How Mosquitto 2.0.11 applies an ``acl_file`` (measured, see
+``tests/integration/test_security.py``): a denied QoS 1 PUBLISH gets PUBACK "Not authorized"
+and goes nowhere; SUBSCRIBE is always granted, and the read rule is checked for every message
+(retained ones included) against the message's own topic, so a forbidden subscription stays
+silent. For shared subscriptions that means the ``$share/<group>/`` prefix plays no part in
+the check, and a client without read access that joins a group still takes its round-robin
+turn: the broker drops the messages dealt to it. Nothing is lost for good (gateways re-send
+unconfirmed batches), but only trusted users should hold credentials at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from shoal.schemas.topics import Topics
+
+Access = Literal["read", "write", "readwrite"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One ACL line: an access right on a topic or topic filter."""
+
+    access: Access
+    topic: str
+
+    def line(self) -> str:
+        """The line as Mosquitto's ``acl_file`` spells it."""
+        return f"topic {self.access} {self.topic}"
+
+
+def _last_level_wild(topic: str) -> str:
+    """``a/b/c`` → ``a/b/+``: every value of the last level."""
+    return f"{topic.rsplit('/', 1)[0]}/+"
+
+
+def _siblings_below(topic: str) -> str:
+    """``a/b/c`` → ``a/b/#``: everything below the parent of ``topic``."""
+    return f"{topic.rsplit('/', 1)[0]}/#"
+
+
+_ANY: Final = "x"
+"""A placeholder name, replaced by a wildcard in the rules below."""
+
+
+def gateway_rules(gateway_ids: Iterable[str], topics: Topics) -> list[Rule]:
+    """A gateway (or a concentrator) publishing for ``gateway_ids``."""
+    rules = []
+    for gateway_id in gateway_ids:
+        rules += [
+            Rule("write", topics.ingest("+", gateway_id)),
+            Rule("write", topics.gateway_status(gateway_id)),
+            Rule("read", topics.confirm_filter(gateway_id)),
+        ]
+    return rules
+
+
+def worker_rules(pipeline: str, inputs: Iterable[str], topics: Topics) -> list[Rule]:
+    """A worker of ``pipeline`` reading ``inputs`` (filters below the root)."""
+    return [
+        *(Rule("read", topics.under_root(f)) for f in inputs),
+        Rule("write", _last_level_wild(topics.partials(pipeline, 0))),
+        Rule("write", topics.deadletter(pipeline)),
+        Rule("write", topics.metrics("worker", "+")),
+        # Its own control topic (drain markers); worker ids are not known in advance.
+        Rule("readwrite", topics.control("+")),
+    ]
+
+
+def combiner_rules(pipeline: str, topics: Topics) -> list[Rule]:
+    """A combiner (any partition) of ``pipeline``."""
+    confirm = topics.confirm("+", pipeline, 0)
+    return [
+        Rule("read", _last_level_wild(topics.partials(pipeline, 0))),
+        Rule("read", topics.gateway_status_all()),
+        Rule("read", topics.combiner_control(pipeline)),
+        Rule("write", topics.results(pipeline)),
+        Rule("write", f"{topics.results(pipeline)}/#"),
+        Rule("write", topics.late(pipeline)),
+        Rule("write", _last_level_wild(confirm)),
+        Rule("write", topics.metrics("combiner", "+")),
+    ]
+
+
+def dashboard_rules(pipeline: str | None, topics: Topics) -> list[Rule]:
+    """A reader of the results of ``pipeline`` (None: of every pipeline)."""
+    if pipeline is None:
+        return [Rule("read", _siblings_below(topics.results(_ANY)))]
+    return [
+        Rule("read", topics.results(pipeline)),
+        Rule("read", f"{topics.results(pipeline)}/#"),
+    ]
+
+
+def admin_rules(topics: Topics) -> list[Rule]:
+    """Operations: lag, metrics, control commands, dead letters, ``$SYS``; no data path."""
+    return [
+        Rule("read", topics.gateway_status_all()),
+        Rule("read", topics.confirm_all()),
+        Rule("read", _siblings_below(topics.results(_ANY))),
+        Rule("read", _siblings_below(topics.late(_ANY))),
+        Rule("read", _siblings_below(topics.deadletter(_ANY))),
+        Rule("readwrite", topics.metrics_all()),
+        Rule("readwrite", _siblings_below(topics.control(_ANY))),
+        Rule("read", "$SYS/#"),
+    ]

@@ -1,0 +1,257 @@
+"""The MQTT vocabulary runtime code types against: messages, wills, and the session Protocols.
+
+No third-party imports. Components (worker, combiner, scaler, monitor, client, archive) take
+a ``SessionFactory`` and talk to the broker only through the ``Session`` it opens; gateways
+take a ``GatewaySessionFactory`` the same way. Implementations: ``shoal.broker.AsyncSession``
+and ``shoal.broker.ThreadedSession`` (aiomqtt and paho, a real broker) and
+``shoal.broker.memory`` (an in-memory broker for fast logic tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Final, Protocol, Self
+
+from shoal.broker.settings import BrokerSettings
+
+PROTOCOL_OVERHEAD: Final = 512
+"""Bytes a PUBLISH needs beyond its payload for the fixed header, topic and properties; used
+when checking a payload against the broker's maximum packet size."""
+
+_instance_counter = itertools.count()
+
+
+def unique_client_id(prefix: str) -> str:
+    """A client id no other live client uses: prefix, host, pid and a counter.
+
+    Reusing a live client id makes the broker disconnect the other client (a "session
+    takeover"), so every worker incarnation gets a fresh one.
+    """
+    host = socket.gethostname().split(".")[0][:20]
+    return f"{prefix}-{host}-{os.getpid()}-{next(_instance_counter)}-{os.urandom(2).hex()}"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A received PUBLISH.
+
+    Attributes:
+        topic: the topic it was published to.
+        payload: its bytes.
+        qos: delivery QoS.
+        retain: whether it came from the broker's retained store.
+        content_type: the MQTT 5 content type, if the publisher set one.
+        user_properties: MQTT 5 user properties, in order.
+        mid: packet id, used to acknowledge it (0 for QoS 0).
+    """
+
+    topic: str
+    payload: bytes
+    qos: int = 0
+    retain: bool = False
+    content_type: str | None = None
+    user_properties: tuple[tuple[str, str], ...] = ()
+    mid: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Will:
+    """A message the broker publishes if we vanish without a DISCONNECT."""
+
+    topic: str
+    payload: bytes
+    qos: int = 1
+    retain: bool = False
+
+
+class Session(Protocol):
+    """One MQTT 5 connection for an asyncio component (worker, combiner, scaler, client).
+
+    Use as an async context manager; a session does not reconnect. Components reconnect by
+    opening a new one, which is also when they must subscribe again (Mosquitto does not
+    restore ``$share`` subscriptions). QoS 1 publishes complete on a successful PUBACK; a
+    failing reason code, a lost connection or no PUBACK in time raise ``BrokerError``.
+    """
+
+    settings: BrokerSettings
+    client_id: str
+
+    async def __aenter__(self) -> Self:
+        """Connect. Raises ``BrokerError`` if the broker cannot be reached or refuses us."""
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Disconnect cleanly (the will is not published); pending publishes fail."""
+
+    @property
+    def max_packet_size(self) -> int | None:
+        """The broker's Maximum Packet Size from CONNACK (None: the broker set no limit)."""
+
+    async def subscribe(
+        self, filters: Sequence[str], qos: int = 1, *, no_local: bool = False
+    ) -> None:
+        """Subscribe to topic filters (including ``$share/<group>/...``)."""
+
+    async def unsubscribe(self, filters: Sequence[str]) -> None:
+        """Stop new deliveries for these filters (already queued messages still arrive)."""
+
+    def publish_started(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        content_type: str | None = None,
+        user_properties: Sequence[tuple[str, str]] | None = None,
+        message_expiry_s: int | None = None,
+    ) -> asyncio.Future[None]:
+        """Hand a message to the connection now; the future completes on PUBACK (QoS 1).
+
+        Lets a caller start several publishes and await them together, keeping their order.
+
+        Raises:
+            PayloadTooLargeError: larger than the broker's maximum packet size; not sent.
+        """
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        content_type: str | None = None,
+        user_properties: Sequence[tuple[str, str]] | None = None,
+        message_expiry_s: int | None = None,
+    ) -> None:
+        """Publish and, for QoS 1, wait until the broker has accepted it (PUBACK)."""
+
+    async def wait_published(self, futures: Sequence[asyncio.Future[None]]) -> None:
+        """Wait for PUBACKs of publishes started with ``publish_started``."""
+
+    def ack(self, message: Message) -> None:
+        """PUBACK a QoS 1 message received with ``manual_ack`` (no-op otherwise)."""
+
+    def messages(self) -> AsyncIterator[Message]:
+        """Received messages, in arrival order; raises ``BrokerError`` when the link drops."""
+
+    def messages_until(self, stop: asyncio.Event) -> AsyncIterator[Message]:
+        """Received messages until ``stop`` is set (then it simply ends)."""
+
+
+class SessionFactory(Protocol):
+    """Opens a ``Session`` (not yet connected); ``AsyncSession`` itself is one.
+
+    Args:
+        settings: where the broker is.
+        client_id: unique per live client (``unique_client_id``).
+        clean_start: start without a stored session.
+        session_expiry_s: how long the broker keeps our session after we vanish (0: never).
+        receive_maximum: at most this many unacknowledged QoS 1 messages in flight to us.
+        manual_ack: PUBACK incoming QoS 1 messages only when ``Session.ack`` is called.
+        will: message the broker publishes if we disappear.
+        publish_timeout_s: how long ``publish`` waits for a PUBACK.
+    """
+
+    def __call__(
+        self,
+        settings: BrokerSettings,
+        client_id: str,
+        *,
+        clean_start: bool = True,
+        session_expiry_s: int = 0,
+        receive_maximum: int | None = None,
+        manual_ack: bool = False,
+        will: Will | None = None,
+        publish_timeout_s: float = 30.0,
+    ) -> Session:
+        """A new, unconnected session."""
+
+
+class PublishHandle(Protocol):
+    """A QoS 1 publish in flight from a ``GatewaySession``.
+
+    Attributes:
+        failed: why the broker refused it or it was lost (None: not failed, so far).
+    """
+
+    failed: str | None
+
+    @property
+    def mid(self) -> int:
+        """The packet id."""
+
+    def is_acknowledged(self) -> bool:
+        """Whether the broker has accepted it (PUBACK with a success code)."""
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait for the PUBACK; False on timeout. Raises ``BrokerError`` if refused."""
+
+
+class GatewaySession(Protocol):
+    """A self-reconnecting MQTT 5 connection with its own network thread (for gateways).
+
+    Callbacks run on that thread. ``on_connect`` runs after every (re)connection: subscribe
+    there. ``on_acknowledged`` runs whenever a publish settles. Publishes made while
+    disconnected fail fast with ``BrokerError``; the gateway's spool owns retrying.
+    """
+
+    @property
+    def connected(self) -> bool:
+        """Whether the session is connected right now."""
+
+    @property
+    def max_packet_size(self) -> int | None:
+        """The broker's Maximum Packet Size from the last CONNACK."""
+
+    def start(self) -> None:
+        """Start connecting in the background (returns at once)."""
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        """Block until connected; False on timeout."""
+
+    def stop(self) -> None:
+        """Disconnect cleanly and stop the network thread."""
+
+    def subscribe(self, topic_filter: str, qos: int = 1) -> None:
+        """Subscribe (call from ``on_connect`` so it is renewed after reconnects)."""
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        content_type: str | None = None,
+    ) -> PublishHandle:
+        """Start a publish; the handle reports its PUBACK (``BrokerError``: not connected)."""
+
+
+class GatewaySessionFactory(Protocol):
+    """Makes a ``GatewaySession``; ``ThreadedSession`` itself is one."""
+
+    def __call__(
+        self,
+        settings: BrokerSettings,
+        client_id: str,
+        *,
+        on_message: Callable[[Message], None] | None = None,
+        on_connect: Callable[[GatewaySession], None] | None = None,
+        on_disconnect: Callable[[], None] | None = None,
+        on_acknowledged: Callable[[], None] | None = None,
+        session_expiry_s: int = 0,
+        will: Will | None = None,
+    ) -> GatewaySession:
+        """A new, unstarted session."""

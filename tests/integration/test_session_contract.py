@@ -1,0 +1,162 @@
+"""What components rely on from a ``Session``, checked on Mosquitto and on the in-memory broker.
+
+The same test body runs against ``AsyncSession`` + a real Mosquitto (``broker`` marker) and
+against ``shoal.broker.memory``: the fake used by fast unit tests behaves like the real thing
+where shoal depends on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from shoal.broker import AsyncSession
+from shoal.broker.memory import MemoryBroker
+from shoal.broker.session import Message, Session, SessionFactory
+from shoal.schemas.topics import Topics
+
+Open = Callable[..., Session]
+
+
+@pytest.fixture(params=[pytest.param("mosquitto", marks=pytest.mark.broker), "memory"])
+def connect(request: pytest.FixtureRequest) -> Open:
+    """Opens sessions (client id + factory options) on a broker of this test's own."""
+    if request.param == "memory":
+        memory = MemoryBroker()
+        settings, factory = memory.settings, memory.session_factory
+    else:
+        settings = request.getfixturevalue("broker").settings
+        factory: SessionFactory = AsyncSession
+    return lambda client_id, **options: factory(settings, client_id, **options)
+
+
+async def _next(session: Session, timeout_s: float = 5.0) -> Message:
+    return await asyncio.wait_for(anext(aiter(session.messages())), timeout_s)
+
+
+@contextlib.asynccontextmanager
+async def _receiving(session: Session) -> AsyncIterator[asyncio.Queue[Message]]:
+    """Messages of ``session`` into a queue while the body runs (one iterator, never cancelled
+    mid-receive while the test still needs it)."""
+    queue: asyncio.Queue[Message] = asyncio.Queue()
+
+    async def pump() -> None:
+        async for message in session.messages():
+            queue.put_nowait(message)
+
+    task = asyncio.create_task(pump())
+    try:
+        yield queue
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+async def _drain(queue: asyncio.Queue[Message], quiet_s: float = 0.3) -> list[Message]:
+    got = []
+    with contextlib.suppress(TimeoutError):
+        while True:
+            got.append(await asyncio.wait_for(queue.get(), quiet_s))
+    return got
+
+
+def test_filters_qos_and_properties_arrive_as_published(connect: Open, topics: Topics) -> None:
+    async def scenario() -> None:
+        async with connect("sub") as sub, connect("pub") as pub:
+            await sub.subscribe([topics.under_root("a/+/c"), topics.under_root("x/#")], qos=1)
+            async with _receiving(sub) as queue:
+                await pub.publish(topics.under_root("a/b/c"), b"1", content_type="text/plain")
+                await pub.publish(
+                    topics.under_root("x/y/z"), b"2", qos=0, user_properties=[("k", "v")]
+                )
+                await pub.publish(topics.under_root("a/b/d"), b"no")
+                got = await _drain(queue)
+        assert [(m.payload, m.qos, m.retain) for m in got] == [(b"1", 1, False), (b"2", 0, False)]
+        assert got[0].content_type == "text/plain"
+        assert got[1].user_properties == (("k", "v"),)
+
+    asyncio.run(scenario())
+
+
+def test_retained_messages_reach_later_subscribers_until_cleared(
+    connect: Open, topics: Topics
+) -> None:
+    topic = topics.gateway_status("gw")
+
+    async def scenario() -> None:
+        async with connect("pub") as pub:
+            await pub.publish(topic, b"status", retain=True)
+            async with connect("late") as late:
+                await late.subscribe([topics.gateway_status_all()])
+                message = await _next(late)
+                assert (message.payload, message.retain) == (b"status", True)
+            await pub.publish(topic, b"", retain=True)
+            async with connect("later") as later:
+                await later.subscribe([topics.gateway_status_all()])
+                async with _receiving(later) as queue:
+                    assert await _drain(queue) == []
+
+    asyncio.run(scenario())
+
+
+def test_a_shared_subscription_deals_round_robin_and_no_local_skips_our_own(
+    connect: Open, topics: Topics
+) -> None:
+    topic = topics.ingest("s", "gw")
+    shared = topics.shared("p", topic)
+
+    async def scenario() -> None:
+        async with connect("w1") as w1, connect("w2") as w2, connect("self") as own:
+            await w1.subscribe([shared])
+            await w2.subscribe([shared])
+            await own.subscribe([topic], no_local=True)
+            async with _receiving(w1) as q1, _receiving(w2) as q2, _receiving(own) as q3:
+                for i in range(6):
+                    await own.publish(topic, bytes([i]))
+                got1, got2, mine = await _drain(q1), await _drain(q2), await _drain(q3)
+        assert sorted(m.payload[0] for m in got1 + got2) == list(range(6))
+        assert len(got1) == len(got2) == 3
+        assert mine == []
+
+    asyncio.run(scenario())
+
+
+def test_manual_ack_and_receive_maximum_hold_back_deliveries(connect: Open, topics: Topics) -> None:
+    topic = topics.under_root("work")
+
+    async def scenario() -> None:
+        async with connect("pub") as pub, connect("w", manual_ack=True, receive_maximum=2) as w:
+            await w.subscribe([topic])
+            async with _receiving(w) as queue:
+                for i in range(3):
+                    await pub.publish(topic, bytes([i]))
+                first = await _drain(queue, 0.5)
+                assert [m.payload for m in first] == [b"\0", b"\1"]  # the third waits
+                w.ack(first[0])
+                assert [m.payload for m in await _drain(queue)] == [b"\2"]
+
+    asyncio.run(scenario())
+
+
+def test_an_unacknowledged_message_comes_back_to_a_persistent_session(
+    connect: Open, topics: Topics
+) -> None:
+    topic = topics.partials("p", 0)
+    persistent = {"clean_start": False, "session_expiry_s": 60, "manual_ack": True}
+
+    async def scenario() -> None:
+        async with connect("c", **persistent) as client:
+            await client.subscribe([topic])
+            async with connect("pub") as pub:
+                await pub.publish(topic, b"partial")
+            assert (await _next(client)).payload == b"partial"  # and never acknowledged
+        async with connect("c", **persistent) as again:  # the same client, reconnecting
+            message = await _next(again)
+            assert message.payload == b"partial"
+            again.ack(message)
+
+    asyncio.run(scenario())
