@@ -7,7 +7,7 @@
     │   ├── DecodeError         the bytes are not a batch: framing, syntax, encoding, limits
     │   └── SchemaError         a well-formed batch that breaks the contract: types, fields, rows
     ├── ConfigError             an invalid pipeline spec, profile, option or flag
-    │   ├── TopicError          a name or root that cannot be part of a topic (also a ValueError)
+    │   ├── TopicError          a name or root that cannot be part of a topic
     │   └── TraceError          a load trace that cannot run, or an unknown one
     ├── BrokerError             the broker: missing binary, unreachable, refused, too large
     │   ├── BrokerNotFoundError `mosquitto` is not on PATH
@@ -108,13 +108,8 @@ class ConfigError(ShoalError):
     """An invalid configuration: pipeline spec, broker profile, CLI option."""
 
 
-class TopicError(ConfigError, ValueError):
-    """A stream, pipeline or gateway name, or a topic root, that cannot be part of a topic.
-
-    Also a ``ValueError`` for now: ``shoal.processors.spec`` and ``shoal.broker.access`` catch
-    ``ValueError`` from ``check_segment`` to say where the name came from; once they catch
-    ``ConfigError`` the ``ValueError`` base can go.
-    """
+class TopicError(ConfigError):
+    """A stream, pipeline or gateway name, or a topic root, that cannot be part of a topic."""
 
 
 class TraceError(ConfigError):

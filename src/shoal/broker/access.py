@@ -54,13 +54,10 @@ class Role:
             raise ConfigError(f"unknown role {self.kind!r}; known: {', '.join(ROLE_KINDS)}")
         if self.kind in ("worker", "combiner") and self.pipeline is None:
             raise ConfigError(f"a {self.kind} role needs a pipeline name")
-        try:
-            if self.pipeline is not None:
-                check_segment(self.pipeline, "pipeline")
-            for gateway_id in self.gateways:
-                check_segment(gateway_id, "gateway id")
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
+        if self.pipeline is not None:
+            check_segment(self.pipeline, "pipeline")  # a TopicError is a ConfigError
+        for gateway_id in self.gateways:
+            check_segment(gateway_id, "gateway id")
         for topic_filter in self.inputs:
             if not topic_filter or topic_filter.startswith(("/", "$")) or " " in topic_filter:
                 raise ConfigError(f"worker input filter {topic_filter!r} is not a topic filter")
@@ -147,10 +144,7 @@ class BrokerUser:
         if not self.password:
             raise ConfigError(f"user {self.name!r} needs a password")
         if self.role is not None and self.role.kind == "gateway" and not self.role.gateways:
-            try:
-                check_segment(self.name, "gateway user name (it is the gateway id)")
-            except ValueError as exc:
-                raise ConfigError(str(exc)) from exc
+            check_segment(self.name, "gateway user name (it is the gateway id)")
 
 
 def render_acl(users: Iterable[BrokerUser], topics: Topics) -> str:

@@ -31,7 +31,7 @@ from shoal.broker.profiles import (
     write_passwords,
 )
 from shoal.broker.settings import BrokerSettings, TlsSettings
-from shoal.errors import BrokerError, ConfigError
+from shoal.errors import BrokerError
 from shoal.schemas.topics import Topics
 
 _START_ATTEMPTS: Final = 3
@@ -91,10 +91,7 @@ class EmbeddedBroker:
             Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="shoal-broker-"))
         )
         self.users = as_users(users)
-        try:
-            self.topics = Topics(root=topic_root)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
+        self.topics = Topics(root=topic_root)  # a bad root raises TopicError, a ConfigError
         self._tls_port = tls_port
         self._fixed_tls_port = tls_port is not None
         self.tls_bind = tls_bind or bind
