@@ -14,7 +14,10 @@ windows, 1 s lateness):
 * seq 2 brings a row for that window, behind gw-01's own watermark: late, ``behind_watermark``;
 * seq 3 is refused (a string where a value belongs): a dead letter and a rejected partial;
 * gw-02 appears after the window closed, with a row for it: late, ``window_closed``;
-* a second pipeline ``by-unit`` keys by ``unit``, so one key is null (topic segment ``_``).
+* a second pipeline ``by-unit`` keys by ``unit``, so one key is null (topic segment ``_``);
+* the same data through ``temps`` with ``allowed_lateness_ms`` (``TEMPS_CORRECTED``): seq 2's
+  row is within the allowance, folds into the closed window and makes a correction
+  (revision 2).
 
 Only the heartbeats' process-dependent figures (uptime, CPU, rates over wall time) are set
 to fixed values after ``metrics()`` returns; every other byte is the code's.
@@ -69,6 +72,8 @@ TEMPS: Final = parse_pipeline(
         "output_encodings": ["json", "msgpack"],
     }
 )
+TEMPS_CORRECTED: Final = replace(TEMPS, allowed_lateness_ms=60_000)
+"""``temps`` folding rows up to a minute later still into closed windows (corrections)."""
 BY_UNIT: Final = parse_pipeline(
     {
         "name": "by-unit",
@@ -100,6 +105,9 @@ NOTES: Final = {
     "deadletter-truncated": "a record cut to the broker's packet limit (payload_truncated)",
     "result-window-null-key": "a pipeline keyed by an attribute: rows without it have key null",
     "result-key-null-key": "the latest result of the null key, on the topic segment _",
+    "result-window-correction": "a window re-published with a late row folded in (revision 2)",
+    "result-window-columnar-correction": "the same correction in MsgPack",
+    "result-key-correction": "the corrected latest result of one key (retained)",
     "confirm": "every batch of gw-01 up to seq 3 is applied and durable in partition 0",
     "confirm-missing": "with seqs the partition has waited for while holding later ones",
     "gateway-status": "a gateway's retained status",
@@ -227,7 +235,7 @@ def _emit(  # noqa: PLR0917 - private; one call per pipeline of the scenario
     """Window messages of ``closed`` as ``CombinerRuntime._emit`` renders them; ``key``'s."""
     ctx = Emission(spec.name, 0, spec.partitions, core.closed_through, s.clock.now_ms())
     for frame in closed:
-        for result in split_windows(frame.frame):
+        for result in split_windows(frame.frame, frame.revisions):
             rendered = {"result-window": window_json(result, ctx)}
             if "msgpack" in spec.output_encodings:
                 rendered["result-window-columnar"] = window_msgpack(result, ctx)
@@ -275,6 +283,25 @@ def _temps(s: _Scenario) -> CombinerRuntime:
         payload = late_message(late, spec.name, 0, s.clock.now_ms())
         s.add(name, "late", TOPICS.late(spec.name), payload)
     return runtime
+
+
+def _corrections(s: _Scenario) -> None:
+    """Batches 0-2 of ``_temps`` with allowed lateness: the late row of seq 2 makes a correction."""
+    spec = TEMPS_CORRECTED
+    builder = PartialBuilder(spec, WORKER_ID)
+    core = Combiner(spec, 0, s.clock)
+    core.receive_status(_status("gw-01", 3, s.clock.now_ms()))
+    seq0 = _batch(
+        "gw-01", 0, [("t1", 0, 21.5, "°C"), ("t1", 250, 21.625, "°C"), ("t2", 500, 3.0, None)]
+    )
+    seq1 = _batch("gw-01", 1, [("t1", 12_000, 22.0, "°C"), ("t2", 12_500, 4.5, None)])
+    seq2 = _batch("gw-01", 2, [("t2", 100, 4.0, None), ("t1", 9_900, 21.75, "°C")])
+    for payload in (seq0, seq1):
+        _combine(s, core, _work(s, spec, builder, "gw-01", payload)[0])
+    s.clock.advance(100)
+    corrected = _combine(s, core, _work(s, spec, builder, "gw-01", seq2)[0])
+    assert [c.revisions for c in corrected] == [{("tumbling-10s", T0): 2}]
+    _emit(s, spec, core, corrected, "-correction")
 
 
 def _deadletters(s: _Scenario) -> None:
@@ -389,4 +416,5 @@ def output_cases() -> list[OutputCase]:
     _by_unit(s)
     _control(s)
     _metrics(s, runtime)
+    _corrections(s)
     return s.cases

@@ -9,7 +9,9 @@ from shoal.clock import FakeClock
 from shoal.processors.combine import Combiner, LateRows
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.spec import PipelineSpec
+from shoal.processors.state import ClosedWindows
 from shoal.schemas.control import GatewayStatus
+from shoal.schemas.results import latest_revisions
 from tests.support.datasets import GeneratedBatch
 
 
@@ -43,19 +45,24 @@ def run_in_memory(
     duplicate_fraction: float = 0.2,
     workers: int = 3,
     announce: bool = True,
+    reorder_within: int | None = None,
 ) -> tuple[pl.DataFrame, list[LateRows], list[Combiner]]:
     """Deliver every batch (some twice) in a shuffled order through N builders and P combiners.
 
-    Returns the emitted results (all partitions), the late rows reported, and the combiners.
-    Partials travel through their wire encoding, as they would over MQTT.
+    Returns the emitted results (all partitions; each window's latest revision, see
+    ``latest_of``), the late rows reported, and the combiners. Partials travel through their
+    wire encoding, as they would over MQTT.
     """
     rng = np.random.default_rng(seed)
     clock = FakeClock()
     builders = [PartialBuilder(spec, f"w{i}") for i in range(workers)]
     combiners = [Combiner(spec, p, clock) for p in range(spec.partitions)]
     order = list(range(len(batches)))
-    order += [i for i in order if rng.random() < duplicate_fraction]
-    rng.shuffle(order)
+    if reorder_within is None:
+        order += [i for i in order if rng.random() < duplicate_fraction]
+        rng.shuffle(order)
+    else:
+        order = _nearly_in_order(batches, rng, reorder_within, duplicate_fraction)
     emitted: list[pl.DataFrame] = []
     late: list[LateRows] = []
     if announce:
@@ -72,13 +79,57 @@ def run_in_memory(
             late.extend(step.late)
             closed = combiners[received.partition].tick().closed
             if closed is not None and not closed.empty:
-                emitted.append(closed.frame)
+                emitted.append(with_revisions(closed, received.partition))
         clock.advance(1)
     clock.advance(spec.idle_timeout_ms + 1)
     for combiner in combiners:
         step = combiner.tick()
         late.extend(step.late)
         if step.closed is not None and not step.closed.empty:
-            emitted.append(step.closed.frame)
-    frame = pl.concat(emitted) if emitted else combiners[0].state.empty_result()
-    return frame, late, combiners
+            emitted.append(with_revisions(step.closed, combiner.partition))
+    if not emitted:
+        return combiners[0].state.empty_result(), late, combiners
+    return latest_of(pl.concat(emitted)), late, combiners
+
+
+def _nearly_in_order(
+    batches: list[GeneratedBatch],
+    rng: np.random.Generator,
+    within: int,
+    duplicate_fraction: float,
+) -> list[int]:
+    """Gateways interleaved by seq, shuffled within runs of ``within`` deliveries, with
+    duplicates a little later: windows close while data still flows, so late rows can
+    reach windows already closed."""
+    order = sorted(range(len(batches)), key=lambda i: (batches[i].seq, batches[i].gateway_id))
+    for lo in range(0, len(order), within):
+        chunk = order[lo : lo + within]
+        rng.shuffle(chunk)
+        order[lo : lo + within] = chunk
+    out = list(order)
+    for position, index in enumerate(order):
+        if rng.random() < duplicate_fraction:
+            out.insert(min(len(out), position + int(rng.integers(1, 2 * within + 1))), index)
+    return out
+
+
+def with_revisions(closed: ClosedWindows, partition: int) -> pl.DataFrame:
+    """A closed-windows frame with its ``partition`` and each window's ``revision``."""
+    revisions = pl.DataFrame(
+        {
+            "window": [w for w, _ in closed.revisions],
+            "start": [s for _, s in closed.revisions],
+            "revision": list(closed.revisions.values()),
+        },
+        schema={"window": pl.String, "start": pl.Int64, "revision": pl.Int64},
+    )
+    return closed.frame.join(revisions, on=["window", "start"], how="left").with_columns(
+        pl.col("revision").fill_null(1), partition=pl.lit(partition, dtype=pl.Int64)
+    )
+
+
+def latest_of(emitted: pl.DataFrame) -> pl.DataFrame:
+    """Each (window, start, key)'s latest revision, without the revision columns."""
+    return latest_revisions(emitted.with_columns(pipeline=pl.lit("t"))).drop(
+        "pipeline", "partition", "revision"
+    )

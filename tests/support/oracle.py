@@ -4,8 +4,9 @@ It knows nothing of partials, workers or combiners: windows come from each windo
 polars reference (``with_window_starts``) and aggregates from each registry entry's
 ``reference`` over the raw rows (both checked against plain Python in the unit tests), quantiles
 are polars' exact ones. Lateness follows the documented rule: a
-row of gateway g's batch s is late when its window ended at least ``lateness_ms`` before the
-largest event time in g's batches with a smaller seq.
+row of gateway g's batch s is late when its window ended at least ``lateness_ms +
+allowed_lateness_ms`` before the largest event time in g's batches with a smaller seq. Rows
+within the allowed lateness count: the oracle is the final (latest) revision of each window.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def late_flags(rows: pl.DataFrame, spec: PipelineSpec) -> pl.DataFrame:
     exploded = pl.concat(frames).join(per_batch, on=["gateway_id", "seq"], how="left")
     return exploded.with_columns(
         late=pl.col("wm_before").is_not_null()
-        & (pl.col("end") + spec.lateness_ms <= pl.col("wm_before"))
+        & (pl.col("end") + spec.lateness_ms + spec.allowed_lateness_ms <= pl.col("wm_before"))
     )
 
 

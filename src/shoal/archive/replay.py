@@ -278,7 +278,9 @@ class _Run:
             combiner.closed_through,
             self.clock.now_ms(),
         )
-        self.messages.extend(window_json(result, ctx) for result in split_windows(closed.frame))
+        self.messages.extend(
+            window_json(result, ctx) for result in split_windows(closed.frame, closed.revisions)
+        )
 
     def results(self) -> pl.DataFrame:
         """Every emitted window, parsed as the client parses live messages."""

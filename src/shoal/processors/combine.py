@@ -15,8 +15,18 @@ Order of work for one partial (the exactness argument in four steps):
 4. ``tick`` computes the pipeline watermark (minimum over gateways that still hold it) and
    closes every window whose end is at or before it minus ``lateness_ms``; each closes once.
 
-Checkpoint contract: a snapshot holds the merged state, every gateway's next seq and
-watermark, the close threshold and the counters, but not early arrivals (they are re-sent,
+Late corrections (``allowed_lateness_ms`` A > 0; docs/guarantees.md "Late corrections"): in
+step 3 a row is late only when its window ended at least ``lateness_ms + A`` before the
+gateway's earlier data, or when its window closed at least A before the close threshold
+(and was dropped); rows behind by ``lateness_ms`` but within A merge. A closed window stays
+in the state until the threshold passes its end by A; a row merged into it makes it publish
+again. Its revision is 1 plus the number of batches that brought it such rows (behind by
+``lateness_ms``, or arriving after the close), whenever they arrived: applied once each (seq
+order), kept in checkpoints, so a duplicate or re-send never makes a revision.
+
+Checkpoint contract: a snapshot holds the merged state (closed windows kept for corrections
+included), the revision counts, every gateway's next seq and watermark, the close threshold
+and the counters, but not early arrivals (they are re-sent,
 as they were never confirmed). Confirmations name only seqs covered by a durable snapshot.
 """
 
@@ -60,6 +70,9 @@ class CombinerCounters:
     rows_late: int = 0
     windows_closed: int = 0
     results_emitted: int = 0
+    rows_corrected: int = 0
+    corrections_emitted: int = 0
+    windows_dropped: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +81,9 @@ class LateRows:
 
     ``frame`` has ``window``, ``start``, ``end``, ``key``, ``rows``, ``min``, ``max``, ``sum``
     (those the pipeline keeps) and ``reason``: ``behind_watermark`` (the window ended more than
-    ``lateness_ms`` before the gateway's own earlier data) or ``window_closed`` (the window had
-    already been emitted, e.g. after the gateway was idle).
+    ``lateness_ms + allowed_lateness_ms`` before the gateway's own earlier data) or
+    ``window_closed`` (the window had already been emitted, e.g. after the gateway was idle,
+    and is no longer kept for corrections).
     """
 
     gateway_id: str
@@ -123,6 +137,9 @@ class Combiner:
         self.state = WindowState(spec, self.plan)
         self.closed_through: int | None = None
         self.counters = CombinerCounters()
+        # (window index, start) -> batches that brought late rows (revision = 1 + that)
+        self.revisions: dict[tuple[int, int], int] = {}
+        self._dirty: set[tuple[int, int]] = set()  # kept closed windows changed since emitted
         self._field_names = frozenset(self.plan.field_names)
         self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
         self._names = [w.name for w in spec.windows]
@@ -186,23 +203,29 @@ class Combiner:
         if rows is not None and len(rows):
             wm_before = self.tracker.watermark(batch.gateway_id)
             end = rows.start + self._sizes[rows.window.astype(np.int64)]
-            behind = (
-                np.zeros(len(end), dtype=bool)
-                if wm_before is None
-                else end + self.spec.lateness_ms <= wm_before
+            allowed = self.spec.allowed_lateness_ms
+            nothing = np.zeros(len(end), dtype=bool)
+            behind = nothing if wm_before is None else end + self.spec.lateness_ms <= wm_before
+            beyond = (
+                behind
+                if wm_before is None or not allowed
+                else end + allowed <= wm_before - self.spec.lateness_ms
             )
-            closed = (
-                np.zeros(len(end), dtype=bool)
-                if self.closed_through is None
-                else end <= self.closed_through
+            closed = nothing if self.closed_through is None else end <= self.closed_through
+            dropped = (
+                closed
+                if self.closed_through is None or not allowed
+                else end <= self.closed_through - allowed
             )
-            is_late = behind | closed
+            is_late = beyond | dropped
             self.state.add(rows, keep=~is_late)
             n = rows.fields["n"]
             self.counters.rows_applied += int(n[~is_late].sum())
+            if allowed:
+                self._revise(rows, (behind | closed) & ~is_late, closed)
             if is_late.any():
                 late = self._late(
-                    batch.gateway_id, batch.seq, rows, is_late=is_late, behind=behind, end=end
+                    batch.gateway_id, batch.seq, rows, is_late=is_late, behind=beyond, end=end
                 )
                 self.counters.rows_late += late.rows
         self.counters.batches_applied += 1
@@ -210,6 +233,27 @@ class Combiner:
         offset = batch.received_at_ms - batch.sent_at_ms if batch.sent_at_ms > 0 else None
         self.tracker.applied(batch.gateway_id, batch.max_ts, now, clock_offset_ms=offset)
         return late
+
+    def _revise(
+        self, rows: PartialRows, revising: npt.NDArray[np.bool_], closed: npt.NDArray[np.bool_]
+    ) -> None:
+        """Count one more revision for each window this batch brought late rows to.
+
+        Windows already closed (kept for corrections) are marked for publishing again.
+        """
+        if not revising.any():
+            return
+        picked = np.flatnonzero(revising)
+        pairs = set(zip(rows.window[picked].tolist(), rows.start[picked].tolist(), strict=True))
+        for pair in pairs:
+            self.revisions[pair] = self.revisions.get(pair, 0) + 1
+        into_closed = revising & closed
+        if into_closed.any():
+            self.counters.rows_corrected += int(rows.fields["n"][into_closed].sum())
+            picked = np.flatnonzero(into_closed)
+            self._dirty.update(
+                zip(rows.window[picked].tolist(), rows.start[picked].tolist(), strict=True)
+            )
 
     def _late(
         self,
@@ -254,8 +298,14 @@ class Combiner:
         return None if watermark is None else watermark - self.spec.lateness_ms
 
     def close_ready(self, now_ms: int) -> ClosedWindows | None:
-        """Close every window the watermark has passed; None if none closes."""
+        """Close every window the watermark has passed; None if none closes.
+
+        With allowed lateness, also the new revisions of closed windows that late rows
+        changed since they were last published.
+        """
         threshold = self.close_threshold(now_ms)
+        if self.spec.allowed_lateness_ms:
+            return self._close_keeping(threshold)
         if threshold is None or (
             self.closed_through is not None and threshold <= self.closed_through
         ):
@@ -282,12 +332,65 @@ class Combiner:
             self.counters.results_emitted += closed.frame.height
         return closed
 
+    def _close_keeping(self, threshold: int | None) -> ClosedWindows | None:
+        """``close_ready`` with allowed lateness: closed windows stay for corrections.
+
+        Publishes the windows the threshold passed and the kept ones that changed, then
+        forgets the windows the threshold passed by more than the allowed lateness.
+        """
+        closing: list[tuple[int, int]] = []
+        if threshold is not None and (
+            self.closed_through is None or threshold > self.closed_through
+        ):
+            closing = self.state.windows_between(self.closed_through, threshold)
+            self.closed_through = threshold
+        revised = sorted(self._dirty)
+        self._dirty.clear()
+        if not closing and not revised:
+            self._drop_expired()
+            return None
+        frame = self.state.peek(sorted({*closing, *revised}))
+        self.counters.windows_closed += len(closing)
+        self.counters.results_emitted += frame.height
+        self.counters.corrections_emitted += len(set(revised) - set(closing))
+        revisions = {
+            (self._names[w], s): 1 + self.revisions[(w, s)]
+            for w, s in {*closing, *revised}
+            if (w, s) in self.revisions
+        }
+        self._drop_expired()  # after the last results of the windows it forgets
+        return ClosedWindows(frame, revisions)
+
+    def _drop_expired(self) -> None:
+        """Forget closed windows the close threshold passed by the allowed lateness."""
+        if self.closed_through is None:
+            return
+        through = self.closed_through - self.spec.allowed_lateness_ms
+        self.counters.windows_dropped += self.state.drop(through)
+        for w, s in [k for k in self.revisions if k[1] + int(self._sizes[k[0]]) <= through]:
+            del self.revisions[(w, s)]
+
+    def kept_windows(self) -> int:
+        """Closed windows held for corrections (each at most ``allowed_lateness_ms``)."""
+        if self.closed_through is None or not self.spec.allowed_lateness_ms:
+            return 0
+        return self.state.windows_through(self.closed_through)
+
     def flush(self) -> ClosedWindows:
         """Close every open window now, as at the end of the input.
 
-        Later rows for these windows count as late (``window_closed``). Used when a pipeline
-        is shut down on purpose, so that no result stays behind in an open window.
+        Later rows for these windows count as late (``window_closed``), or, with allowed
+        lateness, fold in while the windows are kept. Used when a pipeline is shut down on
+        purpose, so that no result stays behind in an open window.
         """
+        if self.spec.allowed_lateness_ms:
+            ends = [
+                s + int(self._sizes[w])
+                for w, s in self.state.windows_between(self.closed_through, 2**62)
+            ]
+            last = max(ends, default=self.closed_through)
+            closed = None if last is None else self._close_keeping(last)
+            return closed or ClosedWindows(self.state.empty_result())
         closed = self.state.close(2**62)
         if not closed.empty:
             last_end = int(closed.frame["end"].max())  # type: ignore[arg-type]
@@ -340,6 +443,8 @@ class Combiner:
                 "partition": self.partition,
                 "fingerprint": self.fingerprint,
                 "closed_through": self.closed_through,
+                "revisions": [[w, s, n] for (w, s), n in sorted(self.revisions.items())],
+                "dirty": [[w, s] for w, s in sorted(self._dirty)],
                 "counters": asdict(self.counters),
                 "gateways": gateways,
                 "state": None if state is None else state.pack(),
@@ -376,6 +481,8 @@ class Combiner:
         now = self.clock.now_ms()
         self.closed_through = obj["closed_through"]
         self.counters = CombinerCounters(**obj["counters"])
+        self.revisions = {(w, s): n for w, s, n in obj.get("revisions", [])}
+        self._dirty = {(w, s) for w, s in obj.get("dirty", [])}
         self.tracker.reset()
         for g in obj["gateways"]:
             progress: GatewayProgress[Partial] = GatewayProgress(

@@ -13,13 +13,19 @@ The MsgPack form carries the same header with ``"columns": {name: [values...]}``
 identifies a message: after a combiner crash a window may be published again, with the same
 identity and the same values, so consumers can deduplicate.
 
+A *correction* (pipeline with ``allowed_lateness_ms``) is the same message for a window with
+``revision`` above 1 and ``"correction": true``: late rows were folded into the window, and
+it supersedes every lower revision of the same (pipeline, window, start, partition).
+
 Per-key message (``results/<pipeline>/<key>``, retained JSON): one result row plus
-``pipeline``, ``window``, ``start``, ``end``, ``revision`` and ``emitted_at``.
+``pipeline``, ``window``, ``start``, ``end``, ``revision`` and ``emitted_at`` (and
+``correction`` on corrections).
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -43,15 +49,27 @@ class WindowResult:
     start: int
     end: int
     frame: pl.DataFrame  # key, rows, batches, aggregates...
+    revision: int = FIRST_REVISION
 
     @property
     def rows(self) -> int:
         """Measurements counted in this window (all keys)."""
         return int(self.frame["rows"].sum())
 
+    @property
+    def correction(self) -> bool:
+        """Whether late rows were folded in (the revision is above the first)."""
+        return self.revision > FIRST_REVISION
 
-def split_windows(closed: pl.DataFrame) -> list[WindowResult]:
-    """Group a ``ClosedWindows.frame`` by (window, start), in close order."""
+
+def split_windows(
+    closed: pl.DataFrame, revisions: Mapping[tuple[str, int], int] | None = None
+) -> list[WindowResult]:
+    """Group a ``ClosedWindows.frame`` by (window, start), in close order.
+
+    ``revisions``: ``ClosedWindows.revisions`` (windows not in it are revision 1).
+    """
+    revisions = revisions or {}
     if closed.height and closed["start"].n_unique() == 1 and closed["window"].n_unique() == 1:
         # The common case (one window closes at a time): no grouping.
         groups = [((closed["window"][0], closed["start"][0]), closed)]
@@ -60,7 +78,9 @@ def split_windows(closed: pl.DataFrame) -> list[WindowResult]:
     out = []
     for (window, start), part in groups:
         end = int(part["end"][0])
-        out.append(WindowResult(str(window), int(start), end, part.drop("window", "start", "end")))
+        name, begin = str(window), int(start)
+        revision = revisions.get((name, begin), FIRST_REVISION)
+        out.append(WindowResult(name, begin, end, part.drop("window", "start", "end"), revision))
     out.sort(key=lambda r: (r.end, r.window))
     return out
 
@@ -77,13 +97,13 @@ class Emission:
 
 
 def _header(result: WindowResult, ctx: Emission) -> dict[str, Any]:
-    return {
+    header: dict[str, Any] = {
         "shoal": SCHEMA_VERSION,
         "pipeline": ctx.pipeline,
         "window": result.window,
         "start": result.start,
         "end": result.end,
-        "revision": FIRST_REVISION,
+        "revision": result.revision,
         "partition": ctx.partition,
         "partitions": ctx.partitions,
         "watermark": ctx.watermark,
@@ -91,6 +111,9 @@ def _header(result: WindowResult, ctx: Emission) -> dict[str, Any]:
         "keys": result.frame.height,
         "rows": result.rows,
     }
+    if result.correction:
+        header["correction"] = True
+    return header
 
 
 def json_rows(result: WindowResult) -> bytes:
@@ -127,7 +150,8 @@ def key_messages(
         pl.lit(result.window).alias("window"),
         pl.lit(result.start).alias("start"),
         pl.lit(result.end).alias("end"),
-        pl.lit(FIRST_REVISION).alias("revision"),
+        pl.lit(result.revision).alias("revision"),
+        *([pl.lit(value=True).alias("correction")] if result.correction else []),
         pl.lit(emitted_at_ms).alias("emitted_at"),
         pl.all(),
     )

@@ -47,6 +47,9 @@ class PipelineSpec:
         windows: one or more windows computed side by side.
         aggregates: requested aggregates, in output order.
         lateness_ms: how long after a window's end data may still arrive (per gateway).
+        allowed_lateness_ms: how much later still a row folds into its window after it
+            closed, published as a correction (a higher ``revision``); 0: never, later rows
+            only go to the late topic (docs/guarantees.md "Late corrections").
         idle_timeout_ms: a gateway silent this long stops holding the watermark back.
         max_hold_ms: the longest one gateway may keep windows open that every other gateway
             has finished (a clock far behind, input all refused, a gateway gone quiet with
@@ -67,6 +70,7 @@ class PipelineSpec:
     windows: tuple[WindowSpec, ...]
     aggregates: tuple[AggregateSpec, ...]
     lateness_ms: int = 2_000
+    allowed_lateness_ms: int = 0
     idle_timeout_ms: int = 10_000
     max_hold_ms: int | None = None
     partitions: int = 1
@@ -158,6 +162,9 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
         windows=windows,
         aggregates=aggregates,
         lateness_ms=reader.integer("lateness_ms", default=2_000, low=0, high=86_400_000),
+        allowed_lateness_ms=reader.integer(
+            "allowed_lateness_ms", default=0, low=0, high=86_400_000
+        ),
         idle_timeout_ms=reader.integer("idle_timeout_ms", default=10_000, low=100, high=86_400_000),
         max_hold_ms=reader.integer("max_hold_ms", default=0, low=0, high=86_400_000) or None,
         partitions=reader.integer("partitions", default=1, low=1, high=64),

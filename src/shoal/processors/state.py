@@ -10,7 +10,8 @@ applied", whatever the order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -53,6 +54,8 @@ class ClosedWindows:
     """
 
     frame: pl.DataFrame
+    revisions: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    """(window name, start) -> revision, for windows whose revision is above 1 (corrections)."""
 
     @property
     def empty(self) -> bool:
@@ -212,9 +215,69 @@ class WindowState:
 
     # -- closing ----------------------------------------------------------------------------
 
-    def next_end(self) -> int | None:
-        """The earliest end among open windows (None: nothing open)."""
-        return min((end for _, _, end in self._slot_info.values()), default=None)
+    def next_end(self, after: int | None = None) -> int | None:
+        """The earliest window end (later than ``after``, if given) among held windows.
+
+        None: nothing held. ``after`` skips closed windows kept for corrections.
+        """
+        return min(
+            (end for _, _, end in self._slot_info.values() if after is None or end > after),
+            default=None,
+        )
+
+    def windows_between(self, after: int | None, through: int) -> list[tuple[int, int]]:
+        """(window index, start) of held windows ending in ``(after, through]``."""
+        return sorted(
+            (w, s)
+            for w, s, end in self._slot_info.values()
+            if end <= through and (after is None or end > after)
+        )
+
+    def windows_through(self, through: int) -> int:
+        """Held windows ending at or before ``through`` (closed ones kept for corrections)."""
+        return sum(1 for _, _, end in self._slot_info.values() if end <= through)
+
+    def peek(self, windows: list[tuple[int, int]]) -> pl.DataFrame:
+        """Final results of ``windows`` ((window index, start) pairs) without removing them.
+
+        For closed windows kept for corrections: their state stays, late rows may still
+        merge into it. Windows without state give no rows.
+        """
+        slots = sorted(self._slots[w] for w in windows if w in self._slots)
+        if not slots:
+            return self.empty_result()
+        self.compact()  # one sorted chunk each: the windows' rows are runs of it
+        if not self._groups:
+            return self.empty_result()
+        slot_arr = np.array(slots, dtype=np.int64)
+        rows = _slot_runs(self._groups[0], slot_arr, KEY_BITS)
+        groups = self._groups[0][rows]
+        if len(groups) == 0:
+            return self.empty_result()
+        state = {f: c[rows] for f, c in self._columns[0].items()}
+        cells, counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        if self._cells:
+            runs = _slot_runs(self._cells[0], slot_arr, KEY_BITS + BUCKET_BITS)
+            cells, counts = self._cells[0][runs], self._counts[0][runs]
+        return self._finish(groups, state, cells, counts)
+
+    def drop(self, through_ms: int) -> int:
+        """Forget every window ending at or before ``through_ms`` (no results); how many."""
+        dropping = [slot for slot, (_, _, end) in self._slot_info.items() if end <= through_ms]
+        if not dropping:
+            return 0
+        self._prepared = None
+        slot_arr = np.array(sorted(dropping), dtype=np.int64)
+        _take_slots(
+            self._groups, self._columns, KEY_BITS, slot_arr, first_sorted=self._groups_merged
+        )
+        counts = [{"count": c} for c in self._counts]
+        _take_slots(
+            self._cells, counts, KEY_BITS + BUCKET_BITS, slot_arr, first_sorted=self._cells_merged
+        )
+        self._counts = [c["count"] for c in counts]
+        self._release(dropping)
+        return len(dropping)
 
     @property
     def prepared_frame(self) -> pl.DataFrame | None:

@@ -299,7 +299,7 @@ class CombinerRuntime:
         if self._rendered is not None and self._rendered[0] is closed.frame:
             rendered = self._rendered[1]
         self._rendered = None
-        for result in split_windows(closed.frame):
+        for result in split_windows(closed.frame, closed.revisions):
             window_futures = []
             for index, encoding in enumerate(spec.output_encodings):
                 topic = (
@@ -512,6 +512,9 @@ class CombinerRuntime:
             "pending_batches": sum(len(p.pending) for p in gateways.values()),
             "pending_bytes": self.core.tracker.pending_weight,
             "state_rows": self.core.state.rows,
+            # closed windows held for corrections (each for at most allowed_lateness_ms)
+            "kept_windows": self.core.kept_windows(),
+            "allowed_lateness_ms": self.config.spec.allowed_lateness_ms,
             "checkpoints": self.checkpoints,
             "gaps_reported": self.gaps_reported,
             "partials_refused": self.partials_refused,

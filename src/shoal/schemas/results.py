@@ -59,6 +59,29 @@ Identity = tuple[str, str, int, int, int]
 """``(pipeline, window, start, partition, revision)`` of a window message."""
 
 
+LATEST_OF: Final = ("pipeline", "window", "start", "partition", "key")
+"""Columns of one result row across its revisions (``latest_revisions`` keeps one)."""
+
+
+def latest_revisions(frame: pl.DataFrame) -> pl.DataFrame:
+    """Each result row's latest revision: the highest ``revision``, then the most ``rows``.
+
+    A correction (revision above 1, pipelines with ``allowed_lateness_ms``) supersedes the
+    lower revisions of its window; a revision never loses rows, so between two copies with
+    the same revision (re-published after a combiner restart) the one with more rows is the
+    later. Keeps the first row's order otherwise.
+    """
+    if frame.height == 0:
+        return frame
+    order = frame.with_row_index("_order")
+    latest = (
+        order.sort("revision", "rows", "_order", descending=[True, True, False])
+        .unique(subset=[c for c in LATEST_OF if c in frame.columns], keep="first")
+        .sort("_order")
+    )
+    return latest.drop("_order")
+
+
 def field_dtype(name: str) -> pl.DataType:
     """The dtype of a per-key result column in the result layout."""
     if name == "key":

@@ -17,7 +17,9 @@ from tests.support.oracle import expected_results
 ALL_AGGREGATES = [*AGGREGATES, "p50", "p95", "p99"]
 
 
-def spec_for(windows: list[dict], partitions: int, lateness_ms: int) -> object:
+def spec_for(
+    windows: list[dict], partitions: int, lateness_ms: int, allowed_lateness_ms: int = 0
+) -> object:
     return parse_pipeline(
         {
             "name": "t",
@@ -25,14 +27,20 @@ def spec_for(windows: list[dict], partitions: int, lateness_ms: int) -> object:
             "aggregates": ALL_AGGREGATES,
             "partitions": partitions,
             "lateness_ms": lateness_ms,
+            "allowed_lateness_ms": allowed_lateness_ms,
             "idle_timeout_ms": 1_000,
         }
     )
 
 
-def check(spec, batches, seed, workers=3, duplicate_fraction=0.3) -> None:
+def check(spec, batches, seed, workers=3, duplicate_fraction=0.3, reorder_within=None) -> None:
     emitted, late, combiners = run_in_memory(
-        spec, batches, seed=seed, workers=workers, duplicate_fraction=duplicate_fraction
+        spec,
+        batches,
+        seed=seed,
+        workers=workers,
+        duplicate_fraction=duplicate_fraction,
+        reorder_within=reorder_within,
     )
     rows = all_rows(batches)
     expected, late_count = expected_results(rows, spec)
@@ -67,6 +75,32 @@ def test_hopping_and_tumbling_side_by_side() -> None:
     check(spec, make_batches(seed=7, gap_every=4), seed=3)
 
 
+@pytest.mark.parametrize("partitions", [1, 2])
+@pytest.mark.parametrize("workers", [1, 3, 5])
+def test_corrections_fold_rows_within_allowed_lateness(partitions: int, workers: int) -> None:
+    """Final revisions equal the oracle over every row within lateness + allowed lateness."""
+    spec = spec_for(
+        [{"kind": "tumbling", "size_ms": 2_000}], partitions, 1_000, allowed_lateness_ms=6_000
+    )
+    batches = make_batches(seed=partitions * 10 + workers, gateways=3, batches_per_gateway=20)
+    _, _, combiners = run_in_memory(spec, batches, seed=workers, workers=workers, reorder_within=4)
+    # The data must exercise both sides: rows folded into closed windows, and rows beyond.
+    assert sum(c.counters.rows_corrected for c in combiners) > 0
+    assert sum(c.counters.corrections_emitted for c in combiners) > 0
+    assert sum(c.counters.rows_late for c in combiners) > 0
+    check(spec, batches, seed=workers, workers=workers, reorder_within=4)
+
+
+def test_no_allowed_lateness_emits_each_window_once() -> None:
+    spec = spec_for([{"kind": "tumbling", "size_ms": 2_000}], 2, 1_000)
+    batches = make_batches(seed=5, gateways=3, batches_per_gateway=15)
+    _, _, combiners = run_in_memory(spec, batches, seed=1)
+    for combiner in combiners:
+        assert combiner.counters.corrections_emitted == 0
+        assert combiner.counters.rows_corrected == 0
+        assert combiner.revisions == {}
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 10_000),
@@ -76,16 +110,29 @@ def test_hopping_and_tumbling_side_by_side() -> None:
     hop=st.booleans(),
     partitions=st.integers(1, 2),
     lateness_ms=st.sampled_from([0, 300, 2_000]),
+    allowed_lateness_ms=st.sampled_from([0, 0, 700, 5_000]),
     duplicate_fraction=st.floats(0.0, 1.0),
+    reorder_within=st.sampled_from([None, 2, 5]),
 )
 def test_property_any_split_order_and_duplication(
-    seed, gateways, batches, size_ms, hop, partitions, lateness_ms, duplicate_fraction
+    seed,
+    gateways,
+    batches,
+    size_ms,
+    hop,
+    partitions,
+    lateness_ms,
+    allowed_lateness_ms,
+    duplicate_fraction,
+    reorder_within,
 ) -> None:
     window = (
         {"kind": "hopping", "size_ms": size_ms * 2, "slide_ms": size_ms}
         if hop
         else {"kind": "tumbling", "size_ms": size_ms}
     )
-    spec = spec_for([window], partitions, lateness_ms)
+    spec = spec_for([window], partitions, lateness_ms, allowed_lateness_ms)
     data = make_batches(seed=seed, gateways=gateways, batches_per_gateway=batches, gap_every=3)
-    check(spec, data, seed=seed, duplicate_fraction=duplicate_fraction)
+    check(
+        spec, data, seed=seed, duplicate_fraction=duplicate_fraction, reorder_within=reorder_within
+    )
