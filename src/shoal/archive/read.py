@@ -15,7 +15,7 @@ import polars as pl
 
 from shoal.archive.layout import HOUR_MS, Kind, data_files, partition_values
 from shoal.archive.records import BATCH_SCHEMA
-from shoal.schemas.results import ROW_IDENTITY, empty_results
+from shoal.schemas.results import ROW_IDENTITY, empty_results, latest_revisions
 
 
 def _read(root: Path, kind: Kind, files: list[Path], name_column: str) -> pl.DataFrame | None:
@@ -64,12 +64,14 @@ def read_results(
     start_ms: int | None = None,
     end_ms: int | None = None,
     window: str | None = None,
+    all_revisions: bool = False,
 ) -> pl.DataFrame:
     """Archived window results (each row once), windows inside ``[start_ms, end_ms)``.
 
     Rows are in the result layout (``shoal.schemas.results``) plus ``received_at``, sorted by
     window end, window, start and key. A window re-published after a combiner restart is
-    kept once (the first copy received).
+    kept once (the first copy received). Of a corrected window only the latest revision is
+    kept (``latest_revisions``) unless ``all_revisions``.
     """
     # Results are filed under their window's start hour, so a window ending at end_ms
     # started at most its size earlier; prune on start only.
@@ -91,9 +93,11 @@ def read_results(
         frame = frame.filter(pl.col("window") == window)
     head = [c for c in empty_results().columns if c in frame.columns]
     rest = [c for c in frame.columns if c not in head]
-    return (
+    unique = (
         frame.select(*head, *rest)
         .sort("received_at", maintain_order=True)
         .unique(subset=list(ROW_IDENTITY), keep="first", maintain_order=True)
-        .sort("end", "window", "start", "key", nulls_last=True)
     )
+    if not all_revisions:
+        unique = latest_revisions(unique)
+    return unique.sort("end", "window", "start", "key", nulls_last=True)

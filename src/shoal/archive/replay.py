@@ -49,7 +49,7 @@ from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows
 from shoal.schemas import decode_batch
 from shoal.schemas.control import GatewayStatus
-from shoal.schemas.results import empty_results, parse_window_message
+from shoal.schemas.results import empty_results, latest_revisions, parse_window_message
 from shoal.schemas.topics import Topics, topic_matches
 
 log = logging.getLogger(__name__)
@@ -283,11 +283,11 @@ class _Run:
         )
 
     def results(self) -> pl.DataFrame:
-        """Every emitted window, parsed as the client parses live messages."""
+        """Every emitted window (its latest revision), parsed as the client parses live ones."""
         frames = [parse_window_message(m, "application/json").frame for m in self.messages]
         if not frames:
             return empty_results(self.spec.aggregate_names)
-        out = pl.concat(frames, how="diagonal_relaxed")
+        out = latest_revisions(pl.concat(frames, how="diagonal_relaxed"))
         self.report.windows = out.select("window", "start").unique().height
         return out.sort("end", "window", "start", "key", nulls_last=True)
 

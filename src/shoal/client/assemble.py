@@ -16,20 +16,29 @@ past the window:
 A window that stays incomplete for ``max_wait_ms`` (a partition is down, or its heartbeats are
 not readable) is released with what arrived, flagged ``complete=False``.
 
+Corrections (a higher ``revision`` of a partition's window, pipelines with allowed lateness)
+replace that partition's part: a window still pending takes it in; a window already released
+is released again at once, with the other partitions' latest parts (remembered for the last
+``remember_windows`` windows) and the highest revision among its parts. A copy that is not
+later (``revision_rank``) than the part already held is dropped.
+
 Must not import ``shoal.broker``: the client feeds it messages and a clock.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Final
 
 import polars as pl
 
-from shoal.schemas.results import Deduplicator, WindowMessage
+from shoal.schemas.results import Deduplicator, WindowMessage, revision_rank
 
 DEFAULT_MAX_WAIT_MS: Final = 10_000
 DEFAULT_SETTLE_MS: Final = 1_000
+DEFAULT_REMEMBER_WINDOWS: Final = 256
+"""Released windows of partitioned pipelines whose parts are kept for a later correction."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +50,7 @@ class AssembledWindow:
         window: window name.
         start: window start, epoch ms.
         end: window end, epoch ms.
-        revision: the revision.
+        revision: the highest revision among its parts (above 1: a correction).
         frame: every key's result row (result layout), sorted by key.
         partitions_seen: partitions whose message is included.
         complete: every partition either sent its keys or closed past the window.
@@ -64,7 +73,13 @@ class _Pending:
     parts: dict[int, WindowMessage] = field(default_factory=dict)
 
 
-_WindowKey = tuple[str, str, int, int]  # pipeline, window, start, revision
+_WindowKey = tuple[str, str, int]  # pipeline, window, start
+
+
+def _later(message: WindowMessage, held: WindowMessage | None) -> bool:
+    return held is None or revision_rank(message.revision, message.rows) > revision_rank(
+        held.revision, held.rows
+    )
 
 
 class WindowAssembler:
@@ -80,11 +95,15 @@ class WindowAssembler:
         max_wait_ms: int = DEFAULT_MAX_WAIT_MS,
         dedup: Deduplicator | None = None,
         settle_ms: int = DEFAULT_SETTLE_MS,
+        remember_windows: int = DEFAULT_REMEMBER_WINDOWS,
     ) -> None:
         self.max_wait_ms = max_wait_ms
         self.settle_ms = settle_ms
         self.dedup = dedup or Deduplicator()
         self._pending: dict[_WindowKey, _Pending] = {}
+        self.remember_windows = remember_windows
+        self._released: OrderedDict[_WindowKey, _Pending] = OrderedDict()
+        self._ranks: OrderedDict[_WindowKey, tuple[int, int]] = OrderedDict()
         self._closed_through: dict[tuple[str, int], int] = {}
         self._sent_through: dict[tuple[str, int], tuple[int, str]] = {}
         self._beats: dict[tuple[str, int], list[tuple[int, int]]] = {}
@@ -102,11 +121,26 @@ class WindowAssembler:
         position = (message.end, message.window)
         if position > self._sent_through.get(source, (-(2**62), "")):
             self._sent_through[source] = position
+        key = (message.pipeline, message.window, message.start)
         if message.partitions <= 1:
+            rank = revision_rank(message.revision, message.rows)
+            if rank <= self._ranks.get(key, (0, -1)):
+                return self._ready(now_ms)  # a stale copy (re-published after a restart)
+            self._ranks[key] = rank
+            self._ranks.move_to_end(key)
+            while len(self._ranks) > self.dedup.capacity:
+                self._ranks.popitem(last=False)
             return [*self._ready(now_ms), _assemble([message], complete=True)]
-        key = (message.pipeline, message.window, message.start, message.revision)
+        released = self._released.get(key)
+        if released is not None:  # a correction of a window already released
+            if not _later(message, released.parts.get(message.partition)):
+                return self._ready(now_ms)
+            released.parts[message.partition] = message
+            self._remember(key, released)
+            return [*self._ready(now_ms), self._assembled(released)]
         pending = self._pending.setdefault(key, _Pending(message, now_ms))
-        pending.parts[message.partition] = message
+        if _later(message, pending.parts.get(message.partition)):
+            pending.parts[message.partition] = message
         return self._ready(now_ms)
 
     def note_progress(
@@ -163,8 +197,18 @@ class WindowAssembler:
 
     def _release(self, key: _WindowKey) -> AssembledWindow:
         pending = self._pending.pop(key)
+        self._remember(key, pending)
+        return self._assembled(pending)
+
+    def _assembled(self, pending: _Pending) -> AssembledWindow:
         parts = [pending.parts[p] for p in sorted(pending.parts)]
         return _assemble(parts, complete=self._is_complete(pending))
+
+    def _remember(self, key: _WindowKey, parts: _Pending) -> None:
+        self._released[key] = parts
+        self._released.move_to_end(key)
+        while len(self._released) > self.remember_windows:
+            self._released.popitem(last=False)
 
 
 def _assemble(parts: list[WindowMessage], *, complete: bool) -> AssembledWindow:
@@ -175,7 +219,7 @@ def _assemble(parts: list[WindowMessage], *, complete: bool) -> AssembledWindow:
         window=first.window,
         start=first.start,
         end=first.end,
-        revision=first.revision,
+        revision=max(p.revision for p in parts),
         frame=frame.sort("key", nulls_last=True),
         partitions_seen=tuple(p.partition for p in parts),
         complete=complete,

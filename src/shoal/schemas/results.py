@@ -63,6 +63,15 @@ LATEST_OF: Final = ("pipeline", "window", "start", "partition", "key")
 """Columns of one result row across its revisions (``latest_revisions`` keeps one)."""
 
 
+def revision_rank(revision: int, rows: int) -> tuple[int, int]:
+    """How late a copy of a window message is: higher revision, then more rows, is later.
+
+    See ``latest_revisions``; compare ranks of copies with the same
+    ``(pipeline, window, start, partition)``.
+    """
+    return (revision, rows)
+
+
 def latest_revisions(frame: pl.DataFrame) -> pl.DataFrame:
     """Each result row's latest revision: the highest ``revision``, then the most ``rows``.
 

@@ -81,9 +81,10 @@ def test_duplicate_windows_are_archived_once(tmp_path: Path, make_message) -> No
     other = ArchiveWriter(tmp_path, writer_id="b")
     other.add_results(make_message(), T0 + 3)
     other.flush()
-    results = read_results(tmp_path)
+    results = read_results(tmp_path, all_revisions=True)
     assert results.height == 4
     assert sorted(results["revision"].to_list()) == [1, 1, 2, 2]
+    assert read_results(tmp_path)["revision"].to_list() == [2, 2]  # the latest revision
     assert results.filter(pl.col("revision") == 1)["received_at"].to_list() == [T0, T0]
 
 
@@ -143,3 +144,15 @@ def test_plain_polars_and_pandas_read_the_folders(tmp_path: Path, make_message) 
     table = pd.read_parquet(tmp_path / "results")
     assert len(table) == 3
     assert sorted(table["pipeline"].astype(str).unique()) == ["p1", "p2"]
+
+
+def test_read_results_takes_the_latest_revision(tmp_path: Path, make_message) -> None:
+    writer = ArchiveWriter(tmp_path, writer_id="w")
+    writer.add_results(make_message(keys=("a", "b")), T0 + 20_000)
+    writer.add_results(make_message(revision=2, keys=("a", "b", "c"), scale=2.0), T0 + 21_000)
+    writer.add_results(make_message(keys=("a", "b")), T0 + 22_000)  # re-published after a restart
+    writer.flush()
+    latest = read_results(tmp_path)
+    assert latest.select("key", "revision").rows() == [("a", 2), ("b", 2), ("c", 2)]
+    every = read_results(tmp_path, all_revisions=True)
+    assert sorted(every["revision"].to_list()) == [1, 1, 2, 2, 2]

@@ -93,3 +93,27 @@ def test_dedup_memory_is_bounded() -> None:
     assert dedup.first_time(("p", "w", 3, 0, 1))  # evicts 2
     assert dedup.first_time(("p", "w", 2, 0, 1))
     assert dedup.duplicates == 1
+
+
+def test_a_correction_replaces_its_partition_and_releases_the_window_again() -> None:
+    assembler = WindowAssembler()
+    assembler.add(window_message(partition=0, partitions=2, keys=("a",)), 0)
+    [first] = assembler.add(window_message(partition=1, partitions=2, keys=("b",)), 1)
+    assert first.revision == 1
+    # partition 1 folds late rows into the window: only its message comes again
+    correction = window_message(partition=1, partitions=2, keys=("b", "c"), revision=2)
+    [revised] = assembler.add(correction, 2)
+    assert revised.revision == 2
+    assert revised.complete
+    assert revised.partitions_seen == (0, 1)
+    assert revised.frame["key"].to_list() == ["a", "b", "c"]
+    # a stale copy of partition 1 (revision 1, re-published after a restart) changes nothing
+    assert assembler.add(window_message(partition=1, partitions=2, keys=("b",)), 3) == []
+
+
+def test_a_single_partition_correction_passes_and_a_stale_copy_does_not() -> None:
+    assembler = WindowAssembler()
+    assert len(assembler.add(window_message(revision=2, keys=("a", "b", "c")), 0)) == 1
+    assert assembler.add(window_message(revision=1), 1) == []  # older: dropped
+    [latest] = assembler.add(window_message(revision=3, keys=("a", "b", "c", "d")), 2)
+    assert latest.revision == 3

@@ -1,0 +1,161 @@
+"""Late corrections in the combiner core: which rows fold in, revisions, memory, checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.errors import ConfigError
+from tests.unit.processors.test_combiner import LATENESS, Harness, make_spec
+
+ALLOWED = 3_000
+SPEC = make_spec(allowed_lateness_ms=ALLOWED)
+
+
+def closed_window(h: Harness) -> None:
+    """gw closes [5_000, 6_000): its watermark moves to 7_000 (threshold 6_500)."""
+    h.announce("gw")
+    h.send("gw", 0, [("k", 5_100, 1.0), ("j", 5_200, 10.0)])
+    h.send("gw", 1, [("k", 7_000, 2.0)])
+    step = h.combiner.tick()
+    assert step.closed is not None
+    assert step.closed.frame.select("start", "key", "count").sort("key").rows() == [
+        (5_000, "j", 1),
+        (5_000, "k", 1),
+    ]
+    assert step.closed.revisions == {}  # revision 1
+
+
+def test_the_setting_is_validated() -> None:
+    assert make_spec().allowed_lateness_ms == 0
+    with pytest.raises(ConfigError, match="allowed_lateness_ms"):
+        make_spec(allowed_lateness_ms=-1)
+    with pytest.raises(ConfigError, match="allowed_lateness_ms"):
+        make_spec(allowed_lateness_ms="1s")
+
+
+def test_a_row_within_the_allowance_folds_in_and_revises_the_window() -> None:
+    h = Harness(SPEC)
+    closed_window(h)
+    # 6_000 + 500 <= 7_000 (late by the lateness rule) but 6_000 + 500 + 3_000 > 7_000
+    step = h.send("gw", 2, [("k", 5_300, 4.0)])
+    assert step.late == []
+    revised = h.combiner.close_ready(h.clock.now_ms())
+    assert revised is not None
+    assert revised.revisions == {("tumbling-1s", 5_000): 2}
+    # the whole window again (every key of the partition), the late row counted
+    assert revised.frame.select("start", "key", "count", "sum").sort("key").rows() == [
+        (5_000, "j", 1, 10.0),
+        (5_000, "k", 2, 5.0),
+    ]
+    assert h.combiner.counters.rows_corrected == 1
+    assert h.combiner.counters.corrections_emitted == 1
+    assert h.combiner.close_ready(h.clock.now_ms()) is None  # published once
+
+
+def test_beyond_the_allowance_rows_stay_late() -> None:
+    h = Harness(SPEC)
+    closed_window(h)
+    h.send("gw", 2, [("k", 9_600, 0.0)])  # gw's watermark 9_600: threshold 9_100
+    # 6_000 + 500 + 3_000 <= 9_600: beyond the allowance by the gateway's own rule
+    step = h.send("gw", 3, [("k", 5_400, 4.0)])
+    [late] = step.late
+    assert late.frame.select("start", "reason").rows() == [(5_000, "behind_watermark")]
+    assert h.combiner.counters.rows_late == 1
+    assert h.combiner.counters.rows_corrected == 0
+
+
+def test_duplicates_and_resends_make_no_revision() -> None:
+    h = Harness(SPEC)
+    closed_window(h)
+    late = h.partial("gw", 2, [("k", 5_300, 4.0)])
+    h.combiner.receive(late)
+    assert h.combiner.close_ready(h.clock.now_ms()) is not None
+    for _ in range(3):
+        step = h.combiner.receive(late)
+        assert step.applied == 0
+        assert h.combiner.close_ready(h.clock.now_ms()) is None
+    assert h.combiner.revisions == {(0, 5_000): 1}
+
+
+def test_revisions_count_late_batches_whenever_they_arrived() -> None:
+    """Two late batches folded before one publish: the revision says 3 (it may skip)."""
+    h = Harness(SPEC)
+    closed_window(h)
+    h.send("gw", 2, [("k", 5_300, 4.0)])
+    h.send("gw", 3, [("k", 5_400, 8.0)])
+    revised = h.combiner.close_ready(h.clock.now_ms())
+    assert revised is not None
+    assert revised.revisions == {("tumbling-1s", 5_000): 3}
+    # Behind rows folded while the window is still open count as well: the same content
+    # always carries the same revision, whether the close came before or after them.
+    h2 = Harness(SPEC)
+    h2.announce("gw")
+    h2.announce("slow")  # holds the window open
+    h2.send("slow", 0, [("k", 5_000, 0.0)])
+    h2.send("gw", 0, [("k", 5_100, 1.0), ("j", 5_200, 10.0)])
+    h2.send("gw", 1, [("k", 7_000, 2.0)])
+    h2.send("gw", 2, [("k", 5_300, 4.0)])
+    h2.send("gw", 3, [("k", 5_400, 8.0)])
+    assert h2.combiner.tick().closed is None
+    h2.send("slow", 1, [("k", 7_000, 0.0)])
+    closed = h2.combiner.tick().closed
+    assert closed is not None
+    assert closed.revisions == {("tumbling-1s", 5_000): 3}
+
+
+def test_closed_windows_are_kept_only_for_the_allowed_lateness() -> None:
+    h = Harness(SPEC)
+    closed_window(h)
+    assert h.combiner.kept_windows() == 1
+    h.send("gw", 2, [("k", 9_499, 0.0)])  # threshold 8_999: 6_000 + 3_000 > 8_999, kept
+    h.combiner.tick()
+    assert h.combiner.kept_windows() == 2  # [5_000, 6_000) and [7_000, 8_000)
+    h.send("gw", 3, [("k", 9_500, 0.0)])  # threshold 9_000: [5_000, 6_000) goes
+    h.combiner.tick()
+    assert h.combiner.counters.windows_dropped == 1
+    assert h.combiner.kept_windows() == 1
+    assert (0, 5_000) not in h.combiner.revisions
+    # An idle gateway's row for the dropped window is late (window_closed), as without
+    # corrections; for a kept window it folds in.
+    h.announce("idle")
+    step = h.send("idle", 0, [("k", 5_500, 1.0), ("k", 7_500, 1.0)])
+    [late] = step.late
+    assert late.frame.select("start", "reason").rows() == [(5_000, "window_closed")]
+    revised = h.combiner.close_ready(h.clock.now_ms())
+    assert revised is not None
+    assert revised.revisions == {("tumbling-1s", 7_000): 2}
+
+
+def test_kept_windows_and_revisions_survive_a_checkpoint() -> None:
+    h = Harness(SPEC)
+    closed_window(h)
+    h.send("gw", 2, [("k", 5_300, 4.0)])
+    first = h.combiner.close_ready(h.clock.now_ms())
+    snapshot = h.combiner.snapshot()
+    restored = Harness(SPEC)
+    restored.combiner.restore(snapshot)
+    assert restored.combiner.revisions == {(0, 5_000): 1}
+    assert restored.combiner.kept_windows() == 1
+    # the batch after the checkpoint is re-sent to both: the same revision, the same values
+    again = []
+    for harness in (h, restored):
+        harness.send("gw", 3, [("k", 5_400, 8.0)])
+        again.append(harness.combiner.close_ready(harness.clock.now_ms()))
+    assert first is not None
+    assert again[0] is not None
+    assert again[1] is not None
+    assert again[0].revisions == again[1].revisions == {("tumbling-1s", 5_000): 3}
+    assert again[0].frame.equals(again[1].frame)
+
+
+def test_without_allowed_lateness_nothing_is_kept() -> None:
+    h = Harness()
+    h.announce("gw")
+    h.send("gw", 0, [("k", 5_100, 1.0)])
+    h.send("gw", 1, [("k", 7_000, 2.0)])
+    h.tick()
+    step = h.send("gw", 2, [("k", 5_300, 4.0)])
+    assert [item.rows for item in step.late] == [1]
+    assert h.combiner.kept_windows() == 0
+    assert h.combiner.close_ready(h.clock.now_ms()) is None
+    assert LATENESS == 500
