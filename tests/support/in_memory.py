@@ -62,7 +62,7 @@ def run_in_memory(
         order += [i for i in order if rng.random() < duplicate_fraction]
         rng.shuffle(order)
     else:
-        order = _nearly_in_order(batches, rng, reorder_within, duplicate_fraction)
+        order = nearly_in_order(batches, rng, reorder_within, duplicate_fraction)
     emitted: list[pl.DataFrame] = []
     late: list[LateRows] = []
     if announce:
@@ -92,7 +92,7 @@ def run_in_memory(
     return latest_of(pl.concat(emitted)), late, combiners
 
 
-def _nearly_in_order(
+def nearly_in_order(
     batches: list[GeneratedBatch],
     rng: np.random.Generator,
     within: int,

@@ -25,6 +25,7 @@ from shoal.runtime.combiner import CombinerConfig, CombinerRuntime
 from shoal.runtime.worker import Worker, WorkerConfig
 from shoal.schemas import Encoding, Measurements, encode_batch
 from shoal.schemas.control import GatewayStatus
+from shoal.schemas.results import latest_revisions
 from shoal.schemas.topics import Topics
 from tests.support.compare import assert_matches_oracle, scale_of
 from tests.support.datasets import GeneratedBatch, all_rows
@@ -53,6 +54,21 @@ class Collected:
                     }
                 )
         return pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
+
+    def latest_frame(self) -> pl.DataFrame:
+        """``results_frame`` with each (window, start, key)'s latest revision only."""
+        rows = []
+        for message in self.windows:
+            head = {k: message[k] for k in ("window", "start", "end", "revision", "partition")}
+            rows.extend({**head, **result} for result in message["results"])
+        if not rows:
+            return pl.DataFrame()
+        frame = pl.DataFrame(rows, infer_schema_length=None).with_columns(pipeline=pl.lit("-"))
+        return latest_revisions(frame).drop("pipeline", "partition", "revision")
+
+    def corrections(self) -> int:
+        """Window messages that were corrections (revision above 1)."""
+        return sum(1 for message in self.windows if message.get("correction"))
 
 
 @contextlib.asynccontextmanager
@@ -159,6 +175,32 @@ class InProcessPipeline:
             component.stop()
         await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True), 20)
 
+    async def crash_combiner(self, partition: int) -> None:
+        """Cancel a combiner partition's task (no last checkpoint, like a kill) and start a
+        fresh runtime from its checkpoint folder, as a restarted process would."""
+        index = partition  # combiner tasks come first
+        old = self.combiners[partition]
+        self.tasks[index].cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.tasks[index]
+        fresh = CombinerRuntime(old.config, session_factory=old._connect)
+        self.combiners[partition] = fresh
+        self.tasks[index] = asyncio.create_task(fresh.run())
+
+    async def finish(self, batches: list[GeneratedBatch]) -> int:
+        """Wait until every batch is applied and every window it fills closed, let the last
+        results reach the collector, stop; the common close threshold."""
+        last = {
+            b.gateway_id: max(x.seq for x in batches if x.gateway_id == b.gateway_id)
+            for b in batches
+        }
+        await self.wait_applied(last)
+        max_ts = max(int(b.frame["ts"].max()) for b in batches if b.frame.height)
+        threshold = await self.wait_closed_through(max_ts - self.spec.lateness_ms)
+        await asyncio.sleep(0.5)  # the last results travel to the collector
+        await self.stop()
+        return threshold
+
     def applied_through(self) -> list[dict[str, int]]:
         return [c.core.confirmable() for c in self.combiners]
 
@@ -196,8 +238,14 @@ async def publish_batches(
     encoding: Encoding,
     stream: str = "s",
     session_factory: SessionFactory = AsyncSession,
+    pause_every: int = 0,
+    pause_s: float = 0.0,
 ) -> None:
-    """Announce every gateway (retained status), then publish batches in ``order``."""
+    """Announce every gateway (retained status), then publish batches in ``order``.
+
+    ``pause_every`` > 0: wait for the PUBACKs and ``pause_s`` after that many batches, so
+    that windows close while data still flows (late rows then reach closed windows).
+    """
     by_gateway: dict[str, list[int]] = {}
     for batch in batches:
         by_gateway.setdefault(batch.gateway_id, []).append(batch.seq)
@@ -209,7 +257,11 @@ async def publish_batches(
             )
             await session.publish(topics.gateway_status(gateway_id), status.to_json(), retain=True)
         futures = []
-        for index in order:
+        for position, index in enumerate(order):
+            if pause_every and position and position % pause_every == 0:
+                await session.wait_published(futures)
+                futures = []
+                await asyncio.sleep(pause_s)
             batch = batches[index]
             payload = encode_batch(
                 Measurements.from_frame(batch.frame)
@@ -266,15 +318,7 @@ async def run_against_oracle(
         await publish_batches(
             settings, topics, batches, order, encoding=encoding, session_factory=session_factory
         )
-        last = {
-            b.gateway_id: max(x.seq for x in batches if x.gateway_id == b.gateway_id)
-            for b in batches
-        }
-        await pipeline.wait_applied(last)
-        max_ts = max(int(b.frame["ts"].max()) for b in batches if b.frame.height)
-        threshold = await pipeline.wait_closed_through(max_ts - spec.lateness_ms)
-        await asyncio.sleep(0.5)  # the last results travel to the collector
-        await pipeline.stop()
+        threshold = await pipeline.finish(batches)
     rows = all_rows(batches)
     expected, late_count = expected_results(rows, spec)
     expected = expected.filter(pl.col("end") <= threshold)
