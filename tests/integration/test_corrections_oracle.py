@@ -4,7 +4,7 @@ Batches are published nearly in order with pauses, so windows close while data s
 and late rows reach closed windows (corrections) or fall beyond the allowance (late).
 Duplicated and reordered deliveries throughout; optionally a combiner partition crashes
 mid-stream (no last checkpoint) and every batch is sent again, as gateways re-send what was
-not confirmed.
+not confirmed; or a worker crashes mid-stream.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ async def run(
     spec: PipelineSpec,
     batches: list[GeneratedBatch],
     workers: int,
-    crash: int | None,
+    crash: str | None,
 ) -> tuple[InProcessPipeline, pl.DataFrame, int, int, int]:
     rng = np.random.default_rng(workers * 10 + spec.partitions)
     order = nearly_in_order(batches, rng, 6, 0.25)
@@ -68,7 +68,11 @@ async def run(
         await publish_batches(broker.settings, topics, batches, order[:half], **publish)
         if crash is not None:
             await asyncio.sleep(0.3)  # a checkpoint or two, and corrections after them
-            await pipeline.crash_combiner(crash)
+            kind, index = crash.split("-")
+            if kind == "combiner":
+                await pipeline.crash_combiner(int(index))
+            else:
+                await pipeline.crash_worker(int(index))
             # gateways re-send what the crashed partition had not confirmed (here: all)
             await publish_batches(broker.settings, topics, batches, order[:half], **publish)
         await publish_batches(broker.settings, topics, batches, order[half:], **publish)
@@ -79,7 +83,7 @@ async def run(
 
 @pytest.mark.parametrize(
     ("workers", "partitions", "crash"),
-    [(1, 1, None), (3, 2, None), (3, 2, 1), (5, 1, 0)],
+    [(1, 1, None), (3, 2, None), (3, 2, "combiner-1"), (5, 1, "combiner-0"), (3, 2, "worker-1")],
 )
 def test_latest_revisions_equal_the_oracle(
     broker: EmbeddedBroker,
@@ -87,7 +91,7 @@ def test_latest_revisions_equal_the_oracle(
     tmp_path,
     workers: int,
     partitions: int,
-    crash: int | None,
+    crash: str | None,
 ) -> None:
     spec = spec_for(partitions)
     batches = make_batches(
@@ -109,7 +113,7 @@ def test_latest_revisions_equal_the_oracle(
         # the data exercises both sides of the allowance, and corrections were published
         assert late_count > 0
         assert corrections > 0
-        if crash is None:
+        if crash is None or crash.startswith("worker"):
             assert late == late_count  # exact: every late row reported once
             assert sum(c.core.counters.rows_late for c in pipeline.combiners) == late_count
         else:

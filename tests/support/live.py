@@ -201,6 +201,18 @@ class InProcessPipeline:
         await self.stop()
         return threshold
 
+    async def crash_worker(self, index: int) -> None:
+        """Cancel a worker's task (what it held unacknowledged is redelivered or re-sent)
+        and start a fresh one with the same id."""
+        position = len(self.combiners) + index  # worker tasks follow the combiners'
+        old = self.workers[index]
+        self.tasks[position].cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self.tasks[position]
+        fresh = Worker(old.config, session_factory=old._connect)
+        self.workers[index] = fresh
+        self.tasks[position] = asyncio.create_task(fresh.run())
+
     def applied_through(self) -> list[dict[str, int]]:
         return [c.core.confirmable() for c in self.combiners]
 
