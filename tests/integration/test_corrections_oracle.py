@@ -10,6 +10,7 @@ not confirmed; or a worker crashes mid-stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import numpy as np
 import polars as pl
@@ -76,7 +77,16 @@ async def run(
             # gateways re-send what the crashed partition had not confirmed (here: all)
             await publish_batches(broker.settings, topics, batches, order[:half], **publish)
         await publish_batches(broker.settings, topics, batches, order[half:], **publish)
-        threshold = await pipeline.finish(batches)
+        try:
+            if crash is not None:
+                await pipeline.resend_until_applied(
+                    broker.settings, topics, batches, encoding=Encoding.JSON_ROWS
+                )
+            threshold = await pipeline.finish(batches)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await pipeline.stop()
+            raise
     late = sum(item["rows"] for item in seen.late)
     return pipeline, seen.latest_frame(), late, threshold, seen.corrections()
 

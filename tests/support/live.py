@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,9 +180,7 @@ class InProcessPipeline:
         fresh runtime from its checkpoint folder, as a restarted process would."""
         index = partition  # combiner tasks come first
         old = self.combiners[partition]
-        self.tasks[index].cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self.tasks[index]
+        await _cancel(self.tasks[index], old.stop)
         fresh = CombinerRuntime(old.config, session_factory=old._connect)
         self.combiners[partition] = fresh
         self.tasks[index] = asyncio.create_task(fresh.run())
@@ -206,12 +204,37 @@ class InProcessPipeline:
         and start a fresh one with the same id."""
         position = len(self.combiners) + index  # worker tasks follow the combiners'
         old = self.workers[index]
-        self.tasks[position].cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await self.tasks[position]
+        await _cancel(self.tasks[position], old.stop)
         fresh = Worker(old.config, session_factory=old._connect)
         self.workers[index] = fresh
         self.tasks[position] = asyncio.create_task(fresh.run())
+
+    async def resend_until_applied(
+        self,
+        settings: BrokerSettings,
+        topics: Topics,
+        batches: list[GeneratedBatch],
+        *,
+        encoding: Encoding,
+        wait_s: float = 3.0,
+        rounds: int = 10,
+    ) -> None:
+        """Re-send what some partition has not applied yet, as gateways' re-send timers do,
+        until every partition applied everything (a crash may lose batches in flight)."""
+        for _ in range(rounds):
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                missing = self._unapplied(batches)
+                if not missing:
+                    return
+                await asyncio.sleep(0.1)
+            await publish_batches(settings, topics, batches, missing, encoding=encoding)
+
+    def _unapplied(self, batches: list[GeneratedBatch]) -> list[int]:
+        done = self.applied_through()
+        return [
+            i for i, b in enumerate(batches) if any(d.get(b.gateway_id, -1) < b.seq for d in done)
+        ]
 
     def applied_through(self) -> list[dict[str, int]]:
         return [c.core.confirmable() for c in self.combiners]
@@ -239,6 +262,22 @@ class InProcessPipeline:
         raise AssertionError(
             f"windows not closed in time: {[c.core.closed_through for c in self.combiners]}"
         )
+
+
+async def _cancel(task: asyncio.Task[None], stop: Callable[[], None]) -> None:
+    """Cancel a component's task like a crash. A cancellation that lands while the session
+    is closing can come back as a broker error, which the component treats as a lost
+    connection and reconnects; after a while ask it to stop as well (it may then write one
+    more checkpoint: a restart all the same)."""
+    for attempt in range(20):
+        task.cancel()
+        if attempt == 10:
+            stop()
+        done, _ = await asyncio.wait({task}, timeout=0.25)
+        if done:
+            break
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
 
 
 async def publish_batches(
