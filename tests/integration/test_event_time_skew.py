@@ -1,11 +1,16 @@
-"""Bounded hold with bad gateway clocks, through a real broker (issue 14, item 1).
+"""Bad gateway clocks through a real broker (issue 14): bounded hold, clamping, accounting.
 
-Three gateways publish at once: one on time, one whose clock runs an hour ahead (every batch
-refused by the workers: timestamps too far in the future), one whose clock runs an hour
-behind (accepted, but an hour behind everyone). Before the bounded hold, the refused batches
-of the gateway ahead counted as progress without event time and the gateway behind held the
-pipeline watermark an hour back: no window of the on-time gateway closed until a flush.
-Now neither may hold the others' windows for longer than ``max_hold_ms``.
+Three gateways publish at once: one on time, one whose clock runs an hour ahead, one whose
+clock runs an hour behind (accepted, but an hour behind everyone). With the default policy
+every batch of the gateway ahead is refused (timestamps too far in the future); with
+``on_future = "clamp"`` its rows are kept, clamped to the workers' clock and counted. Before
+the bounded hold, refused batches counted as progress without event time and the gateway
+behind held the pipeline watermark an hour back: no window of the on-time gateway closed
+until a flush. Now neither may hold the others' windows for longer than ``max_hold_ms``.
+
+Every measurement the simulators sealed is accounted for from what the pipeline published,
+not from its own counters: in a window result, reported late, or in a dead-lettered batch.
+The on-time gateway also sends a share of late rows (``--late-share``).
 """
 
 from __future__ import annotations
@@ -15,16 +20,21 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import orjson
 import pytest
 
 from shoal._cli.common import load_spec
 from shoal.broker import AsyncSession
-from shoal.broker.session import unique_client_id
+from shoal.broker.session import Message, unique_client_id
+from shoal.processors.results import late_memberships
 from shoal.runtime.local import Accounting, LocalPipeline, LocalPipelineConfig
+from shoal.schemas import decode_batch
 
 pytestmark = pytest.mark.broker
 
@@ -32,7 +42,12 @@ LATENESS_MS = 500
 MAX_HOLD_MS = 3_000
 MAX_DELAY_MS = 500  # gateways seal a batch at least this often
 HOUR_MS = 3_600_000
-SPEC = f"""
+LATE_SHARE = 0.02  # of the on-time gateway's rows, stamped LATE_BY_MS back
+LATE_BY_MS = 20_000
+
+
+def spec_text(on_future: str) -> str:
+    return f"""
 name = "skew"
 inputs = ["ingest/+/+"]
 key = "sensor_id"
@@ -48,17 +63,74 @@ size_ms = 1000
 
 [limits]
 max_future_ms = 300000
+on_future = "{on_future}"
 """
+
+
 GATEWAYS = {"ok-gw": 0, "ahead-gw": HOUR_MS, "behind-gw": -HOUR_MS}
-LOAD_S = 12.0
 
 
-def _simulate(local: LocalPipeline, tmp_path: Path, prefix: str, offset_ms: int) -> None:
+@dataclass
+class Published:
+    """What the pipeline published, counted by a plain subscriber."""
+
+    results: list[dict[str, Any]] = field(default_factory=list)
+    late_rows: dict[str, int] = field(default_factory=dict)
+    """Late measurements by gateway."""
+    deadlettered: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Rows of each dead-lettered batch, by (gateway, seq): a re-sent one counts once."""
+    reasons: set[str] = field(default_factory=set)
+
+    def take(self, message: Message, topics: Any) -> None:
+        if message.topic == topics.results("skew"):
+            body = orjson.loads(message.payload)
+            self.results.append({k: body[k] for k in ("start", "end", "emitted_at", "rows")})
+        elif message.topic == topics.late("skew"):
+            # One tumbling window spec: a late row is one window membership.
+            body = orjson.loads(message.payload)
+            gateway = body["gateway_id"]
+            self.late_rows[gateway] = self.late_rows.get(gateway, 0) + late_memberships(body, None)
+        elif message.topic == topics.deadletter("skew"):
+            record = msgpack.unpackb(message.payload, raw=False)
+            assert not record["payload_truncated"], record["error"]
+            self.reasons.add(record["error"]["reason"])
+            batch = decode_batch(record["payload"], content_type=record["content_type"])
+            key = (batch.envelope.gateway_id, batch.envelope.seq)
+            assert self.deadlettered.setdefault(key, batch.rows) == batch.rows, key
+
+    @property
+    def late(self) -> int:
+        return sum(self.late_rows.values())
+
+    @property
+    def in_results(self) -> int:
+        return sum(int(r["rows"]) for r in self.results)
+
+    @property
+    def deadlettered_rows(self) -> int:
+        return sum(self.deadlettered.values())
+
+
+@dataclass
+class Run:
+    accounting: Accounting
+    published: Published
+    status: dict[str, Any]
+    reports: dict[str, dict[str, Any]]
+    clamped: int
+
+
+def _simulate(
+    local: LocalPipeline, tmp_path: Path, prefix: str, offset_ms: int, load_s: float
+) -> None:
+    late = (
+        ("--late-share", str(LATE_SHARE), "--late-by-ms", str(LATE_BY_MS)) if not offset_ms else ()
+    )
     local.start_simulator(
         [
             *("--gateways", "1", "--sensors", "50", "--rate", "20", "--batch", "500"),
             *("--max-delay-ms", str(MAX_DELAY_MS), "--gateway-prefix", prefix),
-            *("--clock-offset-ms", str(offset_ms), "--duration", str(LOAD_S)),
+            *("--clock-offset-ms", str(offset_ms), "--duration", str(load_s), *late),
             *("--spool", "memory", "--wait-confirmed", "120", "-q"),
             *("--json", str(tmp_path / f"{prefix}.json")),
         ],
@@ -81,9 +153,13 @@ def _status(local: LocalPipeline, spec_path: Path) -> dict[str, Any]:
     return status
 
 
-def _run(tmp_path: Path) -> tuple[Accounting, list[dict[str, Any]], dict[str, Any]]:
+def _clamped(snap: Any) -> int:
+    return sum(int(body.get("rows_clamped", 0)) for body in snap.worker_metrics.values())
+
+
+def _run(tmp_path: Path, *, on_future: str, load_s: float) -> Run:
     spec_path = tmp_path / "skew.toml"
-    spec_path.write_text(SPEC)
+    spec_path.write_text(spec_text(on_future))
     local = LocalPipeline(
         LocalPipelineConfig(
             spec=load_spec(str(spec_path)),
@@ -93,56 +169,101 @@ def _run(tmp_path: Path) -> tuple[Accounting, list[dict[str, Any]], dict[str, An
             per_key_results=False,
         )
     )
-    results: list[dict[str, Any]] = []
+    published = Published()
+    reports: dict[str, dict[str, Any]] = {}
 
     async def collect(session: AsyncSession) -> None:
         async for message in session.messages():
-            body = orjson.loads(message.payload)
-            results.append({k: body[k] for k in ("start", "end", "emitted_at", "rows")})
+            published.take(message, local.topics)
 
-    async def main() -> tuple[Accounting, dict[str, Any]]:
+    async def main() -> tuple[Accounting, dict[str, Any], int]:
+        topics = local.topics
         async with (
             local.watching() as session,
             AsyncSession(local.broker.settings, unique_client_id("skew-test")) as reader,
         ):
-            await reader.subscribe([local.topics.results("skew")], qos=1)
+            outputs = [topics.results("skew"), topics.late("skew"), topics.deadletter("skew")]
+            await reader.subscribe(outputs, qos=1)
             collector = asyncio.create_task(collect(reader))
             assert await local.until(lambda s: len(s.workers) == 2, 60), "no workers"
             for prefix, offset in GATEWAYS.items():
-                _simulate(local, tmp_path, prefix, offset)
-            await asyncio.sleep(LOAD_S - 3.5)
+                _simulate(local, tmp_path, prefix, offset, load_s)
+            await asyncio.sleep(load_s - 3.5)
             status = await asyncio.to_thread(_status, local, spec_path)
             accounting = await local.settle(session, timeout_s=60.0)
+            reports.update((p, json.loads((tmp_path / f"{p}.json").read_text())) for p in GATEWAYS)
+            expect: Callable[[Any], bool] = lambda s: (  # noqa: E731
+                on_future != "clamp" or _clamped(s) >= reports["ahead-gw"]["rows_sealed"]
+            )
+            await local.until(expect, 10.0)  # the workers' next heartbeats
+            clamped = _clamped(local.monitor.snapshot())
+            await asyncio.sleep(0.5)  # the collector's last messages
             collector.cancel()
-            return accounting, status
+            return accounting, status, clamped
 
     try:
         local.start()
-        accounting, progress = asyncio.run(main())
+        accounting, status, clamped = asyncio.run(main())
     finally:
         local.stop()
-    return accounting, results, progress
+    return Run(accounting, published, status, reports, clamped)
+
+
+def _assert_accounted_for(run: Run) -> int:
+    """Every sealed measurement is in a result, late, or in a dead-lettered batch; once."""
+    published, reports = run.published, run.reports
+    assert all(r["rejected"] == 0 for r in reports.values()), reports  # nothing refused at source
+    generated = sum(r["rows_sealed"] for r in reports.values())
+    assert run.accounting.unconfirmed_batches == 0, run.accounting
+    assert run.accounting.generated == generated, run.accounting
+    accounted = published.in_results + published.late + published.deadlettered_rows
+    print(
+        f"generated {generated:,} = in results {published.in_results:,} + late "
+        f"{published.late:,} + dead-lettered {published.deadlettered_rows:,} "
+        f"(clamped among the applied: {run.clamped:,})"
+    )
+    assert accounted == generated, (generated, published.in_results, published.late,
+                                    published.deadlettered_rows)  # fmt: skip
+    # The pipeline's own counters agree with what it published.
+    assert run.accounting.in_results == published.in_results, run.accounting
+    assert run.accounting.late == published.late, run.accounting
+    assert run.accounting.applied == published.in_results + published.late, run.accounting
+    # The on-time gateway's deliberately late rows were reported late, and only they: all but
+    # those in its first batches (no watermark of its own yet to be late against).
+    made_late = reports["ok-gw"]["rows_made_late"]
+    on_time_late = published.late_rows.get("ok-gw000", 0)
+    print(f"on-time gateway: {made_late} rows stamped {LATE_BY_MS} ms back, {on_time_late} late")
+    assert 0.9 * made_late <= on_time_late <= made_late, (on_time_late, made_late)
+    return generated
+
+
+def _on_time_close_delays(run: Run, started_ms: int) -> list[int]:
+    """Close delays of the on-time windows, while the run went on.
+
+    They are the windows ending after the start and before the hour ahead; earlier ones
+    hold only the rows ``--late-share`` stamped back before the on-time gateway had a
+    watermark to be late against (accepted, not late, and closed late by nature).
+    """
+    on_time = [r for r in run.published.results if started_ms < r["end"] < started_ms + HOUR_MS]
+    assert len(on_time) >= 5, run.published.results
+    delays = sorted(r["emitted_at"] - r["end"] for r in on_time)
+    slack = MAX_DELAY_MS + 1_500  # batching, a combiner tick, two checkpoints
+    assert delays[-1] <= LATENESS_MS + MAX_HOLD_MS + slack, delays
+    print(f"on-time windows: close delay max {delays[-1]} ms, median {delays[len(delays) // 2]}")
+    return delays
 
 
 def test_gateways_with_clocks_an_hour_off_hold_the_on_time_windows_for_max_hold_at_most(
     tmp_path: Path,
 ) -> None:
     started_ms = time.time_ns() // 1_000_000
-    accounting, results, status = _run(tmp_path)
-    reports = {p: json.loads((tmp_path / f"{p}.json").read_text()) for p in GATEWAYS}
-
-    # The on-time gateway's windows (the only ones ending near now) closed within the bound,
-    # while the run went on (not at the final flush).
-    on_time = [r for r in results if started_ms - 60_000 < r["end"] < started_ms + HOUR_MS]
-    assert len(on_time) >= 5, results
-    delays = sorted(r["emitted_at"] - r["end"] for r in on_time)
-    slack = MAX_DELAY_MS + 1_500  # batching, a combiner tick, two checkpoints
-    assert delays[-1] <= LATENESS_MS + MAX_HOLD_MS + slack, delays
-    print(f"on-time windows: close delay max {delays[-1]} ms, median {delays[len(delays) // 2]}")
+    run = _run(tmp_path, on_future="deadletter", load_s=12.0)
+    _on_time_close_delays(run, started_ms)
 
     # What `shoal status` said near the end: the gateway behind was released (its clock an
     # hour behind); the gateway ahead, all of whose input was refused, holds nothing; the
     # on-time gateway is what the windows wait for.
+    status = run.status
     gateways = {g["id"]: g for g in status["gateways"]}
     behind, ahead, on_time = gateways["behind-gw000"], gateways["ahead-gw000"], gateways["ok-gw000"]
     assert behind["released"], behind
@@ -156,12 +277,39 @@ def test_gateways_with_clocks_an_hour_off_hold_the_on_time_windows_for_max_hold_
     assert not on_time["released"], on_time
     assert all(p["waiting_for"] == ["ok-gw000"] for p in status["partitions"]), status
     assert len(status["workers"]) == 2, status
+    assert status["clamped_measurements"] == 0, status
 
-    # Every measurement is accounted for: applied (in results or late) or dead-lettered.
-    refused_rows = reports["ahead-gw"]["rows_sealed"]
-    assert refused_rows > 0
-    assert accounting.unconfirmed_batches == 0, accounting
-    assert accounting.generated == accounting.applied + refused_rows, accounting
-    assert accounting.in_results + accounting.late == accounting.applied, accounting
-    assert accounting.late > 0, accounting  # the gateway behind, after its release
-    assert accounting.deadletters >= reports["ahead-gw"]["batches_sealed"], accounting
+    # Every measurement is accounted for; the gateway ahead's went to the dead letters whole.
+    _assert_accounted_for(run)
+    ahead_rows = run.reports["ahead-gw"]["rows_sealed"]
+    assert ahead_rows > 0
+    assert run.published.deadlettered_rows == ahead_rows, run.published.deadlettered
+    assert {g for g, _ in run.published.deadlettered} == {"ahead-gw000"}
+    assert run.published.reasons == {"ts_in_future"}
+    assert run.clamped == 0
+    assert run.published.late_rows.get("behind-gw000", 0) > 0, run.published.late_rows
+
+
+def test_with_on_future_clamp_the_gateway_ahead_is_clamped_and_counted_not_dead_lettered(
+    tmp_path: Path,
+) -> None:
+    started_ms = time.time_ns() // 1_000_000
+    run = _run(tmp_path, on_future="clamp", load_s=8.0)
+    _on_time_close_delays(run, started_ms)
+
+    # Every row of the gateway an hour ahead lay beyond max_future_ms: each was clamped to a
+    # worker's clock (its batches' sent_at is an hour ahead too), counted, and applied.
+    ahead_rows = run.reports["ahead-gw"]["rows_sealed"]
+    assert ahead_rows > 0
+    assert run.clamped == ahead_rows, (run.clamped, ahead_rows)
+    assert run.published.deadlettered == {}, run.published.reasons
+    generated = _assert_accounted_for(run)
+    assert run.published.in_results + run.published.late == generated
+
+    status = run.status
+    assert status["clamped_measurements"] > 0, status
+    gateways = {g["id"]: g for g in status["gateways"]}
+    assert gateways["ahead-gw000"]["refused_batches"] == 0, gateways["ahead-gw000"]
+    assert gateways["ahead-gw000"]["watermark"] is not None, gateways["ahead-gw000"]
+    assert gateways["behind-gw000"]["released"], gateways["behind-gw000"]
+    assert run.published.late_rows.get("ahead-gw000", 0) == 0, run.published.late_rows

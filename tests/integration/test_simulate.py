@@ -95,3 +95,20 @@ def test_cli_runs_a_scenario_with_an_embedded_broker(tmp_path, capsys) -> None:
 def test_cli_refuses_embedded_with_a_broker_url(capsys) -> None:
     assert main(["simulate", "--embedded", "--broker", "mqtt://localhost:1"]) == 2
     assert "--embedded" in capsys.readouterr().err
+
+
+def test_cli_runs_gateways_whose_clocks_jump_and_that_send_late_rows(tmp_path, capsys) -> None:
+    out = tmp_path / "report.json"
+    argv = ["simulate", "--sensors", "100", "--rate", "20", "--batch", "500", "--duration", "2"]
+    argv += ["--clock-jump-ms", "-30000", "--clock-jump-at-s", "1", "--late-share", "0.1"]
+    argv += ["--late-by-ms", "5000", "--seed", "4", "--embedded", "--spool", "memory"]
+    code = main([*argv, "--sink", "confirm", "--json", str(out), "-q"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    report = json.loads(out.read_text())
+    assert report["config"]["late_share"] == 0.1
+    # A jump back does not silence the sensors: the whole rate is offered and delivered.
+    assert report["sink"]["rows"] == report["rows_published"] == report["offered_rows"]
+    assert report["offered_rows"] == pytest.approx(4_000, rel=0.05)
+    assert report["rows_made_late"] == pytest.approx(400, rel=0.3)
+    assert "rows stamped back (--late-share)" in captured.out

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from shoal._cli.common import add_broker_options, broker_settings, topics
-from shoal.clock import SkewedClock, SystemClock
+from shoal.clock import ClockJump, SkewedClock, SystemClock
 from shoal.errors import ConfigError
 
 _DEFAULTS = {"gateways": 1, "sensors": 1000, "rate": 25.0, "batch": 16_000, "duration": 60.0}
@@ -87,6 +87,38 @@ def register(sub: Any) -> None:
         help="and drift by this many millionths of the elapsed time (default 0)",
     )
     gateway.add_argument(
+        "--clock-jump-ms",
+        type=int,
+        default=0,
+        metavar="MS",
+        help="the gateways' clocks jump by this much (negative: back) at --clock-jump-at-s; "
+        "sensors keep measuring at their rate, only their timestamps step (default 0)",
+    )
+    gateway.add_argument(
+        "--clock-jump-at-s",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds after the start at which the clocks jump (default 0: from the start)",
+    )
+    gateway.add_argument(
+        "--late-share",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="this share of measurements (0..1) get timestamps --late-by-ms older than their "
+        "time, so that they are late by the per-gateway rule; the same --seed picks the "
+        "same ones (default 0)",
+    )
+    gateway.add_argument(
+        "--late-by-ms",
+        type=int,
+        default=60_000,
+        metavar="MS",
+        help="how far back late measurements are stamped; to be late it must exceed the "
+        "pipeline's lateness_ms plus a window and --max-delay-ms (default 60000)",
+    )
+    gateway.add_argument(
         "--max-unconfirmed-mb",
         type=float,
         metavar="MIB",
@@ -140,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             _print_header(config, embedded=args.embedded)
         stack.enter_context(_stop_on_signals(stop))
-        clock = SkewedClock(SystemClock(), args.clock_offset_ms, args.clock_drift_ppm)
+        clock = SkewedClock(SystemClock(), args.clock_offset_ms, args.clock_drift_ppm, _jumps(args))
         report = Simulator(config, clock, observe=observe).run(
             stop, progress=None if args.quiet else _print_progress
         )
@@ -148,6 +180,15 @@ def run(args: argparse.Namespace) -> int:
         args.json.write_bytes(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2))
     _print_summary(report)
     return 0 if report.within_tolerance or report.stopped_early else 1
+
+
+def _jumps(args: argparse.Namespace) -> tuple[ClockJump, ...]:
+    """The clock jump the flags ask for, if any."""
+    if args.clock_jump_at_s < 0:
+        raise ConfigError(f"--clock-jump-at-s must be >= 0, not {args.clock_jump_at_s}")
+    if args.clock_jump_ms == 0:
+        return ()
+    return (ClockJump(round(args.clock_jump_at_s * 1000), args.clock_jump_ms),)
 
 
 def _config(args: argparse.Namespace, settings: Any) -> Any:
@@ -197,6 +238,8 @@ def _config(args: argparse.Namespace, settings: Any) -> Any:
         ),
         resend_after_ms=args.resend_after_ms,
         confirm_wait_s=args.wait_confirmed,
+        late_share=args.late_share,
+        late_by_ms=args.late_by_ms,
     )
 
 
@@ -225,7 +268,8 @@ def _print_header(config: Any, *, embedded: bool) -> None:
         f"{config.rate_hz:g}/s = {config.offered_rate:,.0f} measurements/s offered, "
         f"{config.encoding.value}{' +zstd' if config.zstd else ''} batches of "
         f"{config.batch_size:,}, {config.duration_s:g} s, spool {config.spool}, "
-        f"sink {config.sink}, {where}",
+        + (f"{config.late_share:.1%} late by {config.late_by_ms} ms, " if config.late_share else "")
+        + f"sink {config.sink}, {where}",
         file=sys.stderr,
     )
 
@@ -263,6 +307,8 @@ def _print_summary(r: Any) -> None:
         f"  cpu        {r.cpu_s:.1f} s over {r.wall_s:.1f} s = {r.cpu_percent:.1f}% of one core "
         f"(simulator process), rss {r.rss_mb:.0f} MiB",
     ]
+    if r.rows_made_late:
+        lines.append(f"  late       {r.rows_made_late:>14,} rows stamped back (--late-share)")
     if r.observed_cpu:
         others = ", ".join(f"{name} {cpu:.1f}%" for name, cpu in r.observed_cpu.items())
         lines.append(f"  other cpu  {others}")

@@ -10,7 +10,7 @@ type, unit): sensor ``i`` is of kind ``KINDS[i % len(KINDS)]``, so pipelines can
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 import numpy as np
@@ -139,6 +139,54 @@ class SensorField:
             values,
             {name: DictColumn(words, codes[kinds]) for name, (words, codes) in _KIND_CODES.items()},
         )
+
+
+LATE_STREAM: Final = 0x1A7E
+"""Mixed into the seed of ``LateShare``: its draws never disturb the sensors' own."""
+
+
+@dataclass
+class LateShare:
+    """Makes a share of a gateway's measurements late: their timestamps moved back.
+
+    Each measurement is chosen on its own, with probability ``share``, from a random stream
+    of its own (``seed`` and ``LATE_STREAM``): the n-th measurement a gateway generates is
+    late or not whatever the blocks it arrives in, so the same seed gives the same late
+    rows. A chosen measurement's ``ts`` moves back by ``by_ms``; with ``by_ms`` above the
+    pipeline's ``lateness_ms`` plus its window size (and the batching delay) the windows it
+    belongs to have closed for its gateway, so it is late by the per-gateway rule.
+
+    Attributes:
+        share: fraction of measurements made late, in [0, 1].
+        by_ms: how far back a late measurement's timestamp moves (positive).
+        seed: random seed.
+        made_late: measurements made late so far.
+    """
+
+    share: float
+    by_ms: int
+    seed: int = 0
+    made_late: int = 0
+    _rng: np.random.Generator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """Check the share and the shift; seed the stream."""
+        if not 0.0 <= self.share <= 1.0:
+            raise ConfigError(f"the late share must lie in [0, 1], not {self.share}")
+        if self.by_ms <= 0:
+            raise ConfigError(f"late rows move back by a positive time, not {self.by_ms} ms")
+        self._rng = np.random.default_rng((self.seed, LATE_STREAM))
+
+    def apply(self, block: Measurements) -> Measurements:
+        """``block`` with its chosen measurements' timestamps moved back by ``by_ms``."""
+        if self.share == 0.0 or not len(block):
+            return block
+        late = self._rng.random(len(block)) < self.share
+        count = int(np.count_nonzero(late))
+        if count == 0:
+            return block
+        self.made_late += count
+        return replace(block, ts=np.where(late, block.ts - self.by_ms, block.ts))
 
 
 def synthetic_block(

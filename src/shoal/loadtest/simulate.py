@@ -5,6 +5,13 @@ A scheduler ticks every ``tick_ms`` and hands every measurement whose event time
 for publishing, so a slow broker or pipeline shows up as a lower achieved rate and a
 growing spool instead of a slower offered rate.
 
+Sensors measure on true time; the gateways stamp with their own clock. With a
+``SkewedClock`` (offset, drift, jumps) the schedule follows its base and every measurement's
+timestamp is moved by the clock's skew at the tick: a clock that jumps ahead leaves a gap in
+event time, one that jumps back repeats an interval, and neither makes the sensors measure
+faster or fall silent. ``late_share`` moves a share of the measurements further back
+(``LateShare``).
+
 A composition root: imported by the CLI (``shoal simulate``) and tests only.
 """
 
@@ -24,11 +31,11 @@ from typing import Any, Final, Literal
 import psutil
 
 from shoal.broker.settings import BrokerSettings
-from shoal.clock import Clock, SystemClock
+from shoal.clock import Clock, SkewedClock, SystemClock
 from shoal.errors import ConfigError
 from shoal.gateway import Gateway, GatewayConfig, GatewayStats
 from shoal.loadtest._sink import SinkConfig, SinkCounts, SinkProcess
-from shoal.loadtest.data import SensorField
+from shoal.loadtest.data import LateShare, SensorField
 from shoal.schemas import Encoding, Topics
 from shoal.schemas.topics import check_segment
 
@@ -72,6 +79,9 @@ class SimulationConfig:
         drain_timeout_s: after generation, how long to wait for publishing to finish.
         confirm_wait_s: after publishing, how long to wait for a pipeline to confirm every
             batch before exiting (0: do not wait, unless the sink confirms).
+        late_share: fraction of measurements whose timestamps move back by ``late_by_ms``
+            (``LateShare``; gateway i draws from ``seed + i``).
+        late_by_ms: how far back; above the pipeline's lateness plus a window, they are late.
     """
 
     gateways: int = 1
@@ -96,9 +106,13 @@ class SimulationConfig:
     resend_after_ms: int | None = None
     drain_timeout_s: float = 30.0
     confirm_wait_s: float = 0.0
+    late_share: float = 0.0
+    late_by_ms: int = 60_000
 
     def __post_init__(self) -> None:
         """Refuse settings that cannot run."""
+        if not 0.0 <= self.late_share <= 1.0 or self.late_by_ms <= 0:
+            raise ConfigError("late_share must lie in [0, 1] and late_by_ms be positive")
         if self.gateways <= 0 or self.sensors <= 0 or self.rate_hz <= 0:
             raise ConfigError("gateways, sensors and rate must be positive")
         if self.duration_s <= 0 or self.tick_ms <= 0:
@@ -178,6 +192,8 @@ class SimulationReport:
     rss_mb: float
     observed_cpu: dict[str, float]
     sink: dict[str, Any] | None
+    rows_made_late: int = 0
+    """Measurements whose timestamps ``late_share`` moved back (all gateways)."""
 
     def to_dict(self) -> dict[str, Any]:
         """As plain data (for ``--json``)."""
@@ -217,7 +233,8 @@ class Simulator:
 
     Args:
         config: what to simulate.
-        clock: time source (event times and the schedule).
+        clock: the gateways' clock (event times, sealing stamps); a ``SkewedClock`` runs
+            the schedule on its base and shifts timestamps by its skew (module docstring).
         observe: other processes (name → pid) whose CPU to report, e.g. the broker.
     """
 
@@ -230,6 +247,7 @@ class Simulator:
     ) -> None:
         self.config = config
         self._clock: Clock = clock or SystemClock()
+        self._schedule: Clock = clock.base if isinstance(clock, SkewedClock) else self._clock
         self._observe = dict(observe or {})
 
     def _gateway_config(self, gateway_id: str, spool_root: Path | None) -> GatewayConfig:
@@ -310,8 +328,7 @@ class Simulator:
         progress: Callable[[SimulationProgress], None] | None,
     ) -> SimulationReport:
         cfg = self.config
-        clock = self._clock
-        start_ms = clock.now_ms()
+        start_ms = self._schedule.now_ms()
         end_ms = start_ms + int(cfg.duration_s * 1000)
         fields = [
             SensorField(
@@ -324,6 +341,7 @@ class Simulator:
             )
             for i, g in enumerate(gateways)
         ]
+        late = [LateShare(cfg.late_share, cfg.late_by_ms, cfg.seed + i) for i in range(len(fields))]
         observed = {name: psutil.Process(pid) for name, pid in self._observe.items()}
         if sink is not None:
             observed["sink"] = psutil.Process(sink.pid)
@@ -332,6 +350,7 @@ class Simulator:
         offered, now_ms, peak = self._generate(
             gateways,
             fields,
+            late,
             end_ms=end_ms,
             stop=stop,
             sampler=_Sampler(t0, cpu0),
@@ -377,12 +396,14 @@ class Simulator:
             confirmed=confirmed,
             observed_cpu=observed_cpu,
             sink=sink_counts,
+            rows_made_late=sum(share.made_late for share in late),
         )
 
     def _generate(
         self,
         gateways: list[Gateway],
         fields: list[SensorField],
+        late: list[LateShare],
         *,
         end_ms: int,
         stop: threading.Event,
@@ -397,11 +418,14 @@ class Simulator:
         offered = 0
         peak = (0, 0)
         while True:
-            now_ms = min(self._clock.now_ms(), end_ms)
-            for gateway, sensor_field in zip(gateways, fields, strict=True):
+            now_ms = min(self._schedule.now_ms(), end_ms)
+            skew = self._clock.skew_at(now_ms) if isinstance(self._clock, SkewedClock) else 0
+            for gateway, sensor_field, share in zip(gateways, fields, late, strict=True):
                 block = sensor_field.take(now_ms)
                 if len(block):
-                    gateway.add_block(block)
+                    if skew:
+                        block = replace(block, ts=block.ts + skew)
+                    gateway.add_block(share.apply(block))
                     offered += len(block)
             if now_ms >= end_ms or stop.is_set():
                 return offered, now_ms, peak
@@ -450,6 +474,7 @@ class Simulator:
         confirmed: bool | None,
         observed_cpu: dict[str, float],
         sink: SinkCounts | None,
+        rows_made_late: int,
     ) -> SimulationReport:
         cfg = self.config
         offered_rate = offered / duration_s if duration_s > 0 else 0.0
@@ -491,6 +516,7 @@ class Simulator:
             rss_mb=round(psutil.Process().memory_info().rss / 2**20, 1),
             observed_cpu=observed_cpu,
             sink=asdict(sink) if sink is not None else None,
+            rows_made_late=rows_made_late,
         )
 
 

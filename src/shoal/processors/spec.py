@@ -16,7 +16,7 @@ from typing import Any, Final, Literal
 from shoal.errors import ConfigError, UsageError
 from shoal.processors.aggregates import AGGREGATES, ALIASES, QUANTILES, AggregateSpec
 from shoal.processors.windows import WINDOW_KINDS, WindowSpec
-from shoal.schemas import ATTRIBUTE_COLUMNS, DecodeLimits
+from shoal.schemas import ATTRIBUTE_COLUMNS, FUTURE_POLICIES, DecodeLimits
 from shoal.schemas.topics import check_segment
 
 OutputEncoding = Literal["json", "msgpack"]
@@ -315,8 +315,11 @@ def _limits(raw: Mapping[str, Any], where: str) -> DecodeLimits:
             values[name] = raw_value
         else:
             raise ConfigError(f"{where}: {name} must be a non-negative integer or false")
+    on_future = reader.choice("on_future", FUTURE_POLICIES, default=defaults.on_future)
+    if on_future == "clamp" and values["max_future_ms"] is None:
+        raise ConfigError(f"{where}: on_future = 'clamp' needs max_future_ms (not false)")
     reader.finish()
-    return DecodeLimits(**values)  # type: ignore[arg-type]
+    return DecodeLimits(**values, on_future=on_future)  # type: ignore[arg-type]
 
 
 def _check_filter(topic_filter: str, where: str) -> None:

@@ -72,6 +72,8 @@ class WorkerCounters:
 
     batches: int = 0
     rows: int = 0
+    rows_clamped: int = 0
+    """Rows whose timestamps lay beyond ``max_future_ms`` and were clamped (``on_future``)."""
     deadletters: int = 0
     partials: int = 0
     busy_s: float = 0.0
@@ -229,6 +231,7 @@ class Worker:
             partials = self.builder.build_batch(batch, info, now)
             self.counters.batches += 1
             self.counters.rows += batch.rows
+            self.counters.rows_clamped += batch.clamped
         except InputError as exc:
             partials = self._refuse(session, message, exc, now=now, futures=futures)
         futures.extend(
@@ -374,6 +377,7 @@ class Worker:
             "uptime_s": round(uptime, 3),
             "batches": self.counters.batches,
             "rows": self.counters.rows,
+            "rows_clamped": self.counters.rows_clamped,
             "deadletters": self.counters.deadletters,
             "partials": self.counters.partials,
             "busy_s": round(self.counters.busy_s, 6),

@@ -33,9 +33,13 @@ def pipeline_status(pipeline: str, snap: Snapshot, listened_s: float) -> dict[st
                 "state": body.get("state"),
                 "rows_per_s": body.get("rows_per_s"),
                 "cpu_percent": body.get("cpu_percent"),
+                "rows_clamped": int(body.get("rows_clamped", 0)),
             }
             for wid, body in sorted(snap.worker_metrics.items())
         ],
+        "clamped_measurements": sum(
+            int(body.get("rows_clamped", 0)) for body in snap.worker_metrics.values()
+        ),
         "rates": {
             "in_per_s": round(snap.rows_in_per_s, 1),
             "out_per_s": round(snap.rows_out_per_s, 1),
@@ -173,6 +177,11 @@ def format_status(status: dict[str, Any]) -> str:
         f"{status['dead_letters_while_listening']:,} dead letters in the "
         f"{status['listened_s']:g} s listened",
     ]
+    if status["clamped_measurements"]:
+        lines.append(
+            f"  clamped   {status['clamped_measurements']:,} measurements had timestamps beyond "
+            "max_future_ms (on_future = clamp; the live workers' counts since they started)"
+        )
     for p in status["partitions"]:
         closed = p["closed_through"]
         lines.append(

@@ -13,6 +13,7 @@ from shoal.schemas._codec import (
 from shoal.schemas._model import (
     ATTRIBUTE_COLUMNS,
     FRAME_SCHEMA,
+    FUTURE_POLICIES,
     MAX_TS_MS,
     MIN_TS_MS,
     SCHEMA_VERSION,
@@ -21,6 +22,7 @@ from shoal.schemas._model import (
     DictColumn,
     Encoding,
     Envelope,
+    FuturePolicy,
     Measurements,
 )
 from shoal.schemas.topics import Topics
@@ -29,6 +31,7 @@ __all__ = [
     "ATTRIBUTE_COLUMNS",
     "DEFAULT_LIMITS",
     "FRAME_SCHEMA",
+    "FUTURE_POLICIES",
     "MAX_TS_MS",
     "MIN_TS_MS",
     "SCHEMA_VERSION",
@@ -37,6 +40,7 @@ __all__ = [
     "DictColumn",
     "Encoding",
     "Envelope",
+    "FuturePolicy",
     "Measurements",
     "Topics",
     "declared_encoding",

@@ -197,12 +197,17 @@ def check_values(value: npt.NDArray[np.float64]) -> None:
 
 
 def check_timestamps(ts: npt.NDArray[np.int64], limits: DecodeLimits, now_ms: int | None) -> None:
-    """Timestamps lie in the contract's range and, given a clock, within the limits."""
+    """Timestamps lie in the contract's range and, given a clock, within the limits.
+
+    With ``limits.on_future == "clamp"`` timestamps beyond ``max_future_ms`` pass here (only
+    the contract's range applies above); ``clamp_future`` then moves them.
+    """
     if len(ts) == 0:
         return
     low, high = MIN_TS_MS, MAX_TS_MS
     low_label, high_label = f">= {MIN_TS_MS}", f"<= {MAX_TS_MS}"
-    if now_ms is not None and limits.max_future_ms is not None:
+    clamping = limits.on_future == "clamp"
+    if now_ms is not None and limits.max_future_ms is not None and not clamping:
         high = min(high, now_ms + limits.max_future_ms)
         high_label = f"at most {limits.max_future_ms} ms after the receiver's clock ({now_ms})"
     if now_ms is not None and limits.max_past_ms is not None:
@@ -228,6 +233,31 @@ def check_timestamps(ts: npt.NDArray[np.int64], limits: DecodeLimits, now_ms: in
             expected=low_label,
             found=str(int(ts[row])),
         )
+
+
+def clamp_future(
+    ts: npt.NDArray[np.int64], limits: DecodeLimits, now_ms: int | None, sent_at_ms: int
+) -> tuple[npt.NDArray[np.int64], int]:
+    """Timestamps beyond ``max_future_ms`` set to a reference time; (new array, how many).
+
+    Only with ``limits.on_future == "clamp"`` and a clock; otherwise ``ts`` comes back as it
+    is. The reference is the batch's own ``sent_at`` (the gateway's clock when it sealed the
+    batch) when that lies within the limits itself: it is in the payload, so every worker
+    and every re-send clamps the batch alike. A gateway whose own clock runs ahead has a
+    ``sent_at`` beyond the limit too; then the receiver's clock is the only reference left,
+    and which window a clamped row lands in depends on when it was processed (see
+    docs/guarantees.md, "Far-future input"). The returned array is new; ``ts`` is untouched.
+    """
+    if limits.on_future != "clamp" or now_ms is None or limits.max_future_ms is None:
+        return ts, 0
+    limit = now_ms + limits.max_future_ms
+    beyond = ts > limit
+    clamped = int(np.count_nonzero(beyond))
+    if clamped == 0:
+        return ts, 0
+    floor = MIN_TS_MS if limits.max_past_ms is None else now_ms - limits.max_past_ms
+    reference = sent_at_ms if floor <= sent_at_ms <= limit else now_ms
+    return np.where(beyond, np.int64(reference), ts), clamped
 
 
 def check_strings(

@@ -7,8 +7,11 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, Final
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 import polars as pl
 
@@ -19,6 +22,7 @@ from shoal.schemas._checks import (
     check_strings,
     check_timestamps,
     check_values,
+    clamp_future,
     describe,
     require_map,
 )
@@ -140,9 +144,23 @@ def decode_batch(
         check_values(binary.value)
         check_timestamps(binary.ts, limits, now_ms)
         envelope = dataclasses.replace(envelope, rows=len(binary.ts))
-        return Batch(envelope, binary.frame, binary.codes, ts=binary.ts, value=binary.value)
+        ts, clamped = clamp_future(binary.ts, limits, now_ms, envelope.sent_at_ms)
+        build = binary.frame if not clamped else _with_ts(binary.frame, ts)
+        return Batch(envelope, build, binary.codes, ts=ts, value=binary.value, clamped=clamped)
     _check_frame(frame, limits, now_ms)
-    return Batch(dataclasses.replace(envelope, rows=frame.height), frame)
+    ts, clamped = clamp_future(
+        frame.get_column("ts").to_numpy(), limits, now_ms, envelope.sent_at_ms
+    )
+    if clamped:
+        frame = frame.with_columns(pl.Series("ts", ts, dtype=pl.Int64))
+    return Batch(dataclasses.replace(envelope, rows=frame.height), frame, clamped=clamped)
+
+
+def _with_ts(
+    build: Callable[[], pl.DataFrame], ts: npt.NDArray[np.int64]
+) -> Callable[[], pl.DataFrame]:
+    """A frame builder whose ``ts`` column is ``ts`` (clamped timestamps, built on demand)."""
+    return lambda: build().with_columns(pl.Series("ts", ts, dtype=pl.Int64))
 
 
 def peek_envelope(payload: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> tuple[str, int] | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -26,6 +26,11 @@ MAX_TS_MS: Final = 2**53 - 1
 """Largest timestamp the contract admits: exact in an IEEE double, so JavaScript can send it."""
 
 MAX_SEQ: Final = 2**63 - 1
+
+FuturePolicy = Literal["deadletter", "clamp"]
+"""What a decoder does with timestamps beyond ``max_future_ms``: refuse the batch, or clamp."""
+
+FUTURE_POLICIES: Final[tuple[FuturePolicy, ...]] = ("deadletter", "clamp")
 
 ATTRIBUTE_COLUMNS: Final = ("name", "type", "unit")
 """Optional per-measurement attributes (the research's sensor model)."""
@@ -133,10 +138,11 @@ class Batch:
     ``ts`` and ``value`` are the two numeric columns as numpy arrays. A decoder that has
     them as arrays already (binary columnar) passes a function for the frame instead of the
     frame: it is built on first use, so a consumer that needs only the arrays and the codes
-    (a worker) never pays for the string columns.
+    (a worker) never pays for the string columns. ``clamped`` counts the rows whose
+    timestamps the decoder clamped (``DecodeLimits.on_future == "clamp"``).
     """
 
-    __slots__ = ("_build", "_frame", "codes", "envelope", "ts", "value")
+    __slots__ = ("_build", "_frame", "clamped", "codes", "envelope", "ts", "value")
 
     def __init__(
         self,
@@ -146,8 +152,10 @@ class Batch:
         *,
         ts: npt.NDArray[np.int64] | None = None,
         value: npt.NDArray[np.float64] | None = None,
+        clamped: int = 0,
     ) -> None:
         self.envelope = envelope
+        self.clamped = clamped
         self.codes = codes if codes is not None else {}
         if isinstance(frame, pl.DataFrame):
             self._frame: pl.DataFrame | None = frame
@@ -189,6 +197,9 @@ class DecodeLimits:
         max_decompressed_bytes: size of a zstd-compressed body once inflated (zip bombs).
         max_future_ms: how far past the decoder's clock a timestamp may lie; needs ``now_ms``.
         max_past_ms: how far before the decoder's clock a timestamp may lie (None: no bound).
+        on_future: what happens to a batch with timestamps beyond ``max_future_ms``:
+            ``deadletter`` refuses it whole (``ts_in_future``); ``clamp`` keeps it and sets
+            those timestamps to a reference time (``clamp_future``), counting them.
     """
 
     max_payload_bytes: int = 16 * 1024 * 1024
@@ -197,6 +208,7 @@ class DecodeLimits:
     max_decompressed_bytes: int = 64 * 1024 * 1024
     max_future_ms: int | None = 5 * 60 * 1000
     max_past_ms: int | None = None
+    on_future: FuturePolicy = "deadletter"
 
     def __post_init__(self) -> None:
         """Reject limits that could never admit a batch."""
@@ -207,6 +219,13 @@ class DecodeLimits:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"decode limit {name} must be >= 0 or None")
+        if self.on_future not in FUTURE_POLICIES:
+            raise ConfigError(
+                f"decode limit on_future must be one of {list(FUTURE_POLICIES)}, "
+                f"not {self.on_future!r}"
+            )
+        if self.on_future == "clamp" and self.max_future_ms is None:
+            raise ConfigError("on_future = 'clamp' needs a max_future_ms to clamp to")
 
 
 def null_strings(name: str, n: int) -> pl.Series:

@@ -100,6 +100,14 @@ def test_full_spec() -> None:
     assert (spec.lateness_ms, spec.idle_timeout_ms, spec.partitions) == (0, 100, 64)
 
 
+def test_far_future_rows_are_dead_lettered_unless_the_spec_says_clamp() -> None:
+    assert parse_pipeline(MINIMAL).limits.on_future == "deadletter"
+    clamping = parse_pipeline({**MINIMAL, "limits": {"on_future": "clamp"}})
+    assert clamping.limits == DecodeLimits(on_future="clamp")
+    explicit = parse_pipeline({**MINIMAL, "limits": {"on_future": "deadletter"}})
+    assert explicit.limits == DecodeLimits()
+
+
 @pytest.mark.parametrize(
     ("window", "name"),
     [
@@ -286,6 +294,16 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "limits negative future",
         with_(limits={"max_future_ms": -1}),
         r"\[limits\]: max_future_ms must be a non-negative integer or false",
+    ),
+    (
+        "limits unknown future policy",
+        with_(limits={"on_future": "drop"}),
+        r"\[limits\]: on_future must be one of \['deadletter', 'clamp'\], not 'drop'",
+    ),
+    (
+        "limits clamp without a future limit",
+        with_(limits={"on_future": "clamp", "max_future_ms": False}),
+        r"\[limits\]: on_future = 'clamp' needs max_future_ms",
     ),
     (
         "limits true past",

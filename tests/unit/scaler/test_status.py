@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from shoal.scaler.monitor import GatewayLag, Snapshot
@@ -141,3 +142,20 @@ def test_partials_a_partition_refused_are_reported_only_when_there_are_some() ->
     lines = format_status(status).splitlines()
     assert "2 partials refused" in next(line for line in lines if "partition 0:" in line)
     assert "refused (see" not in next(line for line in lines if "partition 1:" in line)
+
+
+def test_clamped_measurements_are_summed_over_the_workers_and_shown_when_there_are_some() -> None:
+    snap = snapshot({0: beat({"a": view(NOW)})})
+    quiet = pipeline_status("p", snap, 1.0)  # a worker before rows_clamped: counts as 0
+    assert quiet["clamped_measurements"] == 0
+    assert quiet["workers"][0]["rows_clamped"] == 0
+    assert "clamped" not in format_status(quiet)
+    workers = {
+        "w1": {"state": "running", "rows_clamped": 1_200},
+        "w2": {"state": "running", "rows_clamped": 34},
+    }
+    status = pipeline_status("p", replace(snap, worker_metrics=workers), 1.0)
+    assert status["clamped_measurements"] == 1_234
+    assert [w["rows_clamped"] for w in status["workers"]] == [1_200, 34]
+    line = next(x for x in format_status(status).splitlines() if "clamped" in x)
+    assert "1,234 measurements had timestamps beyond max_future_ms" in line

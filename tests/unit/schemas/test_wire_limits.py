@@ -98,6 +98,64 @@ def test_future_limit_is_relative_to_the_receivers_clock(encoding: Encoding, zst
     assert decode_batch(payload, limits=unbounded, now_ms=0).frame.height == 3
 
 
+CLAMP = DecodeLimits(max_future_ms=1_000, on_future="clamp")
+
+
+def clamp_payload(encoding: Encoding, zstd: bool, *, sent_at_ms: int) -> bytes:
+    """Rows at T0, T0+1h, T0+1, T0+2h: two of them far ahead of a receiver at T0."""
+    data = frame(4).with_columns(pl.Series("ts", [T0, T0 + 3_600_000, T0 + 1, T0 + 7_200_000]))
+    return encode_batch(
+        data, gateway_id="gw", seq=0, sent_at_ms=sent_at_ms, encoding=encoding, zstd=zstd
+    )
+
+
+@pytest.mark.parametrize(("encoding", "zstd"), CODECS, ids=IDS)
+def test_clamp_sets_far_future_rows_to_the_batchs_sent_at_and_counts_them(
+    encoding: Encoding, zstd: bool
+) -> None:
+    payload = clamp_payload(encoding, zstd, sent_at_ms=T0 + 500)  # sealed on a sane clock
+    with pytest.raises(SchemaError):  # the default refuses the batch whole
+        decode_batch(payload, limits=DecodeLimits(max_future_ms=1_000), now_ms=T0)
+    for now in (T0, T0 + 400):  # any worker, any re-send: the same reference, sent_at
+        batch = decode_batch(payload, limits=CLAMP, now_ms=now)
+        assert batch.clamped == 2
+        assert batch.ts.tolist() == [T0, T0 + 500, T0 + 1, T0 + 500]
+        assert batch.frame.get_column("ts").to_list() == batch.ts.tolist()
+        assert batch.frame.get_column("value").to_list() == [0.0, 1.0, 2.0, 3.0]
+        assert batch.rows == batch.envelope.rows == 4
+
+
+@pytest.mark.parametrize(("encoding", "zstd"), CODECS, ids=IDS)
+def test_clamp_falls_back_to_the_receivers_clock_when_sent_at_is_beyond_the_limit_too(
+    encoding: Encoding, zstd: bool
+) -> None:
+    payload = clamp_payload(encoding, zstd, sent_at_ms=T0 + 3_600_000)  # its clock is ahead
+    batch = decode_batch(payload, limits=CLAMP, now_ms=T0 + 10)
+    assert batch.clamped == 2
+    assert batch.frame.get_column("ts").to_list() == [T0, T0 + 10, T0 + 1, T0 + 10]
+
+
+def test_clamp_leaves_batches_within_the_limit_and_without_a_clock_alone() -> None:
+    payload = clamp_payload(Encoding.MSGPACK_ROWS, False, sent_at_ms=T0)
+    unclocked = decode_batch(payload, limits=CLAMP)
+    assert unclocked.clamped == 0
+    assert unclocked.ts.max() == T0 + 7_200_000
+    inside = decode_batch(payload, limits=CLAMP, now_ms=T0 + 7_200_000 - 1_000)
+    assert (inside.clamped, int(inside.ts.max())) == (0, T0 + 7_200_000)
+    # Clamping is for the future only: the past limit still refuses the batch.
+    both = DecodeLimits(max_future_ms=1_000, max_past_ms=0, on_future="clamp")
+    with pytest.raises(SchemaError) as info:
+        decode_batch(payload, limits=both, now_ms=T0 + 1)
+    assert info.value.reason == "ts_in_past"
+
+
+def test_clamp_needs_a_future_limit() -> None:
+    with pytest.raises(ConfigError, match="needs a max_future_ms"):
+        DecodeLimits(max_future_ms=None, on_future="clamp")
+    with pytest.raises(ConfigError, match="on_future must be one of"):
+        DecodeLimits(on_future="drop")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(("encoding", "zstd"), CODECS, ids=IDS)
 def test_past_limit_is_off_by_default(encoding: Encoding, zstd: bool) -> None:
     payload = encode(frame(3), encoding, zstd)
