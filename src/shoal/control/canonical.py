@@ -94,6 +94,7 @@ def canonical_mapping(spec: PipelineSpec) -> dict[str, Any]:
             # TOML has no null: false means "no bound", as in a spec file.
             "max_future_ms": False if limits.max_future_ms is None else limits.max_future_ms,
             "max_past_ms": False if limits.max_past_ms is None else limits.max_past_ms,
+            "on_future": limits.on_future,
         },
     }
 

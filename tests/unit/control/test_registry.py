@@ -47,6 +47,14 @@ def test_the_canonical_form_is_a_spec_that_parses_to_the_same_pipeline(path: Pat
     assert again == dataclasses.replace(spec, source=None)
 
 
+def test_the_canonical_form_keeps_the_future_policy() -> None:
+    raw = {"name": "p", "windows": [{"size_ms": 1_000}], "limits": {"on_future": "clamp"}}
+    spec = parse_pipeline(raw)
+    assert parse_pipeline(canonical_mapping(spec)) == spec
+    default = canonicalize({**raw, "limits": {}})
+    assert canonicalize(raw).spec_hash != default.spec_hash
+
+
 def test_the_hash_leaves_the_name_out_and_sees_every_setting() -> None:
     one, two = canonicalize_toml(SPEC), canonicalize_toml(SAME_ELSEWHERE)
     changed = canonicalize_toml(CHANGED)
