@@ -15,6 +15,9 @@ windows, 1 s lateness):
 * seq 3 is refused (a string where a value belongs): a dead letter and a rejected partial;
 * gw-02 appears after the window closed, with a row for it: late, ``window_closed``;
 * a second pipeline ``by-unit`` keys by ``unit``, so one key is null (topic segment ``_``);
+* the control plane's registry (``shoal.control.registry``) deploys ``temps`` from TOML,
+  refuses an invalid spec and an unreadable request, and deletes ``temps``: its requests,
+  results and retained documents;
 * the same data through ``temps`` with ``allowed_lateness_ms`` (``TEMPS_CORRECTED``): seq 2's
   row is within the allowance, folds into the closed window and makes a correction
   (revision 2).
@@ -33,7 +36,9 @@ import polars as pl
 
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import FakeClock
-from shoal.errors import InputError
+from shoal.control.messages import Request
+from shoal.control.registry import Registry, refuse_unreadable
+from shoal.errors import ControlError, InputError
 from shoal.processors.combine import Combiner, LateRows
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.results import (
@@ -57,6 +62,8 @@ from shoal.schemas.topics import Topics
 T0: Final = 1_700_000_000_000
 STREAM: Final = "plant"
 WORKER_ID: Final = "shoal-worker-temps-edge1-4242-1-9f3a"
+CLIENT_ID: Final = "shoal-pipeline-laptop-5150-1-07c2"
+"""A ``shoal pipeline`` client, as ``unique_client_id`` names it."""
 TOPICS: Final = Topics()
 
 TEMPS: Final = parse_pipeline(
@@ -118,6 +125,13 @@ NOTES: Final = {
     "metrics-combiner": "a combiner partition's heartbeat (every heartbeat_ms, QoS 0)",
     "metrics-worker": "a worker's heartbeat (every heartbeat_ms, QoS 0)",
     "metrics-worker-gone": "a worker's will: the broker publishes it when the worker vanishes",
+    "pipeline-request": "shoal pipeline deploy: the spec as TOML text",
+    "pipeline-request-delete": "shoal pipeline delete: a name",
+    "pipeline-result": "accepted: temps deployed as version 1, with its content hash",
+    "pipeline-result-refused": "refused: an invalid spec, with the reason and the field path",
+    "pipeline-result-unreadable": "refused: a request that is not JSON (no id to carry back)",
+    "pipeline-document": "the retained registry entry of temps: version, hash, canonical spec",
+    "pipeline-document-deleted": "after delete: a tombstone keeps the version number",
 }
 """Every golden case by name, with what it shows (``manifest.json``'s notes)."""
 
@@ -408,6 +422,49 @@ def _metrics(s: _Scenario, runtime: CombinerRuntime) -> None:
     s.add("metrics-worker-gone", "metrics-worker", TOPICS.metrics("worker", WORKER_ID), gone)
 
 
+PIPELINE_TOML: Final = """\
+name = "temps"
+aggregates = ["count", "mean", "median"]
+lateness_ms = 1000
+
+[[windows]]
+size_ms = 10000
+"""
+"""The spec ``shoal pipeline deploy`` sends: aliases (median) and defaults left implicit."""
+
+
+def _pipelines(s: _Scenario) -> None:
+    """Requests through ``Registry`` as ``ControlPlane.handle`` runs them; what it publishes."""
+    registry = Registry()
+    reply, request_topic = TOPICS.pipeline_reply(CLIENT_ID), TOPICS.pipeline_request(CLIENT_ID)
+
+    deploy = Request("deploy", "3f6c1e0a9b2d4c57", spec_toml=PIPELINE_TOML)
+    s.add("pipeline-request", "pipeline-request", request_topic, deploy.to_json())
+    s.clock.advance(100)
+    result, document = registry.decide(deploy, s.clock.now_ms())
+    assert document is not None
+    registry.commit(document)
+    s.add("pipeline-result", "pipeline-result", reply, result.to_json())
+    topic = TOPICS.pipeline_document(document.name)
+    s.add("pipeline-document", "pipeline-document", topic, document.to_json())
+    bad = Request("deploy", "8d1e5b7f20a34c96", spec_toml=PIPELINE_TOML.replace("10000", "0"))
+    refused, _ = registry.decide(bad, s.clock.now_ms())
+    s.add("pipeline-result-refused", "pipeline-result", reply, refused.to_json())
+    try:
+        Request.from_json(b"{not json")
+    except ControlError as exc:
+        unreadable = refuse_unreadable(exc)
+    else:
+        raise AssertionError("a request that is not JSON was read")
+    s.add("pipeline-result-unreadable", "pipeline-result", reply, unreadable.to_json())
+    delete = Request("delete", "c40b9e2d71f85a13", name="temps")
+    s.add("pipeline-request-delete", "pipeline-request", request_topic, delete.to_json())
+    s.clock.advance(100)
+    _, tombstone = registry.decide(delete, s.clock.now_ms())
+    assert tombstone is not None
+    s.add("pipeline-document-deleted", "pipeline-document", topic, tombstone.to_json())
+
+
 def output_cases() -> list[OutputCase]:
     """Every golden output message, built by running the scenario (deterministic)."""
     s = _Scenario()
@@ -416,5 +473,6 @@ def output_cases() -> list[OutputCase]:
     _by_unit(s)
     _control(s)
     _metrics(s, runtime)
+    _pipelines(s)
     _corrections(s)
     return s.cases

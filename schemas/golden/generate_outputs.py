@@ -1,4 +1,4 @@
-"""Write the golden output messages of the shoal contract (``schemas/CONTRACT.md`` §13-§20).
+"""Write the golden output messages of the shoal contract (``schemas/CONTRACT.md`` §13-§22).
 
 Run from the repository root, then review and commit the diff::
 

@@ -28,6 +28,8 @@ COMMANDS: Final = (
     "archive",
     "replay",
     "bench",
+    "control",
+    "pipeline",
 )
 """Sub-command modules, in the order ``--help`` lists them."""
 

@@ -12,6 +12,7 @@
     ├── BrokerError             the broker: missing binary, unreachable, refused, too large
     │   ├── BrokerNotFoundError `mosquitto` is not on PATH
     │   └── PayloadTooLargeError a message would exceed the broker's size limit
+    ├── ControlError            the control plane refused a request, or none answered
     ├── SpoolError              the gateway's on-disk spool cannot be read or written
     │   └── NotStoredError      sealed rows the spool refused (``shoal.gateway._sealer``)
     └── UsageError              code called shoal with a value it cannot use (a bug in the caller)
@@ -28,6 +29,7 @@ __all__ = [
     "BrokerError",
     "BrokerNotFoundError",
     "ConfigError",
+    "ControlError",
     "DecodeError",
     "InputError",
     "PayloadTooLargeError",
@@ -126,6 +128,21 @@ class BrokerNotFoundError(BrokerError):
 
 class PayloadTooLargeError(BrokerError):
     """A message is larger than the broker accepts; it was not sent."""
+
+
+class ControlError(ShoalError):
+    """A pipeline request the control plane refused, the broker denied, or nobody answered.
+
+    Attributes:
+        reason: stable, machine-readable code (``"name_clash"``, ``"not_authorized"``,
+            ``"timeout"``, ...), also the CLI's ``--json`` ``reason``.
+        field: the path of the spec field at fault (``"windows[0].size_ms"``), if any.
+    """
+
+    def __init__(self, message: str, *, reason: str, field: str | None = None) -> None:
+        self.reason = reason
+        self.field = field
+        super().__init__(message)
 
 
 class SpoolError(ShoalError):

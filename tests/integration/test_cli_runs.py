@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,40 @@ def test_up_runs_a_demo_and_accounts_for_every_measurement(tmp_path: Path) -> No
     assert applied == generated
     assert "window results" in out
     assert (tmp_path / "logs" / "worker-0.log").exists()
+
+
+def test_up_runs_a_control_plane_that_shoal_pipeline_talks_to(tmp_path: Path) -> None:
+    argv = [*SHOAL, "up", "--duration", "60", "--scenario", "none", "--scale", "off"]
+    argv += ["--workers", "1", "--run-dir", str(tmp_path)]
+    up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert up.stdout is not None
+        line = up.stdout.readline()
+        while line and "control plane running" not in line:
+            line = up.stdout.readline()
+        url = line.rsplit("--broker ", 1)[1].strip()
+        log = tmp_path / "logs" / "control.log"
+        deadline = time.monotonic() + 30
+        while "ready" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline, "the control plane never became ready"
+            time.sleep(0.2)
+
+        def pipeline(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+            command = [*SHOAL, "pipeline", *args, "--json", "--broker", url, "--timeout", "20"]
+            return subprocess.run(
+                command, input=stdin, capture_output=True, text=True, timeout=60, check=False
+            )
+
+        spec = 'name = "extra"\n[[windows]]\nsize_ms = 5000\n'
+        deployed = pipeline("deploy", "-", stdin=spec)
+        assert deployed.returncode == 0, deployed.stderr
+        listed = pipeline("list")
+        assert listed.returncode == 0, listed.stderr
+        assert [p["name"] for p in json.loads(listed.stdout)["pipelines"]] == ["extra"]
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.communicate(timeout=120)
+    assert up.returncode == 0
 
 
 def test_bench_pipeline_writes_the_documented_json(tmp_path: Path) -> None:

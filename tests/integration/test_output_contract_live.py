@@ -1,7 +1,8 @@
 """Every message a live pipeline publishes is described by CONTRACT.md and valid by its schema.
 
 A real gateway, two workers and a combiner run on a real broker; a bad batch is dead-lettered,
-a row comes late, a worker drains, the windows are flushed. A subscriber to the deployment's
+a row comes late, a worker drains, the windows are flushed; a control plane runs beside it
+and a pipeline is deployed and updated through it. A subscriber to the deployment's
 whole topic tree validates every message against the schema ``shoal.schemas.catalog`` names
 for its topic; a topic the catalog does not know fails the test, so a new kind of message
 cannot appear without a schema and a contract section.
@@ -23,6 +24,10 @@ from jsonschema import Draft202012Validator
 
 from shoal.broker import AsyncSession, Message, unique_client_id
 from shoal.broker.embedded import EmbeddedBroker
+from shoal.clock import SystemClock
+from shoal.control.client import ControlClient
+from shoal.control.messages import Request
+from shoal.control.service import ControlPlane
 from shoal.gateway import Gateway, GatewayConfig
 from shoal.processors.spec import parse_pipeline
 from shoal.schemas import Encoding, decode_batch
@@ -129,6 +134,13 @@ def test_every_published_message_has_a_schema_and_fits_it(
         listener = asyncio.create_task(_listen(broker.settings, topics, seen, ready))
         await asyncio.wait_for(ready.wait(), 10)
         await pipeline.start()
+        plane, plane_stop = ControlPlane(broker.settings, topics, SystemClock()), asyncio.Event()
+        plane_task = asyncio.create_task(plane.run(plane_stop))
+        await asyncio.wait_for(plane.ready.wait(), 10)
+        control = ControlClient(broker.settings, topics, timeout_s=10)
+        for op, size in (("deploy", 1_000), ("update", 2_000)):
+            text = f'name = "other"\n[[windows]]\nsize_ms = {size}\n'
+            assert (await control.request(Request(op, op, spec_toml=text))).ok  # type: ignore[arg-type]
         base = (int(time.time() * 1000) // 1_000 - 10) * 1_000
         with _gateway(broker, topics) as gateway:
             for offsets in ([0, 250, 500], [2_500, 2_600], [100]):  # the last one is late
@@ -147,6 +159,8 @@ def test_every_published_message_has_a_schema_and_fits_it(
                 )
                 await asyncio.sleep(1.2)  # results, per-key results, another heartbeat
         await pipeline.stop()
+        plane_stop.set()
+        await asyncio.wait_for(plane_task, 10)
         listener.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await listener

@@ -32,6 +32,7 @@ from shoal.processors.spec import parse_pipeline
 from shoal.runtime.combiner import CombinerConfig, CombinerRuntime
 from shoal.runtime.worker import Worker, WorkerConfig
 from shoal.schemas.topics import Topics
+from tests.support.secure import secure_broker
 
 pytestmark = pytest.mark.broker
 
@@ -49,6 +50,7 @@ ROLES = {
     "dash": Role.dashboard(),
     "dash-p": Role.dashboard(P),
     "ops": Role.admin(),
+    "plane": Role.control(),
 }
 
 TOPICS = {
@@ -74,6 +76,9 @@ TOPICS = {
     "control_combiners_p": ROOT.combiner_control(P),
     "control_combiners_q": ROOT.combiner_control(Q),
     "control_worker": ROOT.control("w-1"),
+    "pipeline_document": ROOT.pipeline_document(P),
+    "pipeline_request": ROOT.pipeline_request("c-1"),
+    "pipeline_reply": ROOT.pipeline_reply("c-1"),
     "outside_root": Topics(root="elsewhere").ingest("s", "gw-1"),
     "unrelated": "unrelated/topic",
 }
@@ -82,6 +87,7 @@ METRICS = {"metrics_worker", "metrics_combiner", "metrics_scaler"}
 CONTROL = {"control_combiners_p", "control_combiners_q", "control_worker"}
 RESULTS = {"results_p", "results_p_msgpack", "results_p_key", "results_q"}
 CONFIRMS = {"confirm_gw1", "confirm_gw2", "confirm_gw1_q"}
+PIPELINES = {"pipeline_document", "pipeline_request", "pipeline_reply"}
 
 WRITES = {
     "gw-1": {"ingest_gw1", "status_gw1"},
@@ -100,7 +106,8 @@ WRITES = {
     "combiner-q": {"results_q", "confirm_gw1_q", "metrics_combiner"},
     "dash": set(),
     "dash-p": set(),
-    "ops": METRICS | CONTROL,
+    "ops": METRICS | CONTROL | {"pipeline_request"},
+    "plane": {"pipeline_document", "pipeline_reply", "control_worker"},
 }
 
 READS = {
@@ -116,21 +123,16 @@ READS = {
     | CONFIRMS
     | RESULTS
     | METRICS
-    | CONTROL,
+    | CONTROL
+    | PIPELINES,
+    "plane": {"pipeline_request", "pipeline_document", "control_worker"},
 }
 
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    users = [BrokerUser(name, PASSWORD, role) for name, role in ROLES.items()]
-    broker = EmbeddedBroker(
-        "secure", data_dir=tmp_path_factory.mktemp("secure"), users=users, topic_root=ROOT.root
-    )
-    broker.start()
-    try:
+    with secure_broker(tmp_path_factory.mktemp("secure"), ROLES, PASSWORD, ROOT) as broker:
         yield broker
-    finally:
-        broker.close()
 
 
 def as_user(settings: BrokerSettings, name: str, password: str = PASSWORD) -> BrokerSettings:

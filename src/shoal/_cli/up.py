@@ -33,6 +33,12 @@ def register(sub: Any) -> None:
     parser.add_argument("--duration", type=float, default=None, help="stop after N seconds")
     parser.add_argument("--profile", default="dev", help="broker profile (default dev)")
     parser.add_argument("--run-dir", type=Path, default=None, help="keep logs and state here")
+    parser.add_argument(
+        "--no-control-plane",
+        dest="control_plane",
+        action="store_false",
+        help="do not run the control plane (`shoal control`) that `shoal pipeline` talks to",
+    )
     scaling = parser.add_argument_group("scaling")
     scaling.add_argument(
         "--scale",
@@ -98,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
         bounds=bounds,
         trace=None if args.trace is None else make_trace(args.trace).scaled(args.time_scale),
         metrics_port=args.metrics_port,
+        control_plane=args.control_plane,
     )
     accounting = Up(config).run()
     return 0 if accounting.exact else 1

@@ -17,6 +17,7 @@ from shoal.broker.acl import (
     Rule,
     admin_rules,
     combiner_rules,
+    control_rules,
     dashboard_rules,
     gateway_rules,
     worker_rules,
@@ -24,7 +25,7 @@ from shoal.broker.acl import (
 from shoal.errors import ConfigError
 from shoal.schemas.topics import Topics, check_segment
 
-RoleKind = Literal["gateway", "worker", "combiner", "dashboard", "admin"]
+RoleKind = Literal["gateway", "worker", "combiner", "dashboard", "admin", "control"]
 ROLE_KINDS: Final[tuple[str, ...]] = get_args(RoleKind)
 DEFAULT_INPUTS: Final = ("ingest/+/+",)
 
@@ -36,7 +37,7 @@ class Role:
     """What a user is for. Build one with the class methods (``Role.gateway()``, ...).
 
     Attributes:
-        kind: gateway, worker, combiner, dashboard or admin.
+        kind: gateway, worker, combiner, dashboard, admin or control (the control plane).
         pipeline: the pipeline of a worker or combiner; optional for a dashboard (None: the
             results of every pipeline).
         gateways: the gateway ids a gateway user publishes for (empty: its own user name).
@@ -84,15 +85,20 @@ class Role:
 
     @classmethod
     def admin(cls) -> Role:
-        """Operations: lag, metrics, control commands, dead letters, ``$SYS``; no data path."""
+        """Operations: lag, metrics, commands, dead letters, ``$SYS``, ``shoal pipeline``."""
         return cls("admin")
+
+    @classmethod
+    def control(cls) -> Role:
+        """The control plane (``shoal control``): answers pipeline requests, keeps documents."""
+        return cls("control")
 
     @classmethod
     def parse(cls, text: str) -> Role:
         """A role written as text.
 
         ``gateway``, ``gateway:gw-1,gw-2``, ``worker:P``, ``combiner:P``, ``dashboard``,
-        ``dashboard:P`` or ``admin``.
+        ``dashboard:P``, ``admin`` or ``control``.
         """
         kind, _, scope = text.partition(":")
         if kind == "gateway":
@@ -105,9 +111,11 @@ class Role:
             return cls.dashboard(scope or None)
         if kind == "admin" and not scope:
             return cls.admin()
+        if kind == "control" and not scope:
+            return cls.control()
         raise ConfigError(
             f"unknown role {text!r}: use gateway[:ID,...], worker:PIPELINE, "
-            "combiner:PIPELINE, dashboard[:PIPELINE] or admin"
+            "combiner:PIPELINE, dashboard[:PIPELINE], admin or control"
         )
 
     def rules(self, user: str, topics: Topics) -> list[Rule]:
@@ -120,6 +128,8 @@ class Role:
             return combiner_rules(_named(self.pipeline), topics)
         if self.kind == "dashboard":
             return dashboard_rules(self.pipeline, topics)
+        if self.kind == "control":
+            return control_rules(topics)
         return admin_rules(topics)
 
 

@@ -13,8 +13,11 @@ Roles (``R`` is the topic root, ``P`` the role's pipeline, ``G`` a gateway id)::
                        R/shoal/metrics/combiner/+
     dashboard    read  R/results/# (or R/results/P and R/results/P/# for one pipeline)
     admin        read  R/shoal/gateway/+, R/shoal/confirm/#, R/results/#, R/shoal/late/#,
-                       R/shoal/deadletter/#, $SYS/#; readwrite R/shoal/metrics/#,
-                       R/shoal/control/#
+                       R/shoal/deadletter/#, R/shoal/pipelines/#, $SYS/#;
+                 write R/shoal/pipelines/_request/+ (``shoal pipeline`` deploy, update, delete);
+                 readwrite R/shoal/metrics/#, R/shoal/control/#
+    control      read  R/shoal/pipelines/_request/+   write R/shoal/pipelines/_reply/+;
+                 readwrite R/shoal/pipelines/+ (the retained documents), R/shoal/control/+
 
 Everything else is denied. How Mosquitto 2.0.11 applies an ``acl_file`` (measured, see
 ``tests/integration/test_security.py``): a denied QoS 1 PUBLISH gets PUBACK "Not authorized"
@@ -122,5 +125,19 @@ def admin_rules(topics: Topics) -> list[Rule]:
         Rule("read", _siblings_below(topics.deadletter(_ANY))),
         Rule("readwrite", topics.metrics_all()),
         Rule("readwrite", _siblings_below(topics.control(_ANY))),
+        # shoal pipeline: requests out; documents and its own replies in.
+        Rule("write", topics.pipeline_requests()),
+        Rule("read", _siblings_below(topics.pipeline_document(_ANY))),
         Rule("read", "$SYS/#"),
+    ]
+
+
+def control_rules(topics: Topics) -> list[Rule]:
+    """The control plane (``shoal control``): requests in, documents and results out."""
+    return [
+        Rule("read", topics.pipeline_requests()),
+        Rule("readwrite", topics.pipeline_documents()),
+        Rule("write", _last_level_wild(topics.pipeline_reply(_ANY))),
+        # Its own control topic (the restore marker); instance ids are not known in advance.
+        Rule("readwrite", topics.control("+")),
     ]

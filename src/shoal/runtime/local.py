@@ -72,6 +72,9 @@ class LocalPipelineConfig:
             publish for (they log in as one "concentrator" gateway user); empty: the
             simulator's default ids ``sim-gw000`` to ``sim-gw063``.
         broker_overrides: Mosquitto options that replace the profile's (tests, tuning).
+        control_plane: also run the control plane (``shoal control``, process ``control``),
+            so that ``shoal pipeline`` can be used against this broker; with access control
+            it logs in with the ``control`` role.
     """
 
     spec: PipelineSpec
@@ -82,6 +85,7 @@ class LocalPipelineConfig:
     per_key_results: bool = True
     gateway_ids: tuple[str, ...] = ()
     broker_overrides: tuple[tuple[str, str], ...] = ()
+    control_plane: bool = False
 
 
 @dataclass
@@ -251,7 +255,7 @@ class LocalPipeline:
         return self.run_dir / "logs"
 
     def start(self) -> None:
-        """Broker first, then combiners, then workers."""
+        """Broker first, then combiners (and the control plane), then workers."""
         self.broker.start()
         self.sampler.watch("broker", self.broker.pid)
         spec = self.config.spec
@@ -270,6 +274,8 @@ class LocalPipeline:
             if not self.config.per_key_results:
                 argv.append("--no-key-topics")
             self._start_child(f"combiner-{p}", argv)
+        if self.config.control_plane:
+            self._start_child("control", ["control", *conn])
         self.backend.scale_to(self.config.workers)
 
     @property
@@ -345,7 +351,7 @@ class LocalPipeline:
     # -- faults, for ``shoal bench chaos`` ------------------------------------------------------
 
     def process(self, name: str) -> ChildProcess:
-        """A component by name (``combiner-0``, ``worker-3``, a simulator's name)."""
+        """A component by name (``combiner-0``, ``control``, ``worker-3``, a simulator's name)."""
         for child in (*self.children, *self.backend.live, *self.simulators):
             if child.name == name:
                 return child
@@ -523,6 +529,8 @@ def _role_users(config: LocalPipelineConfig) -> dict[str, BrokerUser]:
         # The simulator's gateways (``shoal simulate``'s default ids, unless told otherwise).
         "simulator": Role.gateway(*(config.gateway_ids or DEFAULT_SIMULATED_GATEWAYS)),
     }
+    if config.control_plane:
+        roles["control"] = Role.control()
     return {
         kind: BrokerUser(f"shoal-{kind}-{spec.name}", secrets.token_urlsafe(18), role)
         for kind, role in roles.items()

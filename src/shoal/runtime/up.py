@@ -53,6 +53,7 @@ class UpConfig:
         bounds: worker limits of the scaler.
         trace: a load trace the simulated gateways follow (None: the scenario throughout).
         metrics_port: serve the scaler's Prometheus and KEDA endpoints here (None: no).
+        control_plane: run the control plane too, for ``shoal pipeline`` (CONTRACT.md §22).
     """
 
     spec: PipelineSpec
@@ -70,6 +71,7 @@ class UpConfig:
     bounds: Bounds = field(default_factory=lambda: Bounds(1, 4))
     trace: Trace | None = None
     metrics_port: int | None = None
+    control_plane: bool = True
 
 
 class Up:
@@ -87,6 +89,7 @@ class Up:
                 workers=config.workers,
                 profile=config.profile,
                 run_dir=config.run_dir,
+                control_plane=config.control_plane,
             ),
             clock,
         )
@@ -111,6 +114,11 @@ class Up:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._stop.set)
         started = self.local.clock.monotonic()
+        if self.config.control_plane:
+            self._line(
+                "control plane running: shoal pipeline list --broker "
+                f"{self.local.broker.settings.url}"
+            )
         async with self.local.watching() as session:
             await asyncio.sleep(1.5)  # let workers and combiners subscribe before data flows
             server = await self._start_scaler()

@@ -189,6 +189,36 @@ MESSAGES: Final[tuple[MessageKind, ...]] = (
         "operators, shoal up, benchmarks",
         internal=True,
     ),
+    MessageKind(
+        "pipeline-document",
+        "shoal/pipelines/<name>",
+        "json",
+        "pipeline-document.schema.json",
+        1,
+        True,
+        None,
+        "control plane",
+    ),
+    MessageKind(
+        "pipeline-request",
+        "shoal/pipelines/_request/<client>",
+        "json",
+        "pipeline-request.schema.json",
+        1,
+        False,
+        None,
+        "shoal pipeline (admin)",
+    ),
+    MessageKind(
+        "pipeline-result",
+        "shoal/pipelines/_reply/<client>",
+        "json",
+        "pipeline-result.schema.json",
+        1,
+        False,
+        None,
+        "control plane",
+    ),
 )
 """Every kind of message, in the order of CONTRACT.md's index (``control`` has two topics)."""
 

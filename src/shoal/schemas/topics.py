@@ -147,6 +147,27 @@ class Topics:
         """Commands to every combiner partition of a pipeline (``{"cmd": "flush"}``)."""
         return self._t("shoal", "control", "combiners", pipeline)
 
+    # The control plane: pipelines deployed at run time (``shoal.control``).
+    def pipeline_document(self, pipeline: str) -> str:
+        """A deployed pipeline's spec and version (retained; written by the control plane)."""
+        return self._t("shoal", "pipelines", pipeline)
+
+    def pipeline_documents(self) -> str:
+        """Every deployed pipeline's document (names never start with ``_``)."""
+        return self._t("shoal", "pipelines", "+")
+
+    def pipeline_request(self, client: str) -> str:
+        """Where the client ``client`` sends deploy/update/delete requests."""
+        return self._t("shoal", "pipelines", "_request", client)
+
+    def pipeline_requests(self) -> str:
+        """Every client's requests (what the control plane subscribes to)."""
+        return self._t("shoal", "pipelines", "_request", "+")
+
+    def pipeline_reply(self, client: str) -> str:
+        """Where the control plane answers the requests of ``client``."""
+        return self._t("shoal", "pipelines", "_reply", client)
+
     # Results, for dashboards and notebooks.
     def results(self, pipeline: str) -> str:
         """One message per closed window with all keys."""

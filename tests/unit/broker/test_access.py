@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from shoal.broker.access import BrokerUser, Role, render_acl, users_from_config
+from shoal.broker.acl import Rule
 from shoal.broker.settings import BrokerSettings, TlsSettings
 from shoal.errors import ConfigError
 from shoal.schemas.topics import Topics, topic_matches
@@ -87,6 +88,7 @@ def test_no_root_means_top_level_topics() -> None:
         ("dashboard", Role.dashboard()),
         ("dashboard:p", Role.dashboard("p")),
         ("admin", Role.admin()),
+        ("control", Role.control()),
     ],
 )
 def test_parse_roles(text: str, role: Role) -> None:
@@ -94,7 +96,7 @@ def test_parse_roles(text: str, role: Role) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["worker", "combiner:", "root", "admin:x", "worker:a/b", "dashboard:+"]
+    "text", ["worker", "combiner:", "root", "admin:x", "control:x", "worker:a/b", "dashboard:+"]
 )
 def test_bad_roles_are_config_errors(text: str) -> None:
     with pytest.raises(ConfigError):
@@ -153,3 +155,18 @@ def test_child_env_carries_credentials_and_tls_files() -> None:
         "SHOAL_TLS_CA": "/ca.crt",
     }
     assert BrokerSettings().child_env() == {}
+
+
+def test_only_admin_requests_pipelines_and_only_the_control_plane_answers() -> None:
+    topics = Topics("site")
+    admin = [r.line() for r in Role.admin().rules("ops", topics)]
+    assert "topic write site/shoal/pipelines/_request/+" in admin
+    assert "topic read site/shoal/pipelines/#" in admin
+    assert Role.control().rules("plane", topics) == [
+        Rule("read", "site/shoal/pipelines/_request/+"),
+        Rule("readwrite", "site/shoal/pipelines/+"),
+        Rule("write", "site/shoal/pipelines/_reply/+"),
+        Rule("readwrite", "site/shoal/control/+"),
+    ]
+    for role in (Role.worker("p"), Role.combiner("p"), Role.dashboard(), Role.gateway("g")):
+        assert not any("pipelines" in r.topic for r in role.rules("u", topics)), role

@@ -1,0 +1,44 @@
+"""``shoal control``: the control plane that stores pipelines deployed at run time."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+from typing import Any
+
+from shoal._cli.common import add_broker_options, broker_settings, topics
+
+
+def register(sub: Any) -> None:
+    """Add the ``control`` sub-command."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "control",
+        help="run the control plane that answers `shoal pipeline` requests",
+        description=(
+            "Answer `shoal pipeline deploy/update/delete` requests and keep every deployed "
+            "pipeline as a retained, versioned document on shoal/pipelines/<name>. Restores "
+            "its state from those documents when it starts; run exactly one per deployment. "
+            "In the secure profile its user needs the `control` role."
+        ),
+    )
+    add_broker_options(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM."""
+    from shoal.clock import SystemClock  # noqa: PLC0415
+    from shoal.control.service import ControlPlane, serve  # noqa: PLC0415
+
+    plane = ControlPlane(broker_settings(args), topics(args), SystemClock())
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(plane, stop, lambda: print("shoal control: ready", flush=True))
+
+    asyncio.run(main())
+    return 0

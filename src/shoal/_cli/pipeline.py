@@ -1,0 +1,152 @@
+"""``shoal pipeline``: deploy, list, show, update and delete pipelines at run time."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from shoal._cli.common import add_broker_options, broker_settings, topics
+from shoal.errors import ConfigError, ControlError
+
+if TYPE_CHECKING:
+    from shoal.control.client import ControlClient
+    from shoal.control.messages import PipelineDocument, Result
+
+NOT_YET_RUNNING = (
+    "Accepted means validated, versioned and stored (retained) by the control plane; "
+    "workers and combiners do not pick deployed pipelines up yet (issue 15, next step)."
+)
+
+
+def register(sub: Any) -> None:
+    """Add the ``pipeline`` sub-command and its actions."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "pipeline",
+        help="deploy, list, show, update and delete pipelines at run time",
+        description=(
+            "Talk to the control plane (`shoal control`) over MQTT. Exit 0 when accepted, 1 "
+            "when refused (one line: the reason and the spec field), 2 on a broker error or "
+            f"when no control plane answers within --timeout. {NOT_YET_RUNNING}"
+        ),
+    )
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, help_text in (
+        ("deploy", "deploy a new pipeline from a TOML spec (FILE, or - for stdin)"),
+        ("update", "replace a deployed pipeline's spec (a new version)"),
+    ):
+        action = actions.add_parser(
+            name, help=help_text, description=f"{help_text}. {NOT_YET_RUNNING}"
+        )
+        action.add_argument("file", metavar="FILE|-", help="pipeline spec (TOML); - reads stdin")
+        _common(action)
+    delete = actions.add_parser("delete", help="delete a deployed pipeline")
+    delete.add_argument("name", metavar="NAME")
+    _common(delete)
+    show = actions.add_parser("show", help="show a deployed pipeline's version and spec")
+    show.add_argument("name", metavar="NAME")
+    _common(show)
+    _common(actions.add_parser("list", help="list the deployed pipelines"))
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long to wait for the control plane (default 10)",
+    )
+    add_broker_options(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one action; see the exit codes in ``--help``."""
+    from shoal.control.client import ControlClient  # noqa: PLC0415
+
+    client = ControlClient(broker_settings(args), topics(args), timeout_s=args.timeout)
+    try:
+        if args.action in ("list", "show"):
+            return _read(client, args)
+        return _request(client, args)
+    except ControlError as exc:
+        if args.json:
+            _print_json(
+                {"ok": False, "reason": exc.reason, "field": exc.field, "message": str(exc)}
+            )
+        print(f"shoal pipeline {args.action}: {exc.reason}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _request(client: ControlClient, args: argparse.Namespace) -> int:
+    from shoal.control.messages import Request  # noqa: PLC0415
+
+    request_id = uuid.uuid4().hex
+    if args.action == "delete":
+        request = Request("delete", request_id, name=args.name)
+    else:
+        request = Request(args.action, request_id, spec_toml=_read_spec(args.file))
+    result = asyncio.run(client.request(request))
+    if args.json:
+        _print_json(result.as_dict())
+    if result.ok:
+        if not args.json:
+            print(_accepted(result))
+        return 0
+    where = f" (field {result.field})" if result.field else ""
+    print(
+        f"shoal pipeline {args.action}: refused: {result.reason}{where}: {result.message}",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _accepted(result: Result) -> str:
+    return f"{result.message} ({result.change}; {result.spec_hash or 'no spec'})"
+
+
+def _read_spec(file: str) -> str:
+    try:
+        return sys.stdin.read() if file == "-" else Path(file).read_text("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read pipeline spec {file}: {exc}") from exc
+
+
+def _read(client: ControlClient, args: argparse.Namespace) -> int:
+    documents = [d for d in asyncio.run(client.documents()) if d.deployed]
+    if args.action == "list":
+        if args.json:
+            _print_json({"pipelines": [_summary(d) for d in documents]})
+        else:
+            for d in documents:
+                print(f"{d.name}\tv{d.version}\t{d.spec_hash}")
+        return 0
+    match = next((d for d in documents if d.name == args.name), None)
+    if match is None:
+        raise ControlError(f"pipeline {args.name!r} is not deployed", reason="unknown_pipeline")
+    if args.json:
+        _print_json(match.as_dict())
+    else:
+        print(f"{match.name} v{match.version} {match.spec_hash}")
+        _print_json(match.spec)
+    return 0
+
+
+def _summary(document: PipelineDocument) -> dict[str, Any]:
+    return {
+        "name": document.name,
+        "version": document.version,
+        "hash": document.spec_hash,
+        "changed_at_ms": document.changed_at_ms,
+    }
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")

@@ -1,0 +1,117 @@
+"""What ``shoal pipeline`` does on the wire: send a request and wait for its result; read documents.
+
+``request`` subscribes to its own reply topic, publishes the request (QoS 1: a user the
+broker's ACL does not allow gets PUBACK "not authorized", reported as ``not_authorized``),
+and waits for the result with the request's id, or raises ``ControlError`` (``timeout``)
+when no control plane answers. ``documents`` reads the retained pipeline documents, with a
+marker to its own control topic to know when all of them have arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Final
+
+import orjson
+
+from shoal.broker.session import SessionFactory, unique_client_id
+from shoal.broker.settings import BrokerSettings
+from shoal.control.messages import PipelineDocument, Request, Result
+from shoal.errors import BrokerError, ControlError
+from shoal.schemas.topics import Topics, topic_matches
+
+DEFAULT_TIMEOUT_S: Final = 10.0
+
+
+class ControlClient:
+    """Requests to the control plane and reads of the registry, each over a short session."""
+
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        topics: Topics,
+        *,
+        session_factory: SessionFactory | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
+        """Configure; every call opens and closes its own session."""
+        if session_factory is None:
+            from shoal.broker import default_session_factory  # noqa: PLC0415 - lazy seam
+
+            session_factory = default_session_factory()
+        self.settings = settings
+        self.topics = topics
+        self.session_factory = session_factory
+        self.timeout_s = timeout_s
+
+    async def request(self, request: Request) -> Result:
+        """Send ``request`` and return the control plane's result (accepted or refused).
+
+        Raises:
+            ControlError: ``not_authorized`` (the broker refused the request) or ``timeout``.
+            BrokerError: the broker cannot be reached.
+        """
+        client = unique_client_id("shoal-pipeline")
+        async with self.session_factory(self.settings, client) as session:
+            await session.subscribe([self.topics.pipeline_reply(client)], qos=1)
+            try:
+                await session.publish(
+                    self.topics.pipeline_request(client), request.to_json(), qos=1
+                )
+            except BrokerError as exc:
+                if "authori" in str(exc).lower():
+                    user = self.settings.username or "(anonymous)"
+                    raise ControlError(
+                        f"the broker refused the request: user {user} may not write the "
+                        "control topics (admin role only)",
+                        reason="not_authorized",
+                    ) from exc
+                raise
+            stop = asyncio.Event()
+            timer = asyncio.get_running_loop().call_later(self.timeout_s, stop.set)
+            try:
+                async for message in session.messages_until(stop):
+                    result = Result.from_json(message.payload)
+                    if result.id == request.id:
+                        return result
+            finally:
+                timer.cancel()
+        raise ControlError(
+            f"no control plane answered within {self.timeout_s:g} s on {self.settings.url} "
+            f"(topic root {self.topics.root or '(none)'!r}); is `shoal control` running?",
+            reason="timeout",
+        )
+
+    async def documents(self) -> list[PipelineDocument]:
+        """Every retained pipeline document (tombstones too), by name.
+
+        Raises:
+            ControlError: the marker did not come back in time (``timeout``).
+        """
+        client = unique_client_id("shoal-pipeline")
+        own = self.topics.control(client)
+        token = os.urandom(8).hex()
+        marker = orjson.dumps({"cmd": "marker", "token": token})
+        found: dict[str, PipelineDocument] = {}
+        async with self.session_factory(self.settings, client) as session:
+            await session.subscribe([self.topics.pipeline_documents(), own], qos=1)
+            await session.publish(own, marker, qos=1)
+            stop = asyncio.Event()
+            timer = asyncio.get_running_loop().call_later(self.timeout_s, stop.set)
+            try:
+                async for message in session.messages_until(stop):
+                    if message.topic == own and message.payload == marker:
+                        return sorted(found.values(), key=lambda d: d.name)
+                    if message.payload and topic_matches(
+                        self.topics.pipeline_documents(), message.topic
+                    ):
+                        document = PipelineDocument.from_json(message.payload)
+                        found[document.name] = document
+            finally:
+                timer.cancel()
+        raise ControlError(
+            f"could not read the pipeline documents within {self.timeout_s:g} s "
+            f"on {self.settings.url}",
+            reason="timeout",
+        )
