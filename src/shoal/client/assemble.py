@@ -115,7 +115,7 @@ class WindowAssembler:
 
     def add(self, message: WindowMessage, now_ms: int) -> list[AssembledWindow]:
         """Take one message (a duplicate is dropped); return the windows now ready."""
-        if not self.dedup.first_time(message.identity):
+        if not self.dedup.first_time(message.copy_key):
             return []
         source = (message.pipeline, message.partition)
         position = (message.end, message.window)
