@@ -10,28 +10,14 @@ limits. Tests of delivery under failure use Mosquitto (the ``broker`` marker).
 
 from __future__ import annotations
 
-import asyncio
-import itertools
-from collections import deque
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field, replace
-from types import TracebackType
-from typing import Self
+from dataclasses import replace
 
-from shoal.broker._shared import SessionBase, check_size
+from shoal.broker._memory_session import ClientState, MemorySession
 from shoal.broker.session import Message, SessionFactory, Will
 from shoal.broker.settings import BrokerSettings
-from shoal.errors import BrokerError
 from shoal.schemas.topics import topic_matches
 
 _SHARE = "$share/"
-
-
-def matches(topic_filter: str, topic: str) -> bool:
-    """MQTT matching, where a leading wildcard does not match ``$`` topics (``$SYS``)."""
-    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
-        return False
-    return topic_matches(topic_filter, topic)
 
 
 def _shared(topic_filter: str) -> tuple[str, str] | None:
@@ -40,144 +26,6 @@ def _shared(topic_filter: str) -> tuple[str, str] | None:
         return None
     group, _, inner = topic_filter[len(_SHARE) :].partition("/")
     return group, inner
-
-
-@dataclass(slots=True)
-class ClientState:
-    """What a ``MemoryBroker`` keeps of a client.
-
-    Attributes:
-        subscriptions: topic filter → (QoS, no_local).
-        queue: messages not yet handed to the client.
-        inflight: messages handed over and not acknowledged yet, by packet id.
-        session: the live session, if connected.
-    """
-
-    subscriptions: dict[str, tuple[int, bool]] = field(default_factory=dict)
-    queue: deque[Message] = field(default_factory=deque)
-    inflight: dict[int, Message] = field(default_factory=dict)
-    session: MemorySession | None = None
-
-
-class MemorySession(SessionBase):
-    """A ``Session`` on a ``MemoryBroker`` (made by ``MemoryBroker.session``)."""
-
-    def __init__(
-        self,
-        broker: MemoryBroker,
-        settings: BrokerSettings,
-        client_id: str,
-        *,
-        clean_start: bool,
-        session_expiry_s: int,
-        receive_maximum: int,
-        manual_ack: bool,
-        will: Will | None,
-        publish_timeout_s: float,
-    ) -> None:
-        self.settings = settings
-        self.client_id = client_id
-        self.clean_start = clean_start
-        self.session_expiry_s = session_expiry_s
-        self.receive_maximum = receive_maximum
-        self.will = will
-        self.lost = False
-        self._broker = broker
-        self._client: ClientState | None = None
-        self._manual_ack = manual_ack
-        self._publish_timeout_s = publish_timeout_s
-        self._mids = itertools.count()
-        self._wake = asyncio.Event()
-
-    def wake(self) -> None:
-        """Tell the receiving loop something changed (a message, an ack, a lost link)."""
-        self._wake.set()
-
-    def _open(self) -> ClientState:
-        if self.lost:
-            raise BrokerError(f"connection to {self.settings.url} lost")
-        if self._client is None or self._client.session is not self:
-            raise BrokerError("the session is not open (use `async with session:`)")
-        return self._client
-
-    async def __aenter__(self) -> Self:
-        self._client = self._broker.attach(self)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._broker.detach(self, lost=False)
-
-    @property
-    def max_packet_size(self) -> int | None:
-        """The broker's maximum packet size."""
-        return self._broker.max_packet_size
-
-    async def subscribe(
-        self, filters: Sequence[str], qos: int = 1, *, no_local: bool = False
-    ) -> None:
-        """Subscribe to topic filters (including ``$share/<group>/...``)."""
-        self._open()
-        for topic_filter in filters:
-            self._broker.subscribe(self.client_id, topic_filter, qos, no_local=no_local)
-
-    async def unsubscribe(self, filters: Sequence[str]) -> None:
-        """Stop new deliveries for these filters (already queued messages still arrive)."""
-        self._open()
-        for topic_filter in filters:
-            self._broker.unsubscribe(self.client_id, topic_filter)
-
-    def publish_started(
-        self,
-        topic: str,
-        payload: bytes,
-        *,
-        qos: int = 1,
-        retain: bool = False,
-        content_type: str | None = None,
-        user_properties: Sequence[tuple[str, str]] | None = None,
-        message_expiry_s: int | None = None,  # noqa: ARG002 - nothing expires here
-    ) -> asyncio.Future[None]:
-        """Route the message now; the future is done at once (the PUBACK)."""
-        check_size(topic, payload, self._broker.max_packet_size)
-        self._open()
-        self._broker.publish(
-            self.client_id,
-            topic,
-            payload,
-            qos,
-            retain=retain,
-            content_type=content_type,
-            user_properties=tuple(user_properties or ()),
-        )
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
-        return fut
-
-    def ack(self, message: Message) -> None:
-        """Acknowledge a QoS 1 message received with ``manual_ack`` (no-op otherwise)."""
-        if self._manual_ack and message.qos > 0 and self._client is not None:
-            self._client.inflight.pop(message.mid, None)
-            self.wake()
-
-    async def messages(self) -> AsyncIterator[Message]:
-        """Received messages, at most ``receive_maximum`` unacknowledged (with manual ack)."""
-        while True:
-            client = self._open()
-            if client.queue and len(client.inflight) < self.receive_maximum:
-                message = client.queue.popleft()
-                if message.qos > 0:
-                    message = replace(message, mid=next(self._mids) % 65_535 + 1)
-                    if self._manual_ack:
-                        client.inflight[message.mid] = message
-                yield message
-                continue
-            self._wake.clear()
-            await self._wake.wait()
 
 
 class MemoryBroker:
@@ -272,7 +120,7 @@ class MemoryBroker:
         if _shared(topic_filter) is not None:
             return
         for topic, message in self._retained.items():
-            if matches(topic_filter, topic):
+            if topic_matches(topic_filter, topic):
                 self._deliver(client, replace(message, qos=min(qos, message.qos)))
 
     def unsubscribe(self, client_id: str, topic_filter: str) -> None:
@@ -303,7 +151,7 @@ class MemoryBroker:
             granted = []
             for topic_filter, (sub_qos, no_local) in client.subscriptions.items():
                 shared = _shared(topic_filter)
-                if not matches(shared[1] if shared else topic_filter, topic):
+                if not topic_matches(shared[1] if shared else topic_filter, topic):
                     continue
                 if shared is not None:
                     groups.setdefault(shared, []).append((client, sub_qos))
