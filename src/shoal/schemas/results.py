@@ -67,15 +67,6 @@ LATEST_OF: Final = ("pipeline", "window", "start", "partition", "key")
 """Columns of one result row across its revisions (``latest_revisions`` keeps one)."""
 
 
-def revision_rank(revision: int, rows: int) -> tuple[int, int]:
-    """How late a copy of a window message is: higher revision, then more rows, is later.
-
-    See ``latest_revisions``; compare ranks of copies with the same
-    ``(pipeline, window, start, partition)``.
-    """
-    return (revision, rows)
-
-
 def latest_revisions(frame: pl.DataFrame) -> pl.DataFrame:
     """Each result row's latest revision: the highest ``revision``, then the most ``rows``.
 
@@ -156,9 +147,18 @@ class WindowMessage:
 
         A window closed again after a combiner restart while late rows folded in may keep its
         revision but count more rows; it is then a later copy, not a duplicate (see
-        ``revision_rank``).
+        ``rank``).
         """
         return (*self.identity, self.rows)
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """How late this copy is: higher revision, then more rows, is later.
+
+        The order ``latest_revisions`` keeps by; compare ranks of copies with the same
+        ``(pipeline, window, start, partition)``.
+        """
+        return (self.revision, self.rows)
 
 
 class Deduplicator:
