@@ -12,14 +12,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import orjson
 import polars as pl
 
 from shoal.adapters import Adapter, AdapterConfig, parse_mapping
+from shoal.adapters._proto import sparkplug_b_pb2 as pb
 from shoal.adapters.mapping import Mapping
+from shoal.broker import ThreadedSession
 from shoal.broker.embedded import EmbeddedBroker
+from shoal.broker.session import Message, unique_client_id
 from shoal.loadtest.devices import DeviceFleet, DevicePublisher
+from shoal.loadtest.sparkplug_encode import device_message, node_birth, node_death
 from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.schemas.topics import Topics
 from tests.integration._gateway_support import Confirmer, stop_process
@@ -73,6 +78,11 @@ async def _wait_until(check: Callable[[], bool], timeout_s: float, what: str) ->
         await asyncio.sleep(0.05)
 
 
+def _confirmed(adapter: Adapter) -> bool:
+    stats = adapter.gateway.stats()
+    return stats.confirmed_seq >= stats.next_seq - 1
+
+
 def _oracle_rows(frame: pl.DataFrame) -> pl.DataFrame:
     # One pseudo batch: the devices' rows arrive in event-time order, so none is late and
     # the oracle does not depend on how the adapters cut batches.
@@ -119,12 +129,7 @@ def test_json_devices_through_two_adapters_equal_the_oracle(
                 lambda: sum(a.stats.rows for a in adapters) >= expected_rows, 30, "every row sealed"
             )
             await _wait_until(
-                lambda: all(
-                    a.gateway.stats().confirmed_seq >= a.gateway.stats().next_seq - 1
-                    for a in adapters
-                ),
-                30,
-                "the pipeline to confirm every batch",
+                lambda: all(_confirmed(a) for a in adapters), 30, "the pipeline to confirm"
             )
             max_ts = fleet.ts(steps - 1)
             threshold = await pipeline.wait_closed_through(max_ts - spec.lateness_ms)
@@ -333,3 +338,103 @@ def test_kill_9_adapter_with_a_second_sharing_the_load_loses_and_repeats_nothing
         assert confirmer.snapshot("ad-steady").rows, "the steady adapter took no share"
         assert len(got) == count, f"{len(got)} values for {count} messages"
         assert np.array_equal(np.sort(got), np.arange(count, dtype=np.float64))
+
+
+# -- Sparkplug B -------------------------------------------------------------------------------
+
+
+class _Capture:
+    """Everything published on some filters, as the broker delivered it."""
+
+    def __init__(self, broker: EmbeddedBroker, filters: list[str]) -> None:
+        self.messages: list[Message] = []
+        self.filters = filters
+        self.session = ThreadedSession(
+            broker.settings,
+            unique_client_id("capture"),
+            on_message=self.messages.append,
+            on_connect=lambda s: [s.subscribe(f, qos=1) for f in self.filters],
+        )
+
+    def __enter__(self) -> _Capture:
+        self.session.start()
+        assert self.session.wait_connected(10)
+        time.sleep(0.3)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.session.stop()
+
+
+def test_sparkplug_births_aliases_deaths_and_rebirth_requests(
+    broker: EmbeddedBroker, topics: Topics, tmp_path: Path
+) -> None:
+    namespace = f"{topics.root}/spBv1.0"
+    fleet = DeviceFleet("sparkplug", 6, prefix=namespace, nodes=2)
+    steps = 25
+    mapping = parse_mapping(
+        {
+            "name": "sparkplug",
+            "stream": STREAM,
+            "max_future_ms": False,
+            "batching": {"max_rows": 200, "max_delay_ms": 100},
+            "routes": [{"topic": namespace, "format": "sparkplug"}],
+        }
+    )
+    spec = _spec("adapt-sparkplug")
+    odd = f"{namespace}/other"  # a node that dies and then misbehaves
+    trouble = [
+        (f"{odd}/NBIRTH/nx", node_birth(fleet.ts(0), 0, 7)),
+        (f"{odd}/DBIRTH/nx/dev0", device_message(0, fleet.ts(0), 1, 1.0, 1, birth=True)),
+        (f"{odd}/DDATA/nx/dev0", device_message(0, fleet.ts(1), 9, 2.0, 2, birth=False)),  # gap
+        (f"{odd}/NDEATH/nx", node_death(fleet.ts(2), 7)),
+        (f"{odd}/DDATA/nx/dev0", device_message(0, fleet.ts(3), 10, 3.0, 3, birth=False)),
+    ]
+
+    async def scenario() -> None:
+        pipeline = InProcessPipeline(
+            spec, broker.settings, topics, workers=1, state_dir=tmp_path / "state"
+        )
+        async with collector(broker.settings, topics, spec.name) as seen:
+            await pipeline.start()
+            adapter = Adapter(AdapterConfig(mapping, "sp1", broker=broker.settings, topics=topics))
+            task = asyncio.create_task(adapter.run())
+            await asyncio.wait_for(adapter.ready.wait(), 10)
+            publisher = DevicePublisher(broker.settings)
+            messages = [*fleet.messages(0, steps), *trouble]
+            report = await asyncio.to_thread(publisher.run, iter(messages))
+            assert report.acknowledged == len(messages)
+            want = fleet.count * steps * 2 + 2 + 2  # the fleet, and nx's birth and gap data
+            await _wait_until(lambda: adapter.stats.rows >= want, 30, "every row sealed")
+            await _wait_until(lambda: _confirmed(adapter), 30, "the pipeline to confirm")
+            threshold = await pipeline.wait_closed_through(fleet.ts(steps - 1) - spec.lateness_ms)
+            await asyncio.sleep(0.5)
+            adapter.stop()
+            await task
+            await pipeline.stop()
+        assert adapter.stats.rows == want
+        assert adapter.stats.refused == {"data_before_birth": 1}
+        assert adapter.stats.commands == 2
+        rows = _oracle_rows(fleet.expected_rows(steps))
+        expected, _ = expected_results(rows, spec)
+        expected = expected.filter(pl.col("end") <= threshold)
+        emitted = seen.results_frame().filter(
+            (pl.col("end") <= threshold) & pl.col("key").str.starts_with(fleet.group)
+        )
+        assert_matches_oracle(emitted, expected, spec, scale_of(rows, spec), skip=("batches",))
+
+    with _Capture(broker, [f"{namespace}/+/NCMD/+", topics.deadletter("sparkplug")]) as capture:
+        asyncio.run(scenario())
+        time.sleep(0.5)
+    commands = [m for m in capture.messages if "/NCMD/" in m.topic]
+    assert [m.topic for m in commands] == [f"{odd}/NCMD/nx"] * 2  # after the gap, after death
+    for message in commands:
+        payload = pb.Payload.FromString(message.payload)
+        assert [(m.name, m.boolean_value) for m in payload.metrics] == [
+            ("Node Control/Rebirth", True)
+        ]
+    letters = [m for m in capture.messages if m.topic == topics.deadletter("sparkplug")]
+    assert [dict(m.user_properties)["reason"] for m in letters] == ["data_before_birth"]
+    record = msgpack.unpackb(letters[0].payload)
+    assert record["topic"] == f"{odd}/DDATA/nx/dev0"
+    assert "before its NBIRTH" in record["error"]["message"]

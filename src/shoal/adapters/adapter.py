@@ -66,9 +66,15 @@ class MessageDecoder(Protocol):
     def take_commands(self) -> list[tuple[str, bytes]]:
         """Messages to publish to devices (Sparkplug rebirth requests), taken once."""
 
+    def take_refusals(self) -> list[InputError]:
+        """Parts of the last message refused while its other rows were kept, taken once."""
+
 
 class _JsonDecoder(Decoder):
     def take_commands(self) -> list[tuple[str, bytes]]:
+        return []
+
+    def take_refusals(self) -> list[InputError]:
         return []
 
 
@@ -187,6 +193,13 @@ class Adapter:
             if r.format != "sparkplug"
         }
         self._decoders.update(decoders or {})
+        for route in mapping.routes:
+            if route.index not in self._decoders:  # Sparkplug: protobuf only when used
+                from shoal.adapters.sparkplug import SparkplugDecoder  # noqa: PLC0415
+
+                self._decoders[route.index] = SparkplugDecoder(
+                    route, max_future_ms=mapping.max_future_ms, rebirth=mapping.sparkplug_rebirth
+                )
         log_path = None if config.spool_dir is None else config.spool_dir / "intake.log"
         self._intake = IntakeLog(
             log_path, horizon=mapping.batching.max_messages, fsync=config.spool_fsync
@@ -263,7 +276,7 @@ class Adapter:
         )
         async with session:
             self._intake.arm()
-            filters = [f"$share/{mapping.group}/{f}" for f in mapping.filters]
+            filters = mapping.subscriptions
             await session.subscribe(filters, qos=1)
             log.info("adapter %s: subscribed to %s", config.adapter_id, ", ".join(filters))
             self.ready.set()
@@ -332,6 +345,8 @@ class Adapter:
         except InputError as exc:
             self._refuse(session, message, exc)
             rows = []
+        for error in decoder.take_refusals():
+            self._refuse(session, message, error)
         for topic, payload in decoder.take_commands():
             self.stats.commands += 1
             pending.waits.append(session.publish_started(topic, payload, qos=0))

@@ -35,7 +35,7 @@ from shoal.errors import ConfigError
 from shoal.schemas import ATTRIBUTE_COLUMNS, DEFAULT_LIMITS
 from shoal.schemas.topics import check_segment
 
-FORMATS: Final = ("json-object", "json-array", "raw")
+FORMATS: Final = ("json-object", "json-array", "raw", "sparkplug")
 """Payload formats a route can read."""
 
 TIME_UNITS: Final = ("s", "ms", "us", "iso8601")
@@ -43,6 +43,9 @@ TIME_UNITS: Final = ("s", "ms", "us", "iso8601")
 
 TIME_SOURCES: Final = ("payload", "arrival")
 """Where a row's event time comes from."""
+
+SPARKPLUG_DEVICE: Final = "device"
+"""The template name of a Sparkplug device id (``node`` for a node's own metrics)."""
 
 FIELD_LEVEL: Final = "field"
 """The template name that stands for the metric: a JSON field name, a Sparkplug metric name."""
@@ -222,6 +225,20 @@ class Mapping:
         """The subscription filters, one per distinct route pattern."""
         return tuple(dict.fromkeys(r.topic.filter for r in self.routes))
 
+    @property
+    def subscriptions(self) -> list[str]:
+        """What an adapter subscribes to: shared for stateless formats; Sparkplug plain.
+
+        A Sparkplug host must see every message of a node, in order (births define the
+        aliases that data uses, seq numbers run per node): round-robin sharing would split
+        them. Several adapters split Sparkplug traffic by namespace or mapping instead.
+        """
+        shared = [
+            f"$share/{self.group}/{r.topic.filter}" for r in self.routes if r.format != "sparkplug"
+        ]
+        plain = [r.topic.filter for r in self.routes if r.format == "sparkplug"]
+        return list(dict.fromkeys([*shared, *plain]))
+
 
 def load_mapping(path: Path) -> Mapping:
     """Read and validate a mapping file.
@@ -271,11 +288,15 @@ def _batching(table: _Table) -> Batching:
 
 
 def _route(table: _Table, index: int) -> Route:
-    pattern = _pattern(table)
     fmt = table.choice("format", FORMATS, default=None)
+    pattern = _sparkplug_pattern(table) if fmt == "sparkplug" else _pattern(table)
     bound = {n for n in pattern.levels if n is not None}
     known = bound | {FIELD_LEVEL}
-    default_id = ".".join(f"{{{n}}}" for n in pattern.levels if n is not None) or None
+    if fmt == "sparkplug":
+        known.add(SPARKPLUG_DEVICE)
+        default_id: str | None = "{group}.{node}.{device}"
+    else:
+        default_id = ".".join(f"{{{n}}}" for n in pattern.levels if n is not None) or None
     sensor_id = table.template("sensor_id", known, default=default_id)
     if sensor_id is None:
         raise table.error(
@@ -350,9 +371,25 @@ def _pattern(table: _Table) -> TopicPattern:
     return TopicPattern(text, tuple(levels), tuple(literals), multi)
 
 
+def _sparkplug_pattern(table: _Table) -> TopicPattern:
+    """``<namespace>/<group>/<type>/<node>/#``: the route's topic is the namespace."""
+    text = table.string("topic")
+    parts = text.split("/")
+    if any(not p or any(c in p for c in "+#{}") for p in parts) or text.startswith("$"):
+        raise table.error(
+            "topic",
+            f"{text!r}: a Sparkplug route's topic is its namespace, literal levels such as "
+            "'spBv1.0' (group, message type, node and device follow it)",
+        )
+    levels = (*([None] * len(parts)), "group", "message_type", "node")
+    literals = (*parts, None, None, None)
+    return TopicPattern(text, levels, literals, multi=True)
+
+
 def _timestamp(table: _Table, fmt: str | None) -> TimestampSpec:
     field = table.string_or_none("field")
-    source = table.choice("source", TIME_SOURCES, default="payload" if field else "arrival")
+    carried = field is not None or fmt == "sparkplug"  # Sparkplug metrics carry their time
+    source = table.choice("source", TIME_SOURCES, default="payload" if carried else "arrival")
     unit = table.choice("unit", TIME_UNITS, default="ms")
     table.finish()
     if source == "payload" and fmt == "raw":

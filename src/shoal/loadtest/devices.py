@@ -26,7 +26,7 @@ from shoal.broker.session import PublishHandle, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError, ConfigError
 
-DEVICE_KINDS: Final = ("json", "raw")
+DEVICE_KINDS: Final = ("json", "raw", "sparkplug")
 """What ``--devices`` accepts."""
 
 DEFAULT_PREFIX: Final = {"json": "sensors", "raw": "home", "sparkplug": "spBv1.0"}
@@ -59,6 +59,7 @@ class DeviceFleet:
         prefix: first topic level(s): ``sensors``, ``home``, ``spBv1.0`` by default; a test
             puts its private root in front.
         start_ms: event time of step 0 (JSON and Sparkplug).
+        step_ms: event time between two steps of a device.
         group: Sparkplug group id.
         nodes: Sparkplug edge nodes the devices are spread over.
     """
@@ -67,6 +68,7 @@ class DeviceFleet:
     count: int
     prefix: str = ""
     start_ms: int = 1_700_000_000_000
+    step_ms: int = STEP_MS
     group: str = "plant"
     nodes: int = 2
 
@@ -84,7 +86,7 @@ class DeviceFleet:
 
     def ts(self, step: int) -> int:
         """Event time of a step."""
-        return self.start_ms + step * STEP_MS
+        return self.start_ms + step * self.step_ms
 
     def topic(self, device: int) -> str:
         """Where a JSON or raw device publishes."""
@@ -101,6 +103,11 @@ class DeviceFleet:
 
     def messages(self, first_step: int, steps: int) -> Iterator[tuple[str, bytes]]:
         """Every device's messages for ``steps`` steps (Sparkplug: births first, then data)."""
+        if self.kind == "sparkplug":
+            from shoal.loadtest.sparkplug_encode import SparkplugFleet  # noqa: PLC0415
+
+            yield from SparkplugFleet(self).messages(first_step, steps)
+            return
         for step in range(first_step, first_step + steps):
             for device in range(self.count):
                 yield self.message(device, step)
@@ -121,7 +128,7 @@ class DeviceFleet:
                 elif self.kind == "raw":
                     rows.append((f"room{device}", self.ts(step), temp(device, step), "temp"))
                 else:
-                    node = f"node{device % self.nodes}"
+                    node = f"node{device % min(self.nodes, self.count)}"
                     sensor = f"{self.group}.{node}.dev{device}"
                     rows.append((sensor, self.ts(step), temp(device, step), "temp"))
                     rows.append((sensor, self.ts(step), hum(device, step), "hum"))
