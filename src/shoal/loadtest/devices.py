@@ -106,7 +106,10 @@ class DeviceFleet:
         if self.kind == "sparkplug":
             from shoal.loadtest.sparkplug_encode import SparkplugFleet  # noqa: PLC0415
 
-            yield from SparkplugFleet(self).messages(first_step, steps)
+            nodes = SparkplugFleet(
+                self.root, self.group, self.nodes, self.count, self.ts, temp, hum
+            )
+            yield from nodes.messages(first_step, steps)
             return
         for step in range(first_step, first_step + steps):
             for device in range(self.count):

@@ -9,13 +9,10 @@ declares its metrics with aliases and carries step 0's values, then DDATA by ali
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from shoal.adapters._proto import sparkplug_b_pb2 as pb
-
-if TYPE_CHECKING:
-    from shoal.loadtest.devices import DeviceFleet
 
 TEMP_ALIAS_BASE = 1
 """Device d's ``temp`` has alias 2d + 1 and its ``hum`` 2d + 2: unique within the node."""
@@ -68,39 +65,55 @@ def device_message(
     return payload.SerializeToString()
 
 
+@dataclass(frozen=True, slots=True)
 class SparkplugFleet:
-    """The Sparkplug messages of a ``DeviceFleet`` of kind ``sparkplug``."""
+    """Sparkplug edge nodes: device d on node d % nodes, values from the given functions.
 
-    def __init__(self, fleet: DeviceFleet) -> None:
-        self.fleet = fleet
+    Attributes:
+        root: the namespace (``spBv1.0``, perhaps under a prefix).
+        group: the group id.
+        nodes: edge nodes.
+        count: devices.
+        ts: event time of a step.
+        temp, hum: a device's values at a step.
+    """
+
+    root: str
+    group: str
+    nodes: int
+    count: int
+    ts: Callable[[int], int]
+    temp: Callable[[int, int], float]
+    hum: Callable[[int, int], float]
 
     def topic(self, kind: str, node: int, device: int | None = None) -> str:
         """``<namespace>/<group>/<kind>/node<n>[/dev<d>]``."""
-        base = f"{self.fleet.root}/{self.fleet.group}/{kind}/node{node}"
+        base = f"{self.root}/{self.group}/{kind}/node{node}"
         return base if device is None else f"{base}/dev{device}"
 
     def messages(self, first_step: int, steps: int) -> Iterator[tuple[str, bytes]]:
         """Births (at step 0) and data for ``steps`` steps from ``first_step``."""
-        from shoal.loadtest.devices import hum, temp  # noqa: PLC0415 - devices imports us
-
-        fleet = self.fleet
-        nodes = min(fleet.nodes, fleet.count)
-        on_node = [[d for d in range(fleet.count) if d % nodes == n] for n in range(nodes)]
+        nodes = min(self.nodes, self.count)
+        on_node = [len(range(n, self.count, nodes)) for n in range(nodes)]
         seq = [0] * nodes
         if first_step > 0:  # continue the counters as if every earlier step was sent
-            for n in range(nodes):
-                seq[n] = (1 + len(on_node[n]) * first_step) % 256
+            seq = [(1 + on_node[n] * first_step) % 256 for n in range(nodes)]
         for step in range(first_step, first_step + steps):
-            ts = fleet.ts(step)
+            ts = self.ts(step)
             if step == 0:
                 for n in range(nodes):
                     yield self.topic("NBIRTH", n), node_birth(ts, seq[n], 0)
                     seq[n] = (seq[n] + 1) % 256
             kind = "DBIRTH" if step == 0 else "DDATA"
-            for device in range(fleet.count):
+            for device in range(self.count):
                 n = device % nodes
                 payload = device_message(
-                    device, ts, seq[n], temp(device, step), hum(device, step), birth=step == 0
+                    device,
+                    ts,
+                    seq[n],
+                    self.temp(device, step),
+                    self.hum(device, step),
+                    birth=step == 0,
                 )
                 seq[n] = (seq[n] + 1) % 256
                 yield self.topic(kind, n, device), payload
