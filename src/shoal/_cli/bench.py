@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from shoal._cli.bench_adapt import register_adapt
 from shoal._cli.bench_matrix import register_matrix
 from shoal.errors import ConfigError
 
@@ -52,6 +53,7 @@ def register(sub: Any) -> None:
     _register_chaos(benches)
     _register_scaling(benches)
     _register_floor(benches)
+    register_adapt(benches)
 
 
 def _register_pipeline(benches: Any) -> None:

@@ -267,6 +267,7 @@ class SparkplugDecoder(Decoder):
         aliases: dict[int, tuple[str, int]] = {}
         types: dict[str, int] = {}
         for index, metric in enumerate(message.metrics):
+            _check_name(self.where(topic), metric, index)
             if not metric.name:
                 raise DecodeError(
                     f"{self.where(topic)}: birth metric {index} has no name",
@@ -297,6 +298,7 @@ class SparkplugDecoder(Decoder):
         default_ts = message.timestamp if message.HasField("timestamp") else now_ms
         for index, metric in enumerate(message.metrics):
             where = f"metrics[{index}]"
+            _check_name(self.where(topic), metric, index)
             if metric.name:
                 name = metric.name
                 datatype = metric.datatype or types.get(name, pb.Unknown)
@@ -390,6 +392,19 @@ def _number(metric: pb.Payload.Metric, datatype: int, kind: str | None) -> float
     if kind == "boolean_value" and datatype == pb.Boolean:
         return 1.0 if metric.boolean_value else 0.0
     return None
+
+
+def _check_name(where: str, metric: pb.Payload.Metric, index: int) -> None:
+    """Refuse a metric name that is not UTF-8 (protobuf then hands over the raw bytes)."""
+    name: object = metric.name
+    if not isinstance(name, str):
+        raise DecodeError(
+            f"{where}: the name of metric {index} is not UTF-8 text",
+            reason="bad_metric_name",
+            field=f"metrics[{index}].name",
+            expected="a UTF-8 metric name",
+            found=f"bytes {name!r:.60}",
+        )
 
 
 def _bd_seq(message: pb.Payload) -> int | None:
