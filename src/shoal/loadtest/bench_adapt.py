@@ -160,7 +160,8 @@ def _wait_logged(log: Path, text: str, count: int, timeout_s: float = 60) -> Non
     deadline = time.monotonic() + timeout_s
     while log.read_text(errors="replace").count(text) < count:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{log}: {text!r} not logged")
+            tail = log.read_text(errors="replace")[-1500:]
+            raise TimeoutError(f"{log}: {text!r} not logged; its log ends:\n{tail}")
         time.sleep(0.02)
 
 
