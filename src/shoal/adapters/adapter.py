@@ -276,22 +276,40 @@ class Adapter:
         )
         async with session:
             self._intake.arm()
-            filters = mapping.subscriptions
-            await session.subscribe(filters, qos=1)
-            log.info("adapter %s: subscribed to %s", config.adapter_id, ", ".join(filters))
-            self.ready.set()
-            ticker = asyncio.create_task(self._tick(session))
+            # Consume while the SUBSCRIBE is pending: a returning persistent session gets its
+            # queued messages first, and a SUBACK stuck behind a large backlog that nobody
+            # drains would time out, reconnect and never get anywhere.
+            tasks = {
+                asyncio.create_task(self._subscribe(session)),
+                asyncio.create_task(self._tick(session)),
+            }
+            consuming = asyncio.create_task(self._consume(session))
+            tasks.add(consuming)
             try:
-                async for message in session.messages_until(self._stop):
-                    self._take(session, message)
-                    if len(self._pending.messages) >= mapping.batching.max_messages:
-                        await self._commit(session)
-                await self._commit(session)
-                self._seal()
+                while not consuming.done():
+                    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        task.result()  # a failed subscribe, tick or receive ends the round
+                    tasks -= done
             finally:
-                ticker.cancel()
-                with contextlib.suppress(asyncio.CancelledError, BrokerError):
-                    await ticker
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _subscribe(self, session: Session) -> None:
+        filters = self.config.mapping.subscriptions
+        await session.subscribe(filters, qos=1)
+        log.info("adapter %s: subscribed to %s", self.config.adapter_id, ", ".join(filters))
+        self.ready.set()
+
+    async def _consume(self, session: Session) -> None:
+        max_messages = self.config.mapping.batching.max_messages
+        async for message in session.messages_until(self._stop):
+            self._take(session, message)
+            if len(self._pending.messages) >= max_messages:
+                await self._commit(session)
+        await self._commit(session)
+        self._seal()
 
     async def _tick(self, session: Session) -> None:
         """Commit when the input stalls; seal when enough rows are logged or they aged.
