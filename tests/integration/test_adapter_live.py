@@ -438,3 +438,30 @@ def test_sparkplug_births_aliases_deaths_and_rebirth_requests(
     record = msgpack.unpackb(letters[0].payload)
     assert record["topic"] == f"{odd}/DDATA/nx/dev0"
     assert "before its NBIRTH" in record["error"]["message"]
+
+
+def test_simulate_devices_exits_0_when_everything_was_acknowledged(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    for kind in ("json", "raw", "sparkplug"):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "shoal.cli",
+                "simulate",
+                f"--devices={kind}",
+                "--count=4",
+                "--rate=5",
+                "--duration=1",
+                "--embedded",
+                "-q",
+                f"--json={out}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        report = orjson.loads(out.read_bytes())
+        assert report["sent"] == report["acknowledged"] == (20 if kind != "sparkplug" else 22)

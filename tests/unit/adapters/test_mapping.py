@@ -81,3 +81,14 @@ def test_unreadable_file(tmp_path: Path) -> None:
         load_mapping(path)
     with pytest.raises(ConfigError, match="cannot read"):
         load_mapping(tmp_path / "missing.toml")
+
+
+def test_shoal_adapt_names_the_bad_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from shoal.cli import main  # noqa: PLC0415 - the CLI entry point under test
+
+    path = tmp_path / "m.toml"
+    path.write_text('[[routes]]\ntopic = "a/{x}"\nformat = "yaml"\n', encoding="utf-8")
+    assert main(["adapt", "--mapping", str(path)]) == 2
+    assert "routes[0].format" in capsys.readouterr().err
