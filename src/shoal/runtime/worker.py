@@ -263,6 +263,7 @@ class Worker:
             content_type=message.content_type,
             limits=self.config.spec.limits,
             now_ms=now,
+            payload_format=message.payload_format,
         )
         if batch.envelope.gateway_id != gateway_id:
             raise InputError(

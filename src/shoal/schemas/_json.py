@@ -13,8 +13,8 @@ from typing import Any, Final
 import orjson
 import polars as pl
 
-from shoal.errors import DecodeError, SchemaError
-from shoal.schemas._checks import describe, read_envelope
+from shoal.errors import DecodeError
+from shoal.schemas._checks import read_envelope, require_map
 from shoal.schemas._lists import frame_from_rows
 from shoal.schemas._model import DecodeLimits, Envelope
 
@@ -25,14 +25,7 @@ def decode_json_rows(payload: bytes, limits: DecodeLimits) -> tuple[Envelope, pl
         top = orjson.loads(payload)
     except orjson.JSONDecodeError as exc:
         raise json_error(payload, exc) from exc
-    if not isinstance(top, dict):
-        raise SchemaError(
-            "wrong type",
-            reason="bad_type",
-            field="the batch",
-            expected="one JSON object ({...}) holding the envelope and its rows",
-            found=describe(top),
-        )
+    top = require_map(top, "the batch", "one JSON object ({...}) holding envelope and rows")
     envelope = read_envelope(top)
     if not envelope.encoding.is_json:
         # Refused before the body: a JSON text naming a columnar encoding has no "rows".
