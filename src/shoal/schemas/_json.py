@@ -52,6 +52,10 @@ _ORJSON_CODES: Final = (
 )
 
 
+CODES: Final = frozenset({"invalid_utf8", "json_syntax", *(code for _, code, _ in _ORJSON_CODES)})
+"""Every code ``json_error`` can give (CONTRACT.md §8.1)."""
+
+
 def json_error(payload: bytes, exc: orjson.JSONDecodeError) -> DecodeError:
     """The refusal, by orjson, of ``payload`` as a ``DecodeError``: code, byte offset, words."""
     try:

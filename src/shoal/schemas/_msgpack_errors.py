@@ -17,6 +17,28 @@ from shoal.schemas._checks import describe
 
 _MAP_KEY: Final = re.compile(r"^(\w+) is not allowed for map key")
 _MAP_LEN: Final = re.compile(r"^(\d+) exceeds max_map_len\((\d+)\)")
+_OTHER_LEN: Final = re.compile(r"^(\d+) exceeds max_(array|str|bin|ext)_len\((\d+)\)")
+_KINDS: Final = {
+    "array": "an array",
+    "str": "a string",
+    "bin": "binary data",
+    "ext": "an extension",
+}
+CODES: Final = frozenset(
+    {
+        "msgpack_extra_data",
+        "nesting_too_deep",
+        "msgpack_reserved_byte",
+        "invalid_utf8",
+        "msgpack_truncated",
+        "msgpack_map_key",
+        "msgpack_map_too_large",
+        "msgpack_bad_length",
+        "msgpack_bad_extension",
+        "msgpack_invalid",
+    }
+)
+"""Every code ``msgpack_error`` can give (CONTRACT.md §8.1)."""
 _MAX_DEPTH: Final = 1024
 """msgpack's C unpacker's nesting limit (its compiled-in stack)."""
 
@@ -78,6 +100,21 @@ def msgpack_error(data: bytes, exc: Exception, what: str) -> DecodeError:
             "msgpack_map_too_large",
             expected=f"at most {match.group(2)} entries",
             found=f"{match.group(1)} entries",
+        )
+    if match := _OTHER_LEN.match(said):
+        # msgpack bounds every declared length by the payload's size: this one cannot fit.
+        return refuse(
+            f"{_KINDS[match.group(2)]} declares a length the rest of the payload cannot hold",
+            "msgpack_bad_length",
+            expected=f"at most {match.group(3)} (what the {len(data)}-byte payload could hold)",
+            found=f"a declared length of {match.group(1)}",
+        )
+    if "code must be" in said:
+        return refuse(
+            "an extension type code outside 0..127 (only -1, the timestamp, is predefined)",
+            "msgpack_bad_extension",
+            expected="no extension types in a batch",
+            found="an extension with a reserved negative type code",
         )
     if "timestamp" in said:
         return refuse(
