@@ -356,6 +356,14 @@ def _register_chaos(benches: Any) -> None:
     )
     chaos.add_argument("--seed", type=int, default=0, help="choice of victims")
     chaos.add_argument(
+        "--late-share",
+        type=float,
+        default=0.002,
+        metavar="FRACTION",
+        help="share of base-load measurements stamped 5 s back, folded in as corrections "
+        "(default 0.002; 0: none)",
+    )
+    chaos.add_argument(
         "--rss-limit-mb", type=float, default=1500.0, help="peak RSS allowed per component"
     )
     chaos.add_argument("--keep", type=Path, metavar="DIR", help="keep logs and spools in DIR")
@@ -382,6 +390,7 @@ def run_chaos(args: argparse.Namespace) -> int:
         scaler=not args.no_scaler,
         profile=args.profile,
         seed=args.seed,
+        late_share=args.late_share,
         rss_limit_mb=args.rss_limit_mb,
         run_dir=args.keep,
     )

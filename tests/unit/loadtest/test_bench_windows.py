@@ -33,7 +33,7 @@ def test_variant_has_one_window_of_the_kind_and_the_rest_unchanged(
 def test_unknown_kind_names_the_presets(tmp_path: Path) -> None:
     source = resource_dir("processors") / "default.toml"
 
-    with pytest.raises(ConfigError, match="known: .*tumbling") as caught:
+    with pytest.raises(ConfigError, match=r"known: .*tumbling") as caught:
         write_variant(source, "spiral", tmp_path)
 
     assert caught.value.field == "window"
