@@ -315,7 +315,7 @@ class Worker:
             session.publish_started(
                 self.config.topics.deadletter(spec.name),
                 record,
-                user_properties=[("reason", exc.reason)],
+                user_properties=[("reason", exc.reason), ("code", exc.code)],
             )
         )
         route = self.config.topics.ingest_gateway(message.topic)
