@@ -410,7 +410,9 @@ class Adapter:
         )
         self._pending.waits.append(
             session.publish_started(
-                self._deadletter_topic, record, user_properties=[("reason", error.reason)]
+                self._deadletter_topic,
+                record,
+                user_properties=[("reason", error.reason), ("code", error.code)],
             )
         )
 

@@ -136,9 +136,9 @@ class Decoder:
                 f"{self.where(topic)}: not valid JSON at byte {exc.pos} "
                 f"(line {exc.lineno}, column {exc.colno}): {exc.msg}",
                 reason="not_json",
-                field=f"byte {exc.pos}",
                 expected="UTF-8 JSON text",
                 found=_bytes_near(payload, exc.pos),
+                offset=exc.pos,
             ) from None
 
     def _raw(self, topic: str, levels: dict[str, str], payload: bytes, now_ms: int) -> list[Row]:
