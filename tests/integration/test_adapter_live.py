@@ -4,6 +4,8 @@ kill -9 of an adapter while a second one shares the load: nothing lost, nothing 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import subprocess
 import sys
 import threading
@@ -17,10 +19,10 @@ import numpy as np
 import orjson
 import polars as pl
 
-from shoal.adapters import Adapter, AdapterConfig, parse_mapping
+from shoal.adapters import Adapter, AdapterConfig, load_mapping, parse_mapping
 from shoal.adapters._proto import sparkplug_b_pb2 as pb
 from shoal.adapters.mapping import Mapping
-from shoal.broker import ThreadedSession
+from shoal.broker import AsyncSession, ThreadedSession
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.session import Message, unique_client_id
 from shoal.loadtest.devices import DeviceFleet, DevicePublisher
@@ -465,3 +467,55 @@ def test_simulate_devices_exits_0_when_everything_was_acknowledged(tmp_path: Pat
         assert done.returncode == 0, done.stderr
         report = orjson.loads(out.read_bytes())
         assert report["sent"] == report["acknowledged"] == (20 if kind != "sparkplug" else 22)
+
+
+class _NoAckSession(AsyncSession):
+    """An adapter session whose PUBACKs never leave: a crash between the intake log and the
+    acknowledgement, made deterministic."""
+
+    def ack(self, message: Message) -> None:
+        del message
+
+
+def test_redeliveries_after_a_crash_between_log_and_puback_count_once(
+    broker: EmbeddedBroker, topics: Topics, tmp_path: Path
+) -> None:
+    path = tmp_path / "mapping.toml"
+    _write_unique_mapping(path, topics.root)
+    base = load_mapping(path)
+    mapping = dataclasses.replace(
+        base, batching=dataclasses.replace(base.batching, stall_ms=1_000, max_delay_ms=50)
+    )
+    config = AdapterConfig(
+        mapping, "ad-crash", broker=broker.settings, topics=topics, spool_dir=tmp_path / "spool"
+    )
+    count = 50
+    messages = _unique_messages(topics.root, count, 1_700_000_000_000)
+
+    async def scenario(confirmer: Confirmer) -> tuple[Adapter, Adapter]:
+        first = Adapter(config, session_factory=_NoAckSession)
+        task = asyncio.create_task(first.run())
+        await asyncio.wait_for(first.ready.wait(), 10)
+        await asyncio.to_thread(DevicePublisher(broker.settings).run, iter(messages))
+        await _wait_until(lambda: first.stats.seals >= 1, 20, "the first adapter to seal")
+        assert first.stats.rows == count  # logged, sealed, and never acknowledged
+        task.cancel()  # gone without a PUBACK: the broker still holds every message
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        second = Adapter(config)
+        task = asyncio.create_task(second.run())
+        await _wait_until(lambda: second.stats.messages >= count, 20, "the redeliveries")
+        await asyncio.sleep(1.0)
+        second.stop()
+        await task
+        return first, second
+
+    with Confirmer(broker.settings, topics, STREAM) as confirmer:
+        _, second = asyncio.run(scenario(confirmer))
+        assert confirmer.wait_contiguous("ad-crash", 0, 10)
+        time.sleep(0.5)
+        snap = confirmer.snapshot("ad-crash")
+    assert second.stats.redeliveries == count  # every one recognised...
+    assert second.stats.rows == 0  # ...and none sealed again
+    values = np.sort(np.concatenate(list(snap.rows.values())))
+    assert np.array_equal(values, np.arange(count, dtype=np.float64))
