@@ -519,3 +519,46 @@ def test_redeliveries_after_a_crash_between_log_and_puback_count_once(
     assert second.stats.rows == 0  # ...and none sealed again
     values = np.sort(np.concatenate(list(snap.rows.values())))
     assert np.array_equal(values, np.arange(count, dtype=np.float64))
+
+
+def test_a_device_resend_with_the_same_message_id_counts_once(
+    broker: EmbeddedBroker, topics: Topics, tmp_path: Path
+) -> None:
+    mapping = parse_mapping(
+        {
+            "name": "ids",
+            "stream": STREAM,
+            "max_future_ms": False,
+            "batching": {"max_delay_ms": 50},
+            "routes": [
+                {
+                    "topic": f"{topics.root}/sensors/{{site}}/{{device}}",
+                    "format": "json-object",
+                    "fields": ["v"],
+                    "message_id": "id",
+                    "timestamp": {"field": "ts"},
+                }
+            ],
+        }
+    )
+    topic = f"{topics.root}/sensors/s1/d1"
+    messages = [
+        (topic, b'{"id": 1, "v": 1, "ts": 1700000000000}'),
+        (topic, b'{"id": 1, "v": 1, "ts": 1700000000000}'),  # the device's own re-send
+        (topic, b'{"id": 2, "v": 1, "ts": 1700000000000}'),  # same reading, new message
+        (f"{topics.root}/sensors/s1/d2", b'{"id": 1, "v": 5, "ts": 1700000000000}'),
+    ]
+
+    async def scenario() -> Adapter:
+        adapter = Adapter(AdapterConfig(mapping, "ids", broker=broker.settings, topics=topics))
+        task = asyncio.create_task(adapter.run())
+        await asyncio.wait_for(adapter.ready.wait(), 10)
+        await asyncio.to_thread(DevicePublisher(broker.settings).run, iter(messages))
+        await _wait_until(lambda: adapter.stats.messages >= len(messages), 10, "messages")
+        adapter.stop()
+        await task
+        return adapter
+
+    adapter = asyncio.run(scenario())
+    assert adapter.stats.duplicates == 1
+    assert adapter.stats.rows == 3
