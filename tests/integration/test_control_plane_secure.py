@@ -57,7 +57,10 @@ async def _scenario(broker: EmbeddedBroker) -> None:
             assert f"user {user} may not write the control topics" in line
         assert plane.counters.requests == 0  # the broker dropped them
         assert plane.registry.deployed() == []
-        accepted = await asyncio.to_thread(_cli, broker, "ops", "deploy", "-", "--json")
+        # --no-wait: no pool worker runs here (the pool's ACL role is a later step).
+        accepted = await asyncio.to_thread(
+            _cli, broker, "ops", "deploy", "-", "--json", "--no-wait"
+        )
         assert accepted.returncode == 0, accepted.stderr
         assert orjson.loads(accepted.stdout)["version"] == 1
         listed = await asyncio.to_thread(_cli, broker, "ops", "list", "--json")

@@ -33,6 +33,7 @@ import asyncio
 import itertools
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
@@ -66,6 +67,8 @@ class PoolRoutes:
         stats: the worker's counters.
         clock: the worker's clock.
         control_topic: the worker's own control topic (where retire markers go).
+        on_change: called when what the pool serves changed (the worker then sends a
+            heartbeat at once).
     """
 
     def __init__(
@@ -75,12 +78,15 @@ class PoolRoutes:
         stats: WorkerStats,
         clock: Clock,
         control_topic: str,
+        *,
+        on_change: Callable[[], None] | None = None,
     ) -> None:
         self.topics = topics
         self.worker_id = worker_id
         self.stats = stats
         self.clock = clock
         self.control_topic = control_topic
+        self.on_change = on_change or (lambda: None)
         self.follower = DocumentFollower(topics)
         self.pipelines: dict[str, _Pipeline] = {}
         self._handlers: dict[int, BatchHandler] = {}  # subscription id -> handler (+ retiring)
@@ -121,6 +127,8 @@ class PoolRoutes:
                 await self._serve(session, change)
             elif isinstance(change, Dropped):
                 await self._drop(session, change.name)
+            if change is not None:
+                self.on_change()
             return []
         self.stats.counters.unrouted += 1
         log.warning(

@@ -21,6 +21,7 @@ Up to ``receive_maximum`` batches are in flight; acknowledgements leave in arriv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -92,8 +93,16 @@ class Worker:
         self.counters = self.stats.counters
         self.started_at = self.clock.monotonic()
         self._control_topic = config.topics.control(self.worker_id)
+        self._beat_now = asyncio.Event()
         self.routes: Routes = (
-            PoolRoutes(config.topics, self.worker_id, self.stats, self.clock, self._control_topic)
+            PoolRoutes(
+                config.topics,
+                self.worker_id,
+                self.stats,
+                self.clock,
+                self._control_topic,
+                on_change=self._beat_now.set,
+            )
             if spec is None
             else PinnedRoutes(
                 BatchHandler(spec, config.topics, self.worker_id, self.stats, self.clock)
@@ -276,4 +285,8 @@ class Worker:
                 await session.publish(topic, orjson.dumps(self.metrics()), qos=0)
             except BrokerError:
                 return
-            await asyncio.sleep(self.config.heartbeat_ms / 1000)
+            self._beat_now.clear()
+            # Next beat after heartbeat_ms, or at once when what the worker serves changed
+            # (`shoal pipeline deploy` waits for that beat).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._beat_now.wait(), self.config.heartbeat_ms / 1000)
