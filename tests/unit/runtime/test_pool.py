@@ -23,6 +23,7 @@ from shoal.runtime.pool import PoolRoutes
 from shoal.runtime.worker import Worker, WorkerConfig
 from shoal.schemas import Encoding, encode_batch
 from shoal.schemas.topics import Topics
+from tests.unit.schemas.test_output_contract import validator
 
 TOPICS = Topics(root="pool")
 
@@ -99,8 +100,10 @@ def partial_pipelines(messages: list[Message]) -> list[str]:
 
 
 def serving(messages: list[Message]) -> dict[str, int]:
+    """What the last heartbeat says the pool worker serves (checked against its schema)."""
     beats = [orjson.loads(m.payload) for m in messages if "/metrics/worker/" in m.topic]
     assert beats, "no heartbeat"
+    validator("metrics-worker.schema.json").validate(beats[-1])
     assert beats[-1]["pipeline"] is None
     return beats[-1]["serving"]
 
