@@ -91,6 +91,7 @@ class PoolRoutes:
         self.pipelines: dict[str, _Pipeline] = {}
         self._handlers: dict[int, BatchHandler] = {}  # subscription id -> handler (+ retiring)
         self._retiring: dict[str, int] = {}  # marker token -> subscription id
+        self._pending: set[str] = set()  # recorded, SUBSCRIBE not granted yet
         self._ids = itertools.cycle(range(1, MAX_SUBSCRIPTION_ID + 1))
 
     async def join(self, session: Session) -> None:
@@ -100,6 +101,7 @@ class PoolRoutes:
         """
         self._handlers.clear()
         self._retiring.clear()
+        self._pending.clear()
         for name, served in list(self.pipelines.items()):
             sid = next(self._ids)
             await session.subscribe(served.filters, qos=1, subscription_id=sid)
@@ -145,12 +147,17 @@ class PoolRoutes:
         filters = tuple(topics.shared(spec.name, topics.under_root(f)) for f in spec.inputs)
         handler = BatchHandler(spec, topics, self.worker_id, self.stats, self.clock)
         sid = next(self._ids)
-        await session.subscribe(filters, qos=1, subscription_id=sid)
-        self._handlers[sid] = handler
         old = self.pipelines.get(change.name)
+        # Recorded before the SUBSCRIBE: should the connection fail meanwhile, `join` on the
+        # next one subscribes it (the document will not come back as a change). Not listed
+        # in `serving` until the broker granted it.
         self.pipelines[change.name] = _Pipeline(
             change.version, change.spec_hash, handler, filters, sid
         )
+        self._handlers[sid] = handler
+        self._pending.add(change.name)
+        await session.subscribe(filters, qos=1, subscription_id=sid)
+        self._pending.discard(change.name)
         log.info("worker %s: serving %s v%d", self.worker_id, change.name, change.version)
         if old is not None:
             gone = [f for f in old.filters if f not in filters]
@@ -160,6 +167,7 @@ class PoolRoutes:
 
     async def _drop(self, session: Session, name: str) -> None:
         old = self.pipelines.pop(name, None)
+        self._pending.discard(name)
         if old is None:
             return
         await session.unsubscribe(old.filters)
@@ -182,5 +190,9 @@ class PoolRoutes:
 
     def describe(self) -> dict[str, object]:
         """A pool worker names no single pipeline; ``serving`` maps each to its version."""
-        serving = {name: served.version for name, served in sorted(self.pipelines.items())}
+        serving = {
+            name: served.version
+            for name, served in sorted(self.pipelines.items())
+            if name not in self._pending
+        }
         return {"pipeline": None, "serving": serving}

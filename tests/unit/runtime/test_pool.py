@@ -189,3 +189,25 @@ def test_draining_a_pool_worker_leaves_every_group() -> None:
                 assert worker.counters.batches == 0
 
     asyncio.run(scenario())
+
+
+def test_after_a_lost_connection_the_pool_subscribes_everything_again() -> None:
+    memory = MemoryBroker()
+
+    async def scenario() -> None:
+        async with memory.session(memory.settings, "admin") as session:
+            admin = Admin(session)
+            await admin.send("deploy", spec("temps"))
+            await admin.send("deploy", spec("twin", 2_000))
+            async with pool(memory) as (worker, seen):
+                await settle(seen)
+                memory.drop("pool-1")  # its shared subscriptions go with the connection
+                await admin.send("delete", name="twin")  # while it is away
+                await asyncio.sleep(0.8)  # it reconnects after reconnect_delay_s
+                await session.publish(TOPICS.ingest("s", "g1"), batch(0))
+                got = await settle(seen)
+                assert worker.counters.reconnects == 1
+                assert partial_pipelines(got) == ["temps", "temps"]
+                assert serving(got) == {"temps": 1}
+
+    asyncio.run(scenario())
