@@ -171,22 +171,31 @@ def test_an_invalid_document_is_counted_and_stops_nothing_else() -> None:
     asyncio.run(scenario())
 
 
+@contextlib.asynccontextmanager
+async def temps_and_twin(
+    memory: MemoryBroker,
+) -> AsyncIterator[tuple[Session, Admin, Worker, asyncio.Queue[Message]]]:
+    """Two pipelines on one input, deployed before a pool worker starts and serves them."""
+    async with memory.session(memory.settings, "admin") as session:
+        admin = Admin(session)
+        await admin.send("deploy", spec("temps"))
+        await admin.send("deploy", spec("twin", 2_000))
+        async with pool(memory) as (worker, seen):
+            assert serving(await settle(seen)) == {"temps": 1, "twin": 1}
+            yield session, admin, worker, seen
+
+
 def test_draining_a_pool_worker_leaves_every_group() -> None:
     memory = MemoryBroker()
 
     async def scenario() -> None:
-        async with memory.session(memory.settings, "admin") as session:
-            admin = Admin(session)
-            await admin.send("deploy", spec("temps"))
-            await admin.send("deploy", spec("twin", 2_000))
-            async with pool(memory) as (worker, seen):
-                await settle(seen)
-                worker.drain()
-                await asyncio.sleep(0.3)
-                await session.publish(TOPICS.ingest("s", "g1"), batch(0))
-                got = await settle(seen)
-                assert partial_pipelines(got) == []
-                assert worker.counters.batches == 0
+        async with temps_and_twin(memory) as (session, _, worker, seen):
+            worker.drain()
+            await asyncio.sleep(0.3)
+            await session.publish(TOPICS.ingest("s", "g1"), batch(0))
+            got = await settle(seen)
+            assert partial_pipelines(got) == []
+            assert worker.counters.batches == 0
 
     asyncio.run(scenario())
 
@@ -195,19 +204,14 @@ def test_after_a_lost_connection_the_pool_subscribes_everything_again() -> None:
     memory = MemoryBroker()
 
     async def scenario() -> None:
-        async with memory.session(memory.settings, "admin") as session:
-            admin = Admin(session)
-            await admin.send("deploy", spec("temps"))
-            await admin.send("deploy", spec("twin", 2_000))
-            async with pool(memory) as (worker, seen):
-                await settle(seen)
-                memory.drop("pool-1")  # its shared subscriptions go with the connection
-                await admin.send("delete", name="twin")  # while it is away
-                await asyncio.sleep(0.8)  # it reconnects after reconnect_delay_s
-                await session.publish(TOPICS.ingest("s", "g1"), batch(0))
-                got = await settle(seen)
-                assert worker.counters.reconnects == 1
-                assert partial_pipelines(got) == ["temps", "temps"]
-                assert serving(got) == {"temps": 1}
+        async with temps_and_twin(memory) as (session, admin, worker, seen):
+            memory.drop("pool-1")  # its shared subscriptions go with the connection
+            await admin.send("delete", name="twin")  # while it is away
+            await asyncio.sleep(0.8)  # it reconnects after reconnect_delay_s
+            await session.publish(TOPICS.ingest("s", "g1"), batch(0))
+            got = await settle(seen)
+            assert worker.counters.reconnects == 1
+            assert partial_pipelines(got) == ["temps", "temps"]
+            assert serving(got) == {"temps": 1}
 
     asyncio.run(scenario())
