@@ -52,6 +52,7 @@ class Message:
         content_type: the MQTT 5 content type, if the publisher set one.
         user_properties: MQTT 5 user properties, in order.
         mid: packet id, used to acknowledge it (0 for QoS 0).
+        payload_format: the MQTT 5 payload format indicator (0: bytes, 1: UTF-8 text), if set.
         subscription_ids: the MQTT 5 Subscription Identifiers of the subscriptions it was
             delivered for (``Session.subscribe(..., subscription_id=...)``); empty when
             none of them had one. A client with several shared subscriptions on one filter
@@ -65,6 +66,7 @@ class Message:
     content_type: str | None = None
     user_properties: tuple[tuple[str, str], ...] = ()
     mid: int = 0
+    payload_format: int | None = None
     subscription_ids: tuple[int, ...] = ()
 
 

@@ -125,6 +125,7 @@ class BatchHandler:
             content_type=message.content_type,
             limits=self.spec.limits,
             now_ms=now,
+            payload_format=message.payload_format,
         )
         if batch.envelope.gateway_id != gateway_id:
             raise InputError(
@@ -176,7 +177,7 @@ class BatchHandler:
             session.publish_started(
                 self.topics.deadletter(spec.name),
                 record,
-                user_properties=[("reason", exc.reason)],
+                user_properties=[("reason", exc.reason), ("code", exc.code)],
             )
         )
         route = self.topics.ingest_gateway(message.topic)
