@@ -15,6 +15,7 @@ import orjson
 
 from shoal._cli.bench_adapt import register_adapt
 from shoal._cli.bench_matrix import register_matrix
+from shoal._cli.bench_pool import register_pool
 from shoal.errors import ConfigError
 from shoal.loadtest.bench_windows import WINDOW_PRESETS, write_variant
 
@@ -56,6 +57,7 @@ def register(sub: Any) -> None:
     _register_scaling(benches)
     _register_floor(benches)
     register_adapt(benches)
+    register_pool(benches)
 
 
 def _register_pipeline(benches: Any) -> None:
