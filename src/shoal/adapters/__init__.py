@@ -4,7 +4,8 @@
 mapping's device topics (persistent session, QoS 1, manual acknowledgement), decodes JSON
 objects, JSON arrays, raw values and Sparkplug B into measurement rows, and hands them to a
 ``shoal.gateway.Gateway`` (seq, spool, confirmations, re-sends). A device message is
-acknowledged only once its rows are in the spool; refused messages are dead-lettered with a
+acknowledged only once its rows are on disk (``intake``: an append-only log, sealed into the
+gateway spool in batches); refused messages are dead-lettered with a
 specific reason.
 
 Depends on ``shoal.gateway``, ``shoal.schemas``, ``shoal.processors`` (dead-letter records)
