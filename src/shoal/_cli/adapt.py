@@ -21,8 +21,8 @@ def register(sub: Any) -> None:
         description="Join a shared subscription on the mapping's device topics (persistent "
         "session, QoS 1), turn device messages into measurements and publish them as a shoal "
         "gateway (seq, spool, confirmations, re-sends). A device message is acknowledged only "
-        "once its rows are on disk (the intake log beside the spool); refused ones go to shoal/deadletter/<mapping name> "
-        "with the reason. Run several with different --id to share the load.",
+        "once its rows are on disk (the intake log beside the spool); refused ones go to "
+        "shoal/deadletter/<mapping name> with the reason. Run several with different --id to share the load.",
     )
     parser.add_argument(
         "--mapping", required=True, type=Path, metavar="FILE", help="mapping file (TOML)"
