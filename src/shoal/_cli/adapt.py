@@ -22,7 +22,8 @@ def register(sub: Any) -> None:
         "session, QoS 1), turn device messages into measurements and publish them as a shoal "
         "gateway (seq, spool, confirmations, re-sends). A device message is acknowledged only "
         "once its rows are on disk (the intake log beside the spool); refused ones go to "
-        "shoal/deadletter/<mapping name> with the reason. Run several with different --id to share the load.",
+        "shoal/deadletter/<mapping name> with the reason. Run several with different --id "
+        "to share the load.",
     )
     parser.add_argument(
         "--mapping", required=True, type=Path, metavar="FILE", help="mapping file (TOML)"
