@@ -40,7 +40,7 @@ from shoal.processors.aggregates import BATCHES, QUANTILES, AggregatePlan
 from shoal.processors.partials import EventRows
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
-from shoal.processors.state import result_columns, result_schema
+from shoal.processors.state import KEY_LIST_CACHE, result_columns, result_schema
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -100,6 +100,97 @@ class _Rows:
         return cls(**{k: v.copy() for k, v in cols.items()})
 
 
+MAX_TAIL_CHUNKS: Final = 64
+"""Chunks of tail rows kept before they are consolidated into one (an O(tail) pass)."""
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """Tail rows added in one step, sorted by key: one run ``lo[i]:hi[i]`` per key ``keys[i]``.
+
+    A key's run dies (``alive``) when the key fills a window and its rows are taken out.
+    """
+
+    rows: _Rows
+    keys: Int64Array
+    lo: Int64Array
+    hi: Int64Array
+    alive: npt.NDArray[np.bool_]
+
+    @classmethod
+    def of(cls, rows: _Rows) -> _Chunk:
+        """A chunk of rows sorted by key."""
+        change = np.flatnonzero(rows.key[1:] != rows.key[:-1]) + 1
+        lo = np.concatenate(([0], change)).astype(np.int64)
+        hi = np.concatenate((change, [len(rows)])).astype(np.int64)
+        return cls(rows, rows.key[lo], lo, hi, np.ones(len(lo), dtype=bool))
+
+    def take(self, keys: Int64Array) -> _Rows | None:
+        """The rows of those of ``keys`` (sorted) whose runs are alive here; kills them."""
+        pos = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        hit = (self.keys[pos] == keys) & self.alive[pos]
+        runs = pos[hit]
+        if len(runs) == 0:
+            return None
+        self.alive[runs] = False
+        return self.rows.take(_ranges(self.lo[runs], self.hi[runs]))
+
+    def live(self) -> _Rows:
+        """Every row of a live run."""
+        runs = np.flatnonzero(self.alive)
+        return self.rows.take(_ranges(self.lo[runs], self.hi[runs]))
+
+
+class _Tails:
+    """One count window's unfinished windows: each key's final rows not yet in a full window.
+
+    Kept in chunks (one a step), so that a step costs what it adds and what it completes, not
+    everything the tails hold: a key's rows leave all at once, when it fills a window
+    (``take``), and per key the chunks' order is event order.
+    """
+
+    def __init__(self) -> None:
+        self.chunks: list[_Chunk] = []
+        self.count = np.zeros(0, dtype=np.int64)  # rows per key id
+
+    def grow(self, keys: int) -> None:
+        """Make room for key ids below ``keys``."""
+        if len(self.count) < keys:
+            self.count = np.concatenate((self.count, np.zeros(keys - len(self.count), np.int64)))
+
+    def add(self, rows: _Rows) -> None:
+        """Append rows sorted by key (each key's after its earlier ones)."""
+        if len(rows) == 0:
+            return
+        self.chunks.append(_Chunk.of(rows))
+        self.count += np.bincount(rows.key, minlength=len(self.count))
+        if len(self.chunks) > MAX_TAIL_CHUNKS:
+            self.chunks = [_Chunk.of(self.all())]
+
+    def take(self, keys: Int64Array) -> _Rows:
+        """Take out every row of ``keys`` (sorted, unique): sorted by key, in event order."""
+        parts = [r for r in (c.take(keys) for c in self.chunks) if r is not None]
+        self.chunks = [c for c in self.chunks if c.alive.any()]
+        self.count[keys] = 0
+        rows = _Rows.concat(parts)
+        return rows.take(np.argsort(rows.key, kind="stable")) if len(parts) > 1 else rows
+
+    def all(self) -> _Rows:
+        """Every row, sorted by key, in event order."""
+        rows = _Rows.concat([c.live() for c in self.chunks])
+        return rows.take(np.argsort(rows.key, kind="stable"))
+
+
+def _ranges(lo: Int64Array, hi: Int64Array) -> Int64Array:
+    """The indices of the runs ``[lo[i], hi[i])``, in order."""
+    lengths = hi - lo
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.repeat(lo - np.cumsum(lengths) + lengths, lengths)
+    return starts + np.arange(total, dtype=np.int64)
+
+
 class CountState:
     """Rows of one partition's count windows: buffered, in tails, and finished windows."""
 
@@ -113,10 +204,11 @@ class CountState:
     def _reset(self) -> None:
         self._key_ids: dict[str | None, int] = {}
         self._key_names: list[str | None] = []
+        self._key_lists: dict[tuple[str | None, ...], Int64Array] = {}
         self._gateway_ids: dict[str, int] = {}
         self._gateway_names: list[str] = []
         self._pending: list[_Rows] = []
-        self._tails = [_Rows.empty() for _ in self.windows]
+        self._tails = [_Tails() for _ in self.windows]
         self._done = [np.zeros(0, dtype=np.int64) for _ in self.windows]
 
     @property
@@ -135,7 +227,7 @@ class CountState:
     @property
     def tail_rows(self) -> int:
         """Final rows waiting for their window to fill (all count windows)."""
-        return sum(len(t) for t in self._tails)
+        return sum(int(t.count.sum()) for t in self._tails)
 
     # -- input -------------------------------------------------------------------------------
 
@@ -162,6 +254,12 @@ class CountState:
         return n
 
     def _key_ids_of(self, keys: list[str | None]) -> Int64Array:
+        # A gateway's partials list the same keys batch after batch (ids only ever grow, so
+        # a remembered list stays valid; see WindowState._key_ids_of).
+        signature = tuple(keys)
+        known = self._key_lists.get(signature)
+        if known is not None:
+            return known
         out = np.empty(len(keys), dtype=np.int64)
         for i, key in enumerate(keys):
             key_id = self._key_ids.get(key)
@@ -172,6 +270,9 @@ class CountState:
                 self._key_ids[key] = key_id
                 self._key_names.append(key)
             out[i] = key_id
+        if len(self._key_lists) >= KEY_LIST_CACHE:
+            self._key_lists.pop(next(iter(self._key_lists)))
+        self._key_lists[signature] = out
         return out
 
     # -- closing -----------------------------------------------------------------------------
@@ -232,18 +333,20 @@ class CountState:
     ) -> pl.DataFrame:
         """Append final rows (in event order) to window ``index``'s tails; its full windows."""
         n = self.windows[index].count
-        tail = self._tails[index]
-        if len(final):
-            touched = np.isin(tail.key, final.key)
-            rows = _Rows.concat([tail.take(touched), final])
-            untouched = tail.take(~touched)
-            # Tail rows come before the new ones of their key (they were final earlier).
-            rows = rows.take(np.argsort(rows.key, kind="stable"))
-        else:
-            rows, untouched = tail, _Rows.empty()
-        if len(rows) == 0:
-            self._tails[index] = untouched
+        tails = self._tails[index]
+        tails.grow(len(self._key_names))
+        total = tails.count + np.bincount(final.key, minlength=len(tails.count))
+        ready = np.flatnonzero(total > 0 if flush else total >= n)
+        if len(ready) == 0:
+            tails.add(final)
             return self.empty_result()
+        is_ready = np.zeros(len(tails.count), dtype=bool)
+        is_ready[ready] = True
+        fresh = is_ready[final.key]
+        tails.add(final.take(~fresh))
+        # The keys that fill a window: their tail rows come before their new ones.
+        rows = _Rows.concat([tails.take(ready), final.take(fresh)])
+        rows = rows.take(np.argsort(rows.key, kind="stable"))
         starts = np.flatnonzero(np.concatenate(([True], rows.key[1:] != rows.key[:-1])))
         lengths = np.diff(np.concatenate((starts, [len(rows)])))
         rank = np.arange(len(rows)) - np.repeat(starts, lengths)
@@ -252,7 +355,7 @@ class CountState:
         complete = rank < np.repeat(full_rows, lengths)
         if flush:
             complete[:] = True
-        self._tails[index] = _Rows.concat([untouched, rows.take(~complete)])
+        tails.add(rows.take(~complete))
         done_rows = rows.take(complete)
         if len(done_rows) == 0:
             return self.empty_result()
@@ -328,7 +431,7 @@ class CountState:
                 "keys": self._key_names,
                 "gateways": self._gateway_names,
                 "pending": _Rows.concat(self._pending).pack(),
-                "tails": [t.pack() for t in self._tails],
+                "tails": [t.all().pack() for t in self._tails],
                 "done": [self._done_counts(i).tobytes() for i in range(len(self.windows))],
             },
             use_bin_type=True,
@@ -350,15 +453,18 @@ class CountState:
             self._gateway_ids = {g: i for i, g in enumerate(self._gateway_names)}
             pending = _Rows.unpack(obj["pending"])
             self._pending = [pending] if len(pending) else []
-            tails = [_Rows.unpack(t) for t in obj["tails"]]
+            tail_rows = [_Rows.unpack(t) for t in obj["tails"]]
             done = [np.frombuffer(d, dtype="<i8").copy() for d in obj["done"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise SchemaError(
                 f"unreadable count-window checkpoint: {exc}", reason="bad_checkpoint"
             ) from exc
-        if len(tails) != len(self.windows) or len(done) != len(self.windows):
+        if len(tail_rows) != len(self.windows) or len(done) != len(self.windows):
             raise SchemaError("count-window checkpoint of another spec", reason="bad_checkpoint")
-        self._tails, self._done = tails, done
+        self._done = done
+        for tails, rows in zip(self._tails, tail_rows, strict=True):
+            tails.grow(len(self._key_names))
+            tails.add(rows)
 
 
 def _distinct_batches(
