@@ -29,7 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
-import msgpack
 import numpy as np
 import numpy.typing as npt
 import polars as pl
@@ -51,15 +50,26 @@ MAX_KEYS: Final = 1 << 24
 """Distinct keys per partition (as for time windows)."""
 
 
+ROW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
+    "key": np.dtype("<i4"),
+    "ts": np.dtype("<i8"),
+    "gateway": np.dtype("<i4"),
+    "seq": np.dtype("<i8"),
+    "row": np.dtype("<i4"),
+    "value": np.dtype("<f8"),
+}
+"""Column types of held rows: 36 bytes a row (key ids < 2**24, rows in a batch < 2**31)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Rows:
     """Rows as parallel columns: key id, event time, gateway id, seq, row in batch, value."""
 
-    key: Int64Array
+    key: npt.NDArray[np.int32]
     ts: Int64Array
-    gateway: Int64Array
+    gateway: npt.NDArray[np.int32]
     seq: Int64Array
-    row: Int64Array
+    row: npt.NDArray[np.int32]
     value: npt.NDArray[np.float64]
 
     def __len__(self) -> int:
@@ -72,8 +82,7 @@ class _Rows:
     @classmethod
     def empty(cls) -> _Rows:
         """No rows."""
-        none = np.zeros(0, dtype=np.int64)
-        return cls(none, none, none, none, none, np.zeros(0, dtype=np.float64))
+        return cls(**{name: np.zeros(0, dtype=dtype) for name, dtype in ROW_DTYPES.items()})
 
     @classmethod
     def concat(cls, parts: list[_Rows]) -> _Rows:
@@ -91,10 +100,7 @@ class _Rows:
     @classmethod
     def unpack(cls, obj: dict[str, bytes]) -> _Rows:
         """Inverse of ``pack``."""
-        cols = {
-            f.name: np.frombuffer(obj[f.name], dtype="<f8" if f.name == "value" else "<i8")
-            for f in fields(cls)
-        }
+        cols = {name: np.frombuffer(obj[name], dtype=dtype) for name, dtype in ROW_DTYPES.items()}
         if len({len(c) for c in cols.values()}) != 1:
             raise SchemaError("inconsistent count-window rows", reason="bad_checkpoint")
         return cls(**{k: v.copy() for k, v in cols.items()})
@@ -112,7 +118,7 @@ class _Chunk:
     """
 
     rows: _Rows
-    keys: Int64Array
+    keys: npt.NDArray[np.int32]
     lo: Int64Array
     hi: Int64Array
     alive: npt.NDArray[np.bool_]
@@ -137,6 +143,8 @@ class _Chunk:
 
     def live(self) -> _Rows:
         """Every row of a live run."""
+        if self.alive.all():
+            return self.rows
         runs = np.flatnonzero(self.alive)
         return self.rows.take(_ranges(self.lo[runs], self.hi[runs]))
 
@@ -177,8 +185,12 @@ class _Tails:
 
     def all(self) -> _Rows:
         """Every row, sorted by key, in event order."""
-        rows = _Rows.concat([c.live() for c in self.chunks])
+        rows = self.unsorted()
         return rows.take(np.argsort(rows.key, kind="stable"))
+
+    def unsorted(self) -> _Rows:
+        """Every row, each key's in event order but keys interleaved (``all`` sorts them)."""
+        return _Rows.concat([c.live() for c in self.chunks])
 
 
 def _ranges(lo: Int64Array, hi: Int64Array) -> Int64Array:
@@ -236,7 +248,7 @@ class CountState:
         picked = np.flatnonzero(keep)
         if len(picked) == 0:
             return 0
-        keys = self._key_ids_of(events.keys)[events.key[picked]]
+        keys = self._key_ids_of(events.keys)[events.key[picked]].astype(np.int32)
         gateway = self._gateway_ids.setdefault(gateway_id, len(self._gateway_names))
         if gateway == len(self._gateway_names):
             self._gateway_names.append(gateway_id)
@@ -245,9 +257,9 @@ class CountState:
             _Rows(
                 keys,
                 events.ts[picked],
-                np.full(n, gateway, dtype=np.int64),
+                np.full(n, gateway, dtype=np.int32),
                 np.full(n, seq, dtype=np.int64),
-                events.row[picked],
+                events.row[picked].astype(np.int32),
                 events.value[picked],
             )
         )
@@ -424,36 +436,33 @@ class CountState:
 
     # -- checkpoints -------------------------------------------------------------------------
 
-    def snapshot(self) -> bytes:
-        """Keys, gateways, buffered rows, tails and finished-window counts."""
-        packed = msgpack.packb(
-            {
-                "keys": self._key_names,
-                "gateways": self._gateway_names,
-                "pending": _Rows.concat(self._pending).pack(),
-                "tails": [t.all().pack() for t in self._tails],
-                "done": [self._done_counts(i).tobytes() for i in range(len(self.windows))],
-            },
-            use_bin_type=True,
-        )
-        assert isinstance(packed, bytes)
-        return packed
+    def snapshot(self) -> dict[str, Any]:
+        """Keys, gateways, buffered rows, tails and finished-window counts (for MsgPack).
 
-    def restore(self, data: bytes | None) -> None:
+        Buffers are packed once, by the caller's checkpoint; tails are not sorted here
+        (``restore`` does), as a checkpoint is taken every second and restored rarely.
+        """
+        return {
+            "keys": self._key_names,
+            "gateways": self._gateway_names,
+            "pending": [p.pack() for p in self._pending],
+            "tails": [[c.live().pack() for c in t.chunks] for t in self._tails],
+            "done": [self._done_counts(i).tobytes() for i in range(len(self.windows))],
+        }
+
+    def restore(self, obj: dict[str, Any] | None) -> None:
         """Replace everything with a ``snapshot`` (None: start empty)."""
         self._reset()
-        if data is None:
+        if obj is None:
             return
         try:
-            obj: dict[str, Any] = msgpack.unpackb(data, raw=False)
             names = obj["keys"]
             self._key_names = list(names)
             self._key_ids = {k: i for i, k in enumerate(names)}
             self._gateway_names = list(obj["gateways"])
             self._gateway_ids = {g: i for i, g in enumerate(self._gateway_names)}
-            pending = _Rows.unpack(obj["pending"])
-            self._pending = [pending] if len(pending) else []
-            tail_rows = [_Rows.unpack(t) for t in obj["tails"]]
+            self._pending = [_Rows.unpack(p) for p in obj["pending"]]
+            tail_rows = [_Rows.concat([_Rows.unpack(c) for c in t]) for t in obj["tails"]]
             done = [np.frombuffer(d, dtype="<i8").copy() for d in obj["done"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise SchemaError(
@@ -464,11 +473,11 @@ class CountState:
         self._done = done
         for tails, rows in zip(self._tails, tail_rows, strict=True):
             tails.grow(len(self._key_names))
-            tails.add(rows)
+            tails.add(rows.take(np.argsort(rows.key, kind="stable")))
 
 
 def _distinct_batches(
-    group: Int64Array, gateway: Int64Array, seq: Int64Array, groups: int
+    group: Int64Array, gateway: npt.NDArray[np.int32], seq: Int64Array, groups: int
 ) -> Int64Array:
     """Per window (dense, ascending ``group``), the distinct (gateway, seq) batches in it."""
     order = np.lexsort((seq, gateway, group))
