@@ -106,8 +106,8 @@ class _Rows:
         return cls(**{k: v.copy() for k, v in cols.items()})
 
 
-MAX_TAIL_CHUNKS: Final = 64
-"""Chunks of tail rows kept before they are consolidated into one (an O(tail) pass)."""
+MAX_TAIL_CHUNKS: Final = 1024
+"""Chunks of tail rows kept at most (each ``take`` looks into every one)."""
 
 
 @dataclass(slots=True)
@@ -159,7 +159,8 @@ class _Tails:
 
     def __init__(self) -> None:
         self.chunks: list[_Chunk] = []
-        self.count = np.zeros(0, dtype=np.int64)  # rows per key id
+        self.count = np.zeros(0, dtype=np.int64)  # live rows per key id
+        self.held = 0  # rows in chunks, live or dead
 
     def grow(self, keys: int) -> None:
         """Make room for key ids below ``keys``."""
@@ -172,13 +173,29 @@ class _Tails:
             return
         self.chunks.append(_Chunk.of(rows))
         self.count += np.bincount(rows.key, minlength=len(self.count))
-        if len(self.chunks) > MAX_TAIL_CHUNKS:
-            self.chunks = [_Chunk.of(self.all())]
+        self.held += len(rows)
+        self._consolidate()
+
+    def _consolidate(self) -> None:
+        """One chunk of the live rows when dead ones hold as much memory, or chunks abound.
+
+        A chunk is freed once every key in it has filled a window; a key that stops sending
+        would keep its chunks alive forever without this. So memory stays below twice the
+        live rows, at an O(tail) pass every time the tails have turned over once.
+        """
+        live = int(self.count.sum())
+        if self.held > 2 * live + 65_536 or len(self.chunks) > MAX_TAIL_CHUNKS:
+            rows = self.all()
+            self.chunks = [_Chunk.of(rows)] if len(rows) else []
+            self.held = len(rows)
 
     def take(self, keys: Int64Array) -> _Rows:
         """Take out every row of ``keys`` (sorted, unique): sorted by key, in event order."""
         parts = [r for r in (c.take(keys) for c in self.chunks) if r is not None]
-        self.chunks = [c for c in self.chunks if c.alive.any()]
+        gone = [c for c in self.chunks if not c.alive.any()]
+        if gone:
+            self.held -= sum(len(c.rows) for c in gone)
+            self.chunks = [c for c in self.chunks if c.alive.any()]
         self.count[keys] = 0
         rows = _Rows.concat(parts)
         return rows.take(np.argsort(rows.key, kind="stable")) if len(parts) > 1 else rows

@@ -296,3 +296,33 @@ def test_property_any_split_worker_order_and_duplication(
         duplicate_fraction=duplicate_fraction,
         reorder_within=reorder_within,
     )
+
+
+def test_tails_keep_each_keys_rows_in_order_through_takes_and_consolidation() -> None:
+    """Tail chunks: a key's rows leave all at once and in event order; chunks consolidate."""
+    from shoal.processors.count import MAX_TAIL_CHUNKS, _Rows, _Tails  # noqa: PLC0415
+
+    def rows(keys: list[int], ts: list[int]) -> _Rows:
+        n = len(keys)
+        return _Rows(
+            np.array(keys, dtype=np.int32),
+            np.array(ts, dtype=np.int64),
+            np.zeros(n, dtype=np.int32),
+            np.zeros(n, dtype=np.int64),
+            np.zeros(n, dtype=np.int32),
+            np.array(ts, dtype=np.float64),
+        )
+
+    tails = _Tails()
+    tails.grow(3)
+    for step in range(MAX_TAIL_CHUNKS + 50):  # key 2 stops after the first step
+        tails.add(rows([0, 1] if step else [0, 1, 2], [step] * (2 if step else 3)))
+        if step % 7 == 6:
+            taken = tails.take(np.array([0]))
+            assert taken.ts.tolist() == list(range(step - 6 if step > 6 else 0, step + 1))
+    assert len(tails.chunks) <= MAX_TAIL_CHUNKS
+    everything = tails.all()
+    assert tails.count.tolist() == [int((everything.key == k).sum()) for k in range(3)]
+    one = everything.ts[everything.key == 1].tolist()
+    assert one == list(range(MAX_TAIL_CHUNKS + 50))
+    assert everything.ts[everything.key == 2].tolist() == [0]
