@@ -326,3 +326,28 @@ def test_tails_keep_each_keys_rows_in_order_through_takes_and_consolidation() ->
     one = everything.ts[everything.key == 1].tolist()
     assert one == list(range(MAX_TAIL_CHUNKS + 50))
     assert everything.ts[everything.key == 2].tolist() == [0]
+
+
+def test_latest_revisions_identify_count_windows_by_index() -> None:
+    """Re-published after a restart in a message of another start: still one window."""
+    from shoal.schemas.results import latest_revisions  # noqa: PLC0415
+
+    frame = pl.DataFrame(
+        {
+            "pipeline": ["p"] * 4,
+            "window": ["count-2"] * 4,
+            "start": [100, 100, 250, 100],  # the close step's span start
+            "partition": [0] * 4,
+            "revision": [1] * 4,
+            "key": ["a", "a", "a", "b"],
+            "rows": [2] * 4,
+            "index": [0, 1, 1, 0],
+        }
+    )
+    latest = latest_revisions(frame)
+    assert sorted(zip(latest["key"], latest["index"], strict=True)) == [
+        ("a", 0),
+        ("a", 1),
+        ("b", 0),
+    ]
+    assert "_slot" not in latest.columns
