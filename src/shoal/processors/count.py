@@ -18,10 +18,13 @@ because a row applied later with a smaller timestamp is late (``combine``). So:
    fewer than ``n`` rows.
 
 Memory: the buffer holds the rows not yet final (about ``lateness_ms`` plus the watermark's
-lag worth of input), the tails at most ``n - 1`` rows per key and count window, 48 bytes a
-row. Everything is in numpy arrays; nothing loops over rows or keys in Python.
+lag worth of input), the tails at most ``n - 1`` live rows per key and count window, 36 bytes
+a row (``ROW_DTYPES``), in chunks that are consolidated before dead rows outweigh live ones
+(``_Tails``). Everything is in numpy arrays; nothing loops over rows in Python (keys only
+when a key list is first seen).
 
-Imports ``partials`` (rows), ``aggregates``/``_kernels``/``sketch`` (the registry); never I/O.
+Imports ``partials`` (rows), ``state`` (the results layout), ``aggregates``/``_kernels``/
+``sketch`` (the registry); never I/O.
 """
 
 from __future__ import annotations
