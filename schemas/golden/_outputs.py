@@ -56,6 +56,7 @@ from shoal.processors.results import (
 )
 from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.processors.state import ClosedWindows
+from shoal.rules import alert_payload
 from shoal.runtime.combiner import CombinerConfig, CombinerRuntime
 from shoal.runtime.worker import Worker, WorkerConfig
 from shoal.schemas import Encoding, decode_batch, encode_batch, peek_envelope
@@ -102,6 +103,16 @@ COUNTS: Final = parse_pipeline(
     }
 )
 """Count windows: every 2 rows of a key in event order."""
+HOT: Final = parse_pipeline(
+    {
+        "name": "hot",
+        "windows": [{"kind": "tumbling", "size_ms": 10_000}],
+        "aggregates": ["count", "mean", "max"],
+        "lateness_ms": 1_000,
+        "alerts": [{"name": "too-warm", "condition": "mean > 21", "resolve": "mean < 15"}],
+    }
+)
+"""An alert per sensor: firing when a window's mean is above 21, resolved below 15."""
 MISMATCH: Final = InputError(
     "the batch names another gateway than its topic",
     reason="gateway_mismatch",
@@ -137,6 +148,8 @@ NOTES: Final = {
     "control-marker": "a draining worker's marker to itself (Worker._drain_when_asked)",
     "metrics-combiner": "a combiner partition's heartbeat (every heartbeat_ms, QoS 0)",
     "metrics-worker": "a worker's heartbeat (every heartbeat_ms, QoS 0)",
+    "alert-firing": "an alert firing for one key at the window that met its condition",
+    "alert-resolved": "the same alert resolved at a later window (retained, replaces it)",
     "metrics-worker-gone": "a worker's will: the broker publishes it when the worker vanishes",
     "pipeline-request": "shoal pipeline deploy: the spec as TOML text",
     "pipeline-request-delete": "shoal pipeline delete: a name",
@@ -363,6 +376,32 @@ def _counts(s: _Scenario) -> None:
     )
 
 
+def _alerts(s: _Scenario) -> None:
+    """Seq 0 and 1 of gw-01 through ``hot``: t1 fires at T0; seq 2 (t1 at 10.0) resolves it."""
+    spec = HOT
+    builder = PartialBuilder(spec, WORKER_ID)
+    core = Combiner(spec, 0, s.clock)
+    core.receive_status(_status("gw-01", 3, s.clock.now_ms()))
+    seq0, seq1 = _first_window()
+    seq2 = _batch("gw-01", 2, [("t1", 22_000, 10.0, "°C")])
+    for payload in (seq0, seq1, seq2):
+        _combine(s, core, _work(s, spec, builder, "gw-01", payload)[0])
+        s.clock.advance(100)
+    core.flush()
+    fired, resolved = core.take_transitions()
+    by_name = {a.name: a for a in spec.alerts}
+    for name, transition in (("alert-firing", fired), ("alert-resolved", resolved)):
+        payload = alert_payload(
+            transition,
+            by_name[transition.alert],
+            pipeline=spec.name,
+            partition=0,
+            spec=core.fingerprint,
+            at_ms=s.clock.now_ms(),
+        )
+        s.add(name, "alert", TOPICS.alert(spec.name, transition.alert, transition.key), payload)
+
+
 def _deadletters(s: _Scenario) -> None:
     builder = PartialBuilder(TEMPS, WORKER_ID)
     _, dead = _work(s, TEMPS, builder, "gw-01", b"\x00garbage")
@@ -521,4 +560,5 @@ def output_cases() -> list[OutputCase]:
     _pipelines(s)
     _corrections(s)
     _counts(s)
+    _alerts(s)
     return s.cases

@@ -40,6 +40,8 @@ class Collected:
     late: list[dict] = field(default_factory=list)
     deadletters: list[bytes] = field(default_factory=list)
     confirms: dict[tuple[str, int], int] = field(default_factory=dict)
+    alerts: list[dict] = field(default_factory=list)
+    """Alert transitions (``shoal/alerts/<pipeline>/#``), in arrival order."""
 
     def results_frame(self) -> pl.DataFrame:
         rows = []
@@ -79,7 +81,7 @@ async def collector(
     *,
     session_factory: SessionFactory = AsyncSession,
 ) -> AsyncIterator[Collected]:
-    """Subscribe to results, late rows, dead letters and confirmations while the body runs.
+    """Collect results, late rows, dead letters, confirmations and alerts while the body runs.
 
     A persistent session that reconnects: what is published while the broker restarts
     waits in the session and arrives afterwards, as it would for a real consumer.
@@ -92,7 +94,9 @@ async def collector(
         topics.late(pipeline),
         topics.deadletter(pipeline),
         topics.confirm_all(),
+        topics.alerts(pipeline),
     ]
+    alerts_prefix = topics.alerts(pipeline).removesuffix("#")
 
     def take(message: Message) -> None:
         if message.topic == topics.results(pipeline):
@@ -101,6 +105,8 @@ async def collector(
             collected.late.append(orjson.loads(message.payload))
         elif message.topic == topics.deadletter(pipeline):
             collected.deadletters.append(message.payload)
+        elif message.topic.startswith(alerts_prefix):
+            collected.alerts.append(orjson.loads(message.payload))
         elif message.payload:
             body = orjson.loads(message.payload)
             collected.confirms[(body["gateway_id"], body["partition"])] = body["seq"]

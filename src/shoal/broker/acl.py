@@ -12,9 +12,11 @@ Roles (``R`` is the topic root, ``P`` the role's pipeline, ``G`` a gateway id)::
                  R/shoal/pipelines/+ (the deployed pipelines' documents)
     combiner P   read  R/shoal/partials/P/+, R/shoal/gateway/+, R/shoal/control/combiners/P
                  write R/results/P, R/results/P/#, R/shoal/late/P, R/shoal/confirm/+/P/+,
-                       R/shoal/metrics/combiner/+
-    dashboard    read  R/results/# (or R/results/P and R/results/P/# for one pipeline)
+                       R/shoal/metrics/combiner/+, R/shoal/alerts/P/#
+    dashboard    read  R/results/# (or R/results/P and R/results/P/# for one pipeline), and
+                 the alerts likewise (R/shoal/alerts/# or R/shoal/alerts/P/#)
     admin        read  R/shoal/gateway/+, R/shoal/confirm/#, R/results/#, R/shoal/late/#,
+                       R/shoal/alerts/#,
                        R/shoal/deadletter/#, R/shoal/pipelines/#, $SYS/#;
                  write R/shoal/pipelines/_request/+ (``shoal pipeline`` deploy, update, delete);
                  readwrite R/shoal/metrics/#, R/shoal/control/#
@@ -64,6 +66,11 @@ def _siblings_below(topic: str) -> str:
     return f"{topic.rsplit('/', 1)[0]}/#"
 
 
+def _every_alert(topics: Topics) -> str:
+    """``R/shoal/alerts/#``: every pipeline's alerts."""
+    return f"{topics.alerts(_ANY).rsplit('/', 2)[0]}/#"
+
+
 _ANY: Final = "x"
 """A placeholder name, replaced by a wildcard in the rules below."""
 
@@ -108,6 +115,7 @@ def combiner_rules(pipeline: str, topics: Topics) -> list[Rule]:
         Rule("write", topics.results(pipeline)),
         Rule("write", f"{topics.results(pipeline)}/#"),
         Rule("write", topics.late(pipeline)),
+        Rule("write", topics.alerts(pipeline)),
         Rule("write", _last_level_wild(confirm)),
         Rule("write", topics.metrics("combiner", "+")),
     ]
@@ -116,10 +124,14 @@ def combiner_rules(pipeline: str, topics: Topics) -> list[Rule]:
 def dashboard_rules(pipeline: str | None, topics: Topics) -> list[Rule]:
     """A reader of the results of ``pipeline`` (None: of every pipeline)."""
     if pipeline is None:
-        return [Rule("read", _siblings_below(topics.results(_ANY)))]
+        return [
+            Rule("read", _siblings_below(topics.results(_ANY))),
+            Rule("read", _every_alert(topics)),
+        ]
     return [
         Rule("read", topics.results(pipeline)),
         Rule("read", f"{topics.results(pipeline)}/#"),
+        Rule("read", topics.alerts(pipeline)),
     ]
 
 
@@ -130,6 +142,7 @@ def admin_rules(topics: Topics) -> list[Rule]:
         Rule("read", topics.confirm_all()),
         Rule("read", _siblings_below(topics.results(_ANY))),
         Rule("read", _siblings_below(topics.late(_ANY))),
+        Rule("read", _every_alert(topics)),
         Rule("read", _siblings_below(topics.deadletter(_ANY))),
         Rule("readwrite", topics.metrics_all()),
         Rule("readwrite", _siblings_below(topics.control(_ANY))),

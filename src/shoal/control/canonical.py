@@ -23,6 +23,7 @@ import orjson
 from shoal.errors import ConfigError
 from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.processors.windows import WINDOW_KINDS
+from shoal.rules.expressions import RULE_REASONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +31,8 @@ class SpecRefusal:
     """Why a spec was refused.
 
     Attributes:
-        reason: ``invalid_toml``, ``unknown_aggregate`` or ``invalid_spec``.
+        reason: ``invalid_toml``, ``unknown_aggregate``, ``invalid_expression`` (a
+            ``where``, ``derive``, ``having`` or alert condition) or ``invalid_spec``.
         field: the path of the setting at fault (``windows[0].size_ms``; ``""``: the spec as a
             whole).
         message: the validator's words.
@@ -93,7 +95,31 @@ def canonical_mapping(spec: PipelineSpec) -> dict[str, Any]:
             "max_past_ms": False if limits.max_past_ms is None else limits.max_past_ms,
             "on_future": limits.on_future,
         },
+        **_rules(spec),
     }
+
+
+def _rules(spec: PipelineSpec) -> dict[str, Any]:
+    """The rules settings, only where the spec has them (other specs' hashes stay as were)."""
+    out: dict[str, Any] = {}
+    if spec.where is not None:
+        out["where"] = spec.where
+    if spec.derive:
+        out["derive"] = dict(spec.derive)
+    if spec.having is not None:
+        out["having"] = spec.having
+    if spec.alerts:
+        out["alerts"] = [
+            {
+                "name": a.name,
+                "condition": a.condition,
+                "for": a.for_windows,
+                "window": a.window,
+                **({} if a.resolve is None else {"resolve": a.resolve}),
+            }
+            for a in spec.alerts
+        ]
+    return out
 
 
 def spec_hash(mapping: Mapping[str, Any]) -> str:
@@ -123,4 +149,7 @@ def canonicalize_toml(text: str) -> CanonicalSpec | SpecRefusal:
     try:
         return canonicalize(raw)
     except ConfigError as exc:  # the validator names the field at fault and, if specific, why
-        return SpecRefusal(exc.reason or "invalid_spec", exc.field or "", str(exc))
+        reason = exc.reason or "invalid_spec"
+        if reason in RULE_REASONS:  # one refusal code for every rejected expression
+            reason = "invalid_expression"
+        return SpecRefusal(reason, exc.field or "", str(exc))

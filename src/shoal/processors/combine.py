@@ -31,8 +31,14 @@ and in step 4 the rows the threshold has passed are final and fill windows of ``
 
 Checkpoint contract: a snapshot holds the merged state (closed windows kept for corrections
 included), the revision counts, every gateway's next seq and watermark, the close threshold
-and the counters, but not early arrivals (they are re-sent,
-as they were never confirmed). Confirmations name only seqs covered by a durable snapshot.
+and the counters, the alerts' state (``shoal.rules.alerts``), but not early arrivals (they are
+re-sent, as they were never confirmed). Confirmations name only seqs covered by a durable
+snapshot.
+
+Rules (``shoal.rules``): closed results first feed the alerts (every row), then ``having``
+withholds the rows that fail it (counted as ``results_withheld``/``rows_withheld``); the
+workers' row stage already removed rows before partials (``rows_filtered``, within
+``batch_rows``).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from shoal.processors.partials import EventRows, Partial, PartialRows, spec_fing
 from shoal.processors.progress import GatewayProgress, ProgressTracker
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows, WindowState
+from shoal.rules import AlertBook, Transition
 from shoal.schemas.control import GatewayStatus
 
 SNAPSHOT_VERSION: Final = 2
@@ -79,6 +86,12 @@ class CombinerCounters:
     rows_corrected: int = 0
     corrections_emitted: int = 0
     windows_dropped: int = 0
+    rows_filtered: int = 0
+    """Rows of applied batches the workers' row stage removed (in ``batch_rows``)."""
+    results_withheld: int = 0
+    """Result rows (window, key) that ``having`` kept from being published."""
+    rows_withheld: int = 0
+    """The ``rows`` of those result rows (measurements counted by no published result)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +164,9 @@ class Combiner:
         self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
         self._names = [w.name for w in spec.windows]
         self._prepared_for: int | None = None
+        self.alerts = AlertBook(spec.alerts)
+        self.transitions: list[Transition] = []
+        """Alert transitions of closed windows, in order, until the runtime takes them."""
 
     # -- input -----------------------------------------------------------------------------
 
@@ -240,6 +256,7 @@ class Combiner:
                 self.counters.rows_late += late.rows
         self.counters.batches_applied += 1
         self.counters.batch_rows += batch.rows
+        self.counters.rows_filtered += batch.filtered
         offset = batch.received_at_ms - batch.sent_at_ms if batch.sent_at_ms > 0 else None
         self.tracker.applied(batch.gateway_id, batch.max_ts, now, clock_offset_ms=offset)
         return late
@@ -351,8 +368,28 @@ class Combiner:
         """Close every window the watermark has passed; None if none closes.
 
         With allowed lateness, also the new revisions of closed windows that late rows
-        changed since they were last published.
+        changed since they were last published. Result rows failing ``having`` are withheld.
         """
+        return self._having(self._close_ready(now_ms))
+
+    def _having(self, closed: ClosedWindows | None) -> ClosedWindows | None:
+        """Evaluate alerts; withhold (and count) the result rows that fail ``having``."""
+        if closed is None or closed.empty:
+            return closed
+        if self.spec.alerts:  # alerts see every result row, before having
+            self.transitions.extend(self.alerts.evaluate(closed.frame))
+        rule = self.spec.having_rule
+        if rule is None:
+            return closed
+        passing = rule.apply(closed.frame)
+        withheld = closed.frame.height - passing.height
+        if not withheld:
+            return closed  # the same frame: results rendered ahead of the close still apply
+        self.counters.results_withheld += withheld
+        self.counters.rows_withheld += int(closed.frame["rows"].sum()) - int(passing["rows"].sum())
+        return ClosedWindows(passing, closed.revisions)
+
+    def _close_ready(self, now_ms: int) -> ClosedWindows | None:
         threshold = self.close_threshold(now_ms)
         if self.counts is not None:
             return self._close_counts(threshold)
@@ -452,6 +489,12 @@ class Combiner:
         return self.state.windows_through(self.closed_through)
 
     def flush(self) -> ClosedWindows:
+        """Close every open window now, as at the end of the input (``having`` applied)."""
+        closed = self._having(self._flush())
+        assert closed is not None
+        return closed
+
+    def _flush(self) -> ClosedWindows:
         """Close every open window now, as at the end of the input.
 
         Later rows for these windows count as late (``window_closed``), or, with allowed
@@ -481,6 +524,11 @@ class Combiner:
             ).item()
             self.counters.results_emitted += closed.frame.height
         return closed
+
+    def take_transitions(self) -> list[Transition]:
+        """The alert transitions made since the last call (the runtime publishes them)."""
+        taken, self.transitions = self.transitions, []
+        return taken
 
     # -- confirmations and checkpoints ---------------------------------------------------------
 
@@ -530,6 +578,7 @@ class Combiner:
                 "gateways": gateways,
                 "state": None if state is None else state.pack(),
                 **({} if self.counts is None else {"counts": self.counts.snapshot()}),
+                **({"alerts": self.alerts.snapshot()} if self.spec.alerts else {}),
                 "taken_at": self.clock.now_ms(),
             },
             use_bin_type=True,
@@ -585,6 +634,8 @@ class Combiner:
         self.state.restore(None if obj["state"] is None else PartialRows.unpack(obj["state"]))
         if self.counts is not None:
             self.counts.restore(obj.get("counts"))
+        self.alerts.restore(obj.get("alerts"))
+        self.transitions = []
 
 
 def _partial_bytes(partial: Partial) -> int:

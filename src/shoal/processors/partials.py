@@ -59,6 +59,8 @@ def spec_fingerprint(spec: PipelineSpec) -> str:
             spec.aggregate_names,
             spec.sketch_accuracy,
             spec.partitions,
+            # The row stage shapes partials too; absent, fingerprints stay as they were.
+            *((spec.where, spec.derive) if spec.row_rules is not None else ()),
         )
     )
     return hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -81,6 +83,8 @@ class BatchInfo:
         status: ``ok``, or ``rejected`` when it was dead-lettered (it still advances its
             gateway's sequence, with no rows).
         reason: the dead-letter reason, for rejected batches.
+        filtered: rows of the batch the row stage removed (``where``, or a derived value
+            that is null or not finite); included in ``rows``, in no state row.
     """
 
     gateway_id: str
@@ -94,6 +98,7 @@ class BatchInfo:
     worker: str
     status: Status = "ok"
     reason: str | None = None
+    filtered: int = 0
 
 
 _INT_FIELDS: Final = frozenset(f.name for f in STATE_FIELDS.values() if f.kind == "int")
@@ -421,6 +426,7 @@ class Partial:
                 "worker": b.worker,
                 "status": b.status,
                 "reason": b.reason,
+                **({"filtered": b.filtered} if b.filtered else {}),
                 "state": None if self.rows is None else self.rows.pack(),
                 "produced_at": self.produced_at_ms,
                 **({} if self.events is None else {"events": self.events.pack()}),
@@ -460,6 +466,7 @@ class Partial:
             worker=obj["worker"],
             status=obj["status"],
             reason=obj["reason"],
+            filtered=int(obj.get("filtered", 0)),
         )
         state = obj["state"]
         return cls(
@@ -569,8 +576,15 @@ class PartialBuilder:
         now_ms: int,
     ) -> list[Partial]:
         if len(ts) == 0:
-            return self._split(replace(batch, rows=0), None, now_ms)
-        batch = replace(batch, rows=len(ts), min_ts=int(ts.min()), max_ts=int(ts.max()))
+            return self._split(replace(batch, rows=batch.filtered), None, now_ms)
+        # ``rows`` counts the whole batch, the rows the row stage removed included; so does
+        # the event-time range when the worker set it (the watermark follows every row).
+        batch = replace(
+            batch,
+            rows=len(ts) + batch.filtered,
+            min_ts=int(ts.min()) if batch.min_ts is None else batch.min_ts,
+            max_ts=int(ts.max()) if batch.max_ts is None else batch.max_ts,
+        )
         key_names: list[str | None]
         if coded is not None:
             key_ids = coded.codes.astype(np.int64)

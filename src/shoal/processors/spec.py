@@ -13,9 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
+import polars as pl
+
 from shoal.errors import ConfigError, UsageError
 from shoal.processors.aggregates import AGGREGATES, ALIASES, QUANTILES, AggregateSpec
 from shoal.processors.windows import WINDOW_KINDS, WindowSpec
+from shoal.rules import AlertSpec, Having, RowRules, compile_having, compile_row_rules
+from shoal.rules.alerts import MAX_FOR
 from shoal.schemas import ATTRIBUTE_COLUMNS, FUTURE_POLICIES, DecodeLimits
 from shoal.schemas.topics import check_segment
 
@@ -64,6 +68,12 @@ class PipelineSpec:
         checkpoint_interval_ms: how often combiners persist state and confirm.
         limits: decode limits applied by workers.
         source: the file the spec came from, if any.
+        where: row condition (SQL, ``shoal.rules``); rows it rejects are counted, not kept.
+        derive: (column, SQL expression) computed on each batch before ``where``.
+        having: condition over a window result row; failing rows are withheld (counted).
+        row_rules: ``where`` and ``derive`` compiled (None: no row stage).
+        having_rule: ``having`` compiled (None: every result row is published).
+        alerts: ``[[alerts]]``, compiled (``shoal.rules.alerts``).
     """
 
     name: str
@@ -81,6 +91,12 @@ class PipelineSpec:
     checkpoint_interval_ms: int = 1_000
     limits: DecodeLimits = field(default_factory=DecodeLimits)
     source: Path | None = None
+    where: str | None = None
+    derive: tuple[tuple[str, str], ...] = ()
+    having: str | None = None
+    row_rules: RowRules | None = field(default=None, compare=False, repr=False)
+    having_rule: Having | None = field(default=None, compare=False, repr=False)
+    alerts: tuple[AlertSpec, ...] = ()
 
     @property
     def hold_bound_ms(self) -> int:
@@ -166,6 +182,13 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
     accuracy = sketch.number("relative_accuracy", default=0.01, low=1e-4, high=0.2)
     sketch.finish()
     limits = _limits(_Reader(reader.table("limits"), f"{where}: [limits]", "limits"))
+    rules = _rules(reader, aggregates)
+    rules["alerts"] = tuple(
+        _alert(_Reader(a, f"{where}: alerts[{i}]", f"alerts[{i}]"), aggregates, windows)
+        for i, a in enumerate(reader.tables("alerts"))
+    )
+    if len({a.name for a in rules["alerts"]}) != len(rules["alerts"]):
+        raise reader.error("alerts", "alert names must be unique")
     spec = PipelineSpec(
         name=name,
         inputs=inputs,
@@ -186,9 +209,80 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
         ),
         limits=limits,
         source=source,
+        **rules,
     )
     reader.finish()
     return spec
+
+
+def _rules(reader: _Reader, aggregates: tuple[AggregateSpec, ...]) -> dict[str, Any]:
+    """``where``, ``[derive]`` and ``having``, compiled and checked (``shoal.rules``)."""
+    where = reader._get("where")
+    if where is not None and not isinstance(where, str):
+        raise reader.error("where", "where must be a string (a SQL condition)")
+    derive_table = reader.table("derive")
+    for name, text in derive_table.items():
+        if not isinstance(text, str):
+            raise reader.error(f"derive.{name}", f"derive.{name} must be a string (SQL)")
+    having = reader._get("having")
+    if having is not None and not isinstance(having, str):
+        raise reader.error("having", "having must be a string (a SQL condition)")
+    derive = tuple((str(k), str(v)) for k, v in derive_table.items())
+    try:
+        row_rules = compile_row_rules(where, derive)
+        having_rule = (
+            None
+            if having is None
+            else compile_having(having, {a.name: _result_dtype(a) for a in aggregates})
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{reader.where}: {exc}", field=exc.field, reason=exc.reason) from exc
+    return {
+        "where": where,
+        "derive": derive,
+        "having": having,
+        "row_rules": row_rules,
+        "having_rule": having_rule,
+    }
+
+
+def _alert(
+    reader: _Reader, aggregates: tuple[AggregateSpec, ...], windows: tuple[WindowSpec, ...]
+) -> AlertSpec:
+    """One ``[[alerts]]`` table: name, condition, for, resolve, window."""
+    name = reader.name("name")
+    texts: dict[str, str | None] = {}
+    for key in ("condition", "resolve"):
+        value = reader._get(key)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise reader.error(key, f"{key} must be a SQL condition (a non-empty string)")
+        texts[key] = value
+    condition = texts["condition"]
+    if condition is None:
+        raise reader.error("condition", "an alert needs a condition (SQL over the aggregates)")
+    for_windows = reader.integer("for", default=1, low=1, high=MAX_FOR)
+    window = reader.choice("window", tuple(w.name for w in windows), default=windows[0].name)
+    if next(w for w in windows if w.name == window).by_count:
+        raise reader.error("window", "alerts watch time windows, not count windows (yet)")
+    reader.finish()
+    try:
+        return AlertSpec.build(
+            name,
+            condition,
+            for_windows=for_windows,
+            resolve=texts["resolve"],
+            window=window,
+            columns={a.name: _result_dtype(a) for a in aggregates},
+        )
+    except ConfigError as exc:
+        field = f"{reader.path}.{exc.field}" if exc.field else reader.path
+        raise ConfigError(f"{reader.where}: {exc}", field=field, reason=exc.reason) from exc
+
+
+def _result_dtype(aggregate: AggregateSpec) -> Any:
+    """The polars type of an aggregate's result column (quantiles: Float64)."""
+    known = None if aggregate.quantile is not None else AGGREGATES[aggregate.name]
+    return pl.Float64() if known is None else known.dtype
 
 
 class _Reader:

@@ -32,6 +32,7 @@ from shoal.processors.aggregates import AGGREGATES, QUANTILES, AggregatePlan
 from shoal.processors.partials import PartialRows
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
+from shoal.rules import RESULT_BASE_SCHEMA
 
 COMPACT_ROWS: Final = 2_000_000
 """Pending rows (state + sketch) that trigger a merge: bounds memory between window closes."""
@@ -469,14 +470,7 @@ def result_columns(spec: PipelineSpec, plan: AggregatePlan) -> list[pl.Expr | st
 
 def result_schema(spec: PipelineSpec) -> dict[str, pl.DataType]:
     """The schema of ``result_columns``."""
-    schema: dict[str, pl.DataType] = {
-        "window": pl.String(),
-        "start": pl.Int64(),
-        "end": pl.Int64(),
-        "key": pl.String(),
-        "rows": pl.Int64(),
-        "batches": pl.Int64(),
-    }
+    schema: dict[str, pl.DataType] = dict(RESULT_BASE_SCHEMA)
     for aggregate in spec.aggregates:
         known = None if aggregate.quantile is not None else AGGREGATES[aggregate.name]
         schema[aggregate.name] = pl.Float64() if known is None else known.dtype

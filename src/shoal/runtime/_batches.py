@@ -1,4 +1,4 @@
-"""One pipeline's batch handling in a worker: decode → partials → start publishing them.
+"""One pipeline's batch handling in a worker: decode → row rules → partials → publish them.
 
 Shared by the pinned worker (one pipeline) and the pool worker (every deployed pipeline):
 ``BatchHandler.handle`` is steps 1-3 of the ack order written down in
@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shoal.broker.session import Message, Session
 from shoal.clock import Clock
@@ -38,6 +38,8 @@ class WorkerCounters:
     """Rows whose timestamps lay beyond ``max_future_ms`` and were clamped (``on_future``)."""
     deadletters: int = 0
     partials: int = 0
+    rows_filtered: int = 0
+    """Rows the row stage removed: ``where`` false or null, or a derived value not finite."""
     busy_s: float = 0.0
     reconnects: int = 0
     unrouted: int = 0
@@ -90,7 +92,21 @@ class BatchHandler:
         partials: list[Partial]
         try:
             batch, info = self._decode(message, now)
-            partials = self.builder.build_batch(batch, info, now)
+            rules = self.spec.row_rules
+            if rules is None:
+                partials = self.builder.build_batch(batch, info, now)
+            else:  # the row stage, vectorised on the decoded frame, before partials
+                kept = rules.apply(batch.frame)
+                # The watermark follows every row the gateway sent, kept or not: a gateway
+                # whose rows all fail ``where`` still moves event time on.
+                info = replace(
+                    info,
+                    filtered=kept.filtered + kept.invalid,
+                    min_ts=int(batch.ts.min()) if batch.rows else None,
+                    max_ts=int(batch.ts.max()) if batch.rows else None,
+                )
+                partials = self.builder.build(kept.frame, info, now)
+                counters.rows_filtered += info.filtered
             counters.batches += 1
             counters.rows += batch.rows
             counters.rows_clamped += batch.clamped

@@ -52,6 +52,7 @@ from shoal.processors.results import (
 )
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows
+from shoal.rules import alert_payload
 from shoal.runtime._tasks import supervised
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas.control import MAX_MISSING, Confirm, GatewayStatus
@@ -281,6 +282,7 @@ class CombinerRuntime:
     ) -> None:
         """Publish closed windows; ``since`` (clock monotonic s) is when closing them began."""
         if closed is None or closed.empty:
+            self._publish_alerts(session)
             return
         spec = self.config.spec
         topics = self.config.topics
@@ -338,6 +340,37 @@ class CombinerRuntime:
                         self._publish_keys(session, result, started, window_futures)
                     )
                 )
+        self._publish_alerts(session)
+
+    def _publish_alerts(self, session: Session) -> None:
+        """Publish the alert transitions of the windows just closed (retained, QoS 1).
+
+        Started in the same synchronous step as the window results, so the checkpoint that
+        forgets those windows waits for their PUBACKs too (see the module docstring).
+        """
+        transitions = self.core.take_transitions()
+        if not transitions:
+            return
+        spec = self.config.spec
+        by_name = {a.name: a for a in spec.alerts}
+        now = self.clock.now_ms()
+        for transition in transitions:
+            payload = alert_payload(
+                transition,
+                by_name[transition.alert],
+                pipeline=spec.name,
+                partition=self.config.partition,
+                spec=self.core.fingerprint,
+                at_ms=now,
+            )
+            self._unacked.append(
+                session.publish_started(
+                    self.config.topics.alert(spec.name, transition.alert, transition.key),
+                    payload,
+                    content_type="application/json",
+                    retain=True,
+                )
+            )
 
     async def _publish_keys(
         self,

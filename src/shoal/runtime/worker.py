@@ -265,6 +265,7 @@ class Worker:
             "batches": self.counters.batches,
             "rows": self.counters.rows,
             "rows_clamped": self.counters.rows_clamped,
+            "rows_filtered": self.counters.rows_filtered,
             "deadletters": self.counters.deadletters,
             "partials": self.counters.partials,
             "busy_s": round(self.counters.busy_s, 6),

@@ -127,6 +127,16 @@ MESSAGES: Final[tuple[MessageKind, ...]] = (
         "combiner",
     ),
     MessageKind(
+        "alert",
+        "shoal/alerts/<pipeline>/<alert>/<key>",
+        "json",
+        "alert.schema.json",
+        1,
+        True,
+        "application/json",
+        "combiner",
+    ),
+    MessageKind(
         "deadletter",
         "shoal/deadletter/<pipeline>",
         "msgpack",

@@ -137,6 +137,14 @@ class Topics:
         """Rows that arrived after their window closed."""
         return self._t("shoal", "late", pipeline)
 
+    def alert(self, pipeline: str, alert: str, key: str | None) -> str:
+        """An alert's latest state change for one key (retained JSON, CONTRACT §20)."""
+        return self._t("shoal", "alerts", pipeline, alert, key_segment(key))
+
+    def alerts(self, pipeline: str) -> str:
+        """Every alert of one pipeline, every key."""
+        return self._t("shoal", "alerts", pipeline, "#")
+
     def metrics(self, component: str, instance: str) -> str:
         """Heartbeats and counters of one component instance."""
         return self._t("shoal", "metrics", component, instance)

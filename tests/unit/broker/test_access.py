@@ -81,10 +81,22 @@ def test_every_rule_covers_the_topics_the_components_use() -> None:
     assert allowed(Role.admin(), "read", ROOT.deadletter("p"))
     assert not allowed(Role.admin(), "read", ROOT.ingest("s", "gw"))
     assert not allowed(Role.admin(), "write", ROOT.results("p"))
+    # Alerts: written by their pipeline's combiners, read by dashboards and admins.
+    topic = ROOT.alert("p", "hot", "k")
+    assert allowed(Role.combiner("p"), "write", topic)
+    assert not allowed(Role.combiner("q"), "write", topic)
+    assert allowed(Role.dashboard(), "read", topic)
+    assert allowed(Role.dashboard("p"), "read", topic)
+    assert not allowed(Role.dashboard("q"), "read", topic)
+    assert allowed(Role.admin(), "read", topic)
+    assert not allowed(Role.dashboard(), "write", topic)
 
 
 def test_no_root_means_top_level_topics() -> None:
-    assert [r.line() for r in Role.dashboard().rules("d", Topics())] == ["topic read results/#"]
+    assert [r.line() for r in Role.dashboard().rules("d", Topics())] == [
+        "topic read results/#",
+        "topic read shoal/alerts/#",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,276 @@
+"""SQL expressions (``pl.sql_expr``) over batch rows and window results, checked at deploy.
+
+A pipeline's row stage is ``derive`` (named expressions computing columns, in order, each
+seeing the columns before it) then ``where`` (a boolean expression); its result stage is
+``having`` over a window result row. Every expression is compiled once and run against an
+empty and a small sample frame of the exact schema it will meet, so an unknown column, a
+type error, a non-boolean condition or an expression that looks across rows (an aggregate
+or ``OVER``: its answer would depend on how rows were cut into batches) is refused when the
+spec is parsed, with the expression and the column named. Nothing here loops over rows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+import polars as pl
+
+from shoal.errors import ConfigError
+from shoal.schemas import FRAME_SCHEMA
+
+PROTECTED_COLUMNS: Final = frozenset({"sensor_id", "ts"})
+"""Columns ``derive`` may not replace: a row's identity and event time."""
+
+RESULT_BASE_SCHEMA: Final = pl.Schema(
+    {
+        "window": pl.String(),
+        "start": pl.Int64(),
+        "end": pl.Int64(),
+        "key": pl.String(),
+        "rows": pl.Int64(),
+        "batches": pl.Int64(),
+    }
+)
+"""Columns of every window result row besides the aggregates (``state.ClosedWindows``)."""
+
+RULE_REASONS: Final = frozenset(
+    {
+        "bad_expression",
+        "unknown_column",
+        "wrong_type",
+        "not_per_row",
+        "bad_name",
+        "protected_column",
+    }
+)
+"""The ``ConfigError.reason`` codes of a refused expression (the control plane reports them
+as ``invalid_expression``, naming the field)."""
+
+_NAME: Final = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
+_SAMPLE_ROWS: Final = 3
+
+
+@dataclass(frozen=True, slots=True)
+class RowsKept:
+    """A batch frame after the row stage, and how many rows it removed.
+
+    Attributes:
+        frame: the kept rows (``FRAME_SCHEMA`` columns first, derived ones after).
+        filtered: rows ``where`` removed (false or null).
+        invalid: rows whose derived ``value`` was null or not finite (removed, counted).
+    """
+
+    frame: pl.DataFrame
+    filtered: int
+    invalid: int
+
+
+@dataclass(frozen=True, slots=True)
+class RowRules:
+    """A pipeline's compiled row stage: ``derive`` then ``where``, as one polars plan.
+
+    Attributes:
+        where: the condition's text (None: every row passes).
+        derive: (column, expression text) in order.
+    """
+
+    where: str | None
+    derive: tuple[tuple[str, str], ...]
+    _derive: tuple[pl.Expr, ...] = field(compare=False, repr=False)
+    _where: pl.Expr | None = field(compare=False, repr=False)
+
+    @property
+    def replaces_value(self) -> bool:
+        """Whether ``derive`` computes ``value`` (then it is checked finite per row)."""
+        return any(name == "value" for name, _ in self.derive)
+
+    def apply(self, frame: pl.DataFrame) -> RowsKept:
+        """The rows that pass, with derived columns; vectorised over the whole batch."""
+        out = frame
+        for expr in self._derive:
+            out = out.with_columns(expr)
+        invalid = 0
+        if self.replaces_value:
+            value = out.get_column("value")
+            good = value.is_not_null() & value.is_finite().fill_null(value=False)
+            invalid = out.height - int(good.sum())
+            if invalid:
+                out = out.filter(good)
+        filtered = 0
+        if self._where is not None:
+            before = out.height
+            out = out.filter(self._where)
+            filtered = before - out.height
+        return RowsKept(out, filtered, invalid)
+
+
+@dataclass(frozen=True, slots=True)
+class Having:
+    """A compiled ``having`` condition over window result rows."""
+
+    text: str
+    expr: pl.Expr = field(compare=False, repr=False)
+
+    def apply(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """The result rows that pass (false or null: withheld)."""
+        if frame.height == 0:
+            return frame
+        return frame.filter(self.expr)
+
+
+def compile_row_rules(
+    where: str | None, derive: Mapping[str, str] | tuple[tuple[str, str], ...]
+) -> RowRules | None:
+    """Compile and check a row stage against the decoded batch schema (None: no rules).
+
+    Raises:
+        ConfigError: ``field`` is ``derive.<name>`` or ``where``; ``reason`` is
+            ``bad_expression``, ``unknown_column``, ``wrong_type`` or ``not_per_row``.
+    """
+    pairs = tuple(derive.items()) if isinstance(derive, Mapping) else derive
+    if where is None and not pairs:
+        return None
+    schema = dict(FRAME_SCHEMA)
+    compiled: list[pl.Expr] = []
+    for name, text in pairs:
+        field = f"derive.{name}"
+        if not _NAME.match(name):
+            raise ConfigError(
+                f"derive: {name!r} (= {text!r}) is not a column name (lower case letters, "
+                "digits and _, "
+                "starting with a letter or _)",
+                field=field,
+                reason="bad_name",
+            )
+        if name in PROTECTED_COLUMNS:
+            raise ConfigError(
+                f"derive: {name!r} (= {text!r}) may not be replaced (sensor_id and ts are a "
+                "row's identity and event time)",
+                field=field,
+                reason="protected_column",
+            )
+        expr = _compile(text, field).alias(name)
+        dtype = _check(expr, text, field, pl.Schema(schema))
+        if name == "value" and not dtype.is_numeric():
+            raise _wrong_type(field, text, f"a number for value, not {dtype}")
+        if name in FRAME_SCHEMA and name != "value" and dtype != FRAME_SCHEMA[name]:
+            expr = expr.cast(FRAME_SCHEMA[name])
+            dtype = FRAME_SCHEMA[name]
+        if name == "value":
+            expr = expr.cast(pl.Float64)
+            dtype = pl.Float64()
+        schema[name] = dtype
+        compiled.append(expr)
+    where_expr = None
+    if where is not None:
+        where_expr = _compile(where, "where")
+        dtype = _check(where_expr, where, "where", pl.Schema(schema))
+        if dtype != pl.Boolean:
+            raise _wrong_type("where", where, f"a condition (true/false), not {dtype}")
+    return RowRules(where, pairs, tuple(compiled), where_expr)
+
+
+def compile_having(
+    text: str, aggregates: Mapping[str, pl.DataType], *, field: str = "having"
+) -> Having:
+    """Compile and check a condition over window result rows (``having``, alert conditions).
+
+    Their columns are ``RESULT_BASE_SCHEMA`` and the aggregates by output name.
+
+    Raises:
+        ConfigError: ``field`` as given, reasons as for ``compile_row_rules``.
+    """
+    schema = pl.Schema({**RESULT_BASE_SCHEMA, **aggregates})
+    expr = _compile(text, field)
+    dtype = _check(expr, text, field, schema)
+    if dtype != pl.Boolean:
+        raise _wrong_type(field, text, f"a condition (true/false), not {dtype}")
+    return Having(text, expr)
+
+
+def _compile(text: str, field: str) -> pl.Expr:
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(
+            f"{field}: expected a SQL expression (a non-empty string)",
+            field=field,
+            reason="bad_expression",
+        )
+    try:
+        return pl.sql_expr(text)
+    except Exception as exc:  # polars raises several SQL error types: wrap them all
+        raise ConfigError(
+            f"{field}: cannot parse {text!r}: {_first_line(exc)}",
+            field=field,
+            reason="bad_expression",
+        ) from exc
+
+
+def _check(expr: pl.Expr, text: str, field: str, schema: pl.Schema) -> pl.DataType:
+    """Run ``expr`` on an empty and a sample frame of ``schema``; its output type."""
+    if ".over(" in str(expr):
+        raise _not_per_row(field, text)
+    try:
+        empty = pl.DataFrame(schema=schema).select(expr)
+        sample = _sample(schema).select(expr)
+    except pl.exceptions.ColumnNotFoundError as exc:
+        column = _missing_column(exc)
+        raise ConfigError(
+            f"{field}: {text!r} names unknown column {column!r}; available: "
+            f"{', '.join(schema.names())}",
+            field=field,
+            reason="unknown_column",
+        ) from exc
+    except Exception as exc:  # type errors, unsupported functions: say which expression
+        raise ConfigError(
+            f"{field}: {text!r} cannot be computed on {', '.join(schema.names())}: "
+            f"{_first_line(exc)}",
+            field=field,
+            reason="wrong_type",
+        ) from exc
+    if sample.height != _SAMPLE_ROWS:
+        raise _not_per_row(field, text)
+    return empty.to_series().dtype
+
+
+def _sample(schema: pl.Schema) -> pl.DataFrame:
+    """A few rows of ``schema`` with distinct values (an aggregate collapses them)."""
+    columns: dict[str, pl.Series] = {}
+    for name, dtype in schema.items():
+        if dtype == pl.String:
+            values: list[object] = [f"{name}-{i}" for i in range(_SAMPLE_ROWS)]
+        elif dtype.is_float():
+            values = [float(v) for v in np.linspace(1.0, 2.0, _SAMPLE_ROWS)]
+        elif dtype == pl.Boolean:
+            values = [i % 2 == 0 for i in range(_SAMPLE_ROWS)]
+        else:
+            values = list(range(1, _SAMPLE_ROWS + 1))
+        columns[name] = pl.Series(name, values, dtype=dtype)
+    return pl.DataFrame(columns)
+
+
+def _missing_column(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else "?"
+    match = re.search(r'"([^"]+)"', text) or re.search(r"'([^']+)'", text)
+    return match.group(1) if match else text
+
+
+def _first_line(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _wrong_type(field: str, text: str, wanted: str) -> ConfigError:
+    return ConfigError(f"{field}: {text!r} must give {wanted}", field=field, reason="wrong_type")
+
+
+def _not_per_row(field: str, text: str) -> ConfigError:
+    return ConfigError(
+        f"{field}: {text!r} looks across rows (an aggregate or OVER); rules are per row, "
+        "since a batch is an arbitrary cut of the data (use aggregates and having for that)",
+        field=field,
+        reason="not_per_row",
+    )

@@ -1,0 +1,86 @@
+"""The rules oracle: ``derive``, ``where``, ``having`` and alerts in plain polars and Python.
+
+Per row, over the whole data set: the derive expressions (``pl.sql_expr``, in order), then
+rows whose value is null or not finite and rows failing ``where`` are counted and dropped;
+lateness is judged as in ``oracle.late_flags`` with each batch's watermark over *all* its
+rows (the documented rule: event time follows every row a gateway sent). ``having`` filters
+the results; alerts are a plain loop over each key's results in start order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+from shoal.processors.spec import PipelineSpec
+from tests.support.oracle import _aggregates, late_flags
+
+
+@dataclass(frozen=True)
+class RulesExpectation:
+    """What a pipeline with rules must publish and count."""
+
+    results: pl.DataFrame
+    """Closed results before ``having`` (what alerts see)."""
+    published: pl.DataFrame
+    """Results passing ``having``."""
+    filtered: int
+    """Rows removed by the row stage (each row once)."""
+    late: int
+    scale: pl.DataFrame
+
+
+def row_stage(rows: pl.DataFrame, spec: PipelineSpec) -> tuple[pl.DataFrame, pl.Series]:
+    """``rows`` with the derived columns, and per row whether it is kept."""
+    out = rows
+    for name, text in spec.derive:
+        out = out.with_columns(pl.sql_expr(text).alias(name))
+    keep = out["value"].is_not_null() & out["value"].cast(pl.Float64).is_finite()
+    if spec.where is not None:
+        keep = keep & out.select(pl.sql_expr(spec.where).fill_null(value=False)).to_series()
+    return out.with_columns(pl.col("value").cast(pl.Float64)), keep.fill_null(value=False)
+
+
+def expected_with_rules(rows: pl.DataFrame, spec: PipelineSpec) -> RulesExpectation:
+    """``rows``: every row once with gateway_id, seq, key, ts, value and the columns the
+    rules name."""
+    derived, keep = row_stage(rows, spec)
+    flagged = late_flags(derived.with_columns(__keep=keep), spec)
+    kept = flagged.filter(pl.col("__keep"))
+    on_time = kept.filter(~pl.col("late"))
+    results = (
+        on_time.group_by("window", "start", "end", "key")
+        .agg(_aggregates(spec))
+        .sort("window", "start", "key")
+    )
+    published = results if spec.having is None else results.filter(pl.sql_expr(spec.having))
+    scale = on_time.group_by("window", "start", "key").agg(abs_sum=pl.col("value").abs().sum())
+    return RulesExpectation(results, published, int((~keep).sum()), int(kept["late"].sum()), scale)
+
+
+def expected_transitions(results: pl.DataFrame, spec: PipelineSpec) -> set[tuple]:
+    """(alert, key, start, state) of every transition the alerts must make."""
+    out: set[tuple] = set()
+    for alert in spec.alerts:
+        mine = results.filter(pl.col("window") == alert.window).with_columns(
+            met=pl.sql_expr(alert.condition).fill_null(value=False),
+            resolves=pl.sql_expr(alert.resolve or f"NOT ({alert.condition})").fill_null(
+                value=False
+            ),
+        )
+        for (key,), group in mine.sort("start").group_by("key", maintain_order=True):
+            streak, firing = 0, False
+            for row in group.iter_rows(named=True):
+                if firing:
+                    if row["resolves"]:
+                        firing, streak = False, 0
+                        out.add((alert.name, key, row["start"], "resolved"))
+                elif row["met"]:
+                    streak += 1
+                    if streak >= alert.for_windows:
+                        firing = True
+                        out.add((alert.name, key, row["start"], "firing"))
+                else:
+                    streak = 0
+    return out
