@@ -21,50 +21,18 @@ from shoal.processors.spec import PipelineSpec
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
 from tests.support.compare import assert_matches_oracle
-from tests.support.datasets import GeneratedBatch, make_batches, two_window_spec
+from tests.support.datasets import make_batches, two_window_spec
 from tests.support.in_memory import shuffled_with_duplicates
 from tests.support.live import InProcessPipeline, collector, publish_batches
-from tests.support.rules_oracle import expected_transitions, expected_with_rules
+from tests.support.rules_oracle import (
+    RULES,
+    expected_transitions,
+    expected_with_rules,
+    rows_of,
+    with_attributes,
+)
 
 pytestmark = pytest.mark.broker
-
-RULES = {
-    "derive": {
-        "value": "CASE WHEN unit = 'F' THEN (value - 32) * 5 / 9 ELSE value END",
-        "plausible": "value > -10 AND value < 45",
-    },
-    "where": "plausible AND sensor_id <> 'shared-k0'",
-    "having": "rows >= 3",
-    "alerts": [{"name": "hot", "condition": "max > 30", "for": 2, "resolve": "max < 25"}],
-}
-
-
-def with_units(batches: list[GeneratedBatch], seed: int) -> list[GeneratedBatch]:
-    """The batches with a unit per row: a third in Fahrenheit (values converted to it)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for batch in batches:
-        fahrenheit = pl.Series(rng.random(batch.frame.height) < 0.33)
-        frame = batch.frame.with_columns(
-            unit=pl.when(fahrenheit).then(pl.lit("F")).otherwise(pl.lit("C")),
-            value=pl.when(fahrenheit)
-            .then((pl.col("value") * 9 / 5 + 32).round(3))
-            .otherwise(pl.col("value")),
-        )
-        out.append(GeneratedBatch(batch.gateway_id, batch.seq, frame))
-    return out
-
-
-def rows_of(batches: list[GeneratedBatch]) -> pl.DataFrame:
-    """Every row once, with the columns the rules name (``all_rows`` plus them)."""
-    return pl.concat(
-        b.frame.with_columns(
-            key=pl.col("sensor_id"),
-            gateway_id=pl.lit(b.gateway_id),
-            seq=pl.lit(b.seq, dtype=pl.Int64),
-        )
-        for b in batches
-    )
 
 
 @pytest.mark.parametrize(("workers", "partitions"), [(1, 1), (3, 2)])
@@ -74,7 +42,7 @@ def test_rules_equal_the_oracle(
     spec: PipelineSpec = two_window_spec(
         "rules", ["count", "mean", "max"], partitions, checkpoint_interval_ms=200, **RULES
     )
-    batches = with_units(
+    batches = with_attributes(
         make_batches(seed=11 + workers, gateways=3, batches_per_gateway=30, rows_per_batch=(0, 60)),
         seed=workers,
     )

@@ -10,11 +10,28 @@ the results; alerts are a plain loop over each key's results in start order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
+import numpy as np
 import polars as pl
 
 from shoal.processors.spec import PipelineSpec
+from tests.support.datasets import GeneratedBatch
 from tests.support.oracle import _aggregates, late_flags
+
+RULES: Final = {
+    "derive": {
+        "value": "CASE WHEN unit = 'F' THEN (value - 32) * 5 / 9 ELSE value END",
+        "plausible": "value > -10 AND value < 45",
+    },
+    "where": "plausible AND sensor_id <> 'shared-k0'",
+    "having": "rows >= 3",
+    "alerts": [{"name": "hot", "condition": "max > 30", "for": 2, "resolve": "max < 25"}],
+}
+"""Rules over ``with_attributes`` data whose conditions read exact aggregates only (rows,
+max), so no float rounding decides a comparison: Fahrenheit to Celsius, implausible
+readings and one sensor dropped, keys with fewer than 3 rows withheld, and an alert after two
+consecutive windows above 30 °C that resolves below 25 °C."""
 
 
 @dataclass(frozen=True)
@@ -84,3 +101,35 @@ def expected_transitions(results: pl.DataFrame, spec: PipelineSpec) -> set[tuple
                 else:
                     streak = 0
     return out
+
+
+def with_attributes(batches: list[GeneratedBatch], seed: int) -> list[GeneratedBatch]:
+    """The batches with attributes per row: ``type`` temperature or noise, ``unit`` C or F
+    (a third in Fahrenheit, their values converted to it)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for batch in batches:
+        n = batch.frame.height
+        fahrenheit = pl.Series(rng.random(n) < 0.33)
+        noise = pl.Series(rng.random(n) < 0.25)
+        frame = batch.frame.with_columns(
+            type=pl.when(noise).then(pl.lit("noise")).otherwise(pl.lit("temperature")),
+            unit=pl.when(fahrenheit).then(pl.lit("F")).otherwise(pl.lit("C")),
+            value=pl.when(fahrenheit)
+            .then((pl.col("value") * 9 / 5 + 32).round(3))
+            .otherwise(pl.col("value")),
+        )
+        out.append(GeneratedBatch(batch.gateway_id, batch.seq, frame))
+    return out
+
+
+def rows_of(batches: list[GeneratedBatch], key: str = "sensor_id") -> pl.DataFrame:
+    """Every row once with all its columns, ``key``, ``gateway_id`` and ``seq``."""
+    return pl.concat(
+        b.frame.with_columns(
+            key=pl.col(key),
+            gateway_id=pl.lit(b.gateway_id),
+            seq=pl.lit(b.seq, dtype=pl.Int64),
+        )
+        for b in batches
+    )

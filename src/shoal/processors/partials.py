@@ -518,6 +518,8 @@ class KeyRouter:
 class PartialBuilder:
     """Compiles a pipeline spec once and turns decoded batches into partials.
 
+    A spec's row stage (``where``/``derive``, ``shoal.rules``) runs first, on the decoded frame.
+
     Each window's kind (``windows.WINDOW_KINDS``) assigns the rows to windows; the state of
     all (window, start, key) groups of a batch then comes from one sort and the ``reduceat``
     kernels of the plan's state fields (``_kernels.partial_state``, ``aggregates.py``).
@@ -533,6 +535,7 @@ class PartialBuilder:
         self._kinds = [kind_of(w) for w in spec.windows]
         self._schema = self.plan.state_schema(AGGS_GROUPS)
         self._by_count = any(w.by_count for w in spec.windows)
+        self.rules = spec.row_rules
 
     def build(
         self,
@@ -546,6 +549,9 @@ class PartialBuilder:
         ``codes`` are the batch's dictionary-coded columns (``Batch.codes``), if any: keys
         that arrived coded are grouped on their codes directly.
         """
+        if self.rules is not None:
+            frame, batch = self._row_stage(frame, batch)
+            codes = None  # the codes index the rows before the row stage
         coded = None if codes is None else codes.get(self.spec.key)
         return self._build(
             frame.get_column("ts").to_numpy(),
@@ -562,9 +568,28 @@ class PartialBuilder:
         Its frame is not built when the key column arrived dictionary-coded (binary columnar:
         the worker's fast path).
         """
+        if self.rules is not None:
+            return self.build(decoded.frame, batch, now_ms)
         coded = decoded.codes.get(self.spec.key)
         keys = None if coded is not None else decoded.frame.get_column(self.spec.key)
         return self._build(decoded.ts, decoded.value, coded, keys, batch, now_ms)
+
+    def _row_stage(self, frame: pl.DataFrame, batch: BatchInfo) -> tuple[pl.DataFrame, BatchInfo]:
+        """``derive`` then ``where`` (``shoal.rules``): the kept rows, and the batch info.
+
+        The info gets ``filtered`` and its event-time range over every row, kept or not: a
+        gateway whose rows all fail ``where`` still moves its watermark on.
+        """
+        assert self.rules is not None
+        kept = self.rules.apply(frame)
+        ts = frame.get_column("ts")
+        batch = replace(
+            batch,
+            filtered=kept.filtered + kept.invalid,
+            min_ts=None if ts.is_empty() else int(ts.min()),  # type: ignore[arg-type]
+            max_ts=None if ts.is_empty() else int(ts.max()),  # type: ignore[arg-type]
+        )
+        return kept.frame, batch
 
     def _build(  # noqa: PLR0917 - private; the two public entry points name everything
         self,

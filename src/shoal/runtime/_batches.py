@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from shoal.broker.session import Message, Session
 from shoal.clock import Clock
@@ -92,21 +92,9 @@ class BatchHandler:
         partials: list[Partial]
         try:
             batch, info = self._decode(message, now)
-            rules = self.spec.row_rules
-            if rules is None:
-                partials = self.builder.build_batch(batch, info, now)
-            else:  # the row stage, vectorised on the decoded frame, before partials
-                kept = rules.apply(batch.frame)
-                # The watermark follows every row the gateway sent, kept or not: a gateway
-                # whose rows all fail ``where`` still moves event time on.
-                info = replace(
-                    info,
-                    filtered=kept.filtered + kept.invalid,
-                    min_ts=int(batch.ts.min()) if batch.rows else None,
-                    max_ts=int(batch.ts.max()) if batch.rows else None,
-                )
-                partials = self.builder.build(kept.frame, info, now)
-                counters.rows_filtered += info.filtered
+            # The row stage (where/derive) runs inside the builder, on the decoded frame.
+            partials = self.builder.build_batch(batch, info, now)
+            counters.rows_filtered += partials[0].batch.filtered if partials else 0
             counters.batches += 1
             counters.rows += batch.rows
             counters.rows_clamped += batch.clamped
