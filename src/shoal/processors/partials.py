@@ -22,6 +22,7 @@ import polars as pl
 
 from shoal.errors import SchemaError
 from shoal.processors._kernels import partial_state
+from shoal.processors._panes import fan_out
 from shoal.processors.aggregates import STATE_FIELDS, AggregatePlan
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
@@ -508,9 +509,21 @@ class PartialBuilder:
                 rows_ts, rows_value = np.repeat(ts, per_row), np.repeat(value, per_row)
                 rows_key = np.repeat(key_ids, per_row)
                 rows_bucket = None if bucket_all is None else np.repeat(bucket_all, per_row)
-            # Dense group ids (slot-major): small enough for a radix sort in the kernel.
-            groups = assigned.slot * width + rows_key
-            g, state, sketch = partial_state(groups, rows_ts, rows_value, fields, rows_bucket)
+            if assigned.fan > 1:  # hopping: state per pane, then per window (``_panes``)
+                g, state, sketch = fan_out(
+                    assigned.slot,
+                    assigned.fan,
+                    rows_key,
+                    width,
+                    rows_ts,
+                    rows_value,
+                    fields,
+                    rows_bucket,
+                )
+            else:
+                # Dense group ids (slot-major): small enough for a radix sort in the kernel.
+                groups = assigned.slot * width + rows_key
+                g, state, sketch = partial_state(groups, rows_ts, rows_value, fields, rows_bucket)
             parts.append(
                 PartialRows(
                     window=np.full(len(g), index, dtype=np.uint8),

@@ -57,22 +57,35 @@ class Assignment:
 
     Memberships are row-major: row ``i`` has memberships ``i * per_row`` to
     ``(i + 1) * per_row - 1`` (repeat the row's columns ``per_row`` times to align them).
+    With ``fan > 1`` a membership's slot is a *pane*: slot ``p`` stands for the windows of
+    slots ``p`` to ``p + fan - 1`` (``PartialBuilder`` computes state per pane and fans it
+    out, ``_panes.py``); ``expanded`` spells those windows out.
 
     Attributes:
-        per_row: windows per row.
+        per_row: memberships per row.
         slot: slot of each membership (non-negative).
         base: start of the window of slot 0.
         step: distance between the starts of consecutive slots.
+        fan: consecutive window slots each membership stands for.
     """
 
     per_row: int
     slot: Int64Array
     base: int
     step: int
+    fan: int = 1
 
     def starts(self, slot: Int64Array) -> Int64Array:
         """The window start of each slot."""
         return slot * self.step + self.base
+
+    def expanded(self) -> Assignment:
+        """The same windows with one membership per window (``fan`` 1), row-major."""
+        if self.fan == 1:
+            return self
+        back = np.arange(self.fan, dtype=np.int64)
+        slot = (self.slot[:, None] + back[None, :]).ravel()
+        return Assignment(self.per_row * self.fan, slot, self.base, self.step)
 
 
 class WindowKind(Protocol):
@@ -126,16 +139,16 @@ class AlignedWindows:
         return frame.with_columns(starts.alias("start")).explode("start")
 
     def assign(self, ts: Int64Array, window: WindowSpec) -> Assignment:
-        """Slot ``k`` is the window starting at ``(first + k) * slide_ms``; newest first per row."""
-        per_row = window.windows_per_row
-        newest = ts // window.slide_ms  # the newest window of each row, in slides since 0
-        first = int(newest.min()) - (per_row - 1)
-        if per_row == 1:
-            slot = newest - first
-        else:
-            back = np.arange(per_row, dtype=np.int64)
-            slot = (newest[:, None] - back[None, :]).ravel() - first
-        return Assignment(per_row, slot, first * window.slide_ms, window.slide_ms)
+        """Each row's pane of ``slide_ms``, one membership per row (``fan`` = size/slide).
+
+        Slot ``k`` is the window starting at ``(first + k) * slide_ms``; pane slot ``p`` lies
+        in window slots ``p .. p + fan - 1``.
+        """
+        fan = window.windows_per_row
+        pane = ts // window.slide_ms  # the newest window of each row, in slides since 0
+        lowest = int(pane.min())
+        first = lowest - (fan - 1)
+        return Assignment(1, pane - lowest, first * window.slide_ms, window.slide_ms, fan)
 
 
 TUMBLING: Final = AlignedWindows("tumbling", takes_slide=False)

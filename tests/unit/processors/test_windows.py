@@ -105,7 +105,7 @@ def test_with_window_starts_table(window: WindowSpec, ts: int, starts: list[int]
 
 @pytest.mark.parametrize(("window", "ts", "starts"), CASES)
 def test_assign_table(window: WindowSpec, ts: int, starts: list[int]) -> None:
-    windows = kind_of(window).assign(np.array([ts], dtype=np.int64), window)
+    windows = kind_of(window).assign(np.array([ts], dtype=np.int64), window).expanded()
     assert windows.per_row == len(starts)
     assert (windows.slot >= 0).all()
     assert sorted(windows.starts(windows.slot).tolist()) == starts
@@ -223,8 +223,11 @@ def test_vectorised_matches_scalar(window: WindowSpec, ts: list[int]) -> None:
 @settings(max_examples=100, deadline=None)
 @given(window=window_specs(), ts=st.lists(timestamps, min_size=1, max_size=30))
 def test_assign_matches_scalar(window: WindowSpec, ts: list[int]) -> None:
-    """The hot path's assignment: row-major memberships, dense non-negative slots."""
-    windows = kind_of(window).assign(np.array(ts, dtype=np.int64), window)
+    """The hot path's assignment: one pane per row, dense non-negative slots."""
+    panes = kind_of(window).assign(np.array(ts, dtype=np.int64), window)
+    assert panes.per_row == 1
+    assert panes.fan == window.windows_per_row
+    windows = panes.expanded()
     per_row = windows.per_row
     assert len(windows.slot) == per_row * len(ts)
     assert windows.slot.min() == 0
