@@ -42,7 +42,6 @@ import polars as pl
 
 from shoal.clock import Clock
 from shoal.errors import SchemaError, UsageError
-from shoal.processors.aggregates import AggregatePlan
 from shoal.processors.partials import Partial, PartialRows, spec_fingerprint
 from shoal.processors.progress import GatewayProgress, ProgressTracker
 from shoal.processors.spec import PipelineSpec
@@ -125,7 +124,7 @@ class Combiner:
         self.spec = spec
         self.partition = partition
         self.clock = clock
-        self.plan = AggregatePlan.for_aggregates(spec.aggregates)
+        self.plan = spec.plan()
         self.fingerprint = spec_fingerprint(spec)
         self.tracker: ProgressTracker[Partial] = ProgressTracker(
             spec.idle_timeout_ms,

@@ -23,7 +23,7 @@ import polars as pl
 from shoal.errors import SchemaError
 from shoal.processors._kernels import partial_state
 from shoal.processors._panes import fan_out
-from shoal.processors.aggregates import STATE_FIELDS, AggregatePlan
+from shoal.processors.aggregates import STATE_FIELDS
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.windows import kind_of
@@ -47,7 +47,12 @@ def spec_fingerprint(spec: PipelineSpec) -> str:
     text = repr(
         (
             spec.key,
-            [(w.name, w.size_ms, w.slide_ms) for w in spec.windows],
+            # A sliding window is a hopping one plus its trigger: its kind tells them apart
+            # (the other kinds print as before sliding windows existed).
+            [
+                (w.name, w.size_ms, w.slide_ms, *(("sliding",) if w.kind == "sliding" else ()))
+                for w in spec.windows
+            ],
             spec.aggregate_names,
             spec.sketch_accuracy,
             spec.partitions,
@@ -427,7 +432,7 @@ class PartialBuilder:
     def __init__(self, spec: PipelineSpec, worker_id: str) -> None:
         self.spec = spec
         self.worker_id = worker_id
-        self.plan = AggregatePlan.for_aggregates(spec.aggregates)
+        self.plan = spec.plan()
         self.buckets = LogBuckets(spec.sketch_accuracy)
         self.router = KeyRouter(spec.partitions)
         self.fingerprint = spec_fingerprint(spec)

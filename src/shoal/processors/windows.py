@@ -12,6 +12,13 @@ is ``floor(t / slide) * slide - j * slide`` for ``j`` in ``0 .. size/slide - 1``
 window is a hopping one with ``slide = size``. Floor division makes negative timestamps fall
 into the window *before* zero, like positive ones.
 
+A kind may also decide which of its merged (window, key) states are results (``emitted``,
+with ``emitted_reference`` its polars twin). Tumbling and hopping emit every window holding a
+row. A *sliding* window (``step_ms``, carried as ``slide_ms``) holds rows like a hopping one
+but is emitted for a key only if the key has a row in its last step ``[end - step, end)``:
+windows are triggered by arriving rows, quantised to the step grid. With ``step_ms = 1`` that
+is eKuiper's sliding window, one window ``(t - size, t]`` per row time ``t``.
+
 Imports no other shoal module (``spec`` reads window tables into ``WindowSpec`` and checks the
 kind against ``WINDOW_KINDS``). Adding a window kind: docs/architecture.md, "Adding a window
 kind".
@@ -35,9 +42,11 @@ class WindowSpec:
 
     Attributes:
         name: label carried by results (``tumbling-10s`` unless given).
-        kind: a name in ``WINDOW_KINDS``: ``tumbling`` (slide = size) or ``hopping``.
+        kind: a name in ``WINDOW_KINDS``: ``tumbling`` (slide = size), ``hopping`` or
+            ``sliding``.
         size_ms: window length.
-        slide_ms: distance between window starts (= size for tumbling).
+        slide_ms: distance between window starts (= size for tumbling; a sliding window's
+            ``step_ms``).
     """
 
     name: str
@@ -97,7 +106,26 @@ class WindowKind(Protocol):
 
     @property
     def takes_slide(self) -> bool:
-        """Whether a spec sets ``slide_ms`` (otherwise it equals ``size_ms``)."""
+        """Whether a spec sets the slide (otherwise it equals ``size_ms``)."""
+
+    @property
+    def slide_key(self) -> str:
+        """The setting of a ``[[windows]]`` table that holds the slide, if it takes one."""
+
+    @property
+    def needs_last_ts(self) -> bool:
+        """Whether ``emitted`` reads each state's latest event time (``last_ts``)."""
+
+    def emitted(
+        self, start: Int64Array, last_ts: Int64Array | None, window: WindowSpec
+    ) -> npt.NDArray[np.bool_] | None:
+        """Which merged (window, key) states are results (None: every one).
+
+        By window start and latest event time (``last_ts`` is None unless ``needs_last_ts``).
+        """
+
+    def emitted_reference(self, window: WindowSpec, ts: str = "ts") -> pl.Expr:
+        """Polars over one (window, key) group's raw rows and ``start``: ``emitted``'s twin."""
 
     def window_starts(self, ts_ms: int, window: WindowSpec) -> list[int]:
         """Starts of every window containing ``ts_ms``, oldest first (the definition)."""
@@ -113,10 +141,37 @@ class WindowKind(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class AlignedWindows:
-    """Windows aligned to the epoch, one starting every ``slide_ms`` (tumbling, hopping)."""
+    """Windows aligned to the epoch, one starting every ``slide_ms`` (tumbling, hopping, sliding).
+
+    ``triggered``: a window is a result for a key only if the key has a row in its last slide
+    (the sliding kind; see the module docstring).
+    """
 
     name: str
     takes_slide: bool
+    slide_key: str = "slide_ms"
+    triggered: bool = False
+
+    @property
+    def needs_last_ts(self) -> bool:
+        """Triggered windows read each state's latest event time."""
+        return self.triggered
+
+    def emitted(
+        self, start: Int64Array, last_ts: Int64Array | None, window: WindowSpec
+    ) -> npt.NDArray[np.bool_] | None:
+        """Triggered: whether the latest row lies in the window's last slide; else None."""
+        if not self.triggered:
+            return None
+        assert last_ts is not None, "the plan carries last_ts for triggered windows"
+        result: npt.NDArray[np.bool_] = last_ts >= start + (window.size_ms - window.slide_ms)
+        return result
+
+    def emitted_reference(self, window: WindowSpec, ts: str = "ts") -> pl.Expr:
+        """Polars: the group's latest row lies in the window's last slide (or always)."""
+        if not self.triggered:
+            return pl.lit(value=True)
+        return pl.col(ts).max() >= pl.col("start").first() + (window.size_ms - window.slide_ms)
 
     def window_starts(self, ts_ms: int, window: WindowSpec) -> list[int]:
         """Starts of every window containing ``ts_ms``, oldest first."""
@@ -153,8 +208,9 @@ class AlignedWindows:
 
 TUMBLING: Final = AlignedWindows("tumbling", takes_slide=False)
 HOPPING: Final = AlignedWindows("hopping", takes_slide=True)
+SLIDING: Final = AlignedWindows("sliding", takes_slide=True, slide_key="step_ms", triggered=True)
 
-WINDOW_KINDS: Final[dict[str, WindowKind]] = {k.name: k for k in (TUMBLING, HOPPING)}
+WINDOW_KINDS: Final[dict[str, WindowKind]] = {k.name: k for k in (TUMBLING, HOPPING, SLIDING)}
 """Every window kind a pipeline spec may name."""
 
 

@@ -77,7 +77,7 @@ def test_panes_beat_memberships(key: str) -> None:
         return fan_out(panes.slot, panes.fan, keys, width, ts, value, plan.fields, bucket)
 
     before, after = _median_ms(per_membership), _median_ms(per_pane)
-    print(  # noqa: T201 - the benchmark's report
+    print(
         f"\nhopping 60s/1s, key={key} ({width} keys), {len(ts)} rows: "
         f"per membership {before:.1f} ms, per pane {after:.1f} ms ({before / after:.1f}x)"
     )

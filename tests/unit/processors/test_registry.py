@@ -27,7 +27,6 @@ from shoal.processors.aggregates import (
     BUILTIN,
     QUANTILES,
     STATE_FIELDS,
-    AggregatePlan,
 )
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.sketch import LogBuckets
@@ -41,6 +40,10 @@ WINDOW_EXAMPLES: dict[str, list[dict[str, Any]]] = {
     "hopping": [
         {"kind": "hopping", "size_ms": 10, "slide_ms": 5},
         {"kind": "hopping", "size_ms": 12, "slide_ms": 3},
+    ],
+    "sliding": [
+        {"kind": "sliding", "size_ms": 10, "step_ms": 1},
+        {"kind": "sliding", "size_ms": 12, "step_ms": 4},
     ],
 }
 """Window tables to test each kind with: a new kind needs an entry here."""
@@ -72,7 +75,7 @@ def hot_path(spec: PipelineSpec, batches: list[list[Row]], data: st.DataObject) 
         info = BatchInfo("gw", seq, "s", 0, None, None, 0, 0, "w")
         (partial,) = builder.build(frame_of(rows), info, 0)
         partials.append(Partial.decode(partial.encode()))
-    state = WindowState(spec, AggregatePlan.for_aggregates(spec.aggregates))
+    state = WindowState(spec, spec.plan())
     for index in data.draw(st.permutations(range(len(partials))), label="order"):
         rows = partials[index].rows
         assert rows is not None
@@ -100,7 +103,13 @@ def reference(spec: PipelineSpec, batches: list[list[Row]]) -> pl.DataFrame:
         else:
             expr = QUANTILES.reference(aggregate.quantile, mapping)
         exprs.append(expr.alias(aggregate.name))
-    return kind_of(window).with_window_starts(rows, window).group_by("start", "key").agg(exprs)
+    kind = kind_of(window)
+    return (
+        kind.with_window_starts(rows, window)
+        .group_by("start", "key")
+        .agg(*exprs, kind.emitted_reference(window).alias("_emitted"))
+        .filter(pl.col("_emitted"))
+    )
 
 
 def assert_same(got: pl.DataFrame, want: pl.DataFrame, spec: PipelineSpec) -> None:
