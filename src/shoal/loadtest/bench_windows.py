@@ -25,6 +25,7 @@ from shoal.errors import ConfigError
 WINDOW_PRESETS: Final[Mapping[str, Mapping[str, Any]]] = {
     "tumbling": {"name": "tumbling-10s", "kind": "tumbling", "size_ms": 10_000},
     "hopping": {"name": "hopping-10s-1s", "kind": "hopping", "size_ms": 10_000, "slide_ms": 1_000},
+    "sliding": {"name": "sliding-10s-1s", "kind": "sliding", "size_ms": 10_000, "step_ms": 1_000},
 }
 """Window kind -> the ``[[windows]]`` table the benchmark swaps into the pipeline."""
 
