@@ -120,7 +120,8 @@ class WindowState:
         slots = self._slot_ids(rows.window[taken].astype(np.int64), rows.start[taken])
         if self._prepared is not None and np.isin(slots, self._prepared.slots).any():
             self._prepared = None  # a late row for a prepared window: finalise it again
-        keys = self._key_ids_of([rows.keys[i] for i in taken.tolist()])
+        everything = len(taken) == len(rows)  # the usual case: no copy of the key list
+        keys = self._key_ids_of(rows.keys if everything else [rows.keys[i] for i in taken.tolist()])
         groups = (slots << KEY_BITS) | keys
         self._groups.append(groups)
         self._columns.append({f: rows.fields[f][taken] for f in self._fields})
