@@ -21,6 +21,7 @@ from shoal.broker._paho_glue import (
     NO_DELAY,
     connect_properties,
     message_properties,
+    payload_format,
     publish_error,
     publish_properties,
     reason_failed,
@@ -248,4 +249,5 @@ class AsyncSession(SessionBase):
                 content_type=content_type,
                 user_properties=user_properties,
                 mid=msg.mid,
+                payload_format=payload_format(msg.properties),
             )

@@ -66,9 +66,16 @@ def message_properties(props: Properties | None) -> tuple[str | None, tuple[tupl
     return getattr(props, "ContentType", None), tuple(user) if user else ()
 
 
+def payload_format(props: Properties | None) -> int | None:
+    """The payload format indicator of a received PUBLISH (1: UTF-8 text), if set."""
+    value = getattr(props, "PayloadFormatIndicator", None)
+    return value if isinstance(value, int) else None
+
+
 def message_from_paho(msg: paho.MQTTMessage) -> Message:
     """Our ``Message`` for a paho one."""
-    content_type, user_properties = message_properties(getattr(msg, "properties", None))
+    props = getattr(msg, "properties", None)
+    content_type, user_properties = message_properties(props)
     return Message(
         topic=msg.topic,
         payload=bytes(msg.payload),
@@ -77,6 +84,7 @@ def message_from_paho(msg: paho.MQTTMessage) -> Message:
         content_type=content_type,
         user_properties=user_properties,
         mid=msg.mid,
+        payload_format=payload_format(props),
     )
 
 

@@ -49,6 +49,7 @@ class Message:
         content_type: the MQTT 5 content type, if the publisher set one.
         user_properties: MQTT 5 user properties, in order.
         mid: packet id, used to acknowledge it (0 for QoS 0).
+        payload_format: the MQTT 5 payload format indicator (0: bytes, 1: UTF-8 text), if set.
     """
 
     topic: str
@@ -58,6 +59,7 @@ class Message:
     content_type: str | None = None
     user_properties: tuple[tuple[str, str], ...] = ()
     mid: int = 0
+    payload_format: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

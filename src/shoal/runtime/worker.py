@@ -263,6 +263,7 @@ class Worker:
             content_type=message.content_type,
             limits=self.config.spec.limits,
             now_ms=now,
+            payload_format=message.payload_format,
         )
         if batch.envelope.gateway_id != gateway_id:
             raise InputError(
@@ -314,7 +315,7 @@ class Worker:
             session.publish_started(
                 self.config.topics.deadletter(spec.name),
                 record,
-                user_properties=[("reason", exc.reason)],
+                user_properties=[("reason", exc.reason), ("code", exc.code)],
             )
         )
         route = self.config.topics.ingest_gateway(message.topic)
