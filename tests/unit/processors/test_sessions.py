@@ -1,0 +1,187 @@
+"""Session window arithmetic: a table of boundary cases, and batch pieces merged in any order."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.errors import ConfigError, UsageError
+from shoal.processors.sessions import SessionRule
+
+GAP_10 = SessionRule(10)
+GAP_10_MAX_100 = SessionRule(10, 100)
+TWO_53 = 2**53
+
+# (rule, one key's timestamps, its sessions as (first_ts, last_ts)). Written out by hand: they
+# are the contract, not a re-derivation of the rule.
+CASES: list[tuple[SessionRule, list[int], list[tuple[int, int]]]] = [
+    (GAP_10, [], []),
+    (GAP_10, [5], [(5, 5)]),
+    # less than gap_ms apart joins; exactly gap_ms apart splits
+    (GAP_10, [0, 9], [(0, 9)]),
+    (GAP_10, [0, 10], [(0, 0), (10, 10)]),
+    (GAP_10, [0, 9, 18, 27], [(0, 27)]),
+    (GAP_10, [0, 9, 19, 28], [(0, 9), (19, 28)]),
+    # order and duplicates do not matter
+    (GAP_10, [27, 0, 18, 9, 9, 0], [(0, 27)]),
+    (GAP_10, [3, 3, 3], [(3, 3)]),
+    # negative and huge timestamps
+    (GAP_10, [-5, 4], [(-5, 4)]),
+    (GAP_10, [-10, 0], [(-10, -10), (0, 0)]),
+    (GAP_10, [TWO_53 - 1, TWO_53 - 10], [(TWO_53 - 10, TWO_53 - 1)]),
+    (GAP_10, [-TWO_53, -TWO_53 + 10], [(-TWO_53, -TWO_53), (-TWO_53 + 10, -TWO_53 + 10)]),
+    # the max_duration grid cuts at multiples of 100, whatever the gap
+    (GAP_10_MAX_100, [95, 99, 100, 105], [(95, 99), (100, 105)]),
+    (GAP_10_MAX_100, [0, 9, 18, 27, 36, 45, 54, 63, 72, 81, 90, 99], [(0, 99)]),
+    (GAP_10_MAX_100, [91, 99, 108, 117], [(91, 99), (108, 117)]),
+    (GAP_10_MAX_100, [-1, 0], [(-1, -1), (0, 0)]),
+    (GAP_10_MAX_100, [-100, -91], [(-100, -91)]),
+    (GAP_10_MAX_100, [-101, -100], [(-101, -101), (-100, -100)]),
+]
+
+
+@pytest.mark.parametrize(("rule", "timestamps", "expected"), CASES)
+def test_sessions_of_table(
+    rule: SessionRule, timestamps: list[int], expected: list[tuple[int, int]]
+) -> None:
+    assert rule.sessions_of(timestamps) == expected
+
+
+@pytest.mark.parametrize(("rule", "timestamps", "expected"), CASES)
+def test_label_rows_and_oracle_table(
+    rule: SessionRule, timestamps: list[int], expected: list[tuple[int, int]]
+) -> None:
+    ts = np.array(timestamps, dtype=np.int64)
+    sessions = rule.label_rows(np.zeros(len(ts), dtype=np.int64), ts)
+    assert list(zip(sessions.first_ts.tolist(), sessions.last_ts.tolist(), strict=True)) == (
+        expected
+    )
+    for row, label in enumerate(sessions.label.tolist()):
+        assert sessions.first_ts[label] <= ts[row] <= sessions.last_ts[label]
+    frame = rule.with_sessions(pl.DataFrame({"key": ["k"] * len(ts), "ts": ts}))
+    got = frame.select("start", "end").unique().sort("start").rows()
+    assert got == [(first, last + rule.gap_ms) for first, last in expected]
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ConfigError, match="gap_ms"):
+        SessionRule(0)
+    with pytest.raises(ConfigError, match="max_duration_ms"):
+        SessionRule(10, -5)
+    with pytest.raises(UsageError, match="different lengths"):
+        GAP_10.label_rows(np.zeros(2, dtype=np.int64), np.zeros(3, dtype=np.int64))
+
+
+def test_closing_bounds() -> None:
+    """A run that is not late starts more than gap_ms after a session that may close."""
+    rule, lateness = SessionRule(10), 7
+    last = 100
+    wm = rule.close_from(last, lateness)
+    # the earliest first_ts not late at that watermark
+    first = wm - rule.gap_ms - lateness + 1
+    assert rule.late_from(first, lateness) > wm
+    assert first - last > rule.gap_ms
+    assert rule.late_from(first - 1, lateness) == wm
+    assert rule.end(last) == 110
+
+
+rows_strategy = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(-60, 400)), min_size=0, max_size=80
+)
+rule_strategy = st.builds(
+    SessionRule, st.integers(1, 40), st.one_of(st.none(), st.integers(1, 150))
+)
+
+
+def _oracle(rule: SessionRule, rows: list[tuple[int, int]]) -> set[tuple[int, int, int, int]]:
+    """(key, first_ts, last_ts, rows) of every session, from the polars reference."""
+    frame = pl.DataFrame(rows, schema={"key": pl.Int64, "ts": pl.Int64}, orient="row")
+    grouped = (
+        rule.with_sessions(frame)
+        .group_by("key", "start")
+        .agg(pl.col("ts").max().alias("last"), pl.len().alias("rows"))
+    )
+    return {
+        (k, s, last, n) for k, s, last, n in grouped.select("key", "start", "last", "rows").rows()
+    }
+
+
+@settings(max_examples=200, deadline=None)
+@given(rules=rule_strategy, rows=rows_strategy, seed=st.integers(0, 2**32 - 1))
+def test_pieces_merge_to_the_oracle_in_any_split_and_order(
+    rules: SessionRule, rows: list[tuple[int, int]], seed: int
+) -> None:
+    rule, rng = rules, random.Random(seed)
+    expected = _oracle(rule, rows) if rows else set()
+    # the definition agrees with the polars oracle
+    for key in {k for k, _ in rows}:
+        defined = rule.sessions_of([t for k, t in rows if k == key])
+        assert {(f, last) for k, f, last, _ in expected if k == key} == set(defined)
+    # a random batch split: each batch's pieces, as a worker computes them
+    shuffled = rows[:]
+    rng.shuffle(shuffled)
+    cuts = sorted(rng.sample(range(len(shuffled) + 1), min(4, len(shuffled) + 1)))
+    batches = [shuffled[a:b] for a, b in zip([0, *cuts], [*cuts, len(shuffled)], strict=True)]
+    pieces: list[tuple[int, int, int, int]] = []
+    for batch in batches:
+        if not batch:
+            continue
+        key = np.array([k for k, _ in batch], dtype=np.int64)
+        ts = np.array([t for _, t in batch], dtype=np.int64)
+        s = rule.label_rows(key, ts)
+        counts = np.bincount(s.label, minlength=len(s))
+        pieces += zip(
+            s.key.tolist(), s.first_ts.tolist(), s.last_ts.tolist(), counts.tolist(), strict=True
+        )
+    # merged in random groups, then the groups' results merged again (associativity)
+    rng.shuffle(pieces)
+    for _ in range(3):
+        take = rng.randint(0, len(pieces))
+        group, rest = pieces[:take], pieces[take:]
+        pieces = [*rest, *_merge(rule, group)]
+        rng.shuffle(pieces)
+    final = _merge(rule, pieces)
+    assert set(final) == expected
+
+
+def _merge(
+    rule: SessionRule, pieces: list[tuple[int, int, int, int]]
+) -> list[tuple[int, int, int, int]]:
+    if not pieces:
+        return []
+    key, first, last, rows = (np.array(c, dtype=np.int64) for c in zip(*pieces, strict=True))
+    s = rule.merge_intervals(key, first, last)
+    counts = np.bincount(s.label, weights=rows, minlength=len(s)).astype(np.int64)
+    return list(
+        zip(s.key.tolist(), s.first_ts.tolist(), s.last_ts.tolist(), counts.tolist(), strict=True)
+    )
+
+
+def test_merge_labels_point_into_their_session() -> None:
+    rule = SessionRule(5)
+    key = np.array([1, 0, 1, 1, 0], dtype=np.int64)
+    first = np.array([20, 0, 0, 8, 30], dtype=np.int64)
+    last = np.array([25, 4, 4, 16, 30], dtype=np.int64)
+    s = rule.merge_intervals(key, first, last)
+    # key 0: [0,4] and [30,30] apart; key 1: [0,4]+[8,16] (8-4 < 5), and [20,25] (20-16 < 5)
+    assert list(zip(s.key.tolist(), s.first_ts.tolist(), s.last_ts.tolist(), strict=True)) == [
+        (0, 0, 4),
+        (0, 30, 30),
+        (1, 0, 25),
+    ]
+    assert s.label.tolist() == [2, 0, 2, 2, 1]
+
+
+def test_merge_reach_is_the_running_maximum_not_the_previous_piece() -> None:
+    """A long piece keeps reaching past shorter pieces that end inside it."""
+    rule = SessionRule(5)
+    key = np.zeros(3, dtype=np.int64)
+    first = np.array([0, 2, 40], dtype=np.int64)
+    last = np.array([38, 3, 42], dtype=np.int64)
+    s = rule.merge_intervals(key, first, last)
+    assert list(zip(s.first_ts.tolist(), s.last_ts.tolist(), strict=True)) == [(0, 42)]
