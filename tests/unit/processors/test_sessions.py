@@ -11,7 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.errors import ConfigError, UsageError
+from shoal.processors._kernels import merge_state, partial_state
+from shoal.processors.aggregates import AggregatePlan
 from shoal.processors.sessions import SessionRule
+from shoal.processors.spec import parse_pipeline
 
 GAP_10 = SessionRule(10)
 GAP_10_MAX_100 = SessionRule(10, 100)
@@ -90,11 +93,14 @@ def test_closing_bounds() -> None:
     assert rule.end(last) == 110
 
 
-rows_strategy = st.lists(
-    st.tuples(st.integers(0, 3), st.integers(-60, 400)), min_size=0, max_size=80
-)
+# Timestamps on a grid of 5 half the time, with gaps of 5, 10 or 15 often: rows exactly
+# gap_ms apart and pieces that just touch are common, not luck.
+_ts = st.one_of(st.integers(-60, 400), st.integers(-12, 80).map(lambda x: x * 5))
+rows_strategy = st.lists(st.tuples(st.integers(0, 3), _ts), min_size=0, max_size=80)
 rule_strategy = st.builds(
-    SessionRule, st.integers(1, 40), st.one_of(st.none(), st.integers(1, 150))
+    SessionRule,
+    st.one_of(st.sampled_from([5, 10, 15]), st.integers(1, 40)),
+    st.one_of(st.none(), st.sampled_from([50, 100]), st.integers(1, 150)),
 )
 
 
@@ -185,3 +191,67 @@ def test_merge_reach_is_the_running_maximum_not_the_previous_piece() -> None:
     last = np.array([38, 3, 42], dtype=np.int64)
     s = rule.merge_intervals(key, first, last)
     assert list(zip(s.first_ts.tolist(), s.last_ts.tolist(), strict=True)) == [(0, 42)]
+
+
+SIMPLE_PLAN = AggregatePlan.for_aggregates(
+    parse_pipeline(
+        {
+            "name": "sessions",
+            "windows": [{"size_ms": 1_000}],
+            "aggregates": ["count", "sum", "min", "max", "mean", "first", "last"],
+        }
+    ).aggregates
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(rule=rule_strategy, rows=rows_strategy.filter(bool), seed=st.integers(0, 2**32 - 1))
+def test_state_of_pieces_merges_to_the_state_of_the_oracle_sessions(
+    rule: SessionRule, rows: list[tuple[int, int]], seed: int
+) -> None:
+    """Steps 2 and 3 in miniature: worker pieces through the registry's kernels, merged."""
+    rng = random.Random(seed)
+    fields = SIMPLE_PLAN.fields
+    rng.shuffle(rows)
+    values = [float(rng.randint(-50, 50)) for _ in rows]
+    cut = rng.randint(0, len(rows))
+    piece_key: list[int] = []
+    piece_first: list[int] = []
+    piece_last: list[int] = []
+    piece_state: list[dict[str, np.ndarray]] = []
+    for lo, hi in ((0, cut), (cut, len(rows))):
+        if lo == hi:
+            continue
+        key = np.array([k for k, _ in rows[lo:hi]], dtype=np.int64)
+        ts = np.array([t for _, t in rows[lo:hi]], dtype=np.int64)
+        s = rule.label_rows(key, ts)
+        groups, state, _ = partial_state(s.label, ts, np.array(values[lo:hi]), fields)
+        assert groups.tolist() == list(range(len(s)))
+        piece_key += s.key.tolist()
+        piece_first += s.first_ts.tolist()
+        piece_last += s.last_ts.tolist()
+        piece_state.append(state)
+    columns = {f.name: np.concatenate([p[f.name] for p in piece_state]) for f in fields}
+    merged = rule.merge_intervals(
+        np.array(piece_key, dtype=np.int64),
+        np.array(piece_first, dtype=np.int64),
+        np.array(piece_last, dtype=np.int64),
+    )
+    _, got = merge_state(merged.label, columns, fields)
+    # the oracle: the same kernels over all rows, grouped by the polars sessions
+    frame = pl.DataFrame({"key": [k for k, _ in rows], "ts": [t for _, t in rows], "value": values})
+    oracle = rule.with_sessions(frame).sort("key", "start", "ts", "value")
+    session_id = oracle.select(pl.struct("key", "start").rank("dense") - 1).to_series()
+    _, want, _ = partial_state(
+        session_id.to_numpy().astype(np.int64),
+        oracle.get_column("ts").to_numpy(),
+        oracle.get_column("value").to_numpy(),
+        fields,
+    )
+    assert (
+        merged.first_ts.tolist()
+        == oracle.unique(["key", "start"]).sort("key", "start").get_column("start").to_list()
+    )
+    for name in SIMPLE_PLAN.field_names:
+        if name != "batches":
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
