@@ -6,7 +6,6 @@ No third-party imports.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 from shoal.broker.session import PROTOCOL_OVERHEAD, Message, Session
@@ -99,8 +98,12 @@ async def _until_stopped(
                 yield nxt.result()
                 continue
             nxt.cancel()
-            with contextlib.suppress(asyncio.CancelledError, BrokerError):
-                await nxt
+            # asyncio.wait, not `await nxt` under suppress(CancelledError): a cancellation of
+            # *this* task while the receive winds down must propagate, not end the loop as if
+            # stopped (a component would then carry on, e.g. reconnect, instead of dying).
+            await asyncio.wait({nxt})
+            if not nxt.cancelled():
+                nxt.exception()  # retrieved: a lost connection at stop time is no failure
             return
     finally:
         stopper.cancel()
