@@ -30,7 +30,7 @@ from shoal.runtime.scaler import Scaler, ScalerConfig, ScaleRecord
 from shoal.scaler.http import MetricsServer
 from shoal.scaler.monitor import Snapshot
 from shoal.scaler.policy import Bounds
-from shoal.scaler.status import gateway_notes, pipeline_status, refused_note
+from shoal.scaler.status import gateway_notes, partition_notes, pipeline_status
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,7 +284,7 @@ class Up:
             lines += [f"  {text}" for text in self.scale_log] or ["  no changes yet"]
         lines += ["", "event time:"]
         lines += [
-            f"  partition {p['partition']}: {p['why']}{refused_note(p)}"
+            f"  partition {p['partition']}: {p['why']}{partition_notes(p)}"
             for p in event_time["partitions"]
         ]
         lines += [f"  {g}: {note}" for g, note in sorted(gateway_notes(event_time).items())]

@@ -78,6 +78,10 @@ def _partition(partition: int, beat: dict[str, Any], now_ms: int) -> dict[str, A
         "max_hold_ms": beat.get("max_hold_ms"),
         "pending_batches": beat.get("pending_batches"),
         "partials_refused": int(beat.get("partials_refused", 0)),
+        "allowed_lateness_ms": int(beat.get("allowed_lateness_ms", 0)),
+        "kept_windows": int(beat.get("kept_windows", 0)),
+        "corrections_emitted": int(beat.get("corrections_emitted", 0)),
+        "rows_corrected": int(beat.get("rows_corrected", 0)),
         "heartbeat_age_ms": max(0, now_ms - int(beat.get("at", now_ms))),
         "waiting_for": waiting_for,
         "why": why,
@@ -142,12 +146,23 @@ def gateway_notes(status: dict[str, Any], *, durations: bool = True) -> dict[str
     return notes
 
 
-def refused_note(partition: dict[str, Any]) -> str:
-    """``"; N partials refused"`` for a partition that refused partials, else ``""``."""
+def partition_notes(partition: dict[str, Any]) -> str:
+    """What else a partition's line says (``""`` when there is nothing to say).
+
+    Refused partials, and late corrections when the spec allows them.
+    """
+    notes = ""
     refused = partition["partials_refused"]
-    if not refused:
-        return ""
-    return f"; {refused:,} partial{'s' if refused != 1 else ''} refused (see its log)"
+    if refused:
+        notes += f"; {refused:,} partial{'s' if refused != 1 else ''} refused (see its log)"
+    if partition["allowed_lateness_ms"] > 0:
+        notes += (
+            f"; corrections: {partition['corrections_emitted']:,} revised results, "
+            f"{partition['rows_corrected']:,} late measurements folded in, "
+            f"{partition['kept_windows']:,} closed windows kept "
+            f"(allowed lateness {_ms(partition['allowed_lateness_ms'])})"
+        )
+    return notes
 
 
 def _when(ms: int) -> str:
@@ -187,7 +202,7 @@ def format_status(status: dict[str, Any]) -> str:
         lines.append(
             f"  partition {p['partition']}: windows closed through "
             f"{'-' if closed is None else _when(closed)}; {p['why']} (max hold "
-            f"{_ms(p['max_hold_ms'])}){refused_note(p)}"
+            f"{_ms(p['max_hold_ms'])}){partition_notes(p)}"
         )
     if not status["partitions"]:
         lines.append("  no combiner heartbeat yet: is the pipeline running?")

@@ -159,3 +159,26 @@ def test_clamped_measurements_are_summed_over_the_workers_and_shown_when_there_a
     assert [w["rows_clamped"] for w in status["workers"]] == [1_200, 34]
     line = next(x for x in format_status(status).splitlines() if "clamped" in x)
     assert "1,234 measurements had timestamps beyond max_future_ms" in line
+
+
+def test_corrections_are_reported_when_the_spec_allows_late_corrections() -> None:
+    correcting = {
+        **beat({"a": view(NOW)}),
+        "allowed_lateness_ms": 30_000,
+        "kept_windows": 3,
+        "corrections_emitted": 2,
+        "rows_corrected": 1_500,
+    }
+    status = pipeline_status("p", snapshot({0: correcting, 1: beat({"a": view(NOW)})}), 1.0)
+    first, second = status["partitions"]
+    assert (first["kept_windows"], first["corrections_emitted"], first["rows_corrected"]) == (
+        3,
+        2,
+        1_500,
+    )
+    assert second["allowed_lateness_ms"] == 0  # a heartbeat without the fields counts as 0
+    lines = format_status(status).splitlines()
+    line = next(x for x in lines if "partition 0:" in x)
+    assert "2 revised results, 1,500 late measurements folded in, 3 closed windows kept" in line
+    assert "allowed lateness 30.0 s" in line
+    assert "corrections" not in next(x for x in lines if "partition 1:" in x)
