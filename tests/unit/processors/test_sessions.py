@@ -93,15 +93,43 @@ def test_closing_bounds() -> None:
     assert rule.end(last) == 110
 
 
-# Timestamps on a grid of 5 half the time, with gaps of 5, 10 or 15 often: rows exactly
-# gap_ms apart and pieces that just touch are common, not luck.
-_ts = st.one_of(st.integers(-60, 400), st.integers(-12, 80).map(lambda x: x * 5))
-rows_strategy = st.lists(st.tuples(st.integers(0, 3), _ts), min_size=0, max_size=80)
-rule_strategy = st.builds(
-    SessionRule,
-    st.one_of(st.sampled_from([5, 10, 15]), st.integers(1, 40)),
-    st.one_of(st.none(), st.sampled_from([50, 100]), st.integers(1, 150)),
-)
+# Cases are drawn relative to the gap, on a coarse grid: timestamps are ``i * gap_ms + offset``
+# with offsets 0, 1 and gap_ms - 1 most of the time, so rows exactly gap_ms apart (and one
+# less, one more) are the common case, not luck. Each batch mixes *runs* (rows of one key at a
+# fixed step: below gap_ms makes one long piece, exactly gap_ms a chain of touching pieces)
+# with single rows, so a batch's long piece often has another batch's short pieces nested in
+# it and a third piece starting past the short one but inside the long one: the case a merge
+# that compared with the previous piece's last_ts instead of the running maximum gets wrong.
+Batches = list[list[tuple[int, int]]]
+
+
+@st.composite
+def session_cases(draw: st.DrawFn) -> tuple[SessionRule, Batches]:
+    """A rule and a few batches of (key, ts) rows built on its gap's grid."""
+    gap = draw(st.one_of(st.sampled_from([1, 2, 3, 5, 10]), st.integers(1, 40)))
+    max_duration = draw(
+        st.one_of(
+            st.none(),
+            st.integers(1, 12).map(lambda m: m * gap),
+            st.integers(1, 150),
+        )
+    )
+    offset = st.one_of(st.sampled_from([0, 1, gap - 1]), st.integers(0, gap - 1))
+    position = st.builds(lambda i, o: i * gap + o, st.integers(-4, 16), offset)
+    key = st.integers(0, 2)
+    single = st.builds(lambda k, t: [(k, t)], key, position)
+    step = st.sampled_from(sorted({1, max(1, gap // 2), max(1, gap - 1), gap, gap + 1}))
+    run = st.builds(
+        lambda k, t, n, d: [(k, t + j * d) for j in range(n)],
+        key,
+        position,
+        st.integers(2, 8),
+        step,
+    )
+    batch = st.lists(st.one_of(single, run), min_size=1, max_size=4).map(
+        lambda parts: [row for part in parts for row in part]
+    )
+    return SessionRule(gap, max_duration), draw(st.lists(batch, min_size=1, max_size=6))
 
 
 def _oracle(rule: SessionRule, rows: list[tuple[int, int]]) -> set[tuple[int, int, int, int]]:
@@ -117,28 +145,25 @@ def _oracle(rule: SessionRule, rows: list[tuple[int, int]]) -> set[tuple[int, in
     }
 
 
-@settings(max_examples=200, deadline=None)
-@given(rules=rule_strategy, rows=rows_strategy, seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=300, deadline=None)
+@given(case=session_cases(), seed=st.integers(0, 2**32 - 1))
 def test_pieces_merge_to_the_oracle_in_any_split_and_order(
-    rules: SessionRule, rows: list[tuple[int, int]], seed: int
+    case: tuple[SessionRule, Batches], seed: int
 ) -> None:
-    rule, rng = rules, random.Random(seed)
-    expected = _oracle(rule, rows) if rows else set()
+    (rule, batches), rng = case, random.Random(seed)
+    rows = [row for batch in batches for row in batch]
+    expected = _oracle(rule, rows)
     # the definition agrees with the polars oracle
     for key in {k for k, _ in rows}:
         defined = rule.sessions_of([t for k, t in rows if k == key])
         assert {(f, last) for k, f, last, _ in expected if k == key} == set(defined)
-    # a random batch split: each batch's pieces, as a worker computes them
-    shuffled = rows[:]
-    rng.shuffle(shuffled)
-    cuts = sorted(rng.sample(range(len(shuffled) + 1), min(4, len(shuffled) + 1)))
-    batches = [shuffled[a:b] for a, b in zip([0, *cuts], [*cuts, len(shuffled)], strict=True)]
+    # each batch's pieces, as a worker computes them (row order within a batch is irrelevant)
     pieces: list[tuple[int, int, int, int]] = []
     for batch in batches:
-        if not batch:
-            continue
-        key = np.array([k for k, _ in batch], dtype=np.int64)
-        ts = np.array([t for _, t in batch], dtype=np.int64)
+        shuffled = batch[:]
+        rng.shuffle(shuffled)
+        key = np.array([k for k, _ in shuffled], dtype=np.int64)
+        ts = np.array([t for _, t in shuffled], dtype=np.int64)
         s = rule.label_rows(key, ts)
         counts = np.bincount(s.label, minlength=len(s))
         pieces += zip(
@@ -204,28 +229,28 @@ SIMPLE_PLAN = AggregatePlan.for_aggregates(
 )
 
 
-@settings(max_examples=100, deadline=None)
-@given(rule=rule_strategy, rows=rows_strategy.filter(bool), seed=st.integers(0, 2**32 - 1))
+@settings(max_examples=150, deadline=None)
+@given(case=session_cases(), seed=st.integers(0, 2**32 - 1))
 def test_state_of_pieces_merges_to_the_state_of_the_oracle_sessions(
-    rule: SessionRule, rows: list[tuple[int, int]], seed: int
+    case: tuple[SessionRule, Batches], seed: int
 ) -> None:
     """Steps 2 and 3 in miniature: worker pieces through the registry's kernels, merged."""
-    rng = random.Random(seed)
+    (rule, batches), rng = case, random.Random(seed)
     fields = SIMPLE_PLAN.fields
-    rng.shuffle(rows)
-    values = [float(rng.randint(-50, 50)) for _ in rows]
-    cut = rng.randint(0, len(rows))
+    rows: list[tuple[int, int]] = []
+    values: list[float] = []
     piece_key: list[int] = []
     piece_first: list[int] = []
     piece_last: list[int] = []
     piece_state: list[dict[str, np.ndarray]] = []
-    for lo, hi in ((0, cut), (cut, len(rows))):
-        if lo == hi:
-            continue
-        key = np.array([k for k, _ in rows[lo:hi]], dtype=np.int64)
-        ts = np.array([t for _, t in rows[lo:hi]], dtype=np.int64)
+    for batch in batches:
+        batch_values = [float(rng.randint(-50, 50)) for _ in batch]
+        rows += batch
+        values += batch_values
+        key = np.array([k for k, _ in batch], dtype=np.int64)
+        ts = np.array([t for _, t in batch], dtype=np.int64)
         s = rule.label_rows(key, ts)
-        groups, state, _ = partial_state(s.label, ts, np.array(values[lo:hi]), fields)
+        groups, state, _ = partial_state(s.label, ts, np.array(batch_values), fields)
         assert groups.tolist() == list(range(len(s)))
         piece_key += s.key.tolist()
         piece_first += s.first_ts.tolist()
