@@ -31,6 +31,7 @@ Imports no other shoal module but ``errors``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +40,10 @@ import polars as pl
 from shoal.errors import ConfigError, UsageError
 
 Int64Array = npt.NDArray[np.int64]
+
+SESSION_KIND: Final = "session"
+"""The ``kind`` of a session window (not an entry of ``windows.WINDOW_KINDS``: its windows
+do not follow from a timestamp alone, so ``PartialBuilder`` labels them with ``label_rows``)."""
 
 
 @dataclass(frozen=True, slots=True)
