@@ -194,6 +194,15 @@ def _batch(gateway_id: str, seq: int, rows: list[tuple[str, int, float, str | No
     )
 
 
+def _first_window() -> tuple[bytes, bytes]:
+    """Seq 0 and 1 of gw-01: they fill [T0, T0 + 10 s) and move its watermark past the close."""
+    seq0 = _batch(
+        "gw-01", 0, [("t1", 0, 21.5, "°C"), ("t1", 250, 21.625, "°C"), ("t2", 500, 3.0, None)]
+    )
+    seq1 = _batch("gw-01", 1, [("t1", 12_000, 22.0, "°C"), ("t2", 12_500, 4.5, None)])
+    return seq0, seq1
+
+
 def _status(gateway_id: str, next_seq: int, at_ms: int) -> GatewayStatus:
     return GatewayStatus(gateway_id, STREAM, next_seq, 0, next_seq, 6, T0 + 19_000, 900, 6, at_ms)
 
@@ -269,10 +278,7 @@ def _temps(s: _Scenario) -> CombinerRuntime:
     runtime = CombinerRuntime(CombinerConfig(spec, 0, BrokerSettings()), s.clock)
     core = runtime.core
     core.receive_status(_status("gw-01", 4, s.clock.now_ms()))
-    seq0 = _batch(
-        "gw-01", 0, [("t1", 0, 21.5, "°C"), ("t1", 250, 21.625, "°C"), ("t2", 500, 3.0, None)]
-    )
-    seq1 = _batch("gw-01", 1, [("t1", 12_000, 22.0, "°C"), ("t2", 12_500, 4.5, None)])
+    seq0, seq1 = _first_window()
     seq2 = _batch("gw-01", 2, [("t2", 100, 4.0, None)])
     seq3 = seq2.replace(b'"seq":2', b'"seq":3').replace(b'"value":4.0', b'"value":"warm"')
     partials, _ = _work(s, spec, builder, "gw-01", seq0)
@@ -305,12 +311,8 @@ def _corrections(s: _Scenario) -> None:
     builder = PartialBuilder(spec, WORKER_ID)
     core = Combiner(spec, 0, s.clock)
     core.receive_status(_status("gw-01", 3, s.clock.now_ms()))
-    seq0 = _batch(
-        "gw-01", 0, [("t1", 0, 21.5, "°C"), ("t1", 250, 21.625, "°C"), ("t2", 500, 3.0, None)]
-    )
-    seq1 = _batch("gw-01", 1, [("t1", 12_000, 22.0, "°C"), ("t2", 12_500, 4.5, None)])
     seq2 = _batch("gw-01", 2, [("t2", 100, 4.0, None), ("t1", 9_900, 21.75, "°C")])
-    for payload in (seq0, seq1):
+    for payload in _first_window():
         _combine(s, core, _work(s, spec, builder, "gw-01", payload)[0])
     s.clock.advance(100)
     corrected = _combine(s, core, _work(s, spec, builder, "gw-01", seq2)[0])

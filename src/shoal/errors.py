@@ -107,7 +107,22 @@ class SchemaError(InputError):
 
 
 class ConfigError(ShoalError):
-    """An invalid configuration: pipeline spec, broker profile, CLI option."""
+    """An invalid configuration: pipeline spec, broker profile, CLI option.
+
+    Attributes:
+        field: the path of the setting at fault, where the validator knows it
+            (``"windows[0].size_ms"``, ``"limits.max_rows"``; None: the configuration as a
+            whole, or not known).
+        reason: a stable, machine-readable code where one is more specific than "invalid"
+            (``"unknown_aggregate"``), else None.
+    """
+
+    def __init__(
+        self, message: str, *, field: str | None = None, reason: str | None = None
+    ) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(message)
 
 
 class TopicError(ConfigError):

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shoal.broker import GatewaySession, ThreadedSession
-from shoal.broker.session import Message, unique_client_id
+from shoal.broker import ThreadedSession
+from shoal.broker.session import GatewaySession, Message, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
 from shoal.schemas import decode_batch

@@ -4,10 +4,9 @@ a restart that restores the registry from retained documents, and the ``shoal pi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 
 import orjson
 import pytest
@@ -21,6 +20,7 @@ from shoal.control.messages import Request
 from shoal.control.service import ControlPlane
 from shoal.errors import ControlError
 from shoal.schemas.topics import Topics
+from tests.support.control import running_plane
 
 pytestmark = pytest.mark.broker
 
@@ -28,17 +28,8 @@ SPEC = 'name = "temps"\naggregates = ["count", "mean"]\n[[windows]]\nsize_ms = 1
 CHANGED = SPEC.replace("10000", "5000")
 
 
-@contextlib.asynccontextmanager
-async def running(broker: EmbeddedBroker, topics: Topics) -> AsyncIterator[ControlPlane]:
-    plane = ControlPlane(broker.settings, topics, FakeClock(start_ms=1_000))
-    stop = asyncio.Event()
-    task = asyncio.create_task(plane.run(stop))
-    await asyncio.wait_for(plane.ready.wait(), 10)
-    try:
-        yield plane
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
+def running(broker: EmbeddedBroker, topics: Topics) -> AbstractAsyncContextManager[ControlPlane]:
+    return running_plane(broker.settings, topics, FakeClock(start_ms=1_000))
 
 
 def _deploy(op: str, text: str) -> Request:

@@ -15,8 +15,8 @@ import pytest
 from shoal.broker.access import Role
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.clock import SystemClock
-from shoal.control.service import ControlPlane
 from shoal.schemas.topics import Topics
+from tests.support.control import running_plane
 from tests.support.secure import secure_broker
 
 pytestmark = pytest.mark.broker
@@ -46,11 +46,8 @@ def _cli(broker: EmbeddedBroker, user: str, *args: str) -> subprocess.CompletedP
 
 
 async def _scenario(broker: EmbeddedBroker) -> None:
-    plane = ControlPlane(broker.settings.with_credentials("plane", PASSWORD), ROOT, SystemClock())
-    stop = asyncio.Event()
-    task = asyncio.create_task(plane.run(stop))
-    try:
-        await asyncio.wait_for(plane.ready.wait(), 10)
+    settings = broker.settings.with_credentials("plane", PASSWORD)
+    async with running_plane(settings, ROOT, SystemClock()) as plane:
         for user in ("grafana", "worker"):
             denied = await asyncio.to_thread(_cli, broker, user, "deploy", "-", "--json")
             assert denied.returncode == 2, denied.stderr
@@ -68,9 +65,6 @@ async def _scenario(broker: EmbeddedBroker) -> None:
         assert [p["name"] for p in orjson.loads(listed.stdout)["pipelines"]] == ["temps"]
         assert [d.name for d in plane.registry.deployed()] == ["temps"]
         assert (plane.counters.requests, plane.counters.accepted) == (1, 1)
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
 
 
 def test_only_an_admin_deploys_and_a_refusal_is_reported(secure: EmbeddedBroker) -> None:

@@ -17,11 +17,11 @@ import polars as pl
 import pytest
 
 from shoal.broker.embedded import EmbeddedBroker
-from shoal.processors.spec import PipelineSpec, parse_pipeline
+from shoal.processors.spec import PipelineSpec
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
 from tests.support.compare import assert_matches_oracle, scale_of
-from tests.support.datasets import GeneratedBatch, all_rows, make_batches
+from tests.support.datasets import GeneratedBatch, all_rows, make_batches, two_window_spec
 from tests.support.in_memory import nearly_in_order
 from tests.support.live import InProcessPipeline, collector, publish_batches
 from tests.support.oracle import expected_results
@@ -32,21 +32,13 @@ AGGREGATES = ["count", "sum", "mean", "min", "max", "stddev", "first", "last", "
 
 
 def spec_for(partitions: int) -> PipelineSpec:
-    return parse_pipeline(
-        {
-            "name": "fix",
-            "windows": [
-                {"kind": "tumbling", "size_ms": 2_000},
-                {"kind": "hopping", "size_ms": 4_000, "slide_ms": 2_000},
-            ],
-            "aggregates": AGGREGATES,
-            "partitions": partitions,
-            "lateness_ms": 1_000,
-            "allowed_lateness_ms": 5_000,
-            "idle_timeout_ms": 4_000,
-            "checkpoint_interval_ms": 100,
-            "limits": {"max_future_ms": False},
-        }
+    return two_window_spec(
+        "fix",
+        AGGREGATES,
+        partitions,
+        allowed_lateness_ms=5_000,
+        idle_timeout_ms=4_000,
+        checkpoint_interval_ms=100,
     )
 
 

@@ -6,7 +6,8 @@ import time
 
 import numpy as np
 
-from shoal.broker import GatewaySession, ThreadedSession, unique_client_id
+from shoal.broker import ThreadedSession, unique_client_id
+from shoal.broker.session import GatewaySession
 from shoal.gateway import Gateway, GatewayConfig
 from shoal.schemas.control import Confirm, GatewayStatus
 from tests.integration._gateway_support import Confirmer

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from shoal.broker.embedded import EmbeddedBroker
-from shoal.processors.spec import parse_pipeline
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
-from tests.support.datasets import make_batches
+from tests.support.datasets import make_batches, two_window_spec
+from tests.support.in_memory import shuffled_with_duplicates
 from tests.support.live import run_against_oracle
 
 AGGREGATES = ["count", "sum", "mean", "min", "max", "stddev", "first", "last", "p50", "p95", "p99"]
@@ -34,21 +34,7 @@ def test_results_equal_the_oracle(
     partitions: int,
     encoding: Encoding,
 ) -> None:
-    spec = parse_pipeline(
-        {
-            "name": "oracle",
-            "windows": [
-                {"kind": "tumbling", "size_ms": 2_000},
-                {"kind": "hopping", "size_ms": 4_000, "slide_ms": 2_000},
-            ],
-            "aggregates": AGGREGATES,
-            "partitions": partitions,
-            "lateness_ms": 1_000,
-            "idle_timeout_ms": 1_500,
-            "checkpoint_interval_ms": 200,
-            "limits": {"max_future_ms": False},
-        }
-    )
+    spec = two_window_spec("oracle", AGGREGATES, partitions, checkpoint_interval_ms=200)
     batches = make_batches(
         seed=workers * 7 + partitions,
         gateways=3,
@@ -57,9 +43,7 @@ def test_results_equal_the_oracle(
         gap_every=6,
     )
     rng = np.random.default_rng(workers)
-    order = list(range(len(batches)))
-    rng.shuffle(order)  # out of order across and within gateways
-    order += [i for i in range(len(batches)) if rng.random() < 0.25]  # duplicated batches
+    order = shuffled_with_duplicates(len(batches), rng, 0.25)
 
     async def scenario() -> None:
         run = await run_against_oracle(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import polars as pl
 
+from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.schemas import FRAME_SCHEMA
 
 
@@ -94,3 +97,28 @@ def all_rows(batches: list[GeneratedBatch], key: str = "sensor_id") -> pl.DataFr
         for b in batches
     ]
     return pl.concat(frames)
+
+
+def two_window_spec(
+    name: str, aggregates: Sequence[str], partitions: int = 1, **settings: Any
+) -> PipelineSpec:
+    """A pipeline over ``make_batches`` data: tumbling 2 s and hopping 4 s / 2 s windows.
+
+    Lateness 1 s, idle timeout 1.5 s and no future-timestamp limit (the data set lies in
+    2023) unless ``settings`` (further top-level spec keys) say otherwise.
+    """
+    return parse_pipeline(
+        {
+            "name": name,
+            "windows": [
+                {"kind": "tumbling", "size_ms": 2_000},
+                {"kind": "hopping", "size_ms": 4_000, "slide_ms": 2_000},
+            ],
+            "aggregates": list(aggregates),
+            "partitions": partitions,
+            "lateness_ms": 1_000,
+            "idle_timeout_ms": 1_500,
+            "limits": {"max_future_ms": False},
+            **settings,
+        }
+    )

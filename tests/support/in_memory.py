@@ -92,6 +92,14 @@ def run_in_memory(
     return latest_of(pl.concat(emitted)), late, combiners
 
 
+def shuffled_with_duplicates(count: int, rng: np.random.Generator, fraction: float) -> list[int]:
+    """Delivery order of ``count`` batches: all shuffled (across and within gateways), then
+    about ``fraction`` of them again (duplicated, as re-sent)."""
+    order = list(range(count))
+    rng.shuffle(order)
+    return order + [i for i in range(count) if rng.random() < fraction]
+
+
 def nearly_in_order(
     batches: list[GeneratedBatch],
     rng: np.random.Generator,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 from typing import Any
 
 from shoal._cli.common import add_broker_options, broker_settings, topics
@@ -28,17 +27,12 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM."""
+    from shoal._cli._run import run_until_signalled  # noqa: PLC0415
     from shoal.clock import SystemClock  # noqa: PLC0415
     from shoal.control.service import ControlPlane, serve  # noqa: PLC0415
 
     plane = ControlPlane(broker_settings(args), topics(args), SystemClock())
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await serve(plane, stop, lambda: print("shoal control: ready", flush=True))
-
-    asyncio.run(main())
+    stop = asyncio.Event()
+    main = serve(plane, stop, lambda: print("shoal control: ready", flush=True))
+    run_until_signalled(main, stop.set)
     return 0

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from shoal.broker import AsyncSession, unique_client_id  # noqa: PLC0415
     from shoal.clock import SystemClock  # noqa: PLC0415
     from shoal.scaler.monitor import PipelineMonitor  # noqa: PLC0415
-    from shoal.scaler.status import format_status, pipeline_status  # noqa: PLC0415
+    from shoal.view.status import format_status, pipeline_status  # noqa: PLC0415
 
     spec = load_spec(args.pipeline)
     monitor = PipelineMonitor(spec, topics(args), SystemClock())

@@ -130,7 +130,7 @@ class ArchiveWriter:
 
     def add_results(self, message: WindowMessage, received_ms: int) -> bool:
         """Buffer a window message unless its identity was archived already."""
-        if not self.dedup.first_time(message.identity):
+        if not self.dedup.first_time(message.copy_key):
             self.stats.duplicate_results += 1
             return False
         self.stats.result_messages += 1

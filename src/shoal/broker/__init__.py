@@ -12,11 +12,8 @@ from shoal.broker._threaded import ThreadedSession
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.profiles import broker_profiles
 from shoal.broker.session import (
-    GatewaySession,
     GatewaySessionFactory,
     Message,
-    PublishHandle,
-    Session,
     SessionFactory,
     Will,
     unique_client_id,
@@ -27,12 +24,7 @@ __all__ = [
     "AsyncSession",
     "BrokerSettings",
     "EmbeddedBroker",
-    "GatewaySession",
-    "GatewaySessionFactory",
     "Message",
-    "PublishHandle",
-    "Session",
-    "SessionFactory",
     "ThreadedSession",
     "TlsSettings",
     "Will",

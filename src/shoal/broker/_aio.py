@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
@@ -21,6 +20,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from shoal.broker._paho_glue import (
     NO_DELAY,
     connect_properties,
+    message_properties,
     publish_error,
     publish_properties,
     reason_failed,
@@ -42,12 +42,6 @@ def paho_client_of(client: aiomqtt.Client) -> paho.Client:
     """
     inner: paho.Client = client._client
     return inner
-
-
-@dataclass(slots=True)
-class _ConnackInfo:
-    maximum_packet_size: int | None = None
-    receive_maximum: int | None = None
 
 
 class AsyncSession(SessionBase):
@@ -73,7 +67,7 @@ class AsyncSession(SessionBase):
         self._manual_ack = manual_ack
         self._publish_timeout_s = publish_timeout_s
         self._options = (clean_start, session_expiry_s, receive_maximum, will)
-        self._connack = _ConnackInfo()
+        self._max_packet_size: int | None = None  # from CONNACK
         self._pending: dict[int, asyncio.Future[None]] = {}
         self._client_obj: aiomqtt.Client | None = None
         self._paho_obj: paho.Client | None = None
@@ -122,8 +116,7 @@ class AsyncSession(SessionBase):
             client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode, props: Any = None
         ) -> None:
             if props is not None:
-                self._connack.maximum_packet_size = getattr(props, "MaximumPacketSize", None)
-                self._connack.receive_maximum = getattr(props, "ReceiveMaximum", None)
+                self._max_packet_size = getattr(props, "MaximumPacketSize", None)
             on_connect(client, userdata, flags, reason, props)
 
         def publish_hook(
@@ -174,7 +167,7 @@ class AsyncSession(SessionBase):
     @property
     def max_packet_size(self) -> int | None:
         """The broker's Maximum Packet Size from CONNACK (None: the broker set no limit)."""
-        return self._connack.maximum_packet_size
+        return self._max_packet_size
 
     async def subscribe(
         self, filters: Sequence[str], qos: int = 1, *, no_local: bool = False
@@ -216,7 +209,7 @@ class AsyncSession(SessionBase):
         Raises:
             PayloadTooLargeError: larger than the broker's maximum packet size; not sent.
         """
-        check_size(topic, payload, self._connack.maximum_packet_size)
+        check_size(topic, payload, self._max_packet_size)
         props = publish_properties(content_type, user_properties, message_expiry_s)
         info = self._paho.publish(topic, payload, qos=qos, retain=retain, properties=props)
         loop = asyncio.get_running_loop()
@@ -246,15 +239,13 @@ class AsyncSession(SessionBase):
                 msg = await iterator.__anext__()
             except aiomqtt.MqttError as exc:
                 raise BrokerError(f"connection to {self.settings.url} lost: {exc}") from exc
-            props = msg.properties
-            content_type = getattr(props, "ContentType", None) if props is not None else None
-            user = getattr(props, "UserProperty", None) if props is not None else None
+            content_type, user_properties = message_properties(msg.properties)
             yield Message(
                 topic=msg.topic.value,
                 payload=bytes(msg.payload) if isinstance(msg.payload, bytes | bytearray) else b"",
                 qos=msg.qos,
                 retain=bool(msg.retain),
                 content_type=content_type,
-                user_properties=tuple(user) if user else (),
+                user_properties=user_properties,
                 mid=msg.mid,
             )

@@ -58,18 +58,24 @@ def publish_properties(
     return props
 
 
+def message_properties(props: Properties | None) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """The content type and user properties of a received PUBLISH's properties."""
+    if props is None:
+        return None, ()
+    user = getattr(props, "UserProperty", None)
+    return getattr(props, "ContentType", None), tuple(user) if user else ()
+
+
 def message_from_paho(msg: paho.MQTTMessage) -> Message:
     """Our ``Message`` for a paho one."""
-    props = getattr(msg, "properties", None)
-    content_type = getattr(props, "ContentType", None) if props is not None else None
-    user = getattr(props, "UserProperty", None) if props is not None else None
+    content_type, user_properties = message_properties(getattr(msg, "properties", None))
     return Message(
         topic=msg.topic,
         payload=bytes(msg.payload),
         qos=msg.qos,
         retain=bool(msg.retain),
         content_type=content_type,
-        user_properties=tuple(user) if user else (),
+        user_properties=user_properties,
         mid=msg.mid,
     )
 

@@ -38,6 +38,11 @@ _START_ATTEMPTS: Final = 3
 _ANY_ADDRESS: Final = frozenset({"0.0.0.0", "", "::"})  # noqa: S104 - recognised, not bound
 
 
+def _dial_host(bind: str) -> str:
+    """The address a client dials for a listener on ``bind`` (loopback for all interfaces)."""
+    return "127.0.0.1" if bind in _ANY_ADDRESS else bind
+
+
 class EmbeddedBroker:
     """A Mosquitto subprocess with a config rendered from a ``broker/`` profile.
 
@@ -111,7 +116,7 @@ class EmbeddedBroker:
     @property
     def settings_host(self) -> str:
         """The address clients dial (loopback when listening on all interfaces)."""
-        return "127.0.0.1" if self.bind in _ANY_ADDRESS else self.bind
+        return _dial_host(self.bind)
 
     @property
     def settings(self) -> BrokerSettings:
@@ -134,9 +139,10 @@ class EmbeddedBroker:
             raise BrokerError(
                 f"the {self.profile} profile has no TLS listener, or it has not started"
             )
-        host = "127.0.0.1" if self.tls_bind in _ANY_ADDRESS else self.tls_bind
         return BrokerSettings(
-            host=host, port=self.tls_port, tls=TlsSettings(ca_file=self.tls.ca_file)
+            host=_dial_host(self.tls_bind),
+            port=self.tls_port,
+            tls=TlsSettings(ca_file=self.tls.ca_file),
         )
 
     @property

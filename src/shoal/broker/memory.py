@@ -20,13 +20,6 @@ from shoal.schemas.topics import topic_matches
 _SHARE = "$share/"
 
 
-def matches(topic_filter: str, topic: str) -> bool:
-    """MQTT matching, where a leading wildcard does not match ``$`` topics (``$SYS``)."""
-    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
-        return False
-    return topic_matches(topic_filter, topic)
-
-
 def _shared(topic_filter: str) -> tuple[str, str] | None:
     """``$share/g/a/b`` → ``("g", "a/b")``; None for a plain filter."""
     if not topic_filter.startswith(_SHARE):
@@ -47,7 +40,6 @@ class MemoryBroker:
         self.settings = BrokerSettings(host="memory", port=0)
         self._clients: dict[str, ClientState] = {}
         self._retained: dict[str, Message] = {}
-        self._groups: dict[tuple[str, str], list[str]] = {}  # (group, filter) -> members
         self._turns: dict[tuple[str, str], int] = {}  # (group, filter) -> messages dealt
 
     @property
@@ -79,10 +71,6 @@ class MemoryBroker:
             will=will,
             publish_timeout_s=publish_timeout_s,
         )
-
-    def retained(self, topic: str) -> Message | None:
-        """The retained message of ``topic``, if any."""
-        return self._retained.get(topic)
 
     def connected(self) -> list[str]:
         """Client ids of the live sessions."""
@@ -129,22 +117,15 @@ class MemoryBroker:
         """Add a subscription; a plain one gets the matching retained messages."""
         client = self._clients[client_id]
         client.subscriptions[topic_filter] = (qos, no_local)
-        shared = _shared(topic_filter)
-        if shared is not None:
-            members = self._groups.setdefault(shared, [])
-            if client_id not in members:
-                members.append(client_id)
+        if _shared(topic_filter) is not None:
             return
         for topic, message in self._retained.items():
-            if matches(topic_filter, topic):
+            if topic_matches(topic_filter, topic):
                 self._deliver(client, replace(message, qos=min(qos, message.qos)))
 
     def unsubscribe(self, client_id: str, topic_filter: str) -> None:
-        """Remove a subscription (and the client from its shared group)."""
-        client = self._clients[client_id]
-        shared = _shared(topic_filter)
-        if client.subscriptions.pop(topic_filter, None) is not None and shared is not None:
-            self._groups[shared].remove(client_id)
+        """Remove a subscription (a shared one takes the client out of its group)."""
+        self._clients[client_id].subscriptions.pop(topic_filter, None)
 
     def publish(
         self,
@@ -165,23 +146,24 @@ class MemoryBroker:
             else:
                 self._retained.pop(topic, None)
             message = replace(message, retain=False)  # live copies: retain-as-published off
+        groups: dict[tuple[str, str], list[tuple[ClientState, int]]] = {}  # members, in order
         for client_id, client in self._clients.items():
-            granted = [
-                sub_qos
-                for topic_filter, (sub_qos, no_local) in client.subscriptions.items()
-                if not _shared(topic_filter)
-                and matches(topic_filter, topic)
-                and not (no_local and client_id == sender_id)
-            ]
+            granted = []
+            for topic_filter, (sub_qos, no_local) in client.subscriptions.items():
+                shared = _shared(topic_filter)
+                if not topic_matches(shared[1] if shared else topic_filter, topic):
+                    continue
+                if shared is not None:
+                    groups.setdefault(shared, []).append((client, sub_qos))
+                elif not (no_local and client_id == sender_id):
+                    granted.append(sub_qos)
             if granted:
                 self._deliver(client, replace(message, qos=min(qos, max(granted))))
-        for (group, inner), members in self._groups.items():
-            if members and matches(inner, topic):
-                turn = self._turns.get((group, inner), 0)
-                self._turns[(group, inner)] = turn + 1
-                member = self._clients[members[turn % len(members)]]
-                sub_qos, _ = member.subscriptions[f"{_SHARE}{group}/{inner}"]
-                self._deliver(member, replace(message, qos=min(qos, sub_qos)))
+        for group, members in groups.items():
+            turn = self._turns.get(group, 0)
+            self._turns[group] = turn + 1
+            member, sub_qos = members[turn % len(members)]
+            self._deliver(member, replace(message, qos=min(qos, sub_qos)))
 
     def _deliver(self, client: ClientState, message: Message) -> None:
         if client.session is None and message.qos == 0:

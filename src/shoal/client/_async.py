@@ -32,7 +32,7 @@ _TICK_S: Final = 0.1
 class AsyncResultsClient:
     """Read a pipeline's results from the broker, as polars DataFrames (asyncio API).
 
-    Every frame has the result layout of ``shoal.client.messages`` (one row per key and
+    Every frame has the result layout of ``shoal.schemas.results`` (one row per key and
     window). Each call opens its own MQTT session and closes it when done, so calls are
     independent and the client holds no connection between them.
 

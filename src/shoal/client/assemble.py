@@ -20,7 +20,7 @@ Corrections (a higher ``revision`` of a partition's window, pipelines with allow
 replace that partition's part: a window still pending takes it in; a window already released
 is released again at once, with the other partitions' latest parts (remembered for the last
 ``remember_windows`` windows) and the highest revision among its parts. A copy that is not
-later (``revision_rank``) than the part already held is dropped.
+later (``WindowMessage.rank``) than the part already held is dropped.
 
 Must not import ``shoal.broker``: the client feeds it messages and a clock.
 """
@@ -33,7 +33,7 @@ from typing import Final
 
 import polars as pl
 
-from shoal.schemas.results import Deduplicator, WindowMessage, revision_rank
+from shoal.schemas.results import Deduplicator, WindowMessage
 
 DEFAULT_MAX_WAIT_MS: Final = 10_000
 DEFAULT_SETTLE_MS: Final = 1_000
@@ -77,9 +77,7 @@ _WindowKey = tuple[str, str, int]  # pipeline, window, start
 
 
 def _later(message: WindowMessage, held: WindowMessage | None) -> bool:
-    return held is None or revision_rank(message.revision, message.rows) > revision_rank(
-        held.revision, held.rows
-    )
+    return held is None or message.rank > held.rank
 
 
 class WindowAssembler:
@@ -115,7 +113,7 @@ class WindowAssembler:
 
     def add(self, message: WindowMessage, now_ms: int) -> list[AssembledWindow]:
         """Take one message (a duplicate is dropped); return the windows now ready."""
-        if not self.dedup.first_time(message.identity):
+        if not self.dedup.first_time(message.copy_key):
             return []
         source = (message.pipeline, message.partition)
         position = (message.end, message.window)
@@ -123,7 +121,7 @@ class WindowAssembler:
             self._sent_through[source] = position
         key = (message.pipeline, message.window, message.start)
         if message.partitions <= 1:
-            rank = revision_rank(message.revision, message.rows)
+            rank = message.rank
             if rank <= self._ranks.get(key, (0, -1)):
                 return self._ready(now_ms)  # a stale copy (re-published after a restart)
             self._ranks[key] = rank

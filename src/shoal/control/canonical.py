@@ -13,20 +13,16 @@ Never imports ``broker``.
 from __future__ import annotations
 
 import hashlib
-import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import orjson
 
 from shoal.errors import ConfigError
 from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.processors.windows import WINDOW_KINDS
-
-WHERE: Final = "pipeline spec"
-"""How ``parse_pipeline`` names a spec that came from no file (the prefix of its errors)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +107,7 @@ def canonicalize(raw: Mapping[str, Any]) -> CanonicalSpec:
     """Validate a spec mapping and give its canonical form.
 
     Raises:
-        ConfigError: the spec is invalid (``refusal_of`` says why and where).
+        ConfigError: the spec is invalid (its ``field`` and ``reason`` say where and why).
     """
     spec = parse_pipeline(raw)
     mapping = canonical_mapping(spec)
@@ -126,47 +122,5 @@ def canonicalize_toml(text: str) -> CanonicalSpec | SpecRefusal:
         return SpecRefusal("invalid_toml", "", f"the spec is not valid TOML: {exc}")
     try:
         return canonicalize(raw)
-    except ConfigError as exc:
-        return refusal_of(exc)
-
-
-_DEFAULTS: Final = canonical_mapping(parse_pipeline({"name": "x", "windows": [{"size_ms": 1}]}))
-_SPEC_KEYS: Final = frozenset(
-    {*_DEFAULTS, *_DEFAULTS["sketch"], *_DEFAULTS["limits"], "kind", "size_ms", "slide_ms"}
-)
-"""Every setting name a spec may hold, at any level."""
-
-_SCOPE: Final = re.compile(r"(?:(\w+\[\d+\])|\[(\w+)\]): ")
-_UNKNOWN: Final = re.compile(r"unknown setting\(s\) \['([^']*)'")
-_FIRST_WORD: Final = re.compile(r"([a-z_]+)\b")
-
-
-def refusal_of(error: ConfigError) -> SpecRefusal:
-    """The reason code and field path of a ``parse_pipeline`` error.
-
-    The validator names the table (``windows[0]:``, ``[limits]:``) and then the setting in its
-    message; this reads them back into a path such as ``windows[0].size_ms``.
-    """
-    message = str(error)
-    rest = message.removeprefix(f"{WHERE}: ")
-    path: list[str] = []
-    while (scope := _SCOPE.match(rest)) is not None:
-        path.append(scope.group(1) or scope.group(2))
-        rest = rest[scope.end() :]
-    reason = "invalid_spec"
-    leaf: str | None = None
-    if "unknown aggregate" in rest or "aggregate is listed twice" in rest:
-        reason, leaf = ("unknown_aggregate" if "unknown" in rest else "invalid_spec"), "aggregates"
-    elif (unknown := _UNKNOWN.search(rest)) is not None:
-        leaf = unknown.group(1)
-    elif "[[windows]]" in rest or rest.startswith("window names"):
-        leaf = "windows"
-    elif "need slide_ms" in rest:
-        leaf = "slide_ms"
-    elif (word := _FIRST_WORD.match(rest)) is not None and word.group(1) in _SPEC_KEYS:
-        leaf = word.group(1)
-    elif rest.startswith("[") and (table := re.match(r"\[(\w+)\]", rest)) is not None:
-        leaf = table.group(1)
-    if leaf is not None:
-        path.append(leaf)
-    return SpecRefusal(reason, ".".join(path), message)
+    except ConfigError as exc:  # the validator names the field at fault and, if specific, why
+        return SpecRefusal(exc.reason or "invalid_spec", exc.field or "", str(exc))

@@ -13,11 +13,9 @@ import asyncio
 import os
 from typing import Final
 
-import orjson
-
 from shoal.broker.session import SessionFactory, unique_client_id
 from shoal.broker.settings import BrokerSettings
-from shoal.control.messages import PipelineDocument, Request, Result
+from shoal.control.messages import Marker, PipelineDocument, Request, Result
 from shoal.errors import BrokerError, ControlError
 from shoal.schemas.topics import Topics, topic_matches
 
@@ -90,18 +88,16 @@ class ControlClient:
             ControlError: the marker did not come back in time (``timeout``).
         """
         client = unique_client_id("shoal-pipeline")
-        own = self.topics.control(client)
-        token = os.urandom(8).hex()
-        marker = orjson.dumps({"cmd": "marker", "token": token})
+        marker = Marker.on(self.topics.control(client), os.urandom(8).hex())
         found: dict[str, PipelineDocument] = {}
         async with self.session_factory(self.settings, client) as session:
-            await session.subscribe([self.topics.pipeline_documents(), own], qos=1)
-            await session.publish(own, marker, qos=1)
+            await session.subscribe([self.topics.pipeline_documents(), marker.topic], qos=1)
+            await session.publish(marker.topic, marker.payload, qos=1)
             stop = asyncio.Event()
             timer = asyncio.get_running_loop().call_later(self.timeout_s, stop.set)
             try:
                 async for message in session.messages_until(stop):
-                    if message.topic == own and message.payload == marker:
+                    if marker.is_back(message.topic, message.payload):
                         return sorted(found.values(), key=lambda d: d.name)
                     if message.payload and topic_matches(
                         self.topics.pipeline_documents(), message.topic

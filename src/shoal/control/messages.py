@@ -3,6 +3,7 @@
 Pure. Each message is JSON with ``"v": 1``; decoding is strict and names what is wrong
 (``ControlError`` with a reason code and a field path) so a refusal can be answered.
 Schemas: ``pipeline-request``, ``pipeline-result`` and ``pipeline-document.schema.json``.
+``Marker`` is how a reader knows every retained document has arrived.
 """
 
 from __future__ import annotations
@@ -265,3 +266,30 @@ class PipelineDocument:
                 reason="invalid_document",
             )
         return cls(name, version, state, body.get("hash"), spec, changed)
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """A marker a reader of retained documents publishes to its own control topic.
+
+    The broker sends the retained messages of a SUBSCRIBE ahead of anything published later
+    on the same connection, so once the marker comes back every retained document has
+    arrived (the service's restore, ``shoal pipeline list``). Its payload is a ``control``
+    message (``{"cmd": "marker", "token": ...}``, CONTRACT.md §21).
+
+    Attributes:
+        topic: the reader's own control topic (``Topics.control``).
+        payload: the marker's bytes, with a token of its own.
+    """
+
+    topic: str
+    payload: bytes
+
+    @classmethod
+    def on(cls, topic: str, token: str) -> Marker:
+        """The marker with ``token`` (random, so an old one is never taken for it)."""
+        return cls(topic, orjson.dumps({"cmd": "marker", "token": token}))
+
+    def is_back(self, topic: str, payload: bytes) -> bool:
+        """Whether a message on ``topic`` with ``payload`` is this marker come back."""
+        return topic == self.topic and payload == self.payload

@@ -15,7 +15,7 @@ Rules (issue 15, item 7: bad input changes nothing):
 * ``delete``: a deployed name becomes a tombstone at version + 1; an unknown or already
   deleted name is refused ``unknown_pipeline``.
 * An invalid spec is refused with ``invalid_toml``, ``invalid_spec`` or
-  ``unknown_aggregate`` and the field path (``canonical.refusal_of``).
+  ``unknown_aggregate`` and the field path (``ConfigError.field``, as the validator names it).
 """
 
 from __future__ import annotations

@@ -27,12 +27,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import orjson
-
 from shoal.broker.session import Message, Session, SessionFactory, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock
-from shoal.control.messages import PipelineDocument, Request, Result
+from shoal.control.messages import Marker, PipelineDocument, Request, Result
 from shoal.control.registry import Registry, refuse_unreadable
 from shoal.errors import ControlError
 from shoal.schemas.topics import Topics, topic_matches
@@ -47,18 +45,21 @@ class ControlCounters:
     Attributes:
         restored: pipeline documents read back at start (tombstones included).
         invalid_documents: retained documents that could not be restored.
-        requests: requests answered.
-        accepted: of which accepted.
-        refused: of which refused (unreadable ones included).
+        accepted: requests accepted.
+        refused: requests refused (unreadable ones included).
         unanswerable: messages on request topics without a client to answer.
     """
 
     restored: int = 0
     invalid_documents: int = 0
-    requests: int = 0
     accepted: int = 0
     refused: int = 0
     unanswerable: int = 0
+
+    @property
+    def requests(self) -> int:
+        """Requests answered, accepted or refused."""
+        return self.accepted + self.refused
 
 
 class ControlPlane:
@@ -94,7 +95,7 @@ class ControlPlane:
         self.registry = Registry()
         self.counters = ControlCounters()
         self.ready = asyncio.Event()
-        self._marker = os.urandom(8).hex()
+        self._marker = Marker.on(topics.control(self.instance), os.urandom(8).hex())
 
     async def run(self, stop: asyncio.Event) -> None:
         """Connect, restore, and answer requests until ``stop`` is set.
@@ -104,16 +105,19 @@ class ControlPlane:
         """
         session = self.session_factory(self.settings, self.instance)
         async with session:
-            own = self.topics.control(self.instance)
             await session.subscribe(
-                [self.topics.pipeline_documents(), self.topics.pipeline_requests(), own], qos=1
+                [
+                    self.topics.pipeline_documents(),
+                    self.topics.pipeline_requests(),
+                    self._marker.topic,
+                ],
+                qos=1,
             )
-            marker = orjson.dumps({"cmd": "marker", "token": self._marker})
-            await session.publish(own, marker, qos=1)
+            await session.publish(self._marker.topic, self._marker.payload, qos=1)
             waiting: list[Message] = []
             async for message in session.messages_until(stop):
                 if not self.ready.is_set():
-                    self._restoring(message, waiting, own)
+                    self._restoring(message, waiting)
                     if self.ready.is_set():
                         await session.unsubscribe([self.topics.pipeline_documents()])
                         for early in waiting:
@@ -122,15 +126,14 @@ class ControlPlane:
                 elif topic_matches(self.topics.pipeline_requests(), message.topic):
                     await self._answer(session, message)
 
-    def _restoring(self, message: Message, waiting: list[Message], own: str) -> None:
-        if message.topic == own:
-            if message.payload == orjson.dumps({"cmd": "marker", "token": self._marker}):
-                log.info(
-                    "control plane ready: %d pipeline(s) deployed, %d document(s) restored",
-                    len(self.registry),
-                    self.counters.restored,
-                )
-                self.ready.set()
+    def _restoring(self, message: Message, waiting: list[Message]) -> None:
+        if self._marker.is_back(message.topic, message.payload):
+            log.info(
+                "control plane ready: %d pipeline(s) deployed, %d document(s) restored",
+                len(self.registry),
+                self.counters.restored,
+            )
+            self.ready.set()
         elif topic_matches(self.topics.pipeline_requests(), message.topic):
             waiting.append(message)
         elif topic_matches(self.topics.pipeline_documents(), message.topic) and message.payload:
@@ -159,7 +162,6 @@ class ControlPlane:
             log.error("control request on %s has no client to answer", message.topic)
             return
         result = await self.handle(session, message.payload)
-        self.counters.requests += 1
         if result.ok:
             self.counters.accepted += 1
         else:

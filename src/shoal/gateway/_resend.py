@@ -10,11 +10,21 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Final
 
 from shoal.errors import ConfigError
 
 BACKOFF_CAP_MS: Final = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """One outstanding batch: re-sends so far, and from when it may go again."""
+
+    attempts: int
+    stall_at_ms: int  # re-send on a stall from then
+    gap_at_ms: int  # re-send when reported missing from then
 
 
 class ResendPolicy:
@@ -68,9 +78,7 @@ class ResendPolicy:
         self.jitter = jitter
         self._rng = rng or random.Random()
         self._progress_ms: int | None = None
-        self._attempts: dict[int, int] = {}
-        self._eligible_ms: dict[int, int] = {}  # re-send on a stall from then
-        self._gap_eligible_ms: dict[int, int] = {}  # re-send when reported missing from then
+        self._sent: dict[int, _Sent] = {}  # the outstanding batches, by seq
 
     def backoff_ms(self, attempts: int) -> int:
         """Wait before the next re-send of a batch already re-sent ``attempts`` times."""
@@ -78,25 +86,25 @@ class ResendPolicy:
 
     def sent(self, seq: int, now_ms: int, *, resend: bool = False) -> None:
         """Record that ``seq`` was published (``resend``: by this policy)."""
-        if not self._attempts and self._progress_ms is None:
+        if not self._sent and self._progress_ms is None:
             self._progress_ms = now_ms  # the stall clock starts with the first outstanding batch
-        attempts = self._attempts.get(seq, 0) + (1 if resend else 0)
-        self._attempts[seq] = attempts
+        attempts = self.attempts(seq) + (1 if resend else 0)
         spread = 1.0 - self.jitter * self._rng.random()
-        self._eligible_ms[seq] = now_ms + round(self.backoff_ms(attempts) * spread)
-        self._gap_eligible_ms[seq] = now_ms + round(self.gap_ms * spread)
+        self._sent[seq] = _Sent(
+            attempts,
+            stall_at_ms=now_ms + round(self.backoff_ms(attempts) * spread),
+            gap_at_ms=now_ms + round(self.gap_ms * spread),
+        )
 
     def progressed(self, confirmed_seq: int, now_ms: int) -> None:
         """Confirmations advanced to ``confirmed_seq``: forget those batches, reset the stall."""
-        for seq in [s for s in self._attempts if s <= confirmed_seq]:
-            del self._attempts[seq]
-            del self._eligible_ms[seq]
-            del self._gap_eligible_ms[seq]
-        self._progress_ms = now_ms if self._attempts else None
+        for seq in [s for s in self._sent if s <= confirmed_seq]:
+            del self._sent[seq]
+        self._progress_ms = now_ms if self._sent else None
 
     def reconnected(self, now_ms: int) -> None:
         """Everything outstanding is being re-published on a new connection: restart the clock."""
-        self._progress_ms = now_ms if self._attempts else None
+        self._progress_ms = now_ms if self._sent else None
 
     def stalled(self, now_ms: int) -> bool:
         """Whether confirmations have not advanced for ``after_ms`` with batches outstanding."""
@@ -117,9 +125,10 @@ class ResendPolicy:
         for count, seq in enumerate(outstanding):
             if count >= self.window and seq > last_missing:
                 break
-            reported = seq in missing and now_ms >= self._gap_eligible_ms.get(seq, now_ms)
+            sent = self._sent.get(seq)  # None: never sent through this policy, due at once
+            reported = seq in missing and (sent is None or now_ms >= sent.gap_at_ms)
             overdue = (
-                stalled and count < self.window and now_ms >= self._eligible_ms.get(seq, now_ms)
+                stalled and count < self.window and (sent is None or now_ms >= sent.stall_at_ms)
             )
             if reported or overdue:
                 due.append(seq)
@@ -127,4 +136,5 @@ class ResendPolicy:
 
     def attempts(self, seq: int) -> int:
         """How many times ``seq`` was re-sent by this policy."""
-        return self._attempts.get(seq, 0)
+        sent = self._sent.get(seq)
+        return 0 if sent is None else sent.attempts

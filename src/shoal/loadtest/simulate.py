@@ -247,7 +247,11 @@ class Simulator:
     ) -> None:
         self.config = config
         self._clock: Clock = clock or SystemClock()
-        self._schedule: Clock = clock.base if isinstance(clock, SkewedClock) else self._clock
+        # Sensors measure on true time (the schedule); the gateways stamp it with their skew.
+        self._schedule: Clock = self._clock
+        self._skew_at: Callable[[int], int] = lambda _ms: 0
+        if isinstance(clock, SkewedClock):
+            self._schedule, self._skew_at = clock.base, clock.skew_at
         self._observe = dict(observe or {})
 
     def _gateway_config(self, gateway_id: str, spool_root: Path | None) -> GatewayConfig:
@@ -419,7 +423,7 @@ class Simulator:
         peak = (0, 0)
         while True:
             now_ms = min(self._schedule.now_ms(), end_ms)
-            skew = self._clock.skew_at(now_ms) if isinstance(self._clock, SkewedClock) else 0
+            skew = self._skew_at(now_ms)
             for gateway, sensor_field, share in zip(gateways, fields, late, strict=True):
                 block = sensor_field.take(now_ms)
                 if len(block):

@@ -228,7 +228,7 @@ class PartialRows:
             "start": _pack_int(self.start),
             "keys": self.keys,
             "fields": {
-                name: _pack_int(v) if name in _COUNT_FIELDS else v.astype("<f8").tobytes()
+                name: _pack_int(v) if name in _INT_FIELDS else v.astype("<f8").tobytes()
                 for name, v in self.fields.items()
             },
         }
@@ -260,7 +260,7 @@ class PartialRows:
             start=_unpack_int(obj["start"], n),
             keys=keys,
             fields={
-                name: _unpack_int(data, n) if name in _COUNT_FIELDS else _buffer(data, "<f8", n)
+                name: _unpack_int(data, n) if name in _INT_FIELDS else _buffer(data, "<f8", n)
                 for name, data in obj["fields"].items()
             },
             sketch_row=sketch_row,
@@ -270,7 +270,6 @@ class PartialRows:
         )
 
 
-_COUNT_FIELDS: Final = _INT_FIELDS
 _WIDTHS: Final = (("u1", 0xFF), ("u2", 0xFFFF), ("u4", 0xFFFFFFFF))
 
 

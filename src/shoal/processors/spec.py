@@ -132,29 +132,37 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
     name = reader.name("name")
     inputs = reader.strings("inputs", default=("ingest/+/+",))
     for topic_filter in inputs:
-        _check_filter(topic_filter, where)
+        if not _is_filter(topic_filter):
+            raise reader.error(
+                "inputs", f"inputs: {topic_filter!r} is not a valid MQTT topic filter"
+            )
     key = reader.choice("key", KEY_COLUMNS, default="sensor_id")
     windows = tuple(
-        _window(w, f"{where}: windows[{i}]") for i, w in enumerate(reader.tables("windows"))
+        _window(_Reader(w, f"{where}: windows[{i}]", f"windows[{i}]"))
+        for i, w in enumerate(reader.tables("windows"))
     )
     if not windows:
-        raise ConfigError(f"{where}: at least one [[windows]] table is required")
+        raise reader.error("windows", "at least one [[windows]] table is required")
     if len({w.name for w in windows}) != len(windows):
-        raise ConfigError(f"{where}: window names must be unique: {[w.name for w in windows]}")
+        raise reader.error("windows", f"window names must be unique: {[w.name for w in windows]}")
     aggregates = tuple(
-        _aggregate(a, where)
+        _aggregate(a, reader)
         for a in reader.strings("aggregates", default=("count", "mean", "min", "max"))
     )
     if len({a.name for a in aggregates}) != len(aggregates):
-        raise ConfigError(f"{where}: an aggregate is listed twice: {[a.name for a in aggregates]}")
+        raise reader.error(
+            "aggregates", f"an aggregate is listed twice: {[a.name for a in aggregates]}"
+        )
     encodings = reader.strings("output_encodings", default=("json",))
     for enc in encodings:
         if enc not in ("json", "msgpack"):
-            raise ConfigError(f"{where}: output_encodings: {enc!r} is not json or msgpack")
-    sketch = _Reader(reader.table("sketch"), f"{where}: [sketch]")
+            raise reader.error(
+                "output_encodings", f"output_encodings: {enc!r} is not json or msgpack"
+            )
+    sketch = _Reader(reader.table("sketch"), f"{where}: [sketch]", "sketch")
     accuracy = sketch.number("relative_accuracy", default=0.01, low=1e-4, high=0.2)
     sketch.finish()
-    limits = _limits(reader.table("limits"), f"{where}: [limits]")
+    limits = _limits(_Reader(reader.table("limits"), f"{where}: [limits]", "limits"))
     spec = PipelineSpec(
         name=name,
         inputs=inputs,
@@ -181,14 +189,25 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
 
 
 class _Reader:
-    """Typed access to one TOML table that remembers which keys were used."""
+    """Typed access to one TOML table that remembers which keys were used.
 
-    def __init__(self, raw: Mapping[str, Any], where: str) -> None:
+    ``where`` starts every message (``pipeline spec: windows[0]``); ``path`` is the table's
+    place in the spec (``windows[0]``, ``limits``; ``""``: the top), which prefixes the
+    ``field`` of every error (``windows[0].size_ms``).
+    """
+
+    def __init__(self, raw: Mapping[str, Any], where: str, path: str = "") -> None:
         if not isinstance(raw, Mapping):
-            raise ConfigError(f"{where}: expected a table")
+            raise ConfigError(f"{where}: expected a table", field=path or None)
         self.raw = raw
         self.where = where
+        self.path = path
         self.used: set[str] = set()
+
+    def error(self, key: str, problem: str, *, reason: str | None = None) -> ConfigError:
+        """The error for setting ``key`` of this table: message, field path and reason."""
+        field = f"{self.path}.{key}" if self.path else key
+        return ConfigError(f"{self.where}: {problem}", field=field, reason=reason)
 
     def _get(self, key: str) -> Any:
         self.used.add(key)
@@ -197,23 +216,23 @@ class _Reader:
     def finish(self) -> None:
         unknown = sorted(set(self.raw) - self.used)
         if unknown:
-            raise ConfigError(f"{self.where}: unknown setting(s) {unknown}")
+            raise self.error(unknown[0], f"unknown setting(s) {unknown}")
 
     def name(self, key: str) -> str:
         value = self._get(key)
         if not isinstance(value, str):
-            raise ConfigError(f"{self.where}: {key} must be a string")
+            raise self.error(key, f"{key} must be a string")
         try:
             return check_segment(value, key)
         except ConfigError as exc:  # TopicError: say which spec and field
-            raise ConfigError(f"{self.where}: {exc}") from None
+            raise self.error(key, str(exc)) from None
 
     def strings(self, key: str, *, default: tuple[str, ...]) -> tuple[str, ...]:
         value = self._get(key)
         if value is None:
             return default
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{self.where}: {key} must be a non-empty list of strings")
+            raise self.error(key, f"{key} must be a non-empty list of strings")
         return tuple(value)
 
     def choice(self, key: str, options: tuple[str, ...], *, default: str) -> str:
@@ -221,7 +240,7 @@ class _Reader:
         if value is None:
             return default
         if value not in options:
-            raise ConfigError(f"{self.where}: {key} must be one of {list(options)}, not {value!r}")
+            raise self.error(key, f"{key} must be one of {list(options)}, not {value!r}")
         return str(value)
 
     def integer(self, key: str, *, default: int, low: int, high: int) -> int:
@@ -229,9 +248,7 @@ class _Reader:
         if value is None:
             return default
         if type(value) is not int or not low <= value <= high:
-            raise ConfigError(
-                f"{self.where}: {key} must be an integer in [{low}, {high}], not {value!r}"
-            )
+            raise self.error(key, f"{key} must be an integer in [{low}, {high}], not {value!r}")
         return value
 
     def number(self, key: str, *, default: float, low: float, high: float) -> float:
@@ -239,9 +256,7 @@ class _Reader:
         if value is None:
             return default
         if type(value) not in (int, float) or not low <= value <= high:
-            raise ConfigError(
-                f"{self.where}: {key} must be a number in [{low}, {high}], not {value!r}"
-            )
+            raise self.error(key, f"{key} must be a number in [{low}, {high}], not {value!r}")
         return float(value)
 
     def table(self, key: str) -> Mapping[str, Any]:
@@ -249,7 +264,7 @@ class _Reader:
         if value is None:
             return {}
         if not isinstance(value, Mapping):
-            raise ConfigError(f"{self.where}: [{key}] must be a table")
+            raise self.error(key, f"[{key}] must be a table")
         return value
 
     def tables(self, key: str) -> list[Mapping[str, Any]]:
@@ -257,42 +272,44 @@ class _Reader:
         if value is None:
             return []
         if not isinstance(value, list) or not all(isinstance(v, Mapping) for v in value):
-            raise ConfigError(f"{self.where}: {key} must be an array of tables ([[{key}]])")
+            raise self.error(key, f"{key} must be an array of tables ([[{key}]])")
         return value
 
 
-def _window(raw: Mapping[str, Any], where: str) -> WindowSpec:
-    reader = _Reader(raw, where)
+def _window(reader: _Reader) -> WindowSpec:
     kind = WINDOW_KINDS[reader.choice("kind", tuple(WINDOW_KINDS), default="tumbling")]
     size = reader.integer("size_ms", default=0, low=1, high=31 * 86_400_000)
     if size == 0:
-        raise ConfigError(f"{where}: size_ms is required")
+        raise reader.error("size_ms", "size_ms is required")
     if not kind.takes_slide:
         slide = size
-        if "slide_ms" in raw:
+        if "slide_ms" in reader.raw:
             sliding = " or ".join(k.name for k in WINDOW_KINDS.values() if k.takes_slide)
-            raise ConfigError(f"{where}: slide_ms is only for {sliding} windows")
+            raise reader.error("slide_ms", f"slide_ms is only for {sliding} windows")
     else:
         slide = reader.integer("slide_ms", default=0, low=1, high=size)
         if slide == 0:
-            raise ConfigError(f"{where}: {kind.name} windows need slide_ms")
+            raise reader.error("slide_ms", f"{kind.name} windows need slide_ms")
         if size % slide:
-            raise ConfigError(f"{where}: size_ms ({size}) must be a multiple of slide_ms ({slide})")
+            raise reader.error(
+                "size_ms", f"size_ms ({size}) must be a multiple of slide_ms ({slide})"
+            )
         if size // slide > MAX_WINDOWS_PER_ROW:
-            raise ConfigError(
-                f"{where}: size_ms/slide_ms = {size // slide} windows per row; at most "
-                f"{MAX_WINDOWS_PER_ROW} are supported"
+            raise reader.error(
+                "size_ms",
+                f"size_ms/slide_ms = {size // slide} windows per row; at most "
+                f"{MAX_WINDOWS_PER_ROW} are supported",
             )
     default_name = f"{kind.name}-{_duration(size)}" + (
         f"-{_duration(slide)}" if kind.takes_slide else ""
     )
-    name = reader.name("name") if "name" in raw else default_name
+    name = reader.name("name") if "name" in reader.raw else default_name
     reader.used.add("slide_ms")
     reader.finish()
     return WindowSpec(name=name, kind=kind.name, size_ms=size, slide_ms=slide)
 
 
-def _aggregate(text: str, where: str) -> AggregateSpec:
+def _aggregate(text: str, reader: _Reader) -> AggregateSpec:
     name = text.strip().lower()
     name = ALIASES.get(name, name)
     if name in AGGREGATES:
@@ -300,14 +317,15 @@ def _aggregate(text: str, where: str) -> AggregateSpec:
     q = QUANTILES.parse(name)
     if q is not None:
         return AggregateSpec(name, quantile=q)
-    raise ConfigError(
-        f"{where}: unknown aggregate {text!r}; use {', '.join(AGGREGATES)} or a quantile "
-        "like p50, p95, p99, p99.9"
+    raise reader.error(
+        "aggregates",
+        f"unknown aggregate {text!r}; use {', '.join(AGGREGATES)} or a quantile "
+        "like p50, p95, p99, p99.9",
+        reason="unknown_aggregate",
     )
 
 
-def _limits(raw: Mapping[str, Any], where: str) -> DecodeLimits:
-    reader = _Reader(raw, where)
+def _limits(reader: _Reader) -> DecodeLimits:
     defaults = DecodeLimits()
     values: dict[str, int | None] = {}
     for name in ("max_payload_bytes", "max_rows", "max_string_bytes", "max_decompressed_bytes"):
@@ -321,15 +339,15 @@ def _limits(raw: Mapping[str, Any], where: str) -> DecodeLimits:
         elif type(raw_value) is int and raw_value >= 0:
             values[name] = raw_value
         else:
-            raise ConfigError(f"{where}: {name} must be a non-negative integer or false")
+            raise reader.error(name, f"{name} must be a non-negative integer or false")
     on_future = reader.choice("on_future", FUTURE_POLICIES, default=defaults.on_future)
     if on_future == "clamp" and values["max_future_ms"] is None:
-        raise ConfigError(f"{where}: on_future = 'clamp' needs max_future_ms (not false)")
+        raise reader.error("on_future", "on_future = 'clamp' needs max_future_ms (not false)")
     reader.finish()
     return DecodeLimits(**values, on_future=on_future)  # type: ignore[arg-type]
 
 
-def _check_filter(topic_filter: str, where: str) -> None:
+def _is_filter(topic_filter: str) -> bool:
     levels = topic_filter.split("/")
     bad = (
         not topic_filter
@@ -337,8 +355,7 @@ def _check_filter(topic_filter: str, where: str) -> None:
         or any(("+" in lv and lv != "+") or ("#" in lv and lv != "#") for lv in levels)
         or ("#" in levels and levels.index("#") != len(levels) - 1)
     )
-    if bad:
-        raise ConfigError(f"{where}: inputs: {topic_filter!r} is not a valid MQTT topic filter")
+    return not bad
 
 
 def _duration(ms: int) -> str:

@@ -215,15 +215,9 @@ class WindowState:
 
     # -- closing ----------------------------------------------------------------------------
 
-    def next_end(self, after: int | None = None) -> int | None:
-        """The earliest window end (later than ``after``, if given) among held windows.
-
-        None: nothing held. ``after`` skips closed windows kept for corrections.
-        """
-        return min(
-            (end for _, _, end in self._slot_info.values() if after is None or end > after),
-            default=None,
-        )
+    def next_end(self) -> int | None:
+        """The earliest window end among held windows (None: nothing held)."""
+        return min((end for _, _, end in self._slot_info.values()), default=None)
 
     def windows_between(self, after: int | None, through: int) -> list[tuple[int, int]]:
         """(window index, start) of held windows ending in ``(after, through]``."""

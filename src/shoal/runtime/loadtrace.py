@@ -109,21 +109,14 @@ def make_trace(
     """
     if not 1 <= low < high:
         raise TraceError(f"need 1 <= low ({low}) < high ({high})")
-    if name == "step":
+    if name in ("step", "spike"):
+        held_s = high_s if name == "step" else max(5.0, high_s / 6)
         phases = [
             Phase(0.0, low, "A"),
             Phase(warmup_s, high, "B"),
-            Phase(warmup_s + high_s, low, "A"),
+            Phase(warmup_s + held_s, low, "A"),
         ]
-        return Trace(name, tuple(phases), warmup_s + high_s + cooldown_s)
-    if name == "spike":
-        burst = max(5.0, high_s / 6)
-        phases = [
-            Phase(0.0, low, "A"),
-            Phase(warmup_s, high, "B"),
-            Phase(warmup_s + burst, low, "A"),
-        ]
-        return Trace(name, tuple(phases), warmup_s + burst + cooldown_s)
+        return Trace(name, tuple(phases), warmup_s + held_s + cooldown_s)
     if name == "ramp":
         # Up in three groups over the first half, hold, down in three groups over the last half.
         levels = _ramp_levels(low, high)

@@ -30,7 +30,7 @@ from shoal.runtime.scaler import Scaler, ScalerConfig, ScaleRecord
 from shoal.scaler.http import MetricsServer
 from shoal.scaler.monitor import Snapshot
 from shoal.scaler.policy import Bounds
-from shoal.scaler.status import gateway_notes, partition_notes, pipeline_status
+from shoal.view.status import gateway_notes, partition_notes, pipeline_status
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ below them.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -58,18 +59,12 @@ DEFAULT_REMEMBER: Final = 100_000
 Identity = tuple[str, str, int, int, int]
 """``(pipeline, window, start, partition, revision)`` of a window message."""
 
+CopyKey = tuple[str, str, int, int, int, int]
+"""``identity`` plus ``rows``: what tells one copy of a window message from another."""
+
 
 LATEST_OF: Final = ("pipeline", "window", "start", "partition", "key")
 """Columns of one result row across its revisions (``latest_revisions`` keeps one)."""
-
-
-def revision_rank(revision: int, rows: int) -> tuple[int, int]:
-    """How late a copy of a window message is: higher revision, then more rows, is later.
-
-    See ``latest_revisions``; compare ranks of copies with the same
-    ``(pipeline, window, start, partition)``.
-    """
-    return (revision, rows)
 
 
 def latest_revisions(frame: pl.DataFrame) -> pl.DataFrame:
@@ -146,9 +141,28 @@ class WindowMessage:
         """Measurements counted in this message (all its keys)."""
         return int(self.frame["rows"].sum()) if self.frame.height else 0
 
+    @property
+    def copy_key(self) -> CopyKey:
+        """``identity`` plus ``rows``: a duplicate has the same.
+
+        A window closed again after a combiner restart while late rows folded in may keep its
+        revision but count more rows; it is then a later copy, not a duplicate (see
+        ``rank``).
+        """
+        return (*self.identity, self.rows)
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """How late this copy is: higher revision, then more rows, is later.
+
+        The order ``latest_revisions`` keeps by; compare ranks of copies with the same
+        ``(pipeline, window, start, partition)``.
+        """
+        return (self.revision, self.rows)
+
 
 class Deduplicator:
-    """Remembers the identities of the last ``capacity`` window messages.
+    """Remembers the copy keys (``WindowMessage.copy_key``) of the last ``capacity`` messages.
 
     A combiner re-publishes a window after a crash within seconds to minutes, so a bounded
     memory of recent identities is enough; an archive reader deduplicates exactly instead.
@@ -156,16 +170,16 @@ class Deduplicator:
 
     def __init__(self, capacity: int = DEFAULT_REMEMBER) -> None:
         self.capacity = capacity
-        self._seen: OrderedDict[Identity, None] = OrderedDict()
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()
         self.duplicates = 0
 
-    def first_time(self, identity: Identity) -> bool:
-        """True the first time an identity is offered, False (and counted) afterwards."""
-        if identity in self._seen:
+    def first_time(self, key: Hashable) -> bool:
+        """True the first time a key is offered, False (and counted) afterwards."""
+        if key in self._seen:
             self.duplicates += 1
-            self._seen.move_to_end(identity)
+            self._seen.move_to_end(key)
             return False
-        self._seen[identity] = None
+        self._seen[key] = None
         if len(self._seen) > self.capacity:
             self._seen.popitem(last=False)
         return True

@@ -40,7 +40,13 @@ def key_segment(key: str | None) -> str:
 
 
 def topic_matches(topic_filter: str, topic: str) -> bool:
-    """Whether an MQTT topic filter (with ``+`` and ``#``) matches a topic name."""
+    """Whether an MQTT topic filter (with ``+`` and ``#``) matches a topic name.
+
+    As in MQTT, a filter starting with a wildcard does not match a topic starting with ``$``
+    (``$SYS``): those match only filters that name the ``$`` level.
+    """
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False
     filter_levels = topic_filter.split("/")
     topic_levels = topic.split("/")
     for i, level in enumerate(filter_levels):

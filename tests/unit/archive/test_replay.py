@@ -8,31 +8,18 @@ import pytest
 
 from shoal.archive import compare_results, replay
 from shoal.archive.records import batch_row
-from shoal.processors.spec import parse_pipeline
+from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.schemas import Encoding, Measurements, encode_batch
 from tests.support.compare import assert_matches_oracle, scale_of
-from tests.support.datasets import GeneratedBatch, all_rows, make_batches
-from tests.support.in_memory import run_in_memory
+from tests.support.datasets import GeneratedBatch, all_rows, make_batches, two_window_spec
+from tests.support.in_memory import run_in_memory, shuffled_with_duplicates
 from tests.support.oracle import expected_results
 
 AGGREGATES = ["count", "sum", "mean", "min", "max", "stddev", "first", "last", "p50", "p95", "p99"]
 
 
-def spec_for(partitions: int = 1):
-    return parse_pipeline(
-        {
-            "name": "replayed",
-            "windows": [
-                {"kind": "tumbling", "size_ms": 2_000},
-                {"kind": "hopping", "size_ms": 4_000, "slide_ms": 2_000},
-            ],
-            "aggregates": AGGREGATES,
-            "partitions": partitions,
-            "lateness_ms": 1_000,
-            "idle_timeout_ms": 1_500,
-            "limits": {"max_future_ms": False},
-        }
-    )
+def spec_for(partitions: int = 1) -> PipelineSpec:
+    return two_window_spec("replayed", AGGREGATES, partitions)
 
 
 def archived(
@@ -45,9 +32,7 @@ def archived(
 ) -> pl.DataFrame:
     """What an archive holds after a run: shuffled receive order, re-sent copies."""
     rng = np.random.default_rng(seed)
-    order = list(range(len(batches)))
-    rng.shuffle(order)
-    order += [i for i in range(len(batches)) if rng.random() < duplicate_fraction]
+    order = shuffled_with_duplicates(len(batches), rng, duplicate_fraction)
     rows = []
     for n, index in enumerate(order):
         batch = batches[index]

@@ -7,9 +7,10 @@ import asyncio
 
 import pytest
 
-from shoal.broker.memory import MemoryBroker, matches
+from shoal.broker.memory import MemoryBroker
 from shoal.broker.session import Will
 from shoal.errors import BrokerError, PayloadTooLargeError
+from shoal.schemas.topics import topic_matches
 
 
 @pytest.mark.parametrize(
@@ -29,7 +30,7 @@ from shoal.errors import BrokerError, PayloadTooLargeError
     ],
 )
 def test_topic_filters_match_as_mqtt_says(topic_filter: str, topic: str, expected: bool) -> None:
-    assert matches(topic_filter, topic) is expected
+    assert topic_matches(topic_filter, topic) is expected
 
 
 def test_a_dropped_client_loses_its_iteration_and_its_will_goes_out() -> None:

@@ -117,3 +117,20 @@ def test_a_single_partition_correction_passes_and_a_stale_copy_does_not() -> Non
     assert assembler.add(window_message(revision=1), 1) == []  # older: dropped
     [latest] = assembler.add(window_message(revision=3, keys=("a", "b", "c", "d")), 2)
     assert latest.revision == 3
+
+
+def test_a_recount_with_the_same_revision_and_more_rows_is_a_later_copy_not_a_duplicate() -> None:
+    # A combiner that restarts while folding in an idle gateway's rows can close a window
+    # again with the same revision and more rows: consumers must take it, and drop exact
+    # duplicates of it.
+    for partitions in (1, 2):
+        assembler = WindowAssembler()
+        first = window_message(revision=2, partitions=partitions, keys=("a", "b"))
+        recount = window_message(revision=2, partitions=partitions, keys=("a", "b", "c"))
+        assembler.add(first, 0)
+        if partitions == 2:
+            assembler.add(window_message(partition=1, partitions=2, revision=2, keys=("z",)), 0)
+        [later] = assembler.add(recount, 1)
+        assert later.frame["key"].to_list()[:3] == ["a", "b", "c"]
+        assert assembler.add(recount, 2) == []  # the same copy again: a duplicate
+        assert assembler.dedup.duplicates == 1

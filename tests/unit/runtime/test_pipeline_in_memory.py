@@ -12,26 +12,17 @@ import numpy as np
 import orjson
 
 from shoal.broker.memory import MemoryBroker
-from shoal.processors.spec import parse_pipeline
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
-from tests.support.datasets import make_batches
+from tests.support.datasets import make_batches, two_window_spec
+from tests.support.in_memory import shuffled_with_duplicates
 from tests.support.live import InProcessPipeline, publish_batches, run_against_oracle
 
-SPEC = parse_pipeline(
-    {
-        "name": "mem",
-        "windows": [
-            {"kind": "tumbling", "size_ms": 2_000},
-            {"kind": "hopping", "size_ms": 4_000, "slide_ms": 2_000},
-        ],
-        "aggregates": ["count", "sum", "mean", "min", "max", "stddev", "p95"],
-        "partitions": 2,
-        "lateness_ms": 1_000,
-        "idle_timeout_ms": 1_500,
-        "checkpoint_interval_ms": 200,
-        "limits": {"max_future_ms": False},
-    }
+SPEC = two_window_spec(
+    "mem",
+    ["count", "sum", "mean", "min", "max", "stddev", "p95"],
+    2,
+    checkpoint_interval_ms=200,
 )
 
 
@@ -41,9 +32,7 @@ def test_three_workers_and_two_partitions_give_the_oracle_results(tmp_path) -> N
         seed=11, gateways=3, batches_per_gateway=12, rows_per_batch=(0, 80), gap_every=5
     )
     rng = np.random.default_rng(3)
-    order = list(range(len(batches)))
-    rng.shuffle(order)
-    order += [i for i in range(len(batches)) if rng.random() < 0.25]  # duplicated batches
+    order = shuffled_with_duplicates(len(batches), rng, 0.25)
 
     async def scenario() -> None:
         run = await run_against_oracle(

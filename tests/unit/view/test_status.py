@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from shoal.scaler.monitor import GatewayLag, Snapshot
-from shoal.scaler.status import format_status, gateway_notes, pipeline_status
+from shoal.view.status import format_status, gateway_notes, pipeline_status
 
 NOW = 1_700_000_100_000
 HOUR = 3_600_000

@@ -24,22 +24,21 @@ def pipeline_status(pipeline: str, snap: Snapshot, listened_s: float) -> dict[st
     counted over that time only (they are not retained by the broker).
     """
     partitions = [_partition(p, beat, snap.at_ms) for p, beat in sorted(snap.combiners.items())]
+    workers = [
+        {
+            "id": wid,
+            "state": body.get("state"),
+            "rows_per_s": body.get("rows_per_s"),
+            "cpu_percent": body.get("cpu_percent"),
+            "rows_clamped": int(body.get("rows_clamped", 0)),
+        }
+        for wid, body in sorted(snap.worker_metrics.items())
+    ]
     return {
         "pipeline": pipeline,
         "at": snap.at_ms,
-        "workers": [
-            {
-                "id": wid,
-                "state": body.get("state"),
-                "rows_per_s": body.get("rows_per_s"),
-                "cpu_percent": body.get("cpu_percent"),
-                "rows_clamped": int(body.get("rows_clamped", 0)),
-            }
-            for wid, body in sorted(snap.worker_metrics.items())
-        ],
-        "clamped_measurements": sum(
-            int(body.get("rows_clamped", 0)) for body in snap.worker_metrics.values()
-        ),
+        "workers": workers,
+        "clamped_measurements": sum(w["rows_clamped"] for w in workers),
         "rates": {
             "in_per_s": round(snap.rows_in_per_s, 1),
             "out_per_s": round(snap.rows_out_per_s, 1),

@@ -1,0 +1,28 @@
+"""A control plane running beside a test, on a real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from shoal.broker.settings import BrokerSettings
+from shoal.clock import Clock
+from shoal.control.service import ControlPlane
+from shoal.schemas.topics import Topics
+
+
+@contextlib.asynccontextmanager
+async def running_plane(
+    settings: BrokerSettings, topics: Topics, clock: Clock
+) -> AsyncIterator[ControlPlane]:
+    """A ``ControlPlane`` that has restored its registry; stopped (and awaited) on exit."""
+    plane = ControlPlane(settings, topics, clock)
+    stop = asyncio.Event()
+    task = asyncio.create_task(plane.run(stop))
+    try:
+        await asyncio.wait_for(plane.ready.wait(), 10)
+        yield plane
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
