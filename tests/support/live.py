@@ -29,7 +29,7 @@ from shoal.schemas.results import latest_revisions
 from shoal.schemas.topics import Topics
 from tests.support.compare import assert_matches_oracle, scale_of
 from tests.support.datasets import GeneratedBatch, all_rows
-from tests.support.oracle import expected_results
+from tests.support.oracle import closed_by, expected_results
 
 
 @dataclass
@@ -372,7 +372,7 @@ async def run_against_oracle(
         threshold = await pipeline.finish(batches)
     rows = all_rows(batches)
     expected, late_count = expected_results(rows, spec)
-    expected = expected.filter(pl.col("end") <= threshold)
+    expected = closed_by(expected, spec, threshold)
     assert_matches_oracle(seen.results_frame(), expected, spec, scale_of(rows, spec))
     assert sum(item["rows"] for item in seen.late) == late_count
     return OracleRun(pipeline, seen, late_count)

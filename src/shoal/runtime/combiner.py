@@ -299,7 +299,7 @@ class CombinerRuntime:
         if self._rendered is not None and self._rendered[0] is closed.frame:
             rendered = self._rendered[1]
         self._rendered = None
-        for result in split_windows(closed.frame, closed.revisions):
+        for result in split_windows(closed.frame, closed.revisions, closed.sessions):
             window_futures = []
             for index, encoding in enumerate(spec.output_encodings):
                 topic = (
