@@ -13,8 +13,9 @@ from shoal.clock import FakeClock
 from shoal.processors.aggregates import AGGREGATES
 from shoal.processors.combine import Combiner
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
+from shoal.processors.results import split_windows
 from shoal.processors.spec import PipelineSpec, parse_pipeline
-from tests.support.datasets import GeneratedBatch, make_batches
+from tests.support.datasets import GeneratedBatch, frame_of, make_batches
 from tests.support.in_memory import check_against_oracle, statuses_for
 
 ALL_AGGREGATES = [*AGGREGATES, "p50", "p95"]
@@ -134,3 +135,34 @@ def test_a_restart_from_a_snapshot_changes_nothing() -> None:
     for restart_at in (5, 17, 31):
         # the same sessions and counts; float sums may round differently (merge order)
         assert_frame_equal(_run(spec, batches, restart_at), straight, rel_tol=1e-12)
+
+
+def test_sessions_sharing_a_start_close_together_in_one_message() -> None:
+    """t1's session [0, 1 s) may close before t2's [0, 3.7 s), but both start at 0: t1 waits,
+    so the message for (window, start 0) is published once, with both keys."""
+    spec = session_spec(1, gap_ms=1_000, lateness_ms=0)
+    t0 = 1_700_000_000_000
+    rows = [("t1", 0), ("t2", 0), ("t2", 900), ("t2", 1_800), ("t2", 2_700)]
+    batches = [
+        GeneratedBatch("gw", 0, frame_of([(k, t0 + ts, 1.0) for k, ts in rows])),
+        GeneratedBatch("gw", 1, frame_of([("t3", t0 + 2_900, 1.0)])),
+        GeneratedBatch("gw", 2, frame_of([("t3", t0 + 5_000, 1.0)])),
+    ]
+    clock = FakeClock()
+    builder = PartialBuilder(spec, "w0")
+    combiner = Combiner(spec, 0, clock)
+    for status in statuses_for(batches, clock.now_ms()):
+        combiner.receive_status(status)
+    closes = []
+    for batch in batches:
+        info = BatchInfo(batch.gateway_id, batch.seq, "s", 0, None, None, 0, 0, "w0")
+        for partial in builder.build(batch.frame, info, clock.now_ms()):
+            combiner.receive(partial)
+        closed = combiner.tick().closed
+        closes.append([] if closed is None else split_windows(closed.frame, {}, closed.sessions))
+    # after seq 1 (watermark 2.9 s) t1's session could close alone; it waits for t2's
+    assert closes[1] == []
+    (message,) = [r for r in closes[2] if r.start == t0]
+    assert sorted(message.frame["key"].to_list()) == ["t1", "t2"]
+    assert message.end == t0 + 3_700
+    assert sorted(message.frame["end"].to_list()) == [t0 + 1_000, t0 + 3_700]
