@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import orjson
 
 from shoal._cli.bench_matrix import register_matrix
 from shoal.errors import ConfigError
+from shoal.loadtest.bench_windows import WINDOW_PRESETS, write_variant
 
 
 def register(sub: Any) -> None:
@@ -81,6 +83,20 @@ def _register_pipeline(benches: Any) -> None:
         type=float,
         default=None,
         help="seconds of measured load per run (default 30; 20 per --max step)",
+    )
+    pipeline.add_argument(
+        "--sensors",
+        type=int,
+        default=None,
+        metavar="N",
+        help="sensors per gateway, overriding the scenario's 1,000 (keys = gateways x N)",
+    )
+    pipeline.add_argument(
+        "--window",
+        default=None,
+        metavar="KIND",
+        help="replace the pipeline's windows by one preset window of this kind "
+        "(shoal.loadtest.bench_windows.WINDOW_PRESETS: " + ", ".join(sorted(WINDOW_PRESETS)) + ")",
     )
     pipeline.add_argument("--max", action="store_true", help="find the highest sustained rate")
     pipeline.add_argument(
@@ -169,14 +185,23 @@ def run_encodings(args: argparse.Namespace) -> int:
 
 def run_pipeline(args: argparse.Namespace) -> int:
     """Run the pipeline benchmark (one rate, or ``--max``)."""
-    from shoal._cli.common import load_spec  # noqa: PLC0415
+    from shoal._cli.common import spec_path  # noqa: PLC0415
     from shoal.loadtest import bench_pipeline as bench  # noqa: PLC0415 - heavy, run-time only
+    from shoal.processors.spec import load_pipeline  # noqa: PLC0415
 
     if args.workers < 1:
         raise ConfigError("--workers must be at least 1")
+    if args.sensors is not None and args.sensors < 1:
+        raise ConfigError("--sensors must be at least 1")
+    source = spec_path(args.pipeline)
+    if args.window is not None:
+        source = write_variant(source, args.window, Path(tempfile.mkdtemp(prefix="shoal-bench-")))
+        print(f"pipeline {args.pipeline} with one {args.window} window: {source}", flush=True)
     config = bench.PipelineBenchConfig(
-        spec=load_spec(args.pipeline),
-        spec_source=args.pipeline,
+        spec=load_pipeline(source),
+        spec_source=str(source),
+        window_kind=args.window,
+        sensors_per_gateway=args.sensors,
         scenario=args.scenario,
         rate=args.rate,
         batch=args.batch,
@@ -331,6 +356,14 @@ def _register_chaos(benches: Any) -> None:
     )
     chaos.add_argument("--seed", type=int, default=0, help="choice of victims")
     chaos.add_argument(
+        "--late-share",
+        type=float,
+        default=0.002,
+        metavar="FRACTION",
+        help="share of base-load measurements stamped 5 s back, folded in as corrections "
+        "(default 0.002; 0: none)",
+    )
+    chaos.add_argument(
         "--rss-limit-mb", type=float, default=1500.0, help="peak RSS allowed per component"
     )
     chaos.add_argument("--keep", type=Path, metavar="DIR", help="keep logs and spools in DIR")
@@ -357,6 +390,7 @@ def run_chaos(args: argparse.Namespace) -> int:
         scaler=not args.no_scaler,
         profile=args.profile,
         seed=args.seed,
+        late_share=args.late_share,
         rss_limit_mb=args.rss_limit_mb,
         run_dir=args.keep,
     )

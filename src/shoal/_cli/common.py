@@ -126,18 +126,24 @@ def add_pipeline_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_spec(name_or_path: str) -> PipelineSpec:
-    """Load a pipeline spec from a file path or by name from ``processors/``."""
+def spec_path(name_or_path: str) -> Path:
+    """The file of a pipeline spec given as a path or by name from ``processors/``."""
     from shoal._resources import resource_dir  # noqa: PLC0415
-    from shoal.processors.spec import load_pipeline  # noqa: PLC0415
 
     path = Path(name_or_path)
     if path.suffix == ".toml" or path.exists():
         if not path.exists():
             raise ConfigError(f"pipeline spec {path} does not exist")
-        return load_pipeline(path)
+        return path
     candidate = resource_dir("processors") / f"{name_or_path}.toml"
     if not candidate.exists():
         known = sorted(p.stem for p in resource_dir("processors").glob("*.toml"))
         raise ConfigError(f"no pipeline named {name_or_path!r}; known: {', '.join(known)}")
-    return load_pipeline(candidate)
+    return candidate
+
+
+def load_spec(name_or_path: str) -> PipelineSpec:
+    """Load a pipeline spec from a file path or by name from ``processors/``."""
+    from shoal.processors.spec import load_pipeline  # noqa: PLC0415
+
+    return load_pipeline(spec_path(name_or_path))

@@ -108,8 +108,22 @@ class Ledger:
 
     @property
     def rows_in_results(self) -> int:
-        """Rows counted by distinct window messages."""
-        return sum(self.windows.values())
+        """Rows in the results: per (window, start, partition), its latest revision's rows.
+
+        A correction (revision above 1) is the whole window of its partition again, so the
+        latest revision alone counts every row the window holds.
+        """
+        latest: dict[tuple[str, int, int], tuple[int, int]] = {}
+        for (window, start, partition, revision), rows in self.windows.items():
+            key = (window, start, partition)
+            if key not in latest or revision > latest[key][0]:
+                latest[key] = (revision, rows)
+        return sum(rows for _, rows in latest.values())
+
+    @property
+    def corrections(self) -> int:
+        """Distinct correction messages (revision above 1)."""
+        return sum(1 for identity in self.windows if identity[3] > 1)
 
     @property
     def late_rows(self) -> int:

@@ -54,6 +54,8 @@ class PipelineBenchConfig:
             gateways stand for separate devices, whose disks are not part of the pipeline
             under test) or ``disk`` (their full cost on this machine).
         max_delay_ms: the gateways seal a partial batch once its oldest row is this old.
+        sensors_per_gateway: overrides the scenario's 1,000 sensors per gateway (keys).
+        window_kind: the ``--window`` preset the spec was given, for the record.
     """
 
     spec: PipelineSpec
@@ -67,15 +69,19 @@ class PipelineBenchConfig:
     per_key_results: bool = True
     gateway_spool: str = "memory"
     max_delay_ms: int = 1_000
+    sensors_per_gateway: int | None = None
+    window_kind: str | None = None
 
-
-def _sensors(scenario: str) -> int:
-    return {"A": 1_000, "B": 10_000}[scenario.upper()]
+    @property
+    def sensors(self) -> int:
+        """Sensors (keys) over all gateways."""
+        gateways = {"A": 1, "B": 10}[self.scenario.upper()]
+        return gateways * (self.sensors_per_gateway or 1_000)
 
 
 def offered_rate(config: PipelineBenchConfig) -> float:
     """Measurements per second the simulator offers."""
-    return _sensors(config.scenario) * config.rate
+    return config.sensors * config.rate
 
 
 def run_pipeline(config: PipelineBenchConfig, progress: TextIO | None = None) -> dict[str, Any]:
@@ -106,6 +112,11 @@ async def _measure(
             [
                 "--scenario",
                 config.scenario,
+                *(
+                    []
+                    if config.sensors_per_gateway is None
+                    else ["--sensors", str(config.sensors_per_gateway)]
+                ),
                 "--rate",
                 str(config.rate),
                 "--batch",
@@ -169,6 +180,9 @@ async def _measure(
     )
     return {
         "scenario": config.scenario,
+        "sensors": config.sensors,
+        "windows": [window.kind for window in config.spec.windows],
+        "window_preset": config.window_kind,
         "rate_per_sensor": config.rate,
         "batch": config.batch,
         "encoding": config.encoding,
@@ -348,7 +362,8 @@ def format_record(record: dict[str, Any]) -> str:
     """A human-readable block for one run."""
     share = record["achieved_meas_per_s"] / max(record["offered_meas_per_s"], 1)
     lines = [
-        f"pipeline: scenario {record['scenario']}, {record['rate_per_sensor']:g}/s per sensor, "
+        f"pipeline: scenario {record['scenario']} ({record['sensors']:,} keys, "
+        f"{'/'.join(record['windows'])} windows), {record['rate_per_sensor']:g}/s per sensor, "
         f"batch {record['batch']}, {record['encoding']}, {record['workers']} workers, "
         f"{record['partitions']} partition(s), {record['duration_s']} s, "
         f"gateway spool {record['gateway_spool']}",

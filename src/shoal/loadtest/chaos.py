@@ -56,6 +56,9 @@ name = "chaos"
 inputs = ["ingest/+/+"]
 key = "sensor_id"
 lateness_ms = 1000
+# Late rows (the simulators stamp a share of rows LATE_BY_MS back) fold into closed windows
+# as corrections, through every kill and restart.
+allowed_lateness_ms = 8000
 idle_timeout_ms = 3000
 partitions = 2
 checkpoint_interval_ms = 500
@@ -74,6 +77,8 @@ slide_ms = 2000
 
 STREAM: Final = "chaos"
 PREFIXES: Final = {"base": "base-gw", "probe": "probe-gw", "burst": "burst-gw"}
+LATE_BY_MS: Final = 5_000
+"""How far back late rows are stamped: past their windows' close, within the allowance."""
 BURST_SENSORS: Final = 2_000
 """Sensors per gateway of the probe and burst simulators (their rate is set per run)."""
 
@@ -102,6 +107,9 @@ class ChaosConfig:
         scaler: run the lag scaler between min and max workers (False: fixed max workers).
         profile: broker profile (``secure`` runs every component with its own role).
         seed: choice of kill victims.
+        late_share: share of base-load measurements stamped ``LATE_BY_MS`` back: late for
+            their window, within the pipeline's allowed lateness, so they come back as
+            corrections (revised results).
         rss_limit_mb: peak RSS allowed per component.
         settle_timeout_s: how long draining and flushing may take at the end.
         run_dir: logs, spools, checkpoints (None: a temporary folder, removed afterwards).
@@ -126,6 +134,7 @@ class ChaosConfig:
     scaler: bool = True
     profile: str = "dev"
     seed: int = 0
+    late_share: float = 0.002
     rss_limit_mb: float = 1_500.0
     settle_timeout_s: float = 240.0
     run_dir: Path | None = None
@@ -300,6 +309,8 @@ class ChaosRun:
             "--stream", STREAM, "--seed", str(self._incarnations), "--json", str(report),
             "--quiet",
         ]  # fmt: skip
+        if kind == "base" and self.config.late_share > 0:
+            args += ["--late-share", f"{self.config.late_share:g}", "--late-by-ms", str(LATE_BY_MS)]
         return self.local.start_simulator(args, name=f"simulator-{kind}")
 
     def _start_base(self) -> None:
@@ -575,6 +586,7 @@ class ChaosRun:
                 "window_messages": len(self.ledger.windows),
                 "republished_identical": self.ledger.republished,
                 "conflicting_copies": self.ledger.conflicts,
+                "corrections": self.ledger.corrections,
                 "late_reports": len(self.ledger.late),
                 "unreadable": self.ledger.unreadable,
             },
@@ -767,7 +779,8 @@ def format_record(record: dict[str, Any]) -> str:
         f"{m['in_results']:,}  late {m['late']:,}  dead-lettered {m['dead_lettered_messages']}",
         f"  lost {m['lost']}  duplicated {m['duplicated']}  "
         f"(windows re-published identically: {record['results']['republished_identical']}, "
-        f"conflicting: {record['results']['conflicting_copies']}); "
+        f"conflicting: {record['results']['conflicting_copies']}; "
+        f"corrections: {record['results']['corrections']}); "
         f"{'EXACT' if record['exact'] else 'NOT EXACT'}",
         "  memory    peak RSS MB by kind: "
         + ", ".join(f"{k} {v:.0f}" for k, v in record["memory"]["peak_rss_mb_by_kind"].items())

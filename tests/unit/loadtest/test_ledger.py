@@ -12,8 +12,16 @@ from shoal.schemas.topics import Topics
 T = Topics(root="r")
 
 
-def window(start: int, partition: int, rows: int, window: str = "tumbling-2s") -> Message:
-    body = {"window": window, "start": start, "partition": partition, "revision": 1, "rows": rows}
+def window(
+    start: int, partition: int, rows: int, window: str = "tumbling-2s", revision: int = 1
+) -> Message:
+    body = {
+        "window": window,
+        "start": start,
+        "partition": partition,
+        "revision": revision,
+        "rows": rows,
+    }
     return Message(T.results("p"), orjson.dumps(body))
 
 
@@ -53,6 +61,22 @@ def test_duplicates_count_once_and_conflicts_are_flagged() -> None:
     ledger.take(T, window(2000, 0, 8))
     assert ledger.conflicts == 1
     assert ledger.conflict_rows == 1
+
+
+def test_a_correction_replaces_its_windows_rows() -> None:
+    ledger = Ledger("p", "tumbling-2s")
+    for message in (
+        window(0, 0, 10),
+        window(0, 0, 13, revision=3),  # the whole window again, with late rows folded in
+        window(0, 0, 12, revision=2),  # an older correction arriving after the newer one
+        window(0, 1, 5),
+        window(0, 1, 5),
+    ):
+        ledger.take(T, message)
+    assert ledger.rows_in_results == 18
+    assert ledger.corrections == 2
+    assert ledger.republished == 1
+    assert ledger.conflicts == 0
 
 
 def test_dead_letters_and_unreadable_messages() -> None:
