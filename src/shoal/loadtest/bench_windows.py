@@ -25,6 +25,15 @@ from shoal.errors import ConfigError
 WINDOW_PRESETS: Final[Mapping[str, Mapping[str, Any]]] = {
     "tumbling": {"name": "tumbling-10s", "kind": "tumbling", "size_ms": 10_000},
     "hopping": {"name": "hopping-10s-1s", "kind": "hopping", "size_ms": 10_000, "slide_ms": 1_000},
+    # A gap of 3 sensor periods (40 ms at 25/s): a sensor's session ends when it misses
+    # three readings in a row. The simulator's sensors never pause, so the 10 s grid of
+    # max_duration_ms cuts their sessions: one result per sensor and 10 s, like tumbling.
+    "session": {
+        "name": "session-120ms",
+        "kind": "session",
+        "gap_ms": 120,
+        "max_duration_ms": 10_000,
+    },
 }
 """Window kind -> the ``[[windows]]`` table the benchmark swaps into the pipeline."""
 
