@@ -39,11 +39,11 @@ from shoal.processors.partials import PartialRows, session_rule
 from shoal.processors.sessions import SessionRule
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
-from shoal.processors.state import KEY_BITS, results_frame
+from shoal.processors.state import results_frame
 
 Int64Array = npt.NDArray[np.int64]
 
-COMPACT_PIECES: Final = 1_000_000
+COMPACT_PIECES: Final = 2_000_000
 """Pending pieces (plus their sketch cells) that trigger a merge between closes."""
 _EVER: Final = 2**62
 
@@ -189,7 +189,8 @@ class SessionState:
         cells, counts = entries.cells, entries.counts
         if len(cells):
             owner = sessions.label[cell_groups(cells)]
-            cells, counts = merge_cells(cell_ids(owner, cell_buckets(cells)), counts, KEY_BITS)
+            # sorted runs (the merged base, then each chunk): the sort path beats a dense grid
+            cells, counts = merge_cells(cell_ids(owner, cell_buckets(cells)), counts)
         merged = _Entries(sessions.key, sessions.first_ts, sessions.last_ts, fields, cells, counts)
         self._chunks[window] = [merged]
         self._merged[window] = True

@@ -155,15 +155,12 @@ class SessionRule:
             empty = np.zeros(0, dtype=np.int64)
             return Sessions(empty, empty, empty, empty)
         cell = self.cells(first_ts)
-        order = np.lexsort((first_ts, cell, key))
+        order = _sort_order(key, cell, first_ts)
         k, c, f, last = key[order], cell[order], first_ts[order], last_ts[order]
         segment_start = np.ones(n, dtype=np.bool_)
         segment_start[1:] = (k[1:] != k[:-1]) | (c[1:] != c[:-1])
         segment = np.cumsum(segment_start) - 1
-        by_last = np.argsort(last, kind="stable")
-        rank = np.empty(n, dtype=np.int64)
-        rank[by_last] = np.arange(n)
-        reach = last[by_last][np.maximum.accumulate(segment * n + rank) - segment * n]
+        reach = _segmented_running_max(last, segment)
         new = segment_start.copy()
         new[1:] |= f[1:] - reach[:-1] >= self.gap_ms
         starts = np.flatnonzero(new)
@@ -189,6 +186,49 @@ class SessionRule:
             )
             .drop("_session")
         )
+
+
+_PACKED_LIMIT: Final = 1 << 62
+
+
+def _span(values: Int64Array) -> tuple[int, int]:
+    """(smallest value, number of distinct positions from it to the largest)."""
+    low = int(values.min())
+    return low, int(values.max()) - low + 1
+
+
+def _sort_order(key: Int64Array, cell: Int64Array, first_ts: Int64Array) -> Int64Array:
+    """The order by (key, cell, first_ts), as ``np.lexsort((first_ts, cell, key))``.
+
+    One stable sort of a packed int64 where the three fit (timsort then runs in about linear
+    time over already sorted chunks), else lexsort.
+    """
+    key_low, keys = _span(key)
+    cell_low, cells = _span(cell)
+    first_low, firsts = _span(first_ts)
+    if keys * cells * firsts < _PACKED_LIMIT:
+        packed = ((key - key_low) * cells + (cell - cell_low)) * firsts + (first_ts - first_low)
+        order: Int64Array = np.argsort(packed, kind="stable")
+        return order
+    return np.lexsort((first_ts, cell, key))
+
+
+def _segmented_running_max(values: Int64Array, segment: Int64Array) -> Int64Array:
+    """Running maximum of ``values`` restarting at each new ``segment`` (ascending ids).
+
+    Offsetting each segment above the previous ones makes one ``np.maximum.accumulate``
+    serve them all: by value span where it fits in int64, else by rank (one more sort).
+    """
+    n = len(values)
+    low, span = _span(values)
+    if (int(segment[-1]) + 1) * span < _PACKED_LIMIT:
+        offset = segment * span
+        packed: Int64Array = np.maximum.accumulate(offset + (values - low)) - offset + low
+        return packed
+    by_value = np.argsort(values, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[by_value] = np.arange(n)
+    return values[by_value][np.maximum.accumulate(segment * n + rank) - segment * n]
 
 
 def _check_lengths(a: npt.NDArray[np.int64], b: npt.NDArray[np.int64]) -> None:

@@ -511,7 +511,7 @@ class CombinerRuntime:
             "max_hold_ms": self.config.spec.hold_bound_ms,
             "pending_batches": sum(len(p.pending) for p in gateways.values()),
             "pending_bytes": self.core.tracker.pending_weight,
-            "state_rows": self.core.state.rows,
+            "state_rows": self.core.state.rows + self.core.sessions.open_sessions(),
             # closed windows held for corrections (each for at most allowed_lateness_ms)
             "kept_windows": self.core.kept_windows(),
             "allowed_lateness_ms": self.config.spec.allowed_lateness_ms,

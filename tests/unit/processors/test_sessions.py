@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from shoal.errors import ConfigError, UsageError
 from shoal.processors._kernels import merge_state, partial_state
 from shoal.processors.aggregates import AggregatePlan
-from shoal.processors.sessions import SessionRule
+from shoal.processors.sessions import SessionRule, _segmented_running_max, _sort_order
 from shoal.processors.spec import parse_pipeline
 
 GAP_10 = SessionRule(10)
@@ -280,3 +280,34 @@ def test_state_of_pieces_merges_to_the_state_of_the_oracle_sessions(
     for name in SIMPLE_PLAN.field_names:
         if name != "batches":
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(0, 5),
+            st.integers(-3, 3),
+            st.sampled_from([0, 1, 2**40, -(2**40), 2**61]),
+            st.integers(-1_000, 1_000),
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_the_packed_sort_and_running_max_equal_the_plain_ones(
+    rows: list[tuple[int, int, int, int]],
+) -> None:
+    """Both paths of the merge's helpers (packed int64, and the fallback for huge spans)."""
+    key = np.array([r[0] for r in rows], dtype=np.int64)
+    cell = np.array([r[1] for r in rows], dtype=np.int64)
+    ts = np.array([r[2] + r[3] for r in rows], dtype=np.int64)
+    order = _sort_order(key, cell, ts)
+    assert np.array_equal(order, np.lexsort((ts, cell, key)))
+    segment = np.cumsum(np.r_[True, np.diff(key[order]) != 0]) - 1
+    values = ts[order]
+    expected = [
+        max(v for v, g in zip(values[: i + 1], segment[: i + 1], strict=True) if g == segment[i])
+        for i in range(len(values))
+    ]
+    assert _segmented_running_max(values, segment).tolist() == expected
