@@ -47,12 +47,17 @@ class WindowSpec:
         size_ms: window length.
         slide_ms: distance between window starts (= size for tumbling; a sliding window's
             ``step_ms``).
+        gap_ms: for ``kind = "session"`` only (``sessions.SessionRule``): rows less than this
+            apart are one session; None for aligned kinds.
+        max_duration_ms: for sessions only: the epoch grid that cuts sessions (None: none).
     """
 
     name: str
     kind: str
     size_ms: int
     slide_ms: int
+    gap_ms: int | None = None
+    max_duration_ms: int | None = None
 
     @property
     def windows_per_row(self) -> int:
