@@ -58,8 +58,14 @@ def spec_fingerprint(spec: PipelineSpec) -> str:
 
 
 def _window_print(window: WindowSpec) -> tuple[object, ...]:
-    """What of a window shapes partials (aligned windows print as before sessions existed)."""
+    """What of a window shapes partials.
+
+    Tumbling and hopping windows print as before sessions and sliding windows existed; a
+    sliding window is a hopping one plus its trigger, so its kind tells them apart.
+    """
     aligned = (window.name, window.size_ms, window.slide_ms)
+    if window.kind == "sliding":
+        return (*aligned, window.kind)
     if window.kind != SESSION_KIND:
         return aligned
     return (*aligned, window.kind, window.gap_ms, window.max_duration_ms)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import polars as pl
 
 from shoal.processors.combine import Combiner
+from shoal.processors.partials import spec_fingerprint
 from tests.unit.processors.test_combiner import Harness, make_spec
 
 WINDOW = {"kind": "sliding", "size_ms": 2_000, "step_ms": 1_000}
@@ -78,3 +79,11 @@ def test_without_allowed_lateness_the_prepared_close_triggers_the_same() -> None
     step = h.combiner.tick()
     assert step.closed is not None
     assert rows_of(step.closed.frame) == [(5_000, "j", 2)]
+
+
+def test_the_fingerprint_tells_a_sliding_window_from_a_hopping_one() -> None:
+    sliding = make_spec(windows=[{**WINDOW, "name": "w"}])
+    hopping = make_spec(
+        windows=[{"kind": "hopping", "size_ms": 2_000, "slide_ms": 1_000, "name": "w"}]
+    )
+    assert spec_fingerprint(sliding) != spec_fingerprint(hopping)
