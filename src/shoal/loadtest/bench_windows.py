@@ -36,6 +36,8 @@ WINDOW_PRESETS: Final[Mapping[str, Mapping[str, Any]]] = {
         "gap_ms": 1_200,
         "max_duration_ms": 10_000,
     },
+    # 250 rows: one window per sensor every 10 s at 25/s, as many results as tumbling-10s
+    "count": {"name": "count-250", "kind": "count", "n": 250},
 }
 """Window kind -> the ``[[windows]]`` table the benchmark swaps into the pipeline."""
 
