@@ -50,11 +50,23 @@ class InputError(ShoalError):
     """Input from outside (a gateway's payload) that shoal refuses.
 
     Attributes:
-        reason: stable, machine-readable code (``"not_finite"``, ``"too_many_rows"``, ...).
+        reason: stable, machine-readable family (``"not_finite"``, ``"bad_json"``, ...): the
+            counter label, the dead letter's ``reason`` user property.
+        code: stable, machine-readable and as specific as shoal can tell (``"json_syntax"``,
+            ``"msgpack_extra_data"``, ``"invalid_utf8"``); the reason itself where no finer
+            code applies. CONTRACT.md §8.1 lists every code with what to do about it.
         field: the field at fault, if any (``"value"``, ``"seq"``, ``"rows"``).
         row: the 0-based row at fault, if any.
         expected: what the contract wants there, in words.
         found: what was there instead, in words.
+        offset: the 0-based byte offset in the payload where the problem was found, if known.
+        line: with ``offset`` in JSON text, its 1-based line and column.
+        column: see ``line``.
+        format: the syntax the payload was read as (``"JSON"``, ``"MsgPack"``), once known.
+        assumed: why it was read as that, in words (``"it starts with '{'"``).
+
+    The message (``str(exc)``) is composed from these when asked for, so a decoder may add
+    ``format`` and ``assumed`` after the error was raised deeper down.
     """
 
     def __init__(
@@ -62,35 +74,56 @@ class InputError(ShoalError):
         message: str,
         *,
         reason: str,
+        code: str | None = None,
         field: str | None = None,
         row: int | None = None,
         expected: str | None = None,
         found: str | None = None,
+        offset: int | None = None,
+        line: int | None = None,
+        column: int | None = None,
     ) -> None:
         self.reason = reason
+        self.code = code or reason
         self.field = field
         self.row = row
         self.expected = expected
         self.found = found
-        super().__init__(self._compose(message))
+        self.offset = offset
+        self.line = line
+        self.column = column
+        self.format: str | None = None
+        self.assumed: str | None = None
+        super().__init__(message)
 
-    def _compose(self, message: str) -> str:
+    def __str__(self) -> str:
         where = []
         if self.field is not None:
             where.append(f"field {self.field!r}")
         if self.row is not None:
             where.append(f"row {self.row}")
-        text = message
+        if self.offset is not None:
+            where.append(f"byte {self.offset}")
+        if self.line is not None and self.column is not None:
+            where.append(f"line {self.line}, column {self.column}")
+        text = str(self.args[0]) if self.args else ""
         if where:
             text = f"{text} ({', '.join(where)})"
         if self.expected is not None or self.found is not None:
             text = f"{text}: expected {self.expected or '?'}, found {self.found or '?'}"
+        if self.format is not None and self.assumed is not None:
+            text = f"{text} [read as {self.format} because {self.assumed}]"
         return text
 
     def as_record(self) -> dict[str, str | int]:
         """The error as a flat record, for dead-letter messages and logs."""
-        record: dict[str, str | int] = {"error": type(self).__name__, "reason": self.reason}
-        for key in ("field", "row", "expected", "found"):
+        record: dict[str, str | int] = {
+            "error": type(self).__name__,
+            "reason": self.reason,
+            "code": self.code,
+        }
+        keys = ("field", "row", "expected", "found", "offset", "line", "column", "format")
+        for key in (*keys, "assumed"):
             value = getattr(self, key)
             if value is not None:
                 record[key] = value

@@ -82,7 +82,10 @@ def check(message: Message, topics: Topics, schemas: dict[str, Draft202012Valida
     )
     schemas[kind.schema].validate(doc)
     if kind.name == "deadletter":
-        assert tuple(message.user_properties) == (("reason", doc["error"]["reason"]),)
+        assert tuple(message.user_properties) == (
+            ("reason", doc["error"]["reason"]),
+            ("code", doc["error"]["code"]),
+        )
     return kind.name
 
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
 
 import pytest
 
+from shoal.broker.embedded import EmbeddedBroker
 from shoal.cli import main
 from shoal.loadtest.simulate import SimulationConfig, Simulator
 from shoal.schemas import Encoding
@@ -112,3 +116,45 @@ def test_cli_runs_gateways_whose_clocks_jump_and_that_send_late_rows(tmp_path, c
     assert report["offered_rows"] == pytest.approx(4_000, rel=0.05)
     assert report["rows_made_late"] == pytest.approx(400, rel=0.3)
     assert "rows stamped back (--late-share)" in captured.out
+
+
+def test_cli_exits_0_when_a_broker_restart_makes_it_resend(tmp_path, capsys) -> None:
+    # A broker that goes away for a while mid-run: the gateway spools, reconnects, publishes
+    # the backlog and re-sends what was unconfirmed (for a while faster than the offered
+    # rate); the sink reconnects and confirms (again, for re-sends).
+    # Everything was confirmed, so the run passes, whatever the momentary rate was.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    broker = EmbeddedBroker("dev", port=port, data_dir=tmp_path / "broker")
+    broker.start()
+    out = tmp_path / "report.json"
+    argv = ["simulate", "--broker", f"mqtt://127.0.0.1:{port}", "--sensors", "100"]
+    argv += ["--rate", "20", "--batch", "500", "--duration", "8", "--spool", "disk"]
+    argv += ["--spool-dir", str(tmp_path / "spool"), "--sink", "confirm", "--json", str(out)]
+    argv += ["--topic-root", f"restart{port}", "-q"]
+
+    def restart_with_a_gap() -> None:
+        time.sleep(3.0)  # the CLI starts (imports, sink, connect) and publishes a while
+        broker.stop()
+        time.sleep(2.0)  # batches sealed meanwhile wait in the spool
+        broker.start()
+
+    # The CLI installs signal handlers, so it runs in the main thread and the broker's
+    # outage in another.
+    outage = threading.Thread(target=restart_with_a_gap)
+    try:
+        outage.start()
+        code = main(argv)
+        outage.join(30)
+    finally:
+        broker.close()
+    captured = capsys.readouterr()
+    assert code == 0, captured.out + captured.err
+    report = json.loads(out.read_text())
+    assert report["spool_batches_max"] >= 4  # the outage held batches back
+    assert report["all_published"] is True
+    assert report["confirmed"] is True
+    assert report["delivered"] is True
+    assert report["rows_published"] == report["offered_rows"] == report["sink"]["rows"]
+    assert "every batch accepted by the broker and confirmed (exit 0)" in captured.out

@@ -152,7 +152,11 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the simulation; exit 0 if achieved is within 2% of offered, 1 otherwise."""
+    """Run the simulation; exit 0 if everything sealed was delivered, 1 otherwise.
+
+    Delivered: the broker accepted every sealed row and, where the run waits for
+    confirmations, the pipeline confirmed every batch (a run stopped early also exits 0).
+    """
     # Heavy imports here, not at registration: `shoal --help` stays fast.
     from shoal.broker.embedded import EmbeddedBroker  # noqa: PLC0415
     from shoal.loadtest.simulate import Simulator  # noqa: PLC0415
@@ -179,7 +183,16 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_bytes(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2))
     _print_summary(report)
-    return 0 if report.within_tolerance or report.stopped_early else 1
+    return exit_code(report)
+
+
+def exit_code(report: Any) -> int:
+    """0 if the run delivered everything it sealed (or was stopped early), else 1.
+
+    The achieved rate is reported, not judged: re-sends after a broker restart push it above
+    the offered rate for a while, and that loses nothing.
+    """
+    return 0 if report.delivered or report.stopped_early else 1
 
 
 def _jumps(args: argparse.Namespace) -> tuple[ClockJump, ...]:
@@ -289,7 +302,20 @@ def _print_progress(p: Any) -> None:
 
 
 def _print_summary(r: Any) -> None:
-    verdict = "OK" if r.within_tolerance else "MISSED"
+    if r.within_tolerance:
+        verdict = "OK: within 2% of offered"
+    elif r.kept_up:
+        verdict = "OK: above offered, catching up (re-sends after reconnects)"
+    else:
+        verdict = "MISSED: below 98% of offered"
+    if not r.all_published:
+        delivery = "NOT all accepted by the broker before the drain timeout (exit 1)"
+    elif r.confirmed is False:
+        delivery = "NOT all confirmed by the pipeline in time (exit 1)"
+    elif r.confirmed:
+        delivery = "every batch accepted by the broker and confirmed (exit 0)"
+    else:
+        delivery = "every batch accepted by the broker; confirmations not awaited (exit 0)"
     lines = [
         f"shoal simulate: {'stopped early after' if r.stopped_early else 'ran'} "
         f"{r.duration_s:.1f} s",
@@ -298,12 +324,13 @@ def _print_summary(r: Any) -> None:
         f"  sealed     {r.rows_sealed:>14,} rows in {r.batches_sealed:,} batches "
         f"({r.splits} splits, {r.rejected} rejected)",
         f"  published  {r.rows_published:>14,} rows  {r.achieved_rate:>12,.0f}/s = "
-        f"{100 * r.achieved_ratio:.2f}% of offered [{verdict}: within 2% required]",
+        f"{100 * r.achieved_ratio:.2f}% of offered [{verdict}]",
         f"  wire       {r.bytes_published / 2**20:,.1f} MiB, {r.bytes_per_row:.2f} bytes/row, "
         f"{r.publishes:,} publishes, {r.resends:,} re-sends",
         f"  spool      peak {r.spool_batches_max:,} batches "
         f"({r.spool_bytes_max / 2**20:,.1f} MiB), {r.spool_batches_end:,} left at the end"
         + ("" if r.confirmed is None else f", all confirmed: {r.confirmed}"),
+        f"  delivery   {delivery}",
         f"  cpu        {r.cpu_s:.1f} s over {r.wall_s:.1f} s = {r.cpu_percent:.1f}% of one core "
         f"(simulator process), rss {r.rss_mb:.0f} MiB",
     ]

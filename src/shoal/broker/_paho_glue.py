@@ -58,17 +58,41 @@ def publish_properties(
     return props
 
 
-def message_properties(props: Properties | None) -> tuple[str | None, tuple[tuple[str, str], ...]]:
-    """The content type and user properties of a received PUBLISH's properties."""
+def subscribe_properties(subscription_id: int | None) -> Properties | None:
+    """SUBSCRIBE properties carrying a Subscription Identifier (None: no identifier)."""
+    if subscription_id is None:
+        return None
+    props = Properties(PacketTypes.SUBSCRIBE)  # type: ignore[no-untyped-call]
+    props.SubscriptionIdentifier = subscription_id
+    return props
+
+
+def message_properties(
+    props: Properties | None,
+) -> tuple[str | None, tuple[tuple[str, str], ...], tuple[int, ...]]:
+    """The content type, user properties and subscription identifiers of a received PUBLISH."""
     if props is None:
-        return None, ()
+        return None, (), ()
     user = getattr(props, "UserProperty", None)
-    return getattr(props, "ContentType", None), tuple(user) if user else ()
+    # paho keeps every Subscription Identifier of the PUBLISH (there may be several) in a list.
+    ids = getattr(props, "SubscriptionIdentifier", None)
+    return (
+        getattr(props, "ContentType", None),
+        tuple(user) if user else (),
+        tuple(ids) if ids else (),
+    )
+
+
+def payload_format(props: Properties | None) -> int | None:
+    """The payload format indicator of a received PUBLISH (1: UTF-8 text), if set."""
+    value = getattr(props, "PayloadFormatIndicator", None)
+    return value if isinstance(value, int) else None
 
 
 def message_from_paho(msg: paho.MQTTMessage) -> Message:
     """Our ``Message`` for a paho one."""
-    content_type, user_properties = message_properties(getattr(msg, "properties", None))
+    props = getattr(msg, "properties", None)
+    content_type, user_properties, ids = message_properties(props)
     return Message(
         topic=msg.topic,
         payload=bytes(msg.payload),
@@ -77,6 +101,8 @@ def message_from_paho(msg: paho.MQTTMessage) -> Message:
         content_type=content_type,
         user_properties=user_properties,
         mid=msg.mid,
+        payload_format=payload_format(props),
+        subscription_ids=ids,
     )
 
 

@@ -38,6 +38,8 @@ from shoal.schemas.topics import Topics
 
 PIPELINE = "sink"
 """The pipeline name the sink confirms as."""
+_RECONNECT_S = 0.2
+"""Pause between connection attempts while the broker is away."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +132,21 @@ class Sink:
             return replace(self.counts)
 
     async def run(self, stop: asyncio.Event, ready: asyncio.Event) -> None:
-        """Subscribe, count until ``stop``."""
+        """Subscribe, count until ``stop``; connect and subscribe again if the broker restarts.
+
+        What was published while the sink was away is re-sent by the gateways (they re-send
+        every unconfirmed batch on reconnect) and deduplicated here.
+        """
+        while not stop.is_set():
+            try:
+                await self._run_once(stop, ready)
+            except BrokerError:
+                if not ready.is_set():
+                    raise  # never subscribed: a wrong address or credentials, not a restart
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), _RECONNECT_S)
+
+    async def _run_once(self, stop: asyncio.Event, ready: asyncio.Event) -> None:
         session = AsyncSession(self.config.settings(), unique_client_id("sim-sink"))
         async with session:
             await session.subscribe(
@@ -173,7 +189,11 @@ class Sink:
             state.started = True
             if env.seq <= state.contiguous or env.seq in state.seen:
                 counts.duplicates += 1
-                return None
+                # A re-send: the gateway may have missed the confirm (a broker restart lost
+                # it), so confirm again, as a combiner does.
+                if state.contiguous < 0:
+                    return None
+                return Confirm(env.gateway_id, PIPELINE, 0, 1, state.contiguous, _now_ms())
             state.seen.add(env.seq)
             counts.rows += env.rows
             counts.batches += 1

@@ -158,6 +158,10 @@ class SimulationReport:
     Rates are measurements per second. ``achieved_rate`` counts rows the broker accepted
     (PUBACK) over the time from the start until the last of them was accepted, so a
     publisher that falls behind shows up even if it catches up after generation stops.
+    ``within_tolerance``: achieved within ``TOLERANCE`` of offered either way; ``kept_up``:
+    not below it (catching up after a broker restart may run above the offered rate).
+    ``delivered`` is what the exit code stands on: the broker accepted every sealed row and,
+    where the run waited for confirmations, the pipeline confirmed every batch.
     CPU is this process only (the broker and the sink run elsewhere); ``observed_cpu``
     holds other processes' CPU % over the same time, by name.
     """
@@ -174,6 +178,8 @@ class SimulationReport:
     achieved_rate: float
     achieved_ratio: float
     within_tolerance: bool
+    kept_up: bool
+    delivered: bool
     batches_sealed: int
     batches_published: int
     bytes_published: int
@@ -502,6 +508,8 @@ class Simulator:
             achieved_rate=round(achieved, 1),
             achieved_ratio=round(ratio, 4),
             within_tolerance=abs(ratio - 1.0) <= TOLERANCE and all_published,
+            kept_up=ratio >= 1.0 - TOLERANCE,
+            delivered=all_published and confirmed is not False,
             batches_sealed=totals.batches_sealed,
             batches_published=totals.batches_published,
             bytes_published=totals.bytes_published,

@@ -76,11 +76,11 @@ def require_int(value: Any, field: str, low: int, high: int) -> int:
     return value
 
 
-def require_map(value: Any, field: str) -> dict[Any, Any]:
-    """Return ``value`` if it is a map/object."""
+def require_map(value: Any, field: str, expected: str = "map") -> dict[Any, Any]:
+    """Return ``value`` if it is a map/object (``expected``: the words for one)."""
     if not isinstance(value, dict):
         raise SchemaError(
-            "wrong type", reason="bad_type", field=field, expected="map", found=describe(value)
+            "wrong type", reason="bad_type", field=field, expected=expected, found=describe(value)
         )
     return value
 

@@ -15,7 +15,7 @@ import numpy.typing as npt
 import orjson
 import polars as pl
 
-from shoal.errors import ConfigError, DecodeError, SchemaError
+from shoal.errors import ConfigError, DecodeError, InputError, SchemaError
 from shoal.schemas._binary import DecodedBinary, decode_binary, encode_binary
 from shoal.schemas._checks import (
     GATEWAY_ID_PATTERN,
@@ -26,6 +26,7 @@ from shoal.schemas._checks import (
     describe,
     require_map,
 )
+from shoal.schemas._detect import detect_syntax
 from shoal.schemas._json import decode_json_rows, encode_json_rows
 from shoal.schemas._model import (
     ATTRIBUTE_COLUMNS,
@@ -48,7 +49,6 @@ from shoal.schemas._msgpack import (
 )
 
 DEFAULT_LIMITS: Final = DecodeLimits()
-_JSON_START: Final = frozenset(b"{ \t\r\n")
 
 
 def declared_encoding(content_type: str | None) -> Encoding | None:
@@ -79,6 +79,7 @@ def decode_batch(
     content_type: str | None = None,
     limits: DecodeLimits = DEFAULT_LIMITS,
     now_ms: int | None = None,
+    payload_format: int | None = None,
 ) -> Batch:
     """Decode one batch payload.
 
@@ -88,6 +89,11 @@ def decode_batch(
             in-band marker decides (MQTT 3.1.1 publishers).
         limits: bounds on size, rows, strings and timestamps.
         now_ms: the receiver's clock, for the timestamp limits (None: no clock checks).
+        payload_format: the MQTT 5 payload format indicator (1: UTF-8 text), if set; with
+            the content type it decides the syntax of a payload whose first byte does not.
+
+    Every refusal after the syntax is chosen names it and why (``InputError.format`` and
+    ``assumed``: "read as JSON because it starts with '{'").
 
     Raises:
         DecodeError: the bytes are not a readable batch, or exceed a limit.
@@ -106,7 +112,27 @@ def decode_batch(
         )
     declared = declared_encoding(content_type)
     payload = bytes(payload)
-    is_json = payload[0] in _JSON_START
+    detected = detect_syntax(
+        payload, content_type=content_type, declared=declared, payload_format=payload_format
+    )
+    try:
+        is_json = detected.syntax == "JSON"
+        return _decode(payload, is_json=is_json, declared=declared, limits=limits, now_ms=now_ms)
+    except InputError as exc:
+        if exc.format is None:
+            exc.format, exc.assumed = detected.syntax, detected.because
+        raise
+
+
+def _decode(
+    payload: bytes,
+    *,
+    is_json: bool,
+    declared: Encoding | None,
+    limits: DecodeLimits,
+    now_ms: int | None,
+) -> Batch:
+    """``decode_batch`` once the syntax is chosen."""
     binary: DecodedBinary | None = None
     if is_json:
         envelope, frame = decode_json_rows(payload, limits)

@@ -11,7 +11,7 @@ from typing import Any, Final
 import msgpack
 import polars as pl
 
-from shoal.errors import DecodeError, SchemaError
+from shoal.errors import SchemaError
 from shoal.schemas._checks import (
     check_keys,
     check_row_count,
@@ -22,6 +22,7 @@ from shoal.schemas._checks import (
 )
 from shoal.schemas._lists import ALL_FIELDS, REQUIRED_FIELDS, frame_from_columns, frame_from_rows
 from shoal.schemas._model import DecodeLimits, Envelope
+from shoal.schemas._msgpack_errors import msgpack_error
 
 MAX_MAP_KEYS: Final = 32
 """No map in the contract has more keys; larger ones are refused while unpacking."""
@@ -40,7 +41,7 @@ def unpack(data: bytes, what: str) -> Any:
             data, raw=False, strict_map_key=True, max_map_len=MAX_MAP_KEYS, timestamp=3
         )
     except Exception as exc:
-        raise DecodeError(f"invalid MsgPack in {what}: {exc}", reason="bad_msgpack") from exc
+        raise msgpack_error(data, exc, what) from exc
 
 
 def pack(obj: Any) -> bytes:
