@@ -125,9 +125,9 @@ class PartialRows:
         sketch_row: per sketch bucket, the state row it belongs to (None: no sketch).
         sketch_bucket: per sketch bucket, its key (``sketch.LogBuckets``).
         sketch_count: per sketch bucket, its count.
-        last: only when the spec has a session window: per row, the last event time its
-            window reaches — a session piece's last timestamp (its ``start`` is the first),
-            ``start + size_ms - 1`` for a row of an aligned window. None otherwise.
+        last: only when the spec has a session window: per row, the largest event time of
+            the rows in it (merged by max): a session piece's last timestamp (its ``start``
+            is the first), the latest row of an aligned window's group. None otherwise.
     """
 
     window: npt.NDArray[np.uint8]
@@ -579,7 +579,7 @@ class PartialBuilder:
                     sketch_row=None if sketch is None else sketch[0],
                     sketch_bucket=None if sketch is None else sketch[1],
                     sketch_count=None if sketch is None else sketch[2],
-                    last=starts + (window.size_ms - 1) if self._has_sessions else None,
+                    last=_max_per_group(groups, rows_ts, g) if self._has_sessions else None,
                 )
             )
         return self._split(batch, _concat(parts), now_ms)
@@ -608,6 +608,15 @@ class PartialBuilder:
             )
             for p in range(partitions)
         ]
+
+
+def _max_per_group(
+    groups: npt.NDArray[np.int64], ts: npt.NDArray[np.int64], unique: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """The largest ``ts`` of each group of ``unique`` (sorted group ids): a row's ``last``."""
+    out = np.full(len(unique), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(out, np.searchsorted(unique, groups), ts)
+    return out
 
 
 def _concat(parts: list[PartialRows]) -> PartialRows:
