@@ -12,6 +12,11 @@ Session windows (docs/guarantees.md, "Session windows"): a batch's rows of one k
 *pieces* by the session rule (``SessionRule.with_sessions`` over that batch alone); a piece is
 late as a whole when ``first_ts + gap_ms + lateness_ms`` is at or below the gateway's earlier
 watermark; the sessions are ``with_sessions`` over every row that is not late.
+
+Count windows (``expected_count_results``): each row is judged for lateness as the 1 ms window
+at its time (its kind's ``with_window_starts``); the on-time rows of each key, sorted by
+(ts, gateway, seq, row), are numbered, and rows ``k*n .. k*n + n - 1`` are window ``k``
+(the kind's ``with_count_index``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from shoal.processors.aggregates import AGGREGATES
 from shoal.processors.partials import KeyRouter, session_rule
 from shoal.processors.sessions import SessionRule
 from shoal.processors.spec import PipelineSpec
-from shoal.processors.windows import WindowSpec, kind_of
+from shoal.processors.windows import COUNT, WindowSpec, kind_of
 
 
 def late_flags(rows: pl.DataFrame, spec: PipelineSpec) -> pl.DataFrame:
@@ -120,10 +125,7 @@ def closed_by(
     )
 
 
-def expected_results(rows: pl.DataFrame, spec: PipelineSpec) -> tuple[pl.DataFrame, int]:
-    """(results per window/start/key, number of late (row, window) pairs)."""
-    flagged = late_flags(rows, spec)
-    on_time = flagged.filter(~pl.col("late"))
+def _aggregates(spec: PipelineSpec) -> list[pl.Expr]:
     aggs: list[pl.Expr] = [
         pl.len().cast(pl.Int64).alias("rows"),
         # a session's "batches" counts pieces: (batch, first ts of the batch's run), see
@@ -135,7 +137,47 @@ def expected_results(rows: pl.DataFrame, spec: PipelineSpec) -> tuple[pl.DataFra
             aggs.append(pl.col("value").quantile(agg.quantile, "lower").alias(agg.name))
         else:
             aggs.append(AGGREGATES[agg.name].reference.alias(agg.name))
+    return aggs
+
+
+def expected_count_results(
+    rows: pl.DataFrame, spec: PipelineSpec, *, threshold: int | None = None, flush: bool = False
+) -> tuple[pl.DataFrame, int, pl.DataFrame]:
+    """Count windows: (results, late rows, scale), keyed by ``window``, ``index``, ``key``.
+
+    ``rows`` as for ``late_flags`` plus ``row`` (index within its batch). Full windows only,
+    and of those only the ones whose last row lies before ``threshold`` (the combiners' close
+    threshold) if given; ``flush``: every window, the unfinished ones with fewer rows.
+    ``scale`` holds each window's sum of |value| (``compare.assert_matches_oracle``).
+    """
+    flagged = late_flags(rows, spec)
+    on_time = flagged.filter(~pl.col("late"))
+    frames, scales = [], []
+    for window in spec.windows:
+        part = COUNT.with_count_index(on_time.filter(pl.col("window") == window.name), window)
+        grouped = part.group_by("window", "key", "index").agg(
+            *_aggregates(spec),
+            first_ts=pl.col("ts").min(),
+            last_ts=pl.col("ts").max(),
+            abs_sum=pl.col("value").abs().sum(),
+        )
+        if not flush:
+            grouped = grouped.filter(pl.col("rows") == window.count)
+        if threshold is not None and not flush:
+            grouped = grouped.filter(pl.col("last_ts") < threshold)
+        frames.append(grouped.drop("abs_sum"))
+        scales.append(grouped.select("window", "index", "key", "abs_sum"))
+    results = pl.concat(frames).sort("window", "key", "index")
+    return results, int(flagged["late"].sum()), pl.concat(scales)
+
+
+def expected_results(rows: pl.DataFrame, spec: PipelineSpec) -> tuple[pl.DataFrame, int]:
+    """(results per window/start/key, number of late (row, window) pairs)."""
+    flagged = late_flags(rows, spec)
+    on_time = flagged.filter(~pl.col("late"))
     results = (
-        on_time.group_by("window", "start", "end", "key").agg(aggs).sort("window", "start", "key")
+        on_time.group_by("window", "start", "end", "key")
+        .agg(_aggregates(spec))
+        .sort("window", "start", "key")
     )
     return results, int(flagged["late"].sum())
