@@ -21,11 +21,11 @@ windows, 1 s lateness):
 * the same data through ``temps`` with ``allowed_lateness_ms`` (``TEMPS_CORRECTED``): seq 2's
   row is within the allowance, folds into the closed window and makes a correction
   (revision 2);
-* a pipeline ``visits`` with 5 s session windows: two sensors' sessions start at T0 and end
-  apart, so one message (per start) carries each key's own ``end``.
 * the same first two batches through ``counts`` (``COUNTS``: count windows of 2 rows per key):
   the partial carries rows, and t1's first window (rows at T0 and T0 + 250 ms) closes once
-  the threshold passes them; a flush then emits the unfinished windows.
+  the threshold passes them; a flush then emits the unfinished windows;
+* a pipeline ``visits`` with 5 s session windows: two sensors' sessions start at T0 and end
+  apart, so one message (per start) carries each key's own ``end``.
 
 Only the heartbeats' process-dependent figures (uptime, CPU, rates over wall time) are set
 to fixed values after ``metrics()`` returns; every other byte is the code's.
@@ -352,22 +352,6 @@ def _corrections(s: _Scenario) -> None:
     _emit(s, spec, core, corrected, "-correction")
 
 
-def _sessions(s: _Scenario) -> None:
-    """Sessions of t1 (0-3 s) and t2 (0-2 s), closed by a row 30 s on."""
-    spec = VISITS
-    builder = PartialBuilder(spec, WORKER_ID)
-    core = Combiner(spec, 0, s.clock)
-    core.receive_status(_status("gw-01", 2, s.clock.now_ms()))
-    rows = [("t1", 0, 1.0, None), ("t1", 1_000, 2.0, None), ("t2", 0, 5.0, None)]
-    seq0 = _batch("gw-01", 0, [*rows, ("t1", 3_000, 4.0, None), ("t2", 2_000, 7.0, None)])
-    seq1 = _batch("gw-01", 1, [("t1", 30_000, 3.0, None)])
-    closed = _combine(s, core, _work(s, spec, builder, "gw-01", seq0)[0])
-    s.clock.advance(100)
-    closed += _combine(s, core, _work(s, spec, builder, "gw-01", seq1)[0])
-    assert [c.frame.height for c in closed] == [2]
-    _emit(s, spec, core, closed, "-session")
-
-
 def _counts(s: _Scenario) -> None:
     """Seq 0 and 1 of gw-01 through count windows of 2 rows; then a flush."""
     spec = COUNTS
@@ -391,6 +375,22 @@ def _counts(s: _Scenario) -> None:
         TOPICS.results(spec.name),
         window_json(result, ctx),
     )
+
+
+def _sessions(s: _Scenario) -> None:
+    """Sessions of t1 (0-3 s) and t2 (0-2 s), closed by a row 30 s on."""
+    spec = VISITS
+    builder = PartialBuilder(spec, WORKER_ID)
+    core = Combiner(spec, 0, s.clock)
+    core.receive_status(_status("gw-01", 2, s.clock.now_ms()))
+    rows = [("t1", 0, 1.0, None), ("t1", 1_000, 2.0, None), ("t2", 0, 5.0, None)]
+    seq0 = _batch("gw-01", 0, [*rows, ("t1", 3_000, 4.0, None), ("t2", 2_000, 7.0, None)])
+    seq1 = _batch("gw-01", 1, [("t1", 30_000, 3.0, None)])
+    closed = _combine(s, core, _work(s, spec, builder, "gw-01", seq0)[0])
+    s.clock.advance(100)
+    closed += _combine(s, core, _work(s, spec, builder, "gw-01", seq1)[0])
+    assert [c.frame.height for c in closed] == [2]
+    _emit(s, spec, core, closed, "-session")
 
 
 def _deadletters(s: _Scenario) -> None:
@@ -550,6 +550,6 @@ def output_cases() -> list[OutputCase]:
     _metrics(s, runtime)
     _pipelines(s)
     _corrections(s)
-    _sessions(s)
     _counts(s)
+    _sessions(s)
     return s.cases

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from shoal._cli.bench_adapt import register_adapt
 from shoal._cli.bench_matrix import register_matrix
 from shoal._cli.bench_pool import register_pool
 from shoal.errors import ConfigError
@@ -55,6 +56,7 @@ def register(sub: Any) -> None:
     _register_chaos(benches)
     _register_scaling(benches)
     _register_floor(benches)
+    register_adapt(benches)
     register_pool(benches)
 
 

@@ -140,9 +140,9 @@ class PartialRows:
         sketch_row: per sketch bucket, the state row it belongs to (None: no sketch).
         sketch_bucket: per sketch bucket, its key (``sketch.LogBuckets``).
         sketch_count: per sketch bucket, its count.
-        last: only when the spec has a session window: per row, the last event time its
-            window reaches — a session piece's last timestamp (its ``start`` is the first),
-            ``start + size_ms - 1`` for a row of an aligned window. None otherwise.
+        last: only when the spec has a session window: per row, the largest event time of
+            the rows in it (merged by max): a session piece's last timestamp (its ``start``
+            is the first), the latest row of an aligned window's group. None otherwise.
     """
 
     window: npt.NDArray[np.uint8]
@@ -684,17 +684,22 @@ class PartialBuilder:
                 # Dense group ids (slot-major): small enough for a radix sort in the kernel.
                 groups = assigned.slot * width + rows_key
                 g, state, sketch = partial_state(groups, rows_ts, rows_value, fields, rows_bucket)
-            starts = assigned.starts(g // width)
+            last = None
+            if self._has_sessions:  # 'last': the largest event time of each group's rows
+                every = assigned.expanded()  # (one membership per window, also for panes)
+                again = every.per_row // assigned.per_row
+                member = every.slot * width + np.repeat(rows_key, again)
+                last = _max_per_group(member, np.repeat(rows_ts, again), g)
             parts.append(
                 PartialRows(
                     window=np.full(len(g), index, dtype=np.uint8),
-                    start=starts,
+                    start=assigned.starts(g // width),
                     keys=[key_names[i] for i in (g % width).tolist()],
                     fields=state,
                     sketch_row=None if sketch is None else sketch[0],
                     sketch_bucket=None if sketch is None else sketch[1],
                     sketch_count=None if sketch is None else sketch[2],
-                    last=starts + (window.size_ms - 1) if self._has_sessions else None,
+                    last=last,
                 )
             )
         return self._split(batch, _concat(parts), now_ms)
@@ -730,6 +735,15 @@ class PartialBuilder:
             )
             for p in range(partitions)
         ]
+
+
+def _max_per_group(
+    groups: npt.NDArray[np.int64], ts: npt.NDArray[np.int64], unique: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """The largest ``ts`` of each group of ``unique`` (sorted group ids): a row's ``last``."""
+    out = np.full(len(unique), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(out, np.searchsorted(unique, groups), ts)
+    return out
 
 
 def _concat(parts: list[PartialRows]) -> PartialRows:

@@ -341,9 +341,10 @@ def _count_window(reader: _Reader) -> WindowSpec:
 
 def _window(reader: _Reader) -> WindowSpec:
     kinds = (*WINDOW_KINDS, SESSION_KIND)
-    if reader.choice("kind", kinds, default="tumbling") == SESSION_KIND:
+    chosen = reader.choice("kind", kinds, default="tumbling")
+    if chosen == SESSION_KIND:
         return _session_window(reader)
-    kind = WINDOW_KINDS[reader.choice("kind", kinds, default="tumbling")]
+    kind = WINDOW_KINDS[chosen]
     if kind.name == "count":
         return _count_window(reader)
     size = reader.integer("size_ms", default=0, low=1, high=31 * 86_400_000)

@@ -479,6 +479,26 @@ class WindowState:
             self.compact()
 
 
+def result_columns(spec: PipelineSpec, plan: AggregatePlan) -> list[pl.Expr | str]:
+    """The layout of ``ClosedWindows.frame``, from merged state columns.
+
+    The frame selected from has ``window``, ``start``, ``end``, ``key``, the state fields and
+    one column per quantile.
+    """
+    return [
+        "window",
+        "start",
+        "end",
+        "key",
+        pl.col("n").alias("rows"),
+        "batches",
+        *(
+            pl.col(name) if name in plan.quantiles else plan.outputs[name]
+            for name in spec.aggregate_names
+        ),
+    ]
+
+
 def results_frame(
     spec: PipelineSpec,
     plan: AggregatePlan,
@@ -500,26 +520,6 @@ def results_frame(
         schema_overrides={f.name: f.dtype for f in plan.fields},
     )
     return frame.select(result_columns(spec, plan))
-
-
-def result_columns(spec: PipelineSpec, plan: AggregatePlan) -> list[pl.Expr | str]:
-    """The layout of ``ClosedWindows.frame``, from merged state columns.
-
-    The frame selected from has ``window``, ``start``, ``end``, ``key``, the state fields and
-    one column per quantile.
-    """
-    return [
-        "window",
-        "start",
-        "end",
-        "key",
-        pl.col("n").alias("rows"),
-        "batches",
-        *(
-            pl.col(name) if name in plan.quantiles else plan.outputs[name]
-            for name in spec.aggregate_names
-        ),
-    ]
 
 
 def result_schema(spec: PipelineSpec) -> dict[str, pl.DataType]:

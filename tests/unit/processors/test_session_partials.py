@@ -98,12 +98,21 @@ def test_session_rows_are_the_batch_sessions_of_the_oracle(
     assert_frame_equal(sessions.sort("key", "start"), want.sort("key", "start"), check_dtypes=False)
 
 
-def test_aligned_rows_are_unchanged_and_reach_their_window_end() -> None:
+def test_aligned_rows_are_unchanged_and_carry_their_latest_row() -> None:
     rows = [(f"k{i % 5}", 10_000 + 37 * i, float(i)) for i in range(80)]
     plain = all_rows(PartialBuilder(parse_pipeline(ALIGNED), "w1").build(frame_of(rows), info(), 0))
     mixed = all_rows(PartialBuilder(with_session(), "w1").build(frame_of(rows), info(), 0))
     aligned = mixed.filter(pl.col("window") == 0)
-    assert (aligned["last"] == aligned["start"] + 999).all()
+    latest = (
+        frame_of(rows)
+        .select(
+            pl.col("sensor_id").alias("key"), (pl.col("ts") // 1_000 * 1_000).alias("start"), "ts"
+        )
+        .group_by("key", "start")
+        .agg(pl.col("ts").max().alias("want"))
+    )
+    checked = aligned.join(latest, on=["key", "start"], how="left")
+    assert (checked["last"] == checked["want"]).all()  # the latest row of each group
     assert_frame_equal(aligned.drop("last").sort("key", "start"), plain.sort("key", "start"))
     assert "last" not in plain.columns
 
