@@ -26,6 +26,7 @@ COMMANDS: Final = (
     "tail",
     "status",
     "archive",
+    "sink",
     "replay",
     "bench",
     "control",
