@@ -76,12 +76,15 @@ class EmbeddedPostgres:
     """One PostgreSQL server in a temporary folder (see the module docstring).
 
     Args:
-        root: the folder to use (default: a new temporary one, removed by ``cleanup``).
+        root: the folder to use (default: a new temporary one, removed by ``cleanup``);
+            when we are root, the server's user must be able to reach it (its parents
+            world-searchable).
     """
 
     def __init__(self, root: Path | None = None) -> None:
         self._own_root = root is None
         self.root = root or Path(tempfile.mkdtemp(prefix="shoal-pg-"))
+        self.root.mkdir(parents=True, exist_ok=True)
         self.data = self.root / "data"
         self.log = self.root / "postgres.log"
         self.port = _free_port()
