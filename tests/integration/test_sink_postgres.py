@@ -14,9 +14,9 @@ import numpy as np
 import polars as pl
 import pytest
 
-from shoal._processes import ChildProcess, connection_args, shoal_argv
+from shoal._processes import ChildProcess
 from shoal.broker.embedded import EmbeddedBroker
-from shoal.loadtest.postgres import EmbeddedPostgres
+from shoal.loadtest.postgres import EmbeddedPostgres, read_table, sink_argv
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
 from tests.support.compare import assert_matches_oracle, scale_of
@@ -24,7 +24,7 @@ from tests.support.datasets import all_rows, make_batches, two_window_spec
 from tests.support.in_memory import nearly_in_order
 from tests.support.live import InProcessPipeline, collector, publish_batches
 from tests.support.oracle import expected_results
-from tests.support.postgres import postgres, read_table
+from tests.support.postgres import postgres
 
 pytestmark = pytest.mark.broker
 _ = postgres  # the fixture, imported for this module
@@ -37,21 +37,7 @@ def sink_process(
     broker: EmbeddedBroker, topics: Topics, dsn: str, table: str, log: Path
 ) -> ChildProcess:
     return ChildProcess(
-        "sink",
-        shoal_argv(
-            "sink",
-            "postgres",
-            "--dsn",
-            dsn,
-            "--pipeline",
-            "fix",
-            "--table",
-            table,
-            "--heartbeat",
-            "1",
-            *connection_args(broker.settings, topics),
-        ),
-        log,
+        "sink", sink_argv(dsn, "fix", table, broker.settings, topics, "--heartbeat", "1"), log
     )
 
 

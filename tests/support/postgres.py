@@ -1,13 +1,10 @@
-"""A real PostgreSQL server for sink tests (``shoal.loadtest.postgres``), and table readers."""
+"""A real PostgreSQL server for sink tests (``shoal.loadtest.postgres``), one per module."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-import polars as pl
-import psycopg
 import pytest
-from psycopg import sql
 
 from shoal.loadtest.postgres import EmbeddedPostgres
 
@@ -21,12 +18,3 @@ def postgres() -> Iterator[EmbeddedPostgres]:
         yield server
     finally:
         server.cleanup()
-
-
-def read_table(dsn: str, table: str) -> pl.DataFrame:
-    """A whole table as a frame (``key`` as text, numbers as they are stored)."""
-    with psycopg.connect(dsn) as conn:
-        cursor = conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(table)))
-        names = [d.name for d in cursor.description or ()]
-        rows = cursor.fetchall()
-    return pl.DataFrame(rows, schema=names, orient="row", infer_schema_length=None)

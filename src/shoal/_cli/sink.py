@@ -123,7 +123,12 @@ class _Stats(Protocol):
 
 def run_postgres(args: argparse.Namespace) -> int:
     """Run the PostgreSQL sink until Ctrl-C, SIGTERM or ``--duration``."""
-    from shoal.sinks.postgres import PostgresConfig, PostgresSink  # noqa: PLC0415
+    try:
+        from shoal.sinks.postgres import PostgresConfig, PostgresSink  # noqa: PLC0415
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"shoal sink postgres needs psycopg ({exc}): pip install 'shoal[sinks]'"
+        ) from exc
 
     pipeline = check_segment(args.pipeline, "pipeline")
     sink = PostgresSink(PostgresConfig(dsn=args.dsn, pipeline=pipeline, table=args.table))

@@ -32,11 +32,11 @@ import polars as pl
 import psycopg
 from psycopg import sql
 
-from shoal._processes import ChildProcess, connection_args, shoal_argv
+from shoal._processes import ChildProcess
 from shoal.broker import AsyncSession
 from shoal.broker.session import unique_client_id
 from shoal.errors import BrokerError
-from shoal.loadtest.postgres import EmbeddedPostgres
+from shoal.loadtest.postgres import EmbeddedPostgres, read_table, sink_argv
 from shoal.processors.spec import load_pipeline
 from shoal.runtime.local import LocalPipeline, LocalPipelineConfig
 from shoal.schemas.results import latest_revisions, parse_window_message
@@ -93,22 +93,18 @@ class SinkBenchConfig:
 def _sink(local: LocalPipeline, dsn: str, table: str, json_path: Path) -> ChildProcess:
     return ChildProcess(
         f"sink-{table}",
-        shoal_argv(
-            "sink",
-            "postgres",
-            "--dsn",
+        sink_argv(
             dsn,
-            "--pipeline",
             "sinkbench",
-            "--table",
             table,
+            local.broker.settings,
+            local.topics,
             "--client-id",
             f"bench-sink-{table}",
             "--heartbeat",
             "5",
             "--json",
             str(json_path),
-            *connection_args(local.broker.settings, local.topics),
         ),
         local.logs / f"sink-{table}.log",
     )
@@ -128,15 +124,6 @@ async def _wait(done: Any, timeout_s: float, what: str) -> None:
             return
         await asyncio.sleep(0.2)
     raise BrokerError(f"bench sink: timed out waiting for {what}")
-
-
-def read_table(dsn: str, table: str) -> pl.DataFrame:
-    """A sink table as a frame."""
-    with psycopg.connect(dsn) as conn:
-        cursor = conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(table)))
-        names = [d.name for d in cursor.description or ()]
-        rows = cursor.fetchall()
-    return pl.DataFrame(rows, schema=names, orient="row", infer_schema_length=None)
 
 
 def _table_rows(dsn: str, table: str) -> int:

@@ -24,7 +24,14 @@ import time
 from pathlib import Path
 from typing import Final
 
+import polars as pl
+import psycopg
+from psycopg import sql
+
+from shoal._processes import connection_args, shoal_argv
+from shoal.broker.settings import BrokerSettings
 from shoal.errors import ConfigError
+from shoal.schemas.topics import Topics
 
 USER: Final = "shoal"
 DATABASE: Final = "postgres"
@@ -52,6 +59,33 @@ def postgres_bindir() -> Path:
     raise ConfigError(
         "PostgreSQL is not installed: run 'make bootstrap' (as root it installs Debian's "
         "postgresql) or 'sudo apt-get install -y postgresql'"
+    )
+
+
+def read_table(dsn: str, table: str) -> pl.DataFrame:
+    """A whole table as a frame (what a sink wrote, for checking it)."""
+    with psycopg.connect(dsn) as conn:
+        cursor = conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(table)))
+        names = [d.name for d in cursor.description or ()]
+        rows = cursor.fetchall()
+    return pl.DataFrame(rows, schema=names, orient="row", infer_schema_length=None)
+
+
+def sink_argv(
+    dsn: str, pipeline: str, table: str, broker: BrokerSettings, topics: Topics, *extra: str
+) -> list[str]:
+    """The command line of ``shoal sink postgres`` for a pipeline into a table."""
+    return shoal_argv(
+        "sink",
+        "postgres",
+        "--dsn",
+        dsn,
+        "--pipeline",
+        pipeline,
+        "--table",
+        table,
+        *extra,
+        *connection_args(broker, topics),
     )
 
 
