@@ -412,7 +412,7 @@ def _metrics(s: _Scenario, runtime: CombinerRuntime) -> None:
     counters = worker.counters
     counters.batches, counters.rows, counters.deadletters, counters.partials = 5, 9, 2, 5
     for ms in (0.8, 1.1, 2.4):
-        worker.handle_latency.add(ms)
+        worker.stats.handle_latency.add(ms)
     body = worker.metrics()
     assert set(_WORKER_FIXED) <= set(body), "a fixed figure the heartbeat no longer has"
     body.update(_WORKER_FIXED)

@@ -71,7 +71,8 @@ def test_up_runs_a_control_plane_that_shoal_pipeline_talks_to(tmp_path: Path) ->
             )
 
         spec = 'name = "extra"\n[[windows]]\nsize_ms = 5000\n'
-        deployed = pipeline("deploy", "-", stdin=spec)
+        # `shoal up` runs no pool worker (yet): stored is what can be confirmed here.
+        deployed = pipeline("deploy", "-", "--no-wait", stdin=spec)
         assert deployed.returncode == 0, deployed.stderr
         listed = pipeline("list")
         assert listed.returncode == 0, listed.stderr

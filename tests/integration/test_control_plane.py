@@ -19,8 +19,9 @@ from shoal.control.client import ControlClient
 from shoal.control.messages import Request
 from shoal.control.service import ControlPlane
 from shoal.errors import ControlError
+from shoal.runtime.worker import Worker, WorkerConfig
 from shoal.schemas.topics import Topics
-from tests.support.control import running_plane
+from tests.support.control import pool_running, running_plane
 
 pytestmark = pytest.mark.broker
 
@@ -86,10 +87,10 @@ async def _a_client_times_out_clearly_when_no_control_plane_runs(
 
 
 def _cli(
-    broker: EmbeddedBroker, topics: Topics, *args: str, stdin: str = ""
+    broker: EmbeddedBroker, topics: Topics, *args: str, stdin: str = "", timeout: str = "5"
 ) -> subprocess.CompletedProcess[str]:
     argv = [sys.executable, "-m", "shoal.cli", "pipeline", *args]
-    argv += ["--broker", broker.settings.url, "--topic-root", topics.root, "--timeout", "5"]
+    argv += ["--broker", broker.settings.url, "--topic-root", topics.root, "--timeout", timeout]
     return subprocess.run(
         argv, input=stdin, capture_output=True, text=True, timeout=60, check=False
     )
@@ -98,10 +99,15 @@ def _cli(
 async def _the_cli_deploys_shows_refuses_and_deletes(
     broker: EmbeddedBroker, topics: Topics
 ) -> None:
-    async with running(broker, topics):
+    pool = Worker(WorkerConfig(None, broker.settings, topics, worker_id="pool-cli"))
+    async with running(broker, topics), pool_running(pool):
         deploy = await asyncio.to_thread(_cli, broker, topics, "deploy", "-", "--json", stdin=SPEC)
         assert deploy.returncode == 0, deploy.stderr
-        assert orjson.loads(deploy.stdout)["version"] == 1
+        answer = orjson.loads(deploy.stdout)
+        assert answer["version"] == 1
+        # It returned once the pool worker served v1 (its heartbeat said so).
+        assert answer["confirmed"] == {"stored": True, "workers": ["pool-cli"], "combiners": None}
+        assert pool.routes.describe()["serving"] == {"temps": 1}
         listed = await asyncio.to_thread(_cli, broker, topics, "list", "--json")
         assert [p["name"] for p in orjson.loads(listed.stdout)["pipelines"]] == ["temps"]
         show = await asyncio.to_thread(_cli, broker, topics, "show", "temps", "--json")
@@ -117,6 +123,18 @@ async def _the_cli_deploys_shows_refuses_and_deletes(
         assert "unknown_pipeline" in unknown.stderr
         deleted = await asyncio.to_thread(_cli, broker, topics, "delete", "temps")
         assert deleted.returncode == 0, deleted.stderr
+    async with running(broker, topics):  # no pool worker: stored, but nobody serves it
+        unserved = await asyncio.to_thread(
+            _cli, broker, topics, "deploy", "-", "--json", stdin=SPEC, timeout="1.5"
+        )
+        assert unserved.returncode == 2
+        assert orjson.loads(unserved.stdout)["reason"] == "not_served"
+        assert unserved.stderr.startswith("shoal pipeline deploy: not_served: ")
+        stored = await asyncio.to_thread(
+            _cli, broker, topics, "update", "-", "--no-wait", stdin=CHANGED
+        )
+        assert stored.returncode == 0, stored.stderr
+        assert "updated to v4" in stored.stdout
     nobody = await asyncio.to_thread(_cli, broker, topics, "delete", "temps")
     assert nobody.returncode == 2
     assert "timeout" in nobody.stderr

@@ -15,8 +15,9 @@ import pytest
 from shoal.broker.access import Role
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.clock import SystemClock
+from shoal.runtime.worker import Worker, WorkerConfig
 from shoal.schemas.topics import Topics
-from tests.support.control import running_plane
+from tests.support.control import pool_running, running_plane
 from tests.support.secure import secure_broker
 
 pytestmark = pytest.mark.broker
@@ -29,6 +30,7 @@ USERS = {
     "plane": Role.control(),
     "grafana": Role.dashboard(),
     "worker": Role.worker("temps"),
+    "pool": Role.worker(None),
 }
 
 
@@ -57,9 +59,16 @@ async def _scenario(broker: EmbeddedBroker) -> None:
             assert f"user {user} may not write the control topics" in line
         assert plane.counters.requests == 0  # the broker dropped them
         assert plane.registry.deployed() == []
-        accepted = await asyncio.to_thread(_cli, broker, "ops", "deploy", "-", "--json")
+        # A pool worker (role `worker` without a pipeline) reads the document it was
+        # allowed to read and serves it: deploy returns once its heartbeat says so.
+        pool = Worker(
+            WorkerConfig(None, broker.settings.with_credentials("pool", PASSWORD), ROOT, "pool-s")
+        )
+        async with pool_running(pool):
+            accepted = await asyncio.to_thread(_cli, broker, "ops", "deploy", "-", "--json")
         assert accepted.returncode == 0, accepted.stderr
         assert orjson.loads(accepted.stdout)["version"] == 1
+        assert orjson.loads(accepted.stdout)["confirmed"]["workers"] == ["pool-s"]
         listed = await asyncio.to_thread(_cli, broker, "ops", "list", "--json")
         assert listed.returncode == 0, listed.stderr
         assert [p["name"] for p in orjson.loads(listed.stdout)["pipelines"]] == ["temps"]

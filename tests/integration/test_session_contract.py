@@ -160,3 +160,41 @@ def test_an_unacknowledged_message_comes_back_to_a_persistent_session(
             again.ack(message)
 
     asyncio.run(scenario())
+
+
+def test_subscription_identifiers_route_each_shared_delivery(connect: Open, topics: Topics) -> None:
+    """One session in two shared groups on the same filter (a pool worker serving two
+    pipelines of one input): every message comes once per group, each copy naming the
+    subscription it was delivered for; subscribing again replaces the identifier."""
+
+    async def scenario() -> None:
+        inner = topics.under_root("ingest/s/+")
+        first, second = Topics.shared("p1", inner), Topics.shared("p2", inner)
+        async with connect("pool") as pool, connect("pub") as pub:
+            await pool.subscribe([first], qos=1, subscription_id=7)
+            await pool.subscribe([second], qos=1, subscription_id=300_000)
+            await pool.subscribe([topics.under_root("plain/#")], qos=1)  # no identifier
+            async with _receiving(pool) as queue:
+                for n in range(3):
+                    await pub.publish(topics.under_root(f"ingest/s/g{n}"), str(n).encode())
+                await pub.publish(topics.under_root("plain/x"), b"p")
+                got = await _drain(queue)
+                await pool.subscribe([second], qos=1, subscription_id=8)  # replaces 300000
+                await pub.publish(topics.under_root("ingest/s/g9"), b"9")
+                again = await _drain(queue)
+        routed = sorted((m.payload, m.subscription_ids) for m in got)
+        assert routed == [
+            (b"0", (7,)),
+            (b"0", (300_000,)),
+            (b"1", (7,)),
+            (b"1", (300_000,)),
+            (b"2", (7,)),
+            (b"2", (300_000,)),
+            (b"p", ()),
+        ]
+        assert sorted((m.payload, m.subscription_ids) for m in again) == [
+            (b"9", (7,)),
+            (b"9", (8,)),
+        ]
+
+    asyncio.run(scenario())

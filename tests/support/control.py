@@ -1,4 +1,4 @@
-"""A control plane running beside a test, on a real broker."""
+"""A control plane and pool workers running beside a test, on a real broker."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock
 from shoal.control.service import ControlPlane
+from shoal.runtime.worker import Worker
 from shoal.schemas.topics import Topics
 
 
@@ -26,3 +27,15 @@ async def running_plane(
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+@contextlib.asynccontextmanager
+async def pool_running(*workers: Worker) -> AsyncIterator[list[asyncio.Task[None]]]:
+    """Run workers (pool or pinned) as tasks; stopped (and awaited) on exit."""
+    tasks = [asyncio.create_task(worker.run()) for worker in workers]
+    try:
+        yield tasks
+    finally:
+        for worker in workers:
+            worker.stop()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 20)

@@ -19,8 +19,11 @@ if TYPE_CHECKING:
     from shoal.control.messages import PipelineDocument, Result
 
 NOT_YET_RUNNING = (
-    "Accepted means validated, versioned and stored (retained) by the control plane; "
-    "workers and combiners do not pick deployed pipelines up yet (issue 15, next step)."
+    "deploy and update return once the control plane stored the version and a pool worker "
+    "(`shoal worker` without --pipeline) reports serving it (subscribed, its handler "
+    "built), or fail with not_served after --timeout; --no-wait returns once it is stored. "
+    "Combiners do not pick deployed pipelines up yet (issue 15, next step): run "
+    "`shoal combiner --pipeline FILE` per pipeline; the output says what was confirmed."
 )
 
 
@@ -44,6 +47,11 @@ def register(sub: Any) -> None:
             name, help=help_text, description=f"{help_text}. {NOT_YET_RUNNING}"
         )
         action.add_argument("file", metavar="FILE|-", help="pipeline spec (TOML); - reads stdin")
+        action.add_argument(
+            "--no-wait",
+            action="store_true",
+            help="return once the control plane stored it; do not wait for a pool worker",
+        )
         _common(action)
     delete = actions.add_parser("delete", help="delete a deployed pipeline")
     delete.add_argument("name", metavar="NAME")
@@ -61,7 +69,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=10.0,
         metavar="SECONDS",
-        help="how long to wait for the control plane (default 10)",
+        help="how long to wait for the control plane's answer, and then (deploy, update) "
+        "for a pool worker to serve the version (default 10 each)",
     )
     add_broker_options(parser)
     parser.set_defaults(run=run)
@@ -94,18 +103,52 @@ def _request(client: ControlClient, args: argparse.Namespace) -> int:
     else:
         request = Request(args.action, request_id, spec_toml=_read_spec(args.file))
     result = asyncio.run(client.request(request))
-    if args.json:
-        _print_json(result.as_dict())
-    if result.ok:
-        if not args.json:
+    if not result.ok:
+        if args.json:
+            _print_json(result.as_dict())
+        where = f" (field {result.field})" if result.field else ""
+        print(
+            f"shoal pipeline {args.action}: refused: {result.reason}{where}: {result.message}",
+            file=sys.stderr,
+        )
+        return 1
+    if args.action == "delete" or args.no_wait:
+        confirmed = _confirmed(workers=None)
+        if args.json:
+            _print_json({**result.as_dict(), "confirmed": confirmed})
+        else:
             print(_accepted(result))
         return 0
-    where = f" (field {result.field})" if result.field else ""
-    print(
-        f"shoal pipeline {args.action}: refused: {result.reason}{where}: {result.message}",
-        file=sys.stderr,
-    )
-    return 1
+    return _wait_served(client, args, result)
+
+
+def _wait_served(client: ControlClient, args: argparse.Namespace, result: Result) -> int:
+    """Wait until a pool worker serves the accepted version; exit 2 (not_served) if none does."""
+    assert result.name is not None  # an accepted deploy or update names its pipeline
+    assert result.version is not None
+    try:
+        workers = asyncio.run(client.served(result.name, result.version))
+    except ControlError as exc:
+        if args.json:
+            failed = {**result.as_dict(), "confirmed": _confirmed(workers=[])}
+            _print_json({**failed, "running": False, "reason": exc.reason, "message": str(exc)})
+        print(f"shoal pipeline {args.action}: {exc.reason}: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        _print_json({**result.as_dict(), "confirmed": _confirmed(workers=workers)})
+    else:
+        print(f"{_accepted(result)}; served by pool worker(s) {', '.join(workers)}")
+        print("combiners: not confirmed (run `shoal combiner --pipeline FILE` for it)")
+    return 0
+
+
+def _confirmed(*, workers: list[str] | None) -> dict[str, Any]:
+    """What ``--json`` says was confirmed: stored, served by which pool workers, combiners."""
+    return {
+        "stored": True,
+        "workers": workers,  # None: not waited for (--no-wait, delete)
+        "combiners": None,  # partition ownership: issue 15, a later step
+    }
 
 
 def _accepted(result: Result) -> str:

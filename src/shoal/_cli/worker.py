@@ -1,29 +1,33 @@
-"""``shoal worker``: one member of a pipeline's shared-subscription group."""
+"""``shoal worker``: a member of one pipeline's shared-subscription group, or of the pool."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from shoal._cli.common import (
-    add_broker_options,
-    add_pipeline_option,
-    broker_settings,
-    load_spec,
-    topics,
-)
+from shoal._cli.common import add_broker_options, broker_settings, load_spec, topics
 
 
 def register(sub: Any) -> None:
     """Add the ``worker`` sub-command."""
     parser: argparse.ArgumentParser = sub.add_parser(
         "worker",
-        help="run a pipeline worker (phase one: batches → partial aggregates)",
-        description="Join $share/<pipeline>/..., decode batches, publish partial aggregates to "
-        "the combiners, dead-letter bad input. SIGINT/SIGTERM drain it (it leaves the group "
+        help="run a worker (phase one: batches → partial aggregates)",
+        description="Without --pipeline, join the worker pool: serve every pipeline deployed "
+        "with `shoal pipeline deploy` (one MQTT connection; pipelines are picked up as they "
+        "are deployed, switched on update and dropped on delete, without a restart). With "
+        "--pipeline, serve that one pipeline only (isolation). Either way: join "
+        "$share/<pipeline>/<input>, decode batches, publish partial aggregates to the "
+        "combiners, dead-letter bad input. SIGINT/SIGTERM drain it (it leaves every group "
         "without losing a batch); a second signal stops it at once.",
     )
-    add_pipeline_option(parser)
+    parser.add_argument(
+        "--pipeline",
+        default=None,
+        metavar="NAME|FILE",
+        help="serve only this pipeline: a TOML file, or the name of one in processors/ "
+        "(default: join the pool and serve every deployed pipeline)",
+    )
     add_broker_options(parser)
     parser.add_argument("--id", default="", help="worker id / MQTT client id (default: unique)")
     parser.add_argument(
@@ -41,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from shoal.runtime.worker import Worker, WorkerConfig  # noqa: PLC0415
 
     config = WorkerConfig(
-        spec=load_spec(args.pipeline),
+        spec=None if args.pipeline is None else load_spec(args.pipeline),
         broker=broker_settings(args),
         topics=topics(args),
         worker_id=args.id,

@@ -25,9 +25,10 @@ from shoal.broker._paho_glue import (
     publish_error,
     publish_properties,
     reason_failed,
+    subscribe_properties,
     tls_context,
 )
-from shoal.broker._shared import SessionBase, check_size
+from shoal.broker._shared import SessionBase, check_size, check_subscription_id
 from shoal.broker.session import Message, Will
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
@@ -171,12 +172,23 @@ class AsyncSession(SessionBase):
         return self._max_packet_size
 
     async def subscribe(
-        self, filters: Sequence[str], qos: int = 1, *, no_local: bool = False
+        self,
+        filters: Sequence[str],
+        qos: int = 1,
+        *,
+        no_local: bool = False,
+        subscription_id: int | None = None,
     ) -> None:
-        """Subscribe to topic filters (including ``$share/<group>/...``)."""
+        """Subscribe to topic filters (``$share/<group>/...`` too), with an identifier.
+
+        ``subscription_id`` applies to all of ``filters`` (``Session.subscribe``).
+        """
+        check_subscription_id(subscription_id)
         options = SubscribeOptions(qos=qos, noLocal=no_local)
         try:
-            result = await self._client.subscribe([(f, options) for f in filters])
+            result = await self._client.subscribe(
+                [(f, options) for f in filters], properties=subscribe_properties(subscription_id)
+            )
         except aiomqtt.MqttError as exc:
             raise BrokerError(f"subscribe to {list(filters)} failed: {exc}") from exc
         failed = [
@@ -240,7 +252,7 @@ class AsyncSession(SessionBase):
                 msg = await iterator.__anext__()
             except aiomqtt.MqttError as exc:
                 raise BrokerError(f"connection to {self.settings.url} lost: {exc}") from exc
-            content_type, user_properties = message_properties(msg.properties)
+            content_type, user_properties, ids = message_properties(msg.properties)
             yield Message(
                 topic=msg.topic.value,
                 payload=bytes(msg.payload) if isinstance(msg.payload, bytes | bytearray) else b"",
@@ -250,4 +262,5 @@ class AsyncSession(SessionBase):
                 user_properties=user_properties,
                 mid=msg.mid,
                 payload_format=payload_format(msg.properties),
+                subscription_ids=ids,
             )

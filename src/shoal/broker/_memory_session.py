@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Protocol, Self
 
-from shoal.broker._shared import SessionBase, check_size
+from shoal.broker._shared import SessionBase, check_size, check_subscription_id
 from shoal.broker.session import Message, Will
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
@@ -21,13 +21,13 @@ class ClientState:
     """What a ``MemoryBroker`` keeps of a client.
 
     Attributes:
-        subscriptions: topic filter → (QoS, no_local).
+        subscriptions: topic filter → (QoS, no_local, subscription identifier or None).
         queue: messages not yet handed to the client.
         inflight: messages handed over and not acknowledged yet, by packet id.
         session: the live session, if connected.
     """
 
-    subscriptions: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    subscriptions: dict[str, tuple[int, bool, int | None]] = field(default_factory=dict)
     queue: deque[Message] = field(default_factory=deque)
     inflight: dict[int, Message] = field(default_factory=dict)
     session: MemorySession | None = None
@@ -49,7 +49,15 @@ class Router(Protocol):
         """Disconnect ``session``; ``lost`` publishes its will."""
         ...
 
-    def subscribe(self, client_id: str, topic_filter: str, qos: int, *, no_local: bool) -> None:
+    def subscribe(
+        self,
+        client_id: str,
+        topic_filter: str,
+        qos: int,
+        *,
+        no_local: bool,
+        subscription_id: int | None = None,
+    ) -> None:
         """Add a subscription."""
         ...
 
@@ -131,12 +139,24 @@ class MemorySession(SessionBase):
         return self._broker.max_packet_size
 
     async def subscribe(
-        self, filters: Sequence[str], qos: int = 1, *, no_local: bool = False
+        self,
+        filters: Sequence[str],
+        qos: int = 1,
+        *,
+        no_local: bool = False,
+        subscription_id: int | None = None,
     ) -> None:
         """Subscribe to topic filters (including ``$share/<group>/...``)."""
+        check_subscription_id(subscription_id)
         self._open()
         for topic_filter in filters:
-            self._broker.subscribe(self.client_id, topic_filter, qos, no_local=no_local)
+            self._broker.subscribe(
+                self.client_id,
+                topic_filter,
+                qos,
+                no_local=no_local,
+                subscription_id=subscription_id,
+            )
 
     async def unsubscribe(self, filters: Sequence[str]) -> None:
         """Stop new deliveries for these filters (already queued messages still arrive)."""

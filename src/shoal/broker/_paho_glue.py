@@ -58,12 +58,29 @@ def publish_properties(
     return props
 
 
-def message_properties(props: Properties | None) -> tuple[str | None, tuple[tuple[str, str], ...]]:
-    """The content type and user properties of a received PUBLISH's properties."""
+def subscribe_properties(subscription_id: int | None) -> Properties | None:
+    """SUBSCRIBE properties carrying a Subscription Identifier (None: no identifier)."""
+    if subscription_id is None:
+        return None
+    props = Properties(PacketTypes.SUBSCRIBE)  # type: ignore[no-untyped-call]
+    props.SubscriptionIdentifier = subscription_id
+    return props
+
+
+def message_properties(
+    props: Properties | None,
+) -> tuple[str | None, tuple[tuple[str, str], ...], tuple[int, ...]]:
+    """The content type, user properties and subscription identifiers of a received PUBLISH."""
     if props is None:
-        return None, ()
+        return None, (), ()
     user = getattr(props, "UserProperty", None)
-    return getattr(props, "ContentType", None), tuple(user) if user else ()
+    # paho keeps every Subscription Identifier of the PUBLISH (there may be several) in a list.
+    ids = getattr(props, "SubscriptionIdentifier", None)
+    return (
+        getattr(props, "ContentType", None),
+        tuple(user) if user else (),
+        tuple(ids) if ids else (),
+    )
 
 
 def payload_format(props: Properties | None) -> int | None:
@@ -75,7 +92,7 @@ def payload_format(props: Properties | None) -> int | None:
 def message_from_paho(msg: paho.MQTTMessage) -> Message:
     """Our ``Message`` for a paho one."""
     props = getattr(msg, "properties", None)
-    content_type, user_properties = message_properties(props)
+    content_type, user_properties, ids = message_properties(props)
     return Message(
         topic=msg.topic,
         payload=bytes(msg.payload),
@@ -85,6 +102,7 @@ def message_from_paho(msg: paho.MQTTMessage) -> Message:
         user_properties=user_properties,
         mid=msg.mid,
         payload_format=payload_format(props),
+        subscription_ids=ids,
     )
 
 

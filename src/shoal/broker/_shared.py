@@ -1,4 +1,4 @@
-"""What the session implementations share: the size check, and ``SessionBase``.
+"""What the session implementations share: the size and identifier checks, and ``SessionBase``.
 
 No third-party imports.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 
-from shoal.broker.session import PROTOCOL_OVERHEAD, Message, Session
+from shoal.broker.session import MAX_SUBSCRIPTION_ID, PROTOCOL_OVERHEAD, Message, Session
 from shoal.errors import BrokerError, PayloadTooLargeError
 
 
@@ -22,6 +22,18 @@ def check_size(topic: str, payload: bytes, limit: int | None) -> None:
         raise PayloadTooLargeError(
             f"message for {topic!r} is {len(payload)} bytes; the broker accepts packets of at "
             f"most {limit} bytes. It was not sent: split it or raise the broker's max_packet_size."
+        )
+
+
+def check_subscription_id(subscription_id: int | None) -> None:
+    """Refuse a Subscription Identifier MQTT 5 cannot carry (the broker would disconnect us).
+
+    Raises:
+        BrokerError: not None and not in 1..``MAX_SUBSCRIPTION_ID``.
+    """
+    if subscription_id is not None and not 1 <= subscription_id <= MAX_SUBSCRIPTION_ID:
+        raise BrokerError(
+            f"subscription identifier {subscription_id} is outside 1..{MAX_SUBSCRIPTION_ID}"
         )
 
 

@@ -38,8 +38,9 @@ class Role:
 
     Attributes:
         kind: gateway, worker, combiner, dashboard, admin or control (the control plane).
-        pipeline: the pipeline of a worker or combiner; optional for a dashboard (None: the
-            results of every pipeline).
+        pipeline: the pipeline of a worker or combiner; optional for a worker (None: a pool
+            worker, serving every deployed pipeline) and a dashboard (None: the results of
+            every pipeline).
         gateways: the gateway ids a gateway user publishes for (empty: its own user name).
         inputs: a worker's input filters below the topic root (the pipeline's ``inputs``).
     """
@@ -53,8 +54,8 @@ class Role:
         """Refuse roles that cannot be written as ACL lines."""
         if self.kind not in ROLE_KINDS:
             raise ConfigError(f"unknown role {self.kind!r}; known: {', '.join(ROLE_KINDS)}")
-        if self.kind in ("worker", "combiner") and self.pipeline is None:
-            raise ConfigError(f"a {self.kind} role needs a pipeline name")
+        if self.kind == "combiner" and self.pipeline is None:
+            raise ConfigError("a combiner role needs a pipeline name")
         if self.pipeline is not None:
             check_segment(self.pipeline, "pipeline")  # a TopicError is a ConfigError
         for gateway_id in self.gateways:
@@ -69,8 +70,11 @@ class Role:
         return cls("gateway", gateways=gateway_ids)
 
     @classmethod
-    def worker(cls, pipeline: str, inputs: Iterable[str] = DEFAULT_INPUTS) -> Role:
-        """A worker of ``pipeline`` reading ``inputs`` (the pipeline spec's input filters)."""
+    def worker(cls, pipeline: str | None, inputs: Iterable[str] = DEFAULT_INPUTS) -> Role:
+        """A worker of ``pipeline`` reading ``inputs`` (the pipeline spec's input filters).
+
+        ``pipeline`` None: a pool worker, for every deployed pipeline reading ``inputs``.
+        """
         return cls("worker", pipeline=pipeline, inputs=tuple(inputs))
 
     @classmethod
@@ -97,16 +101,18 @@ class Role:
     def parse(cls, text: str) -> Role:
         """A role written as text.
 
-        ``gateway``, ``gateway:gw-1,gw-2``, ``worker:P``, ``combiner:P``, ``dashboard``,
-        ``dashboard:P``, ``admin`` or ``control``.
+        ``gateway``, ``gateway:gw-1,gw-2``, ``worker`` (the pool), ``worker:P``,
+        ``combiner:P``, ``dashboard``, ``dashboard:P``, ``admin`` or ``control``.
         """
         kind, _, scope = text.partition(":")
         if kind == "gateway":
             return cls.gateway(*(g for g in scope.split(",") if g))
-        if kind in ("worker", "combiner"):
+        if kind == "worker":
+            return cls.worker(scope or None)
+        if kind == "combiner":
             if not scope:
-                raise ConfigError(f"role {text!r}: say which pipeline, e.g. {kind}:default")
-            return cls.worker(scope) if kind == "worker" else cls.combiner(scope)
+                raise ConfigError(f"role {text!r}: say which pipeline, e.g. combiner:default")
+            return cls.combiner(scope)
         if kind == "dashboard":
             return cls.dashboard(scope or None)
         if kind == "admin" and not scope:
@@ -114,7 +120,7 @@ class Role:
         if kind == "control" and not scope:
             return cls.control()
         raise ConfigError(
-            f"unknown role {text!r}: use gateway[:ID,...], worker:PIPELINE, "
+            f"unknown role {text!r}: use gateway[:ID,...], worker[:PIPELINE], "
             "combiner:PIPELINE, dashboard[:PIPELINE], admin or control"
         )
 
@@ -123,7 +129,7 @@ class Role:
         if self.kind == "gateway":
             return gateway_rules(self.gateways or (user,), topics)
         if self.kind == "worker":
-            return worker_rules(_named(self.pipeline), self.inputs, topics)
+            return worker_rules(self.pipeline, self.inputs, topics)
         if self.kind == "combiner":
             return combiner_rules(_named(self.pipeline), topics)
         if self.kind == "dashboard":

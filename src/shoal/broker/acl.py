@@ -8,6 +8,8 @@ Roles (``R`` is the topic root, ``P`` the role's pipeline, ``G`` a gateway id)::
     gateway G    write R/ingest/+/G, R/shoal/gateway/G        read R/shoal/confirm/G/#
     worker P     read  the pipeline's inputs (R/ingest/+/+)   write R/shoal/partials/P/+,
                  R/shoal/deadletter/P, R/shoal/metrics/worker/+; readwrite R/shoal/control/+
+    worker       (the pool: no P) as above for every pipeline (P a wildcard), and read
+                 R/shoal/pipelines/+ (the deployed pipelines' documents)
     combiner P   read  R/shoal/partials/P/+, R/shoal/gateway/+, R/shoal/control/combiners/P
                  write R/results/P, R/results/P/#, R/shoal/late/P, R/shoal/confirm/+/P/+,
                        R/shoal/metrics/combiner/+
@@ -78,16 +80,22 @@ def gateway_rules(gateway_ids: Iterable[str], topics: Topics) -> list[Rule]:
     return rules
 
 
-def worker_rules(pipeline: str, inputs: Iterable[str], topics: Topics) -> list[Rule]:
-    """A worker of ``pipeline`` reading ``inputs`` (filters below the root)."""
-    return [
+def worker_rules(pipeline: str | None, inputs: Iterable[str], topics: Topics) -> list[Rule]:
+    """A worker of ``pipeline`` reading ``inputs`` (filters below the root).
+
+    With no pipeline, a pool worker: every deployed pipeline reading those inputs.
+    """
+    rules = [
         *(Rule("read", topics.under_root(f)) for f in inputs),
-        Rule("write", _last_level_wild(topics.partials(pipeline, 0))),
-        Rule("write", topics.deadletter(pipeline)),
+        Rule("write", _last_level_wild(topics.partials(pipeline or "+", 0))),
+        Rule("write", topics.deadletter(pipeline or "+")),
         Rule("write", topics.metrics("worker", "+")),
         # Its own control topic (drain markers); worker ids are not known in advance.
         Rule("readwrite", topics.control("+")),
     ]
+    if pipeline is None:
+        rules.append(Rule("read", topics.pipeline_documents()))
+    return rules
 
 
 def combiner_rules(pipeline: str, topics: Topics) -> list[Rule]:

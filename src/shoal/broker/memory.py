@@ -113,15 +113,25 @@ class MemoryBroker:
         if lost and will is not None:
             self.publish(session.client_id, will.topic, will.payload, will.qos, retain=will.retain)
 
-    def subscribe(self, client_id: str, topic_filter: str, qos: int, *, no_local: bool) -> None:
-        """Add a subscription; a plain one gets the matching retained messages."""
+    def subscribe(
+        self,
+        client_id: str,
+        topic_filter: str,
+        qos: int,
+        *,
+        no_local: bool,
+        subscription_id: int | None = None,
+    ) -> None:
+        """Add (or replace) a subscription; a plain one gets the matching retained messages."""
         client = self._clients[client_id]
-        client.subscriptions[topic_filter] = (qos, no_local)
+        client.subscriptions[topic_filter] = (qos, no_local, subscription_id)
         if _shared(topic_filter) is not None:
             return
+        ids = () if subscription_id is None else (subscription_id,)
         for topic, message in self._retained.items():
             if topic_matches(topic_filter, topic):
-                self._deliver(client, replace(message, qos=min(qos, message.qos)))
+                qos_out = min(qos, message.qos)
+                self._deliver(client, replace(message, qos=qos_out, subscription_ids=ids))
 
     def unsubscribe(self, client_id: str, topic_filter: str) -> None:
         """Remove a subscription (a shared one takes the client out of its group)."""
@@ -146,24 +156,29 @@ class MemoryBroker:
             else:
                 self._retained.pop(topic, None)
             message = replace(message, retain=False)  # live copies: retain-as-published off
-        groups: dict[tuple[str, str], list[tuple[ClientState, int]]] = {}  # members, in order
+        # Shared groups: members in order, each with its QoS and subscription identifier.
+        groups: dict[tuple[str, str], list[tuple[ClientState, int, int | None]]] = {}
         for client_id, client in self._clients.items():
-            granted = []
-            for topic_filter, (sub_qos, no_local) in client.subscriptions.items():
+            granted, ids = [], []
+            for topic_filter, (sub_qos, no_local, sid) in client.subscriptions.items():
                 shared = _shared(topic_filter)
                 if not topic_matches(shared[1] if shared else topic_filter, topic):
                     continue
                 if shared is not None:
-                    groups.setdefault(shared, []).append((client, sub_qos))
+                    groups.setdefault(shared, []).append((client, sub_qos, sid))
                 elif not (no_local and client_id == sender_id):
                     granted.append(sub_qos)
+                    ids += [] if sid is None else [sid]
             if granted:
-                self._deliver(client, replace(message, qos=min(qos, max(granted))))
+                # Overlapping plain subscriptions: one copy naming all their identifiers.
+                copy = replace(message, qos=min(qos, max(granted)), subscription_ids=tuple(ids))
+                self._deliver(client, copy)
         for group, members in groups.items():
             turn = self._turns.get(group, 0)
             self._turns[group] = turn + 1
-            member, sub_qos = members[turn % len(members)]
-            self._deliver(member, replace(message, qos=min(qos, sub_qos)))
+            member, sub_qos, sid = members[turn % len(members)]
+            one = () if sid is None else (sid,)
+            self._deliver(member, replace(message, qos=min(qos, sub_qos), subscription_ids=one))
 
     def _deliver(self, client: ClientState, message: Message) -> None:
         if client.session is None and message.qos == 0:

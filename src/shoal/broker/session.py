@@ -24,6 +24,9 @@ PROTOCOL_OVERHEAD: Final = 512
 """Bytes a PUBLISH needs beyond its payload for the fixed header, topic and properties; used
 when checking a payload against the broker's maximum packet size."""
 
+MAX_SUBSCRIPTION_ID: Final = 268_435_455
+"""The largest MQTT 5 Subscription Identifier (a variable byte integer)."""
+
 _instance_counter = itertools.count()
 
 
@@ -50,6 +53,10 @@ class Message:
         user_properties: MQTT 5 user properties, in order.
         mid: packet id, used to acknowledge it (0 for QoS 0).
         payload_format: the MQTT 5 payload format indicator (0: bytes, 1: UTF-8 text), if set.
+        subscription_ids: the MQTT 5 Subscription Identifiers of the subscriptions it was
+            delivered for (``Session.subscribe(..., subscription_id=...)``); empty when
+            none of them had one. A client with several shared subscriptions on one filter
+            gets one delivery per group, each naming its own subscription.
     """
 
     topic: str
@@ -60,6 +67,7 @@ class Message:
     user_properties: tuple[tuple[str, str], ...] = ()
     mid: int = 0
     payload_format: int | None = None
+    subscription_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +108,20 @@ class Session(Protocol):
         """The broker's Maximum Packet Size from CONNACK (None: the broker set no limit)."""
 
     async def subscribe(
-        self, filters: Sequence[str], qos: int = 1, *, no_local: bool = False
+        self,
+        filters: Sequence[str],
+        qos: int = 1,
+        *,
+        no_local: bool = False,
+        subscription_id: int | None = None,
     ) -> None:
-        """Subscribe to topic filters (including ``$share/<group>/...``)."""
+        """Subscribe to topic filters (including ``$share/<group>/...``).
+
+        ``subscription_id`` (1 to ``MAX_SUBSCRIPTION_ID``) is the MQTT 5 Subscription
+        Identifier of all of ``filters``: messages delivered for them carry it in
+        ``Message.subscription_ids``. Subscribing to a filter again replaces its
+        subscription, identifier included; messages already queued keep the old one.
+        """
 
     async def unsubscribe(self, filters: Sequence[str]) -> None:
         """Stop new deliveries for these filters (already queued messages still arrive)."""

@@ -4,14 +4,19 @@
 broker's ACL does not allow gets PUBACK "not authorized", reported as ``not_authorized``),
 and waits for the result with the request's id, or raises ``ControlError`` (``timeout``)
 when no control plane answers. ``documents`` reads the retained pipeline documents, with a
-marker to its own control topic to know when all of them have arrived.
+marker to its own control topic to know when all of them have arrived. ``served`` waits
+until a pool worker's heartbeat (``shoal/metrics/worker/<id>``, CONTRACT.md §19.1) lists a
+pipeline at a version, which it only does once it holds that version's handler and its
+SUBSCRIBE was granted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from typing import Final
+from typing import Any, Final
+
+import orjson
 
 from shoal.broker.session import SessionFactory, unique_client_id
 from shoal.broker.settings import BrokerSettings
@@ -111,3 +116,50 @@ class ControlClient:
             f"on {self.settings.url}",
             reason="timeout",
         )
+
+    async def served(self, name: str, version: int, *, timeout_s: float | None = None) -> list[str]:
+        """The pool workers serving ``name`` at ``version`` or later, once one reports it.
+
+        Waits for heartbeats (a pool worker sends one as soon as what it serves changes);
+        returns the first worker that reports the version, with any others seen so far.
+
+        Raises:
+            ControlError: no pool worker reported it within ``timeout_s`` (``not_served``).
+        """
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        client = unique_client_id("shoal-pipeline")
+        workers: dict[str, bool] = {}
+        async with self.session_factory(self.settings, client) as session:
+            await session.subscribe([self.topics.metrics("worker", "+")], qos=0)
+            stop = asyncio.Event()
+            timer = asyncio.get_running_loop().call_later(timeout_s, stop.set)
+            try:
+                async for message in session.messages_until(stop):
+                    worker, serves = _serves(message.payload, name, version)
+                    if worker is not None:
+                        workers[worker] = serves
+                    if serves:
+                        break
+            finally:
+                timer.cancel()
+        found = sorted(w for w, serves in workers.items() if serves)
+        if found:
+            return found
+        seen = f"{len(workers)} pool worker(s) seen" if workers else "no pool worker seen"
+        raise ControlError(
+            f"pipeline {name!r} v{version} is stored, but no pool worker reported serving it "
+            f"within {timeout_s:g} s ({seen}); is `shoal worker` (without --pipeline) running?",
+            reason="not_served",
+        )
+
+
+def _serves(payload: bytes, name: str, version: int) -> tuple[str | None, bool]:
+    """(pool worker id or None, whether it serves ``name`` at ``version`` or later)."""
+    try:
+        body: Any = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None, False
+    if not isinstance(body, dict) or not isinstance(body.get("serving"), dict):
+        return None, False  # a pinned worker, a will, or not a heartbeat
+    current = body["serving"].get(name)
+    return str(body.get("id")), type(current) is int and current >= version

@@ -20,7 +20,7 @@ Rules (issue 15, item 7: bad input changes nothing):
 
 from __future__ import annotations
 
-from shoal.control.canonical import SpecRefusal, canonicalize, canonicalize_toml
+from shoal.control.canonical import CanonicalSpec, SpecRefusal, canonicalize, canonicalize_toml
 from shoal.control.messages import Change, PipelineDocument, Request, Result
 from shoal.errors import ConfigError, ControlError
 
@@ -44,8 +44,11 @@ class Registry:
         """The deployed pipelines, by name."""
         return sorted((d for d in self._documents.values() if d.deployed), key=lambda d: d.name)
 
-    def restore(self, document: PipelineDocument) -> None:
-        """Take a retained document read back after a restart.
+    def restore(self, document: PipelineDocument) -> CanonicalSpec | None:
+        """Take a retained document (read back after a restart, or followed by a worker).
+
+        Returns the validated spec when ``document`` is a deployed version newer than the
+        one known (None: a tombstone, or not newer, which changes nothing).
 
         Raises:
             ControlError: its spec is no longer valid or does not match its hash
@@ -54,7 +57,8 @@ class Registry:
         """
         current = self._documents.get(document.name)
         if current is not None and current.version >= document.version:
-            return
+            return None
+        canonical = None
         if document.spec is not None:
             try:
                 canonical = canonicalize(document.spec)
@@ -73,6 +77,7 @@ class Registry:
                     reason="invalid_document",
                 )
         self._documents[document.name] = document
+        return canonical
 
     def _keep_version(self, document: PipelineDocument) -> None:
         self._documents[document.name] = PipelineDocument(

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from shoal.broker.session import Message, Session, SessionFactory, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock
-from shoal.control.messages import Marker, PipelineDocument, Request, Result
+from shoal.control.follower import DocumentFollower
+from shoal.control.messages import Marker, Request, Result
 from shoal.control.registry import Registry, refuse_unreadable
 from shoal.errors import ControlError
 from shoal.schemas.topics import Topics, topic_matches
@@ -93,6 +94,7 @@ class ControlPlane:
         self.session_factory = session_factory
         self.instance = instance or unique_client_id("shoal-control")
         self.registry = Registry()
+        self._follower = DocumentFollower(topics, self.registry)
         self.counters = ControlCounters()
         self.ready = asyncio.Event()
         self._marker = Marker.on(topics.control(self.instance), os.urandom(8).hex())
@@ -136,24 +138,16 @@ class ControlPlane:
             self.ready.set()
         elif topic_matches(self.topics.pipeline_requests(), message.topic):
             waiting.append(message)
-        elif topic_matches(self.topics.pipeline_documents(), message.topic) and message.payload:
+        elif self._follower.is_document(message.topic) and message.payload:
             self._restore(message)
 
     def _restore(self, message: Message) -> None:
-        try:
-            document = PipelineDocument.from_json(message.payload)
-            failed = self.topics.pipeline_document(document.name) != message.topic
-            if not failed:
-                self.registry.restore(document)
-        except ControlError as exc:
-            failed, why = True, str(exc)
-        else:
-            why = f"the document of {document.name!r} is on the wrong topic"
-        if failed:
+        invalid = self._follower.invalid
+        self._follower.take(message)  # validates it into self.registry, or counts and logs
+        if self._follower.invalid > invalid:
             self.counters.invalid_documents += 1
-            log.error("cannot restore %s: %s", message.topic, why)
-            return
-        self.counters.restored += 1
+        else:
+            self.counters.restored += 1
 
     async def _answer(self, session: Session, message: Message) -> None:
         client = message.topic.rsplit("/", 1)[-1]

@@ -1,7 +1,10 @@
-"""The worker: a member of the pipeline's shared subscription that turns batches into partials.
+"""The worker: a member of pipelines' shared subscriptions that turns batches into partials.
 
-Composition root (imported by the CLI and tests only). The one function that acknowledges
-input is ``Worker._handle``; its order is the delivery guarantee:
+Composition root (imported by the CLI and tests only). A worker serves one pipeline
+(``WorkerConfig.spec``: ``shoal worker --pipeline FILE``) or, in the pool, every deployed
+one (``spec`` None: ``shoal.runtime.pool``); the difference is its ``Routes``. Per batch,
+``BatchHandler.handle`` (``runtime/_batches.py``) does steps 1-3 and ``Worker._ack_in_order``
+step 4; this order is the delivery guarantee:
 
 1. decode the batch strictly (a refused batch becomes a dead letter: raw payload + reason);
 2. compute the partials for every combiner partition in one vectorised pass (a refused batch
@@ -18,10 +21,9 @@ Up to ``receive_maximum`` batches are in flight; acknowledgements leave in arriv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import orjson
@@ -31,14 +33,16 @@ from shoal.broker import default_session_factory
 from shoal.broker.session import Message, Session, SessionFactory, Will, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
-from shoal.errors import BrokerError, InputError
-from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
-from shoal.processors.results import DEADLETTER_HEADROOM, deadletter_message
+from shoal.errors import BrokerError
 from shoal.processors.spec import PipelineSpec
+from shoal.runtime._batches import BatchHandler, WorkerCounters, WorkerStats
+from shoal.runtime._routes import PinnedRoutes, Routes
 from shoal.runtime._tasks import supervised
 from shoal.runtime.latency import LatencyHistogram
-from shoal.schemas import Batch, decode_batch, peek_envelope
+from shoal.runtime.pool import PoolRoutes
 from shoal.schemas.topics import Topics
+
+__all__ = ["Worker", "WorkerConfig", "WorkerCounters"]
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +52,7 @@ class WorkerConfig:
     """How one worker runs.
 
     Attributes:
-        spec: the pipeline.
+        spec: the pipeline; None: join the pool and serve every deployed pipeline.
         broker: where the broker is.
         topics: topic namespace.
         worker_id: unique per live worker (also its MQTT client id); generated if empty.
@@ -57,27 +61,13 @@ class WorkerConfig:
         reconnect_delay_s: pause before reconnecting after a lost connection.
     """
 
-    spec: PipelineSpec
+    spec: PipelineSpec | None
     broker: BrokerSettings
     topics: Topics = field(default_factory=Topics)
     worker_id: str = ""
     receive_maximum: int = 8
     heartbeat_ms: int = 1_000
     reconnect_delay_s: float = 0.5
-
-
-@dataclass
-class WorkerCounters:
-    """What one worker has done since it started."""
-
-    batches: int = 0
-    rows: int = 0
-    rows_clamped: int = 0
-    """Rows whose timestamps lay beyond ``max_future_ms`` and were clamped (``on_future``)."""
-    deadletters: int = 0
-    partials: int = 0
-    busy_s: float = 0.0
-    reconnects: int = 0
 
 
 class Worker:
@@ -96,19 +86,34 @@ class Worker:
         self.config = config
         self.clock = clock or SystemClock()
         self._connect = session_factory or default_session_factory()
-        self.worker_id = config.worker_id or unique_client_id(f"shoal-worker-{config.spec.name}")
-        self.builder = PartialBuilder(config.spec, self.worker_id)
-        self.counters = WorkerCounters()
+        spec = config.spec
+        prefix = "shoal-worker-pool" if spec is None else f"shoal-worker-{spec.name}"
+        self.worker_id = config.worker_id or unique_client_id(prefix)
+        self.stats = WorkerStats()
+        self.counters = self.stats.counters
         self.started_at = self.clock.monotonic()
+        self._control_topic = config.topics.control(self.worker_id)
+        self._beat_now = asyncio.Event()
+        self.routes: Routes = (
+            PoolRoutes(
+                config.topics,
+                self.worker_id,
+                self.stats,
+                self.clock,
+                self._control_topic,
+                on_change=self._beat_now.set,
+            )
+            if spec is None
+            else PinnedRoutes(
+                BatchHandler(spec, config.topics, self.worker_id, self.stats, self.clock)
+            )
+        )
         self._stop = asyncio.Event()
         self._finished = asyncio.Event()
         self._drain_requested = asyncio.Event()
         self._drained = asyncio.Event()
         self._state = "running"
         self._marker_token = os.urandom(8).hex()
-        self._control_topic = config.topics.control(self.worker_id)
-        self._recent: deque[tuple[float, int, float]] = deque(maxlen=64)
-        self.handle_latency = LatencyHistogram()  # per batch: decode + partials + publish
         self._process = psutil.Process()
         # (when, CPU seconds, batches, rows) at the last heartbeat; the first one measures
         # from here, not from the start of the process (imports are not work).
@@ -127,8 +132,6 @@ class Worker:
     async def run(self) -> None:
         """Connect, subscribe, process until ``stop``; reconnect after broker failures."""
         topics = self.config.topics
-        spec = self.config.spec
-        filters = [topics.shared(spec.name, topics.under_root(f)) for f in spec.inputs]
         while not self._stop.is_set() and not self._drained.is_set():
             session = self._connect(
                 self.config.broker,
@@ -145,9 +148,9 @@ class Worker:
             try:
                 async with session:
                     # Mosquitto does not restore $share subscriptions: subscribe on every connect.
-                    await session.subscribe(filters, qos=1)
                     await session.subscribe([topics.control(self.worker_id)], qos=1)
-                    await self._serve(session, filters)
+                    await self.routes.join(session)
+                    await self._serve(session)
                 if self._drained.is_set():
                     break
             except BrokerError as exc:
@@ -157,21 +160,21 @@ class Worker:
                 log.warning("worker %s: %s; reconnecting", self.worker_id, exc)
                 await asyncio.sleep(self.config.reconnect_delay_s)
 
-    async def _serve(self, session: Session, filters: list[str]) -> None:
+    async def _serve(self, session: Session) -> None:
         inflight: asyncio.Queue[tuple[Message, list[asyncio.Future[None]]] | None] = asyncio.Queue()
         done = asyncio.Event()
         async with supervised(
             self._finished,
             self._ack_in_order(session, inflight, done),
             self._heartbeat(session),
-            self._drain_when_asked(session, filters),
+            self._drain_when_asked(session),
         ) as ending:
             async for message in session.messages_until(ending):
                 if message.topic == self._control_topic:
                     self._on_control(message)
                     await inflight.put((message, []))  # control messages are acked in order too
                     continue
-                await inflight.put((message, self._handle(session, message)))
+                await inflight.put((message, await self.routes.route(session, message)))
             # Acknowledge what we hold before leaving (the acker sets `done` even if it fails).
             await inflight.put(None)
             await done.wait()
@@ -182,10 +185,11 @@ class Worker:
         """Leave the group without losing anything (see ``_drain_when_asked``)."""
         self._drain_requested.set()
 
-    async def _drain_when_asked(self, session: Session, filters: list[str]) -> None:
+    async def _drain_when_asked(self, session: Session) -> None:
         """Scale-down without loss: stop new routing, flush the queue, then leave.
 
-        1. UNSUBSCRIBE from the shared filters: the broker routes no new batches to us;
+        1. UNSUBSCRIBE from the shared filters (every pipeline's, in the pool): the broker
+           routes no new batches to us;
         2. publish a marker to our own control topic: it is queued behind every batch the
            broker had already queued for us (UNSUBSCRIBE does not flush that queue);
         3. keep processing until the marker comes back, then acknowledge what we hold
@@ -194,7 +198,7 @@ class Worker:
         await self._drain_requested.wait()
         self._state = "draining"
         log.info("worker %s: draining", self.worker_id)
-        await session.unsubscribe(filters)
+        await self.routes.leave(session)
         await session.publish(
             self._control_topic, orjson.dumps({"cmd": "marker", "token": self._marker_token})
         )
@@ -211,133 +215,14 @@ class Worker:
         if command == "drain":
             self.drain()
         elif command == "reset_stats":  # benchmarks measure steady state, not the warm-up
-            self.handle_latency = LatencyHistogram()
+            self.stats.handle_latency = LatencyHistogram()
         elif command == "marker" and body.get("token") == self._marker_token:
             log.info("worker %s: drained", self.worker_id)
             self._drained.set()
+        elif command == "marker" and self.routes.marker_back(str(body.get("token"))):
+            return
         else:
             log.warning("worker %s: unknown control message %r", self.worker_id, body)
-
-    def _handle(self, session: Session, message: Message) -> list[asyncio.Future[None]]:
-        """Decode, compute, start publishing; returns the PUBACK futures to wait for."""
-        started = self.clock.monotonic()
-        cpu_started = time.process_time()
-        now = self.clock.now_ms()
-        spec = self.config.spec
-        futures: list[asyncio.Future[None]] = []
-        partials: list[Partial]
-        try:
-            batch, info = self._decode(message, now)
-            partials = self.builder.build_batch(batch, info, now)
-            self.counters.batches += 1
-            self.counters.rows += batch.rows
-            self.counters.rows_clamped += batch.clamped
-        except InputError as exc:
-            partials = self._refuse(session, message, exc, now=now, futures=futures)
-        futures.extend(
-            session.publish_started(
-                self.config.topics.partials(spec.name, partial.partition), partial.encode()
-            )
-            for partial in partials
-        )
-        self.counters.partials += len(partials)
-        elapsed = self.clock.monotonic() - started
-        self.counters.busy_s += elapsed
-        rows = partials[0].batch.rows if partials else 0
-        # Capacity counts CPU time, not wall time: on a crowded machine a worker waits for a
-        # core, and that says nothing about what one more worker with its own core would do.
-        self._recent.append((self.clock.monotonic(), rows, time.process_time() - cpu_started))
-        self.handle_latency.add(elapsed * 1000.0)
-        return futures
-
-    def _decode(self, message: Message, now: int) -> tuple[Batch, BatchInfo]:
-        """The batch's frame and identity, or an ``InputError`` saying why not."""
-        route = self.config.topics.ingest_gateway(message.topic)
-        if route is None:
-            raise InputError(
-                f"message on {message.topic!r}, which is not an ingest topic", reason="bad_topic"
-            )
-        stream, gateway_id = route
-        batch = decode_batch(
-            message.payload,
-            content_type=message.content_type,
-            limits=self.config.spec.limits,
-            now_ms=now,
-            payload_format=message.payload_format,
-        )
-        if batch.envelope.gateway_id != gateway_id:
-            raise InputError(
-                "the batch names another gateway than its topic",
-                reason="gateway_mismatch",
-                field="gateway_id",
-                expected=gateway_id,
-                found=batch.envelope.gateway_id,
-            )
-        info = BatchInfo(
-            gateway_id=gateway_id,
-            seq=batch.envelope.seq,
-            stream=stream,
-            rows=batch.rows,
-            min_ts=None,
-            max_ts=None,
-            sent_at_ms=batch.envelope.sent_at_ms,
-            received_at_ms=now,
-            worker=self.worker_id,
-        )
-        return batch, info
-
-    def _refuse(
-        self,
-        session: Session,
-        message: Message,
-        exc: InputError,
-        *,
-        now: int,
-        futures: list[asyncio.Future[None]],
-    ) -> list[Partial]:
-        """Dead-letter a refused message; mark its batch handled if we can name it."""
-        self.counters.deadletters += 1
-        spec = self.config.spec
-        log.info("worker %s: dead-lettering %s: %s", self.worker_id, message.topic, exc)
-        record = deadletter_message(
-            pipeline=spec.name,
-            topic=message.topic,
-            content_type=message.content_type,
-            payload=message.payload,
-            error=exc.as_record(),
-            worker=self.worker_id,
-            at_ms=now,
-            max_bytes=None
-            if session.max_packet_size is None
-            else session.max_packet_size - DEADLETTER_HEADROOM,
-        )
-        futures.append(
-            session.publish_started(
-                self.config.topics.deadletter(spec.name),
-                record,
-                user_properties=[("reason", exc.reason), ("code", exc.code)],
-            )
-        )
-        route = self.config.topics.ingest_gateway(message.topic)
-        if route is None or exc.reason == "gateway_mismatch":
-            return []  # no trustworthy (gateway, seq): nothing to mark as handled
-        named = peek_envelope(message.payload, spec.limits)
-        if named is None or named[0] != route[1]:
-            return []
-        info = BatchInfo(
-            gateway_id=named[0],
-            seq=named[1],
-            stream=route[0],
-            rows=0,
-            min_ts=None,
-            max_ts=None,
-            sent_at_ms=0,
-            received_at_ms=now,
-            worker=self.worker_id,
-            status="rejected",
-            reason=exc.reason,
-        )
-        return self.builder.rejected(info, now)
 
     async def _ack_in_order(
         self,
@@ -356,8 +241,9 @@ class Worker:
 
     def capacity_rows_per_s(self) -> float | None:
         """Rows this worker processes per CPU second of handling (recent batches)."""
-        busy = sum(e for _, _, e in self._recent)
-        rows = sum(r for _, r, _ in self._recent)
+        recent = self.stats.recent
+        busy = sum(e for _, _, e in recent)
+        rows = sum(r for _, r, _ in recent)
         return rows / busy if busy > 0 and rows else None
 
     def metrics(self) -> dict[str, object]:
@@ -372,7 +258,7 @@ class Worker:
         return {
             "component": "worker",
             "id": self.worker_id,
-            "pipeline": self.config.spec.name,
+            **self.routes.describe(),
             "state": "stopping" if self._stop.is_set() else self._state,
             "at": self.clock.now_ms(),
             "uptime_s": round(uptime, 3),
@@ -387,8 +273,9 @@ class Worker:
             "batches_per_s": round((self.counters.batches - last[2]) / window, 3),
             "rows_per_s": round((self.counters.rows - last[3]) / window, 1),
             "capacity_rows_per_s": self.capacity_rows_per_s(),
-            "handle_ms": self.handle_latency.summary(),
+            "handle_ms": self.stats.handle_latency.summary(),
             "reconnects": self.counters.reconnects,
+            "unrouted": self.counters.unrouted,
         }
 
     async def _heartbeat(self, session: Session) -> None:
@@ -398,4 +285,8 @@ class Worker:
                 await session.publish(topic, orjson.dumps(self.metrics()), qos=0)
             except BrokerError:
                 return
-            await asyncio.sleep(self.config.heartbeat_ms / 1000)
+            self._beat_now.clear()
+            # Next beat after heartbeat_ms, or at once when what the worker serves changed
+            # (`shoal pipeline deploy` waits for that beat).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._beat_now.wait(), self.config.heartbeat_ms / 1000)

@@ -51,7 +51,8 @@ class Snapshot:
         at_ms: clock time of the snapshot.
         rows_in_per_s: measurements sealed by gateways per second (recent).
         rows_out_per_s: measurements applied by combiners per second (recent).
-        workers: live workers (heartbeat within the timeout), by id.
+        workers: live workers (heartbeat within the timeout), by id: pinned to this
+            pipeline, or pool workers whose ``serving`` lists it.
         lag: per-gateway lag.
         lag_batches: total batches published but not confirmed.
         lag_rows: total measurements in them.
@@ -184,7 +185,10 @@ class PipelineMonitor:
         if component == "worker":
             if body.get("state") == "gone":
                 self.workers.pop(str(body.get("id")), None)
-            elif body.get("pipeline") == self.spec.name:
+            elif body.get("pipeline") == self.spec.name or self.spec.name in (
+                body.get("serving") or {}
+            ):
+                # A pool worker serving this pipeline (among others) counts as one of its own.
                 self.workers[str(body["id"])] = (self.clock.now_ms(), body)
         elif component == "combiner" and body.get("pipeline") == self.spec.name:
             self.combiners[int(body["partition"])] = body

@@ -60,6 +60,15 @@ def test_every_rule_covers_the_topics_the_components_use() -> None:
     assert allowed(Role.worker("p"), "write", ROOT.deadletter("p"))
     assert allowed(Role.worker("p"), "read", ROOT.control("shoal-worker-p-host-1-0-ab12"))
     assert not allowed(Role.worker("p"), "write", ROOT.partials("q", 0))
+    assert not allowed(Role.worker("p"), "read", ROOT.pipeline_document("p"))
+    pool = Role.worker(None)  # the pool: every pipeline, and the documents that name them
+    assert allowed(pool, "write", ROOT.partials("q", 5))
+    assert allowed(pool, "write", ROOT.deadletter("q"))
+    assert allowed(pool, "read", ROOT.pipeline_document("q"))
+    assert allowed(pool, "read", ROOT.ingest("plant", "gw"))
+    assert not allowed(pool, "write", ROOT.pipeline_document("q"))
+    assert not allowed(pool, "read", ROOT.pipeline_request("admin-1"))
+    assert not allowed(pool, "write", ROOT.results("q"))
     assert allowed(Role.combiner("p"), "read", ROOT.partials("p", 3))
     assert allowed(Role.combiner("p"), "write", ROOT.confirm("gw", "p", 3))
     assert allowed(Role.combiner("p"), "write", ROOT.result_key("p", "a key"))
@@ -84,6 +93,7 @@ def test_no_root_means_top_level_topics() -> None:
         ("gateway", Role.gateway()),
         ("gateway:a,b", Role.gateway("a", "b")),
         ("worker:p", Role.worker("p")),
+        ("worker", Role.worker(None)),
         ("combiner:p", Role.combiner("p")),
         ("dashboard", Role.dashboard()),
         ("dashboard:p", Role.dashboard("p")),
@@ -96,7 +106,7 @@ def test_parse_roles(text: str, role: Role) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["worker", "combiner:", "root", "admin:x", "control:x", "worker:a/b", "dashboard:+"]
+    "text", ["combiner", "combiner:", "root", "admin:x", "control:x", "worker:a/b", "dashboard:+"]
 )
 def test_bad_roles_are_config_errors(text: str) -> None:
     with pytest.raises(ConfigError):

@@ -154,6 +154,16 @@ def test_workers_are_live_until_their_heartbeat_times_out_or_they_say_goodbye() 
     assert monitor.snapshot().workers == ()
 
 
+def test_pool_workers_serving_the_pipeline_count_as_its_workers() -> None:
+    monitor = PipelineMonitor(spec(), T, FakeClock())
+    pool = {"component": "worker", "pipeline": None}
+    monitor.on_message(metrics({**pool, "id": "pool-1", "serving": {"p": 3, "q": 1}}))
+    monitor.on_message(metrics({**pool, "id": "pool-2", "serving": {"q": 1}}))
+    snap = monitor.snapshot()
+    assert snap.workers == ("pool-1",)
+    assert snap.worker_metrics["pool-1"]["serving"] == {"p": 3, "q": 1}
+
+
 def test_malformed_messages_are_ignored() -> None:
     monitor = PipelineMonitor(spec(), T, FakeClock())
     for topic in (T.gateway_status("g"), T.confirm("g", "p", 0), T.results("p"), T.late("p")):

@@ -171,7 +171,7 @@ def test_contract_json_examples_are_the_goldens_they_name() -> None:
 
 def test_dead_letter_reasons_of_the_worker_are_documented() -> None:
     # The codec's reasons are in §8's table (test_wire_contract_doc.py); a worker adds its own.
-    source = (ROOT / "src" / "shoal" / "runtime" / "worker.py").read_text("utf-8")
+    source = (ROOT / "src" / "shoal" / "runtime" / "_batches.py").read_text("utf-8")
     section = CONTRACT[CONTRACT.index("## 18.") : CONTRACT.index("## 19.")]
     found = set(re.findall(r'reason="([a-z_]+)"', source))
     for reason in found | {"bad_topic", "gateway_mismatch"}:

@@ -161,7 +161,7 @@ def test_every_code_the_decoder_gives_is_in_the_table_and_the_other_way_round() 
     reasons = source_reasons()
     # bad_json and bad_msgpack are families only: every refusal of theirs has a finer code.
     worker = set(
-        re.findall(r'reason="([a-z_]+)"', (ROOT / "src/shoal/runtime/worker.py").read_text())
+        re.findall(r'reason="([a-z_]+)"', (ROOT / "src/shoal/runtime/_batches.py").read_text())
     )
     codes = (reasons - {"bad_json", "bad_msgpack"}) | JSON_CODES | MSGPACK_CODES | worker
     assert codes == table_codes()

@@ -1,0 +1,202 @@
+"""One pipeline's batch handling in a worker: decode → partials → start publishing them.
+
+Shared by the pinned worker (one pipeline) and the pool worker (every deployed pipeline):
+``BatchHandler.handle`` is steps 1-3 of the ack order written down in
+``shoal.runtime.worker``; the worker's acker waits for the PUBACK futures it returns and
+only then acknowledges the input (step 4). A handler holds no task, thread or connection,
+so a pool worker serving many pipelines holds many small handlers over one session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from shoal.broker.session import Message, Session
+from shoal.clock import Clock
+from shoal.errors import InputError
+from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
+from shoal.processors.results import DEADLETTER_HEADROOM, deadletter_message
+from shoal.processors.spec import PipelineSpec
+from shoal.runtime.latency import LatencyHistogram
+from shoal.schemas import Batch, decode_batch, peek_envelope
+from shoal.schemas.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerCounters:
+    """What one worker has done since it started (over every pipeline it serves)."""
+
+    batches: int = 0
+    rows: int = 0
+    rows_clamped: int = 0
+    """Rows whose timestamps lay beyond ``max_future_ms`` and were clamped (``on_future``)."""
+    deadletters: int = 0
+    partials: int = 0
+    busy_s: float = 0.0
+    reconnects: int = 0
+    unrouted: int = 0
+    """Deliveries no served pipeline claimed (acknowledged and logged; should stay 0)."""
+
+
+@dataclass
+class WorkerStats:
+    """Counters and recent timings one worker's handlers add to (its heartbeat reads them)."""
+
+    counters: WorkerCounters = field(default_factory=WorkerCounters)
+    handle_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    recent: deque[tuple[float, int, float]] = field(default_factory=lambda: deque(maxlen=64))
+    """(when, rows, CPU seconds) of recent batches: the capacity estimate."""
+
+
+class BatchHandler:
+    """Turns one pipeline's input messages into published partials (or a dead letter).
+
+    Args:
+        spec: the pipeline (one version of it).
+        topics: topic namespace.
+        worker_id: stamped on partials and dead letters.
+        stats: where counters and timings go (shared by a worker's handlers).
+        clock: the worker's clock.
+    """
+
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        topics: Topics,
+        worker_id: str,
+        stats: WorkerStats,
+        clock: Clock,
+    ) -> None:
+        self.spec = spec
+        self.topics = topics
+        self.worker_id = worker_id
+        self.stats = stats
+        self.clock = clock
+        self.builder = PartialBuilder(spec, worker_id)
+
+    def handle(self, session: Session, message: Message) -> list[asyncio.Future[None]]:
+        """Decode, compute, start publishing; returns the PUBACK futures to wait for."""
+        counters = self.stats.counters
+        started = self.clock.monotonic()
+        cpu_started = time.process_time()
+        now = self.clock.now_ms()
+        futures: list[asyncio.Future[None]] = []
+        partials: list[Partial]
+        try:
+            batch, info = self._decode(message, now)
+            partials = self.builder.build_batch(batch, info, now)
+            counters.batches += 1
+            counters.rows += batch.rows
+            counters.rows_clamped += batch.clamped
+        except InputError as exc:
+            partials = self._refuse(session, message, exc, now=now, futures=futures)
+        futures.extend(
+            session.publish_started(
+                self.topics.partials(self.spec.name, partial.partition), partial.encode()
+            )
+            for partial in partials
+        )
+        counters.partials += len(partials)
+        elapsed = self.clock.monotonic() - started
+        counters.busy_s += elapsed
+        rows = partials[0].batch.rows if partials else 0
+        # Capacity counts CPU time, not wall time: on a crowded machine a worker waits for a
+        # core, and that says nothing about what one more worker with its own core would do.
+        self.stats.recent.append((self.clock.monotonic(), rows, time.process_time() - cpu_started))
+        self.stats.handle_latency.add(elapsed * 1000.0)
+        return futures
+
+    def _decode(self, message: Message, now: int) -> tuple[Batch, BatchInfo]:
+        """The batch's frame and identity, or an ``InputError`` saying why not."""
+        route = self.topics.ingest_gateway(message.topic)
+        if route is None:
+            raise InputError(
+                f"message on {message.topic!r}, which is not an ingest topic", reason="bad_topic"
+            )
+        stream, gateway_id = route
+        batch = decode_batch(
+            message.payload,
+            content_type=message.content_type,
+            limits=self.spec.limits,
+            now_ms=now,
+            payload_format=message.payload_format,
+        )
+        if batch.envelope.gateway_id != gateway_id:
+            raise InputError(
+                "the batch names another gateway than its topic",
+                reason="gateway_mismatch",
+                field="gateway_id",
+                expected=gateway_id,
+                found=batch.envelope.gateway_id,
+            )
+        info = BatchInfo(
+            gateway_id=gateway_id,
+            seq=batch.envelope.seq,
+            stream=stream,
+            rows=batch.rows,
+            min_ts=None,
+            max_ts=None,
+            sent_at_ms=batch.envelope.sent_at_ms,
+            received_at_ms=now,
+            worker=self.worker_id,
+        )
+        return batch, info
+
+    def _refuse(
+        self,
+        session: Session,
+        message: Message,
+        exc: InputError,
+        *,
+        now: int,
+        futures: list[asyncio.Future[None]],
+    ) -> list[Partial]:
+        """Dead-letter a refused message; mark its batch handled if we can name it."""
+        self.stats.counters.deadletters += 1
+        spec = self.spec
+        log.info("worker %s: dead-lettering %s: %s", self.worker_id, message.topic, exc)
+        record = deadletter_message(
+            pipeline=spec.name,
+            topic=message.topic,
+            content_type=message.content_type,
+            payload=message.payload,
+            error=exc.as_record(),
+            worker=self.worker_id,
+            at_ms=now,
+            max_bytes=None
+            if session.max_packet_size is None
+            else session.max_packet_size - DEADLETTER_HEADROOM,
+        )
+        futures.append(
+            session.publish_started(
+                self.topics.deadletter(spec.name),
+                record,
+                user_properties=[("reason", exc.reason), ("code", exc.code)],
+            )
+        )
+        route = self.topics.ingest_gateway(message.topic)
+        if route is None or exc.reason == "gateway_mismatch":
+            return []  # no trustworthy (gateway, seq): nothing to mark as handled
+        named = peek_envelope(message.payload, spec.limits)
+        if named is None or named[0] != route[1]:
+            return []
+        info = BatchInfo(
+            gateway_id=named[0],
+            seq=named[1],
+            stream=route[0],
+            rows=0,
+            min_ts=None,
+            max_ts=None,
+            sent_at_ms=0,
+            received_at_ms=now,
+            worker=self.worker_id,
+            status="rejected",
+            reason=exc.reason,
+        )
+        return self.builder.rejected(info, now)

@@ -1,0 +1,62 @@
+"""Which pipelines a worker serves, and which of their handlers a delivery goes to.
+
+A worker holds one ``Routes``: ``PinnedRoutes`` for ``shoal worker --pipeline FILE`` (one
+pipeline, fixed) or ``shoal.runtime.pool.PoolRoutes`` (every deployed pipeline, followed
+at run time). The worker's loop, acker, heartbeat and drain are the same for both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from shoal.broker.session import Message, Session
+from shoal.runtime._batches import BatchHandler
+
+
+class Routes(Protocol):
+    """What a worker asks of the pipelines it serves."""
+
+    async def join(self, session: Session) -> None:
+        """Subscribe to everything served (on every connect: ``$share`` is not restored)."""
+
+    async def leave(self, session: Session) -> None:
+        """Unsubscribe from every input (draining: the broker routes nothing new to us)."""
+
+    async def route(self, session: Session, message: Message) -> list[asyncio.Future[None]]:
+        """Handle one delivery; the PUBACK futures to wait for before acknowledging it."""
+
+    def marker_back(self, token: str) -> bool:
+        """A marker the routes sent to the worker's control topic came back (True: theirs)."""
+
+    def describe(self) -> dict[str, object]:
+        """Heartbeat keys: ``pipeline`` and, for a pool, ``serving``."""
+
+
+class PinnedRoutes:
+    """One pipeline, fixed at start (``shoal worker --pipeline FILE``)."""
+
+    def __init__(self, handler: BatchHandler) -> None:
+        self.handler = handler
+        topics, spec = handler.topics, handler.spec
+        self.filters = [topics.shared(spec.name, topics.under_root(f)) for f in spec.inputs]
+
+    async def join(self, session: Session) -> None:
+        """Join the pipeline's shared subscription."""
+        await session.subscribe(self.filters, qos=1)
+
+    async def leave(self, session: Session) -> None:
+        """Leave it."""
+        await session.unsubscribe(self.filters)
+
+    async def route(self, session: Session, message: Message) -> list[asyncio.Future[None]]:
+        """Every delivery is the pipeline's."""
+        return self.handler.handle(session, message)
+
+    def marker_back(self, token: str) -> bool:  # noqa: ARG002 - sends no markers of its own
+        """None are ours."""
+        return False
+
+    def describe(self) -> dict[str, object]:
+        """The pipeline's name."""
+        return {"pipeline": self.handler.spec.name}

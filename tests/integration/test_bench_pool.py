@@ -1,0 +1,31 @@
+"""`shoal bench pool` for real, small: a pool worker process serves every step's pipelines.
+
+No assertion on the figures beyond their being measured: memory is what the command reports.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import assert_ran, run_shoal
+
+pytestmark = pytest.mark.broker
+
+
+def test_pool_command_serves_every_step_and_reports_memory(tmp_path: Path) -> None:
+    out = tmp_path / "pool.json"
+    result = run_shoal("bench", "pool", "--counts", "1,6", "--json", str(out), timeout=120)
+    assert_ran(result)
+    assert "KB/pipeline" in result.stdout
+    steps = json.loads(out.read_text())["steps"]
+    assert [s["pipelines"] for s in steps] == [1, 6]
+    assert all(s["rss_mb"] > 10 for s in steps)
+
+
+def test_pool_command_refuses_bad_counts() -> None:
+    result = run_shoal("bench", "pool", "--counts", "1,x", timeout=60)
+    assert result.returncode != 0
+    assert "--counts" in result.stderr
