@@ -28,10 +28,12 @@ def golden(name: str) -> dict[str, Any]:
 
 def write(sink: PostgresSink, *bodies: dict[str, Any] | bytes) -> None:
     async def go() -> None:
-        for body in bodies:
-            payload = body if isinstance(body, bytes) else orjson.dumps(body)
-            await sink.handle(Message("results/x", payload, qos=1))
-        await sink.close()
+        try:
+            for body in bodies:
+                payload = body if isinstance(body, bytes) else orjson.dumps(body)
+                await sink.handle(Message("results/x", payload, qos=1))
+        finally:
+            await sink.close()
 
     asyncio.run(go())
 
