@@ -20,7 +20,10 @@ windows, 1 s lateness):
   results and retained documents;
 * the same data through ``temps`` with ``allowed_lateness_ms`` (``TEMPS_CORRECTED``): seq 2's
   row is within the allowance, folds into the closed window and makes a correction
-  (revision 2).
+  (revision 2);
+* the same first two batches through ``counts`` (``COUNTS``: count windows of 2 rows per key):
+  the partial carries rows, and t1's first window (rows at T0 and T0 + 250 ms) closes once
+  the threshold passes them; a flush then emits the unfinished windows.
 
 Only the heartbeats' process-dependent figures (uptime, CPU, rates over wall time) are set
 to fixed values after ``metrics()`` returns; every other byte is the code's.
@@ -89,6 +92,16 @@ BY_UNIT: Final = parse_pipeline(
         "aggregates": ["count", "mean"],
     }
 )
+COUNTS: Final = parse_pipeline(
+    {
+        "name": "counts",
+        "windows": [{"kind": "count", "n": 2}],
+        "aggregates": ["count", "mean", "min", "max", "first", "last", "p50"],
+        "lateness_ms": 1_000,
+        "output_encodings": ["json", "msgpack"],
+    }
+)
+"""Count windows: every 2 rows of a key in event order."""
 MISMATCH: Final = InputError(
     "the batch names another gateway than its topic",
     reason="gateway_mismatch",
@@ -132,6 +145,11 @@ NOTES: Final = {
     "pipeline-result-unreadable": "refused: a request that is not JSON (no id to carry back)",
     "pipeline-document": "the retained registry entry of temps: version, hash, canonical spec",
     "pipeline-document-deleted": "after delete: a tombstone keeps the version number",
+    "partial-count": "internal: count windows ship a batch's rows (events), not state",
+    "result-window-count": "count windows completed in one close step: index, first/last ts",
+    "result-window-columnar-count": "the same count windows in MsgPack",
+    "result-key-count": "the latest count window of one key (retained)",
+    "result-window-count-flush": "a flush: unfinished count windows leave with rows < n",
 }
 """Every golden case by name, with what it shows (``manifest.json``'s notes)."""
 
@@ -320,6 +338,31 @@ def _corrections(s: _Scenario) -> None:
     _emit(s, spec, core, corrected, "-correction")
 
 
+def _counts(s: _Scenario) -> None:
+    """Seq 0 and 1 of gw-01 through count windows of 2 rows; then a flush."""
+    spec = COUNTS
+    builder = PartialBuilder(spec, WORKER_ID)
+    core = Combiner(spec, 0, s.clock)
+    core.receive_status(_status("gw-01", 2, s.clock.now_ms()))
+    seq0, seq1 = _first_window()
+    partials, _ = _work(s, spec, builder, "gw-01", seq0)
+    s.add("partial-count", "partial", TOPICS.partials(spec.name, 0), partials[0].encode())
+    closed = _combine(s, core, partials)
+    s.clock.advance(100)
+    closed += _combine(s, core, _work(s, spec, builder, "gw-01", seq1)[0])
+    _emit(s, spec, core, closed, "-count")
+    s.clock.advance(100)
+    flushed = core.flush()
+    ctx = Emission(spec.name, 0, spec.partitions, core.closed_through, s.clock.now_ms())
+    (result,) = split_windows(flushed.frame)
+    s.add(
+        "result-window-count-flush",
+        "result-window",
+        TOPICS.results(spec.name),
+        window_json(result, ctx),
+    )
+
+
 def _deadletters(s: _Scenario) -> None:
     builder = PartialBuilder(TEMPS, WORKER_ID)
     _, dead = _work(s, TEMPS, builder, "gw-01", b"\x00garbage")
@@ -477,4 +520,5 @@ def output_cases() -> list[OutputCase]:
     _metrics(s, runtime)
     _pipelines(s)
     _corrections(s)
+    _counts(s)
     return s.cases

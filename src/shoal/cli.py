@@ -23,6 +23,7 @@ COMMANDS: Final = (
     "combiner",
     "scaler",
     "simulate",
+    "adapt",
     "tail",
     "status",
     "archive",

@@ -7,6 +7,11 @@ are polars' exact ones. Lateness follows the documented rule: a
 row of gateway g's batch s is late when its window ended at least ``lateness_ms +
 allowed_lateness_ms`` before the largest event time in g's batches with a smaller seq. Rows
 within the allowed lateness count: the oracle is the final (latest) revision of each window.
+
+Count windows (``expected_count_results``): each row is judged for lateness as the 1 ms window
+at its time (its kind's ``with_window_starts``); the on-time rows of each key, sorted by
+(ts, gateway, seq, row), are numbered, and rows ``k*n .. k*n + n - 1`` are window ``k``
+(the kind's ``with_count_index``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import polars as pl
 
 from shoal.processors.aggregates import AGGREGATES
 from shoal.processors.spec import PipelineSpec
-from shoal.processors.windows import kind_of
+from shoal.processors.windows import COUNT, kind_of
 
 
 def late_flags(rows: pl.DataFrame, spec: PipelineSpec) -> pl.DataFrame:
@@ -45,10 +50,7 @@ def late_flags(rows: pl.DataFrame, spec: PipelineSpec) -> pl.DataFrame:
     )
 
 
-def expected_results(rows: pl.DataFrame, spec: PipelineSpec) -> tuple[pl.DataFrame, int]:
-    """(results per window/start/key, number of late (row, window) pairs)."""
-    flagged = late_flags(rows, spec)
-    on_time = flagged.filter(~pl.col("late"))
+def _aggregates(spec: PipelineSpec) -> list[pl.Expr]:
     aggs: list[pl.Expr] = [
         pl.len().cast(pl.Int64).alias("rows"),
         pl.struct("gateway_id", "seq").n_unique().cast(pl.Int64).alias("batches"),
@@ -58,7 +60,47 @@ def expected_results(rows: pl.DataFrame, spec: PipelineSpec) -> tuple[pl.DataFra
             aggs.append(pl.col("value").quantile(agg.quantile, "lower").alias(agg.name))
         else:
             aggs.append(AGGREGATES[agg.name].reference.alias(agg.name))
+    return aggs
+
+
+def expected_count_results(
+    rows: pl.DataFrame, spec: PipelineSpec, *, threshold: int | None = None, flush: bool = False
+) -> tuple[pl.DataFrame, int, pl.DataFrame]:
+    """Count windows: (results, late rows, scale), keyed by ``window``, ``index``, ``key``.
+
+    ``rows`` as for ``late_flags`` plus ``row`` (index within its batch). Full windows only,
+    and of those only the ones whose last row lies before ``threshold`` (the combiners' close
+    threshold) if given; ``flush``: every window, the unfinished ones with fewer rows.
+    ``scale`` holds each window's sum of |value| (``compare.assert_matches_oracle``).
+    """
+    flagged = late_flags(rows, spec)
+    on_time = flagged.filter(~pl.col("late"))
+    frames, scales = [], []
+    for window in spec.windows:
+        part = COUNT.with_count_index(on_time.filter(pl.col("window") == window.name), window)
+        grouped = part.group_by("window", "key", "index").agg(
+            *_aggregates(spec),
+            first_ts=pl.col("ts").min(),
+            last_ts=pl.col("ts").max(),
+            abs_sum=pl.col("value").abs().sum(),
+        )
+        if not flush:
+            grouped = grouped.filter(pl.col("rows") == window.count)
+        if threshold is not None and not flush:
+            grouped = grouped.filter(pl.col("last_ts") < threshold)
+        frames.append(grouped.drop("abs_sum"))
+        scales.append(grouped.select("window", "index", "key", "abs_sum"))
+    results = pl.concat(frames).sort("window", "key", "index")
+    return results, int(flagged["late"].sum()), pl.concat(scales)
+
+
+def expected_results(rows: pl.DataFrame, spec: PipelineSpec) -> tuple[pl.DataFrame, int]:
+    """(results per window/start/key, number of late (row, window) pairs)."""
+    flagged = late_flags(rows, spec)
+    on_time = flagged.filter(~pl.col("late"))
     results = (
-        on_time.group_by("window", "start", "end", "key").agg(aggs).sort("window", "start", "key")
+        on_time.group_by("window", "start", "end", "key")
+        .agg(_aggregates(spec))
+        .sort("window", "start", "key")
     )
     return results, int(flagged["late"].sum())

@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from shoal._cli.bench_adapt import register_adapt
 from shoal._cli.bench_matrix import register_matrix
 from shoal._cli.bench_pool import register_pool
 from shoal._cli.bench_sink import register_sink
@@ -57,6 +58,7 @@ def register(sub: Any) -> None:
     _register_scaling(benches)
     _register_floor(benches)
     register_sink(benches)
+    register_adapt(benches)
     register_pool(benches)
 
 

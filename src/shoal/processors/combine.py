@@ -24,6 +24,11 @@ again. Its revision is 1 plus the number of batches that brought it such rows (b
 ``lateness_ms``, or arriving after the close), whenever they arrived: applied once each (seq
 order), kept in checkpoints, so a duplicate or re-send never makes a revision.
 
+Count windows (``WindowSpec.by_count``): partials carry rows (``EventRows``), each judged
+in step 3 as the 1 ms window at its timestamp; on-time rows wait in ``count.CountState``,
+and in step 4 the rows the threshold has passed are final and fill windows of ``n`` rows
+(``Combiner._close_counts``). No corrections (the spec refuses ``allowed_lateness_ms``).
+
 Checkpoint contract: a snapshot holds the merged state (closed windows kept for corrections
 included), the revision counts, every gateway's next seq and watermark, the close threshold
 and the counters, but not early arrivals (they are re-sent,
@@ -43,7 +48,8 @@ import polars as pl
 from shoal.clock import Clock
 from shoal.errors import SchemaError, UsageError
 from shoal.processors.aggregates import AggregatePlan
-from shoal.processors.partials import Partial, PartialRows, spec_fingerprint
+from shoal.processors.count import CountState
+from shoal.processors.partials import EventRows, Partial, PartialRows, spec_fingerprint
 from shoal.processors.progress import GatewayProgress, ProgressTracker
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows, WindowState
@@ -135,6 +141,7 @@ class Combiner:
             weigh=_partial_bytes,
         )
         self.state = WindowState(spec, self.plan)
+        self.counts = CountState(spec, self.plan) if any(w.by_count for w in spec.windows) else None
         self.closed_through: int | None = None
         self.counters = CombinerCounters()
         # (window index, start) -> batches that brought late rows (revision = 1 + that)
@@ -159,6 +166,7 @@ class Combiner:
             partial.fingerprint != self.fingerprint
             or partial.partition != self.partition
             or (rows is not None and not self._fits(rows))
+            or (rows is not None if self.counts is not None else partial.events is not None)
         ):
             self.counters.foreign_partials += 1
             return Step()
@@ -200,6 +208,8 @@ class Combiner:
             return None
         late = None
         rows = partial.rows
+        if partial.events is not None:
+            late = self._apply_events(batch.gateway_id, batch.seq, partial.events)
         if rows is not None and len(rows):
             wm_before = self.tracker.watermark(batch.gateway_id)
             end = rows.start + self._sizes[rows.window.astype(np.int64)]
@@ -232,6 +242,46 @@ class Combiner:
         self.counters.batch_rows += batch.rows
         offset = batch.received_at_ms - batch.sent_at_ms if batch.sent_at_ms > 0 else None
         self.tracker.applied(batch.gateway_id, batch.max_ts, now, clock_offset_ms=offset)
+        return late
+
+    def _apply_events(self, gateway_id: str, seq: int, events: EventRows) -> LateRows | None:
+        """Count windows: buffer a batch's on-time rows; the late ones are reported.
+
+        A row is late as the 1 ms window at its time would be: behind the gateway's earlier
+        data by ``lateness_ms`` or more, or at a time the close threshold already passed.
+        """
+        assert self.counts is not None
+        if len(events) == 0:
+            return None
+        wm_before = self.tracker.watermark(gateway_id)
+        end = events.ts + 1
+        behind = (
+            np.zeros(len(end), dtype=bool)
+            if wm_before is None
+            else end + self.spec.lateness_ms <= wm_before
+        )
+        closed = behind if self.closed_through is None else end <= self.closed_through
+        is_late = behind | closed
+        kept = self.counts.add(events, gateway_id, seq, ~is_late)
+        self.counters.rows_applied += kept * len(self.counts.windows)
+        if not is_late.any():
+            return None
+        picked = np.flatnonzero(is_late)
+        keys = [events.keys[k] for k in events.key[picked].tolist()]
+        one: dict[str, object] = {
+            "start": events.ts[picked],
+            "end": end[picked],
+            "key": pl.Series(keys, dtype=pl.String),
+            "rows": np.ones(len(picked), dtype=np.int64),
+            **{c: events.value[picked] for c in ("min", "max", "sum") if c in self._field_names},
+            "reason": np.where(behind[picked], "behind_watermark", "window_closed"),
+        }
+        frame = pl.concat(
+            pl.DataFrame(one).select(pl.lit(w.name).alias("window"), pl.all())
+            for w in self.counts.windows
+        )
+        late = LateRows(gateway_id, seq, frame)
+        self.counters.rows_late += late.rows
         return late
 
     def _revise(
@@ -304,6 +354,8 @@ class Combiner:
         changed since they were last published.
         """
         threshold = self.close_threshold(now_ms)
+        if self.counts is not None:
+            return self._close_counts(threshold)
         if self.spec.allowed_lateness_ms:
             return self._close_keeping(threshold)
         if threshold is None or (
@@ -331,6 +383,29 @@ class Combiner:
             ).item()
             self.counters.results_emitted += closed.frame.height
         return closed
+
+    def _close_counts(self, threshold: int | None, *, flush: bool = False) -> ClosedWindows | None:
+        """Count windows: rows before the threshold are final; emit the windows they fill.
+
+        Results carry the step's event-time span ``[closed_through before, threshold)`` as
+        their ``start``/``end`` (every window closed here has its last row in it).
+        """
+        assert self.counts is not None
+        if threshold is None or (
+            not flush and self.closed_through is not None and threshold <= self.closed_through
+        ):
+            return None
+        since = self.closed_through
+        if since is None:
+            buffered = self.counts.buffered_span()
+            since = threshold if buffered is None else min(threshold, buffered[0])
+        self.closed_through = max(threshold, since)
+        frame = self.counts.finalise(threshold, (since, threshold), flush=flush)
+        if frame.height == 0:
+            return None
+        self.counters.windows_closed += frame.height
+        self.counters.results_emitted += frame.height
+        return ClosedWindows(frame)
 
     def _close_keeping(self, threshold: int | None) -> ClosedWindows | None:
         """``close_ready`` with allowed lateness: closed windows stay for corrections.
@@ -383,6 +458,12 @@ class Combiner:
         lateness, fold in while the windows are kept. Used when a pipeline is shut down on
         purpose, so that no result stays behind in an open window.
         """
+        if self.counts is not None:
+            # Every buffered row is final now; unfinished windows leave with rows < n.
+            buffered = self.counts.buffered_span()
+            ends = [e for e in (self.closed_through, buffered and buffered[1] + 1) if e]
+            closed = self._close_counts(max(ends, default=None), flush=True)
+            return closed or ClosedWindows(self.counts.empty_result())
         if self.spec.allowed_lateness_ms:
             ends = [
                 s + int(self._sizes[w])
@@ -448,6 +529,7 @@ class Combiner:
                 "counters": asdict(self.counters),
                 "gateways": gateways,
                 "state": None if state is None else state.pack(),
+                **({} if self.counts is None else {"counts": self.counts.snapshot()}),
                 "taken_at": self.clock.now_ms(),
             },
             use_bin_type=True,
@@ -501,11 +583,16 @@ class Combiner:
             progress.released = g.get("released", False)
             self.tracker.gateways[progress.gateway_id] = progress
         self.state.restore(None if obj["state"] is None else PartialRows.unpack(obj["state"]))
+        if self.counts is not None:
+            self.counts.restore(obj.get("counts"))
 
 
 def _partial_bytes(partial: Partial) -> int:
     """About the memory a held partial takes (its arrays, plus its keys)."""
     rows = partial.rows
+    if partial.events is not None:
+        events = partial.events
+        return 256 + 32 * len(events) + 64 * len(events.keys)
     if rows is None:
         return 256
     arrays: list[npt.NDArray[Any]] = [rows.window, rows.start, *rows.fields.values()]

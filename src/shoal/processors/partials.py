@@ -6,6 +6,12 @@ partial carries the batch's identity and event-time range besides the state rows
 
 Wire form (worker → combiner, ``shoal/partials/<pipeline>/<partition>``): a MsgPack map with
 the batch header and the state frames as Arrow IPC streams (typed, columnar, zero-copy to read).
+
+Count windows (``WindowSpec.by_count``) cannot be cut into per-batch state: which rows share a
+window depends on the order of all of a key's rows, which no worker sees. For them a partial
+carries the partition's *rows* instead (``EventRows``, the ``events`` section): key, event
+time, row index within the batch and value, as narrow typed buffers; the combiner orders them
+(``processors/count.py``).
 """
 
 from __future__ import annotations
@@ -46,7 +52,10 @@ def spec_fingerprint(spec: PipelineSpec) -> str:
     text = repr(
         (
             spec.key,
-            [(w.name, w.size_ms, w.slide_ms) for w in spec.windows],
+            [
+                (w.name, w.size_ms, w.slide_ms, *((w.kind, w.count) if w.by_count else ()))
+                for w in spec.windows
+            ],
             spec.aggregate_names,
             spec.sketch_accuracy,
             spec.partitions,
@@ -278,6 +287,86 @@ def _unpack_int(packed: list[Any], n: int | None) -> npt.NDArray[np.int64]:
 
 
 @dataclass(frozen=True, slots=True)
+class EventRows:
+    """One partition's rows of one batch, for count windows (no state: the rows themselves).
+
+    Attributes:
+        keys: the distinct result keys of these rows.
+        key: per row, its key's index in ``keys``.
+        ts: per row, its event time.
+        row: per row, its index within the whole decoded batch (the last of ``COUNT_ORDER``).
+        value: per row, its value.
+    """
+
+    keys: list[str | None]
+    key: npt.NDArray[np.int64]
+    ts: npt.NDArray[np.int64]
+    row: npt.NDArray[np.int64]
+    value: npt.NDArray[np.float64]
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @classmethod
+    def split(
+        cls,
+        key_ids: npt.NDArray[np.int64],
+        key_names: list[str | None],
+        ts: npt.NDArray[np.int64],
+        value: npt.NDArray[np.float64],
+        router: KeyRouter,
+    ) -> dict[int, EventRows]:
+        """A batch's rows by partition (``key_ids`` index ``key_names``); rows keep their order."""
+        row = np.arange(len(ts), dtype=np.int64)
+        if router.partitions == 1:
+            return {0: cls(key_names, key_ids, ts, row, value)}
+        part_of_key = np.array([router.partition_of(k) for k in key_names], dtype=np.int64)
+        part = part_of_key[key_ids]
+        out: dict[int, EventRows] = {}
+        for p in np.unique(part).tolist():
+            picked = np.flatnonzero(part == p)
+            used, local = np.unique(key_ids[picked], return_inverse=True)
+            out[p] = cls(
+                [key_names[k] for k in used.tolist()],
+                local.reshape(-1).astype(np.int64),
+                ts[picked],
+                picked,
+                value[picked],
+            )
+        return out
+
+    def pack(self) -> dict[str, Any]:
+        """The wire form: integer columns packed narrow (``_pack_int``), values as f8."""
+        return {
+            "keys": self.keys,
+            "key": _pack_int(self.key),
+            "ts": _pack_int(self.ts),
+            "row": _pack_int(self.row),
+            "value": self.value.astype("<f8").tobytes(),
+        }
+
+    @classmethod
+    def unpack(cls, obj: dict[str, Any]) -> EventRows:
+        """Parse the wire form; raises ``SchemaError`` on inconsistent buffers."""
+        keys = obj["keys"]
+        if not isinstance(keys, list):
+            raise SchemaError("keys is not a list", reason="bad_partial", field="events.keys")
+        ts = _unpack_int(obj["ts"], None)
+        key = _unpack_int(obj["key"], len(ts))
+        if len(key) and (int(key.min()) < 0 or int(key.max()) >= len(keys)):
+            raise SchemaError(
+                "event key index out of range", reason="bad_partial", field="events.key"
+            )
+        return cls(
+            keys=keys,
+            key=key,
+            ts=ts,
+            row=_unpack_int(obj["row"], len(ts)),
+            value=_buffer(obj["value"], "<f8", len(ts)).astype(np.float64),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Partial:
     """What one combiner partition receives for one batch.
 
@@ -289,6 +378,7 @@ class Partial:
         batch: the source batch.
         rows: the partition's state rows (None: no rows for this partition).
         produced_at_ms: worker clock when the partial was computed.
+        events: the partition's rows for count windows (None: none, or time windows).
     """
 
     pipeline: str
@@ -298,6 +388,7 @@ class Partial:
     batch: BatchInfo
     rows: PartialRows | None
     produced_at_ms: int
+    events: EventRows | None = None
 
     @property
     def aggs(self) -> pl.DataFrame | None:
@@ -332,6 +423,7 @@ class Partial:
                 "reason": b.reason,
                 "state": None if self.rows is None else self.rows.pack(),
                 "produced_at": self.produced_at_ms,
+                **({} if self.events is None else {"events": self.events.pack()}),
             },
             use_bin_type=True,
         )
@@ -378,6 +470,7 @@ class Partial:
             batch=batch,
             rows=None if state is None else PartialRows.unpack(state),
             produced_at_ms=int(obj["produced_at"]),
+            events=None if obj.get("events") is None else EventRows.unpack(obj["events"]),
         )
 
 
@@ -432,6 +525,7 @@ class PartialBuilder:
         self.fingerprint = spec_fingerprint(spec)
         self._kinds = [kind_of(w) for w in spec.windows]
         self._schema = self.plan.state_schema(AGGS_GROUPS)
+        self._by_count = any(w.by_count for w in spec.windows)
 
     def build(
         self,
@@ -495,6 +589,9 @@ class PartialBuilder:
             _, first_row, key_ids = np.unique(physical, return_index=True, return_inverse=True)
             key_ids = key_ids.reshape(-1).astype(np.int64)
             key_names = keys.gather(pl.Series(first_row, dtype=pl.UInt32)).to_list()
+        if self._by_count:  # count windows: the rows themselves (see the module docstring)
+            events = EventRows.split(key_ids, key_names, ts, value, self.router)
+            return self._split(batch, None, now_ms, events)
         width = len(key_names)
         bucket_all = self.buckets.keys_np(value) if self.plan.needs_sketch else None
         fields = self.plan.fields
@@ -528,7 +625,13 @@ class PartialBuilder:
         """Empty partials marking a dead-lettered batch as handled (it still advances seq)."""
         return self._split(batch, None, now_ms)
 
-    def _split(self, batch: BatchInfo, rows: PartialRows | None, now_ms: int) -> list[Partial]:
+    def _split(
+        self,
+        batch: BatchInfo,
+        rows: PartialRows | None,
+        now_ms: int,
+        events: dict[int, EventRows] | None = None,
+    ) -> list[Partial]:
         partitions = self.spec.partitions
         by_part: dict[int, PartialRows] = {}
         if rows is not None and partitions == 1:
@@ -545,6 +648,7 @@ class PartialBuilder:
                 batch=batch,
                 rows=by_part.get(p),
                 produced_at_ms=now_ms,
+                events=None if events is None else events.get(p),
             )
             for p in range(partitions)
         ]

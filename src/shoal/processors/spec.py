@@ -24,6 +24,8 @@ OutputEncoding = Literal["json", "msgpack"]
 KEY_COLUMNS: Final = ("sensor_id", *ATTRIBUTE_COLUMNS)
 MAX_WINDOWS_PER_ROW: Final = 64
 """A hopping window puts each row into size/slide windows; beyond this the spec is refused."""
+MAX_COUNT_ROWS: Final = 1_000_000
+"""Largest ``n`` of a count window: a combiner keeps up to ``n - 1`` rows per key and window."""
 
 
 def default_max_hold_ms(lateness_ms: int, idle_timeout_ms: int) -> int:
@@ -145,6 +147,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
         raise reader.error("windows", "at least one [[windows]] table is required")
     if len({w.name for w in windows}) != len(windows):
         raise reader.error("windows", f"window names must be unique: {[w.name for w in windows]}")
+    _check_count_windows(windows, reader)
     aggregates = tuple(
         _aggregate(a, reader)
         for a in reader.strings("aggregates", default=("count", "mean", "min", "max"))
@@ -276,8 +279,50 @@ class _Reader:
         return value
 
 
+def _check_count_windows(windows: tuple[WindowSpec, ...], reader: _Reader) -> None:
+    """Count windows: never beside time windows, never with late corrections.
+
+    Workers ship rows rather than state for count windows, and a late row would shift the
+    ranks of every later window of its key: no correction could be exact.
+    """
+    counted = [w.name for w in windows if w.by_count]
+    if not counted:
+        return
+    if len(counted) != len(windows):
+        raise reader.error(
+            "windows",
+            f"count windows {counted} cannot share a pipeline with time windows; deploy "
+            "them as a pipeline of their own over the same inputs",
+        )
+    if reader.raw.get("allowed_lateness_ms"):
+        raise reader.error(
+            "allowed_lateness_ms",
+            "allowed_lateness_ms must be 0 with count windows: a late row would shift every "
+            "later window of its key, so late rows go to the late topic (set lateness_ms to "
+            "wait longer before windows close)",
+        )
+
+
+def _count_window(reader: _Reader) -> WindowSpec:
+    """``kind = "count"``: ``n`` (or ``count``) rows per key and window."""
+    for key in ("size_ms", "slide_ms"):
+        if key in reader.raw:
+            raise reader.error(key, f"{key} is not for count windows; they take n (rows)")
+    if "n" in reader.raw and "count" in reader.raw:
+        raise reader.error("count", "give n or count, not both")
+    key = "count" if "count" in reader.raw else "n"
+    n = reader.integer(key, default=0, low=1, high=MAX_COUNT_ROWS)
+    if n == 0:
+        raise reader.error("n", "count windows need n, the rows per window and key")
+    name = reader.name("name") if "name" in reader.raw else f"count-{n}"
+    reader.finish()
+    return WindowSpec(name=name, kind="count", size_ms=1, slide_ms=1, count=n)
+
+
 def _window(reader: _Reader) -> WindowSpec:
     kind = WINDOW_KINDS[reader.choice("kind", tuple(WINDOW_KINDS), default="tumbling")]
+    if kind.name == "count":
+        return _count_window(reader)
     size = reader.integer("size_ms", default=0, low=1, high=31 * 86_400_000)
     if size == 0:
         raise reader.error("size_ms", "size_ms is required")

@@ -389,18 +389,8 @@ class WindowState:
             },
             schema_overrides={f.name: f.dtype for f in self.plan.fields},
         )
-        return frame.select(
-            "window",
-            "start",
-            "end",
-            "key",
-            pl.col("n").alias("rows"),
-            "batches",
-            *(
-                pl.col(name) if name in self.plan.quantiles else self.plan.outputs[name]
-                for name in self.spec.aggregate_names
-            ),
-        )  # in (slot, key id) order: grouped by window, keys in no particular order
+        # in (slot, key id) order: grouped by window, keys in no particular order
+        return frame.select(result_columns(self.spec, self.plan))
 
     def _slot_info_for(
         self, slots: npt.NDArray[np.int64]
@@ -418,18 +408,7 @@ class WindowState:
         return self._empty
 
     def _empty_result(self) -> pl.DataFrame:
-        schema: dict[str, pl.DataType] = {
-            "window": pl.String(),
-            "start": pl.Int64(),
-            "end": pl.Int64(),
-            "key": pl.String(),
-            "rows": pl.Int64(),
-            "batches": pl.Int64(),
-        }
-        for aggregate in self.spec.aggregates:
-            known = None if aggregate.quantile is not None else AGGREGATES[aggregate.name]
-            schema[aggregate.name] = pl.Float64() if known is None else known.dtype
-        return pl.DataFrame(schema=schema)
+        return pl.DataFrame(schema=result_schema(self.spec))
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -466,6 +445,42 @@ class WindowState:
         if rows is not None and len(rows):
             self.add(rows)
             self.compact()
+
+
+def result_columns(spec: PipelineSpec, plan: AggregatePlan) -> list[pl.Expr | str]:
+    """The layout of ``ClosedWindows.frame``, from merged state columns.
+
+    The frame selected from has ``window``, ``start``, ``end``, ``key``, the state fields and
+    one column per quantile.
+    """
+    return [
+        "window",
+        "start",
+        "end",
+        "key",
+        pl.col("n").alias("rows"),
+        "batches",
+        *(
+            pl.col(name) if name in plan.quantiles else plan.outputs[name]
+            for name in spec.aggregate_names
+        ),
+    ]
+
+
+def result_schema(spec: PipelineSpec) -> dict[str, pl.DataType]:
+    """The schema of ``result_columns``."""
+    schema: dict[str, pl.DataType] = {
+        "window": pl.String(),
+        "start": pl.Int64(),
+        "end": pl.Int64(),
+        "key": pl.String(),
+        "rows": pl.Int64(),
+        "batches": pl.Int64(),
+    }
+    for aggregate in spec.aggregates:
+        known = None if aggregate.quantile is not None else AGGREGATES[aggregate.name]
+        schema[aggregate.name] = pl.Float64() if known is None else known.dtype
+    return schema
 
 
 @dataclass(frozen=True, slots=True)
