@@ -45,6 +45,9 @@ class WindowSpec:
             ``count``.
         size_ms: window length.
         slide_ms: distance between window starts (= size for tumbling).
+        gap_ms: for ``kind = "session"`` only (``sessions.SessionRule``): rows less than this
+            apart are one session; None for aligned kinds.
+        max_duration_ms: for sessions only: the epoch grid that cuts sessions (None: none).
         count: rows per window and key for count windows (``size_ms`` and ``slide_ms`` are
             then 1: each row is judged for lateness as the 1 ms window at its time); 0 for
             time windows.
@@ -54,6 +57,8 @@ class WindowSpec:
     kind: str
     size_ms: int
     slide_ms: int
+    gap_ms: int | None = None
+    max_duration_ms: int | None = None
     count: int = 0
 
     @property
