@@ -93,3 +93,27 @@ def test_a_column_of_the_wrong_type_stops_the_sink(postgres: EmbeddedPostgres) -
 def test_names_postgres_would_truncate_are_refused() -> None:
     with pytest.raises(SinkError, match="--table"):
         PostgresSink(PostgresConfig("postgresql://x@127.0.0.1:1/x", "p", "t" * 64))
+
+
+def test_count_and_session_windows(postgres: EmbeddedPostgres) -> None:
+    count = golden("result-window-count.json")
+    # re-published after a combiner restart in a message of another start: the same window
+    again = {**count, "start": count["start"] + 700, "emitted_at": count["emitted_at"] + 1}
+    second = {
+        **count,
+        "results": [{**count["results"][0], "index": 1, "first_ts": 1_700_000_000_300}],
+    }
+    sink = PostgresSink(PostgresConfig(postgres.dsn, "counts", "counts"))
+    write(sink, count, again, second)
+    table = read_table(postgres.dsn, "counts").sort("slot")
+    assert table["slot"].to_list() == table["index"].to_list() == [0, 1]
+    assert table["first_ts"].to_list() == [1_700_000_000_000, 1_700_000_000_300]
+    assert table["start"].to_list() == [count["start"], count["start"]]
+    assert sink.stats.rows_unchanged == 1
+
+    session = golden("result-window-session.json")
+    sink = PostgresSink(PostgresConfig(postgres.dsn, "visits", "visits"))
+    write(sink, session)
+    table = read_table(postgres.dsn, "visits").sort("key")
+    assert table["end"].to_list() == [r["end"] for r in session["results"]]
+    assert table["slot"].to_list() == [session["start"]] * 2

@@ -1,14 +1,20 @@
 """``shoal sink postgres``: window results into a PostgreSQL table, exactly once.
 
 The only module that imports psycopg. One wide table per pipeline (the table's name defaults
-to the pipeline's), one row per (pipeline, window, start, key) holding its latest revision::
+to the pipeline's), one row per (pipeline, window, slot, key) holding its latest revision::
 
-    pipeline text, "window" text, start bigint, "end" bigint, key text (null: the null key),
-    revision integer, correction boolean, partition integer, partitions integer,
-    watermark bigint, emitted_at bigint, rows bigint, batches bigint,
-    <one column per aggregate, as the results name it: count bigint, the others
-    double precision>, written_at timestamptz
-    UNIQUE NULLS NOT DISTINCT (pipeline, "window", start, key)
+    pipeline text, "window" text, slot bigint, start bigint, "end" bigint,
+    key text (null: the null key), revision integer, correction boolean,
+    partition integer, partitions integer, watermark bigint, emitted_at bigint,
+    rows bigint, batches bigint, <one column per aggregate or per-row field, as the results
+    name it: bigint where the results carry an integer (count, a count window's index,
+    first_ts, last_ts), double precision otherwise>, written_at timestamptz
+    UNIQUE NULLS NOT DISTINCT (pipeline, "window", slot, key)
+
+``slot`` says which window of its key a row is: its ``start`` for time and session windows
+(so the key is the issue's (pipeline, window, start, key)), its ``index`` for count windows,
+whose ``start`` is the close step's span and may differ when a window is re-published
+(``shoal.schemas.results.ROW_SLOT``). ``end`` is per row (a session's own end).
 
 Wide, because that is how results are read (``SELECT start, key, mean FROM temps``) and
 what Grafana's PostgreSQL source wants; the pipeline is still part of the key so several
@@ -42,7 +48,12 @@ from psycopg import sql
 from shoal.broker.session import Message
 from shoal.clock import Clock, SystemClock
 from shoal.errors import SchemaError, SinkError
-from shoal.schemas.results import HEADER_SCHEMA, WindowMessage, parse_window_message
+from shoal.schemas.results import (
+    HEADER_SCHEMA,
+    WindowMessage,
+    field_dtype,
+    parse_window_message,
+)
 from shoal.sinks.follow import Backoff
 
 log = logging.getLogger(__name__)
@@ -50,12 +61,13 @@ log = logging.getLogger(__name__)
 IDENTIFIER_BYTES: Final = 63
 """PostgreSQL's identifier limit (longer names are silently truncated: we refuse them)."""
 
-CONFLICT_KEY: Final = ("pipeline", "window", "start", "key")
-"""The table's unique key: one row per pipeline, window spec, window start and key."""
+CONFLICT_KEY: Final = ("pipeline", "window", "slot", "key")
+"""The table's unique key: one row per pipeline, window spec, window of its key and key."""
 
 FIXED_COLUMNS: Final = (
     ("pipeline", "text NOT NULL"),
     ("window", "text NOT NULL"),
+    ("slot", "bigint NOT NULL"),
     ("start", "bigint NOT NULL"),
     ("end", "bigint NOT NULL"),
     ("key", "text"),
@@ -70,13 +82,13 @@ FIXED_COLUMNS: Final = (
 )
 """Every table's columns before the aggregates, with their SQL types."""
 
-_PER_ROW: Final = ("key", "rows", "batches")
-_INTEGER_AGGREGATES: Final = frozenset({"count"})
+_PER_ROW: Final = ("key", "slot", "end", "rows", "batches")
+"""Columns with a value per result row (the rest of ``FIXED_COLUMNS`` is per message)."""
 
 
 def aggregate_type(name: str) -> str:
-    """The SQL type of an aggregate column (``count`` is an integer, the rest floats)."""
-    return "bigint" if name in _INTEGER_AGGREGATES else "double precision"
+    """The SQL type of a result column: bigint where results carry integers, else floats."""
+    return "bigint" if field_dtype(name) == pl.Int64() else "double precision"
 
 
 def check_identifier(name: str, what: str) -> str:
@@ -284,7 +296,8 @@ def _upsert_statement(table_name: str, aggregates: tuple[str, ...]) -> sql.Compo
     """``INSERT ... SELECT FROM unnest ... ON CONFLICT ... DO UPDATE ... WHERE newer``."""
     header = [name for name, _ in FIXED_COLUMNS if name not in _PER_ROW]
     per_row = [*_PER_ROW, *aggregates]
-    row_types = ["text", "bigint", "bigint", *(aggregate_type(a) for a in aggregates)]
+    row_types = ["text", "bigint", "bigint", "bigint", "bigint"]
+    row_types += [aggregate_type(a) for a in aggregates]
     table = sql.Identifier(table_name)
     every = [*header, *per_row]
     updated = [c for c in every if c not in CONFLICT_KEY]
@@ -316,7 +329,6 @@ def _params(window: WindowMessage, aggregates: list[str]) -> dict[str, Any]:
         "pipeline": window.pipeline,
         "window": window.window,
         "start": window.start,
-        "end": window.end,
         "revision": window.revision,
         "correction": window.revision > 1,
         "partition": window.partition,
@@ -324,9 +336,11 @@ def _params(window: WindowMessage, aggregates: list[str]) -> dict[str, Any]:
         "watermark": window.watermark,
         "emitted_at": window.emitted_at,
     }
+    slot = frame["index"] if "index" in frame.columns else frame["start"]
+    columns = {**{name: frame[name] for name in frame.columns}, "slot": slot}
     for i, name in enumerate([*_PER_ROW, *aggregates]):
-        column = frame[name]
-        if name in _INTEGER_AGGREGATES or name in ("rows", "batches"):
+        column = columns[name]
+        if aggregate_type(name) == "bigint" or name in _PER_ROW[1:]:
             column = column.cast(pl.Int64)
         params[f"_{i}"] = column.to_list()
     return params
