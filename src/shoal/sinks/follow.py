@@ -29,7 +29,6 @@ from typing import Protocol
 from shoal.broker import default_session_factory
 from shoal.broker.session import Message, SessionFactory
 from shoal.broker.settings import BrokerSettings
-from shoal.clock import Clock, SystemClock
 from shoal.errors import BrokerError
 
 log = logging.getLogger(__name__)
@@ -106,25 +105,22 @@ class Follower:
         config: FollowConfig,
         handler: Handler,
         *,
-        clock: Clock | None = None,
         session_factory: SessionFactory | None = None,
     ) -> None:
         self.config = config
         self.handler = handler
-        self.clock = clock or SystemClock()
         self.stats = FollowStats()
         self.connected = asyncio.Event()
         self._connect = session_factory or default_session_factory()
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
-        """Finish the message in hand, then return from ``run`` (unacked ones come again)."""
-        self._stop.set()
+        """Finish the message in hand, then return from ``run``.
 
-    @property
-    def stopping(self) -> bool:
-        """Whether ``stop`` was called (handlers stop retrying then)."""
-        return self._stop.is_set()
+        A handler still retrying then is cancelled by the caller (the CLI, after a grace
+        period); its message was not acknowledged and comes again.
+        """
+        self._stop.set()
 
     async def run(self) -> FollowStats:
         """Follow until ``stop``; reconnect to the broker after failures."""
