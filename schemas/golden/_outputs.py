@@ -23,7 +23,9 @@ windows, 1 s lateness):
   (revision 2);
 * the same first two batches through ``counts`` (``COUNTS``: count windows of 2 rows per key):
   the partial carries rows, and t1's first window (rows at T0 and T0 + 250 ms) closes once
-  the threshold passes them; a flush then emits the unfinished windows.
+  the threshold passes them; a flush then emits the unfinished windows;
+* a pipeline ``visits`` with 5 s session windows: two sensors' sessions start at T0 and end
+  apart, so one message (per start) carries each key's own ``end``.
 
 Only the heartbeats' process-dependent figures (uptime, CPU, rates over wall time) are set
 to fixed values after ``metrics()`` returns; every other byte is the code's.
@@ -85,6 +87,15 @@ TEMPS: Final = parse_pipeline(
 )
 TEMPS_CORRECTED: Final = replace(TEMPS, allowed_lateness_ms=60_000)
 """``temps`` folding rows up to a minute later still into closed windows (corrections)."""
+VISITS: Final = parse_pipeline(
+    {
+        "name": "visits",
+        "windows": [{"kind": "session", "gap_ms": 5_000}],
+        "aggregates": ["count", "mean"],
+        "lateness_ms": 1_000,
+        "output_encodings": ["json", "msgpack"],
+    }
+)
 BY_UNIT: Final = parse_pipeline(
     {
         "name": "by-unit",
@@ -139,6 +150,9 @@ NOTES: Final = {
     "result-window-correction": "a window re-published with a late row folded in (revision 2)",
     "result-window-columnar-correction": "the same correction in MsgPack",
     "result-key-correction": "the corrected latest result of one key (retained)",
+    "result-window-session": "sessions of two keys that start together; each has its end",
+    "result-window-columnar-session": "the same sessions in MsgPack: end is a column",
+    "result-key-session": "the latest session of one key (retained): its own end",
     "confirm": "every batch of gw-01 up to seq 3 is applied and durable in partition 0",
     "confirm-missing": "with seqs the partition has waited for while holding later ones",
     "gateway-status": "a gateway's retained status",
@@ -289,7 +303,7 @@ def _emit(  # noqa: PLR0917 - private; one call per pipeline of the scenario
     """Window messages of ``closed`` as ``CombinerRuntime._emit`` renders them; ``key``'s."""
     ctx = Emission(spec.name, 0, spec.partitions, core.closed_through, s.clock.now_ms())
     for frame in closed:
-        for result in split_windows(frame.frame, frame.revisions):
+        for result in split_windows(frame.frame, frame.revisions, frame.sessions):
             rendered = {"result-window": window_json(result, ctx)}
             if "msgpack" in spec.output_encodings:
                 rendered["result-window-columnar"] = window_msgpack(result, ctx)
@@ -374,6 +388,22 @@ def _counts(s: _Scenario) -> None:
         TOPICS.results(spec.name),
         window_json(result, ctx),
     )
+
+
+def _sessions(s: _Scenario) -> None:
+    """Sessions of t1 (0-3 s) and t2 (0-2 s), closed by a row 30 s on."""
+    spec = VISITS
+    builder = PartialBuilder(spec, WORKER_ID)
+    core = Combiner(spec, 0, s.clock)
+    core.receive_status(_status("gw-01", 2, s.clock.now_ms()))
+    rows = [("t1", 0, 1.0, None), ("t1", 1_000, 2.0, None), ("t2", 0, 5.0, None)]
+    seq0 = _batch("gw-01", 0, [*rows, ("t1", 3_000, 4.0, None), ("t2", 2_000, 7.0, None)])
+    seq1 = _batch("gw-01", 1, [("t1", 30_000, 3.0, None)])
+    closed = _combine(s, core, _work(s, spec, builder, "gw-01", seq0)[0])
+    s.clock.advance(100)
+    closed += _combine(s, core, _work(s, spec, builder, "gw-01", seq1)[0])
+    assert [c.frame.height for c in closed] == [2]
+    _emit(s, spec, core, closed, "-session")
 
 
 def _alerts(s: _Scenario) -> None:
@@ -560,5 +590,6 @@ def output_cases() -> list[OutputCase]:
     _pipelines(s)
     _corrections(s)
     _counts(s)
+    _sessions(s)
     _alerts(s)
     return s.cases

@@ -27,6 +27,7 @@ COMMANDS: Final = (
     "tail",
     "status",
     "archive",
+    "sink",
     "replay",
     "bench",
     "control",

@@ -24,6 +24,10 @@ again. Its revision is 1 plus the number of batches that brought it such rows (b
 ``lateness_ms``, or arriving after the close), whenever they arrived: applied once each (seq
 order), kept in checkpoints, so a duplicate or re-send never makes a revision.
 
+Session windows (``kind = "session"``; docs/architecture.md "Session windows") go to a
+``SessionState`` instead of the ``WindowState``: the same steps, with a piece's window
+``[first_ts, first_ts + gap_ms)`` for lateness and ``last + 2 * gap_ms`` for its close.
+
 Count windows (``WindowSpec.by_count``): partials carry rows (``EventRows``), each judged
 in step 3 as the 1 ms window at its timestamp; on-time rows wait in ``count.CountState``,
 and in step 4 the rows the threshold has passed are final and fill windows of ``n`` rows
@@ -53,10 +57,10 @@ import polars as pl
 
 from shoal.clock import Clock
 from shoal.errors import SchemaError, UsageError
-from shoal.processors.aggregates import AggregatePlan
 from shoal.processors.count import CountState
 from shoal.processors.partials import EventRows, Partial, PartialRows, spec_fingerprint
 from shoal.processors.progress import GatewayProgress, ProgressTracker
+from shoal.processors.session_state import SessionState
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows, WindowState
 from shoal.rules import AlertBook, Transition
@@ -144,7 +148,7 @@ class Combiner:
         self.spec = spec
         self.partition = partition
         self.clock = clock
-        self.plan = AggregatePlan.for_aggregates(spec.aggregates)
+        self.plan = spec.plan()
         self.fingerprint = spec_fingerprint(spec)
         self.tracker: ProgressTracker[Partial] = ProgressTracker(
             spec.idle_timeout_ms,
@@ -154,6 +158,10 @@ class Combiner:
             weigh=_partial_bytes,
         )
         self.state = WindowState(spec, self.plan)
+        self.sessions = SessionState(spec, self.plan, self.state)
+        self._session_window = np.array(
+            [i in self.sessions.windows for i in range(len(spec.windows))], dtype=np.bool_
+        )
         self.counts = CountState(spec, self.plan) if any(w.by_count for w in spec.windows) else None
         self.closed_through: int | None = None
         self.counters = CombinerCounters()
@@ -163,6 +171,7 @@ class Combiner:
         self._field_names = frozenset(self.plan.field_names)
         self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
         self._names = [w.name for w in spec.windows]
+        self._session_names = frozenset(self._names[i] for i in self.sessions.windows)
         self._prepared_for: int | None = None
         self.alerts = AlertBook(spec.alerts)
         self.transitions: list[Transition] = []
@@ -197,6 +206,7 @@ class Combiner:
             and int(rows.window.max(initial=0)) < len(self.spec.windows)
             and (rows.sketch_row is None) != self.plan.needs_sketch
             and (rows.sketch_row is None or int(rows.sketch_row.max(initial=0)) < len(rows))
+            and (rows.last is None) == (not self.sessions.windows)
         )
 
     def receive_status(self, status: GatewayStatus) -> Step:
@@ -244,7 +254,9 @@ class Combiner:
                 else end <= self.closed_through - allowed
             )
             is_late = beyond | dropped
-            self.state.add(rows, keep=~is_late)
+            in_session = self._session_window[rows.window.astype(np.int64)]
+            self.state.add(rows, keep=~is_late & ~in_session)
+            self.sessions.add(rows, keep=~is_late & in_session)
             n = rows.fields["n"]
             self.counters.rows_applied += int(n[~is_late].sum())
             if allowed:
@@ -400,6 +412,10 @@ class Combiner:
         ):
             return None
         self.closed_through = threshold
+        return self._count_closed(self._close_aligned(threshold), self.sessions.close(threshold))
+
+    def _close_aligned(self, threshold: int) -> pl.DataFrame | None:
+        """Close the aligned windows ending at or before ``threshold``, else prepare."""
         next_end = self.state.next_end()
         if next_end is None or next_end > threshold:
             # Nothing closes yet. Once the watermark has passed the next window's end, only
@@ -413,13 +429,17 @@ class Combiner:
                 self.state.prepare(next_end)
                 self._prepared_for = next_end
             return None
-        closed = self.state.close(threshold)
-        if not closed.empty:
-            self.counters.windows_closed += closed.frame.select(
-                pl.struct("window", "start").n_unique()
-            ).item()
-            self.counters.results_emitted += closed.frame.height
-        return closed
+        return self.state.close(threshold).frame
+
+    def _count_closed(self, *frames: pl.DataFrame | None) -> ClosedWindows | None:
+        """Closed aligned windows and sessions as one ``ClosedWindows``, counted."""
+        parts = [f for f in frames if f is not None and f.height]
+        if not parts:
+            return None
+        frame = parts[0] if len(parts) == 1 else pl.concat(parts)
+        self.counters.windows_closed += frame.select(pl.struct("window", "start").n_unique()).item()
+        self.counters.results_emitted += frame.height
+        return ClosedWindows(frame, sessions=self._session_names)
 
     def _close_counts(self, threshold: int | None, *, flush: bool = False) -> ClosedWindows | None:
         """Count windows: rows before the threshold are final; emit the windows they fill.
@@ -515,15 +535,13 @@ class Combiner:
             last = max(ends, default=self.closed_through)
             closed = None if last is None else self._close_keeping(last)
             return closed or ClosedWindows(self.state.empty_result())
-        closed = self.state.close(2**62)
-        if not closed.empty:
-            last_end = int(closed.frame["end"].max())  # type: ignore[arg-type]
-            self.closed_through = max(self.closed_through or last_end, last_end)
-            self.counters.windows_closed += closed.frame.select(
-                pl.struct("window", "start").n_unique()
-            ).item()
-            self.counters.results_emitted += closed.frame.height
-        return closed
+        aligned = self.state.close(2**62).frame
+        sessions, sessions_through = self.sessions.close_all()
+        ends = [] if aligned.is_empty() else [int(aligned["end"].max())]  # type: ignore[arg-type]
+        for through in [*ends, *([] if sessions_through is None else [sessions_through])]:
+            self.closed_through = max(self.closed_through or through, through)
+        closed = self._count_closed(aligned, sessions)
+        return closed or ClosedWindows(self.state.empty_result())
 
     def take_transitions(self) -> list[Transition]:
         """The alert transitions made since the last call (the runtime publishes them)."""
@@ -547,6 +565,7 @@ class Combiner:
     def snapshot(self) -> bytes:
         """Serialise everything needed to resume exactly (see the module docstring)."""
         state = self.state.snapshot_rows()
+        sessions = self.sessions.snapshot_rows()
         gateways = [
             {
                 "gateway_id": g.gateway_id,
@@ -577,6 +596,7 @@ class Combiner:
                 "counters": asdict(self.counters),
                 "gateways": gateways,
                 "state": None if state is None else state.pack(),
+                "sessions": None if sessions is None else sessions.pack(),
                 **({} if self.counts is None else {"counts": self.counts.snapshot()}),
                 **({"alerts": self.alerts.snapshot()} if self.spec.alerts else {}),
                 "taken_at": self.clock.now_ms(),
@@ -632,6 +652,8 @@ class Combiner:
             progress.released = g.get("released", False)
             self.tracker.gateways[progress.gateway_id] = progress
         self.state.restore(None if obj["state"] is None else PartialRows.unpack(obj["state"]))
+        sessions = obj.get("sessions")  # after the state: it shares the state's key ids
+        self.sessions.restore(None if sessions is None else PartialRows.unpack(sessions))
         if self.counts is not None:
             self.counts.restore(obj.get("counts"))
         self.alerts.restore(obj.get("alerts"))
@@ -647,5 +669,6 @@ def _partial_bytes(partial: Partial) -> int:
     if rows is None:
         return 256
     arrays: list[npt.NDArray[Any]] = [rows.window, rows.start, *rows.fields.values()]
+    arrays += [] if rows.last is None else [rows.last]
     arrays += [a for a in (rows.sketch_row, rows.sketch_bucket, rows.sketch_count) if a is not None]
     return 256 + sum(int(a.nbytes) for a in arrays) + 64 * len(rows.keys)

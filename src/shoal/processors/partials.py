@@ -26,15 +26,17 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from shoal.errors import SchemaError
+from shoal.errors import ConfigError, SchemaError
 from shoal.processors._kernels import partial_state
-from shoal.processors.aggregates import STATE_FIELDS, AggregatePlan
+from shoal.processors._panes import fan_out
+from shoal.processors.aggregates import STATE_FIELDS
+from shoal.processors.sessions import SESSION_KIND, SessionRule
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
-from shoal.processors.windows import kind_of
+from shoal.processors.windows import WindowKind, WindowSpec, kind_of
 from shoal.schemas import Batch, DictColumn
 
-PARTIAL_VERSION: Final = 4
+PARTIAL_VERSION: Final = 5
 AGGS_GROUPS: Final[dict[str, pl.DataType]] = {
     "window": pl.UInt8(),
     "start": pl.Int64(),
@@ -52,10 +54,7 @@ def spec_fingerprint(spec: PipelineSpec) -> str:
     text = repr(
         (
             spec.key,
-            [
-                (w.name, w.size_ms, w.slide_ms, *((w.kind, w.count) if w.by_count else ()))
-                for w in spec.windows
-            ],
+            [_window_print(w) for w in spec.windows],
             spec.aggregate_names,
             spec.sketch_accuracy,
             spec.partitions,
@@ -64,6 +63,31 @@ def spec_fingerprint(spec: PipelineSpec) -> str:
         )
     )
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _window_print(window: WindowSpec) -> tuple[object, ...]:
+    """What of a window shapes partials.
+
+    Tumbling and hopping windows print as before sessions and sliding windows existed; a
+    sliding window is a hopping one plus its trigger, so its kind tells them apart.
+    """
+    aligned = (window.name, window.size_ms, window.slide_ms)
+    if window.kind == "sliding":
+        return (*aligned, window.kind)
+    if window.by_count:
+        return (*aligned, window.kind, window.count)
+    if window.kind != SESSION_KIND:
+        return aligned
+    return (*aligned, window.kind, window.gap_ms, window.max_duration_ms)
+
+
+def session_rule(window: WindowSpec) -> SessionRule | None:
+    """The ``SessionRule`` of a session window; None for aligned kinds."""
+    if window.kind != SESSION_KIND:
+        return None
+    if window.gap_ms is None:
+        raise ConfigError(f"session window {window.name!r} has no gap_ms")
+    return SessionRule(window.gap_ms, window.max_duration_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +145,9 @@ class PartialRows:
         sketch_row: per sketch bucket, the state row it belongs to (None: no sketch).
         sketch_bucket: per sketch bucket, its key (``sketch.LogBuckets``).
         sketch_count: per sketch bucket, its count.
+        last: only when the spec has a session window: per row, the largest event time of
+            the rows in it (merged by max): a session piece's last timestamp (its ``start``
+            is the first), the latest row of an aligned window's group. None otherwise.
     """
 
     window: npt.NDArray[np.uint8]
@@ -130,6 +157,7 @@ class PartialRows:
     sketch_row: npt.NDArray[np.int64] | None = None
     sketch_bucket: npt.NDArray[np.int64] | None = None
     sketch_count: npt.NDArray[np.int64] | None = None
+    last: npt.NDArray[np.int64] | None = None
 
     def __len__(self) -> int:
         return len(self.start)
@@ -153,15 +181,18 @@ class PartialRows:
             sketch_row=sketch_row,
             sketch_bucket=sketch_bucket,
             sketch_count=sketch_count,
+            last=None if self.last is None else self.last[rows],
         )
 
     def frame(self) -> pl.DataFrame:
-        """The state rows as a DataFrame (``window``, ``start``, ``key``, fields)."""
+        """The state rows as a DataFrame (``window``, ``start``, ``key``, [``last``], fields)."""
+        last = [] if self.last is None else [pl.Series("last", self.last, dtype=pl.Int64)]
         return pl.DataFrame(
             [
                 pl.Series("window", self.window, dtype=pl.UInt8),
                 pl.Series("start", self.start, dtype=pl.Int64),
                 pl.Series("key", self.keys, dtype=pl.String),
+                *last,
                 *(pl.Series(name, values) for name, values in self.fields.items()),
             ]
         )
@@ -184,7 +215,7 @@ class PartialRows:
         fields = {
             name: aggs.get_column(name).to_numpy().astype(_field_dtype(name), copy=False)
             for name in aggs.columns
-            if name not in ("window", "start", "key")
+            if name not in ("window", "start", "key", "last")
         }
         return cls(
             window=aggs.get_column("window").to_numpy().astype(np.uint8, copy=False),
@@ -200,6 +231,9 @@ class PartialRows:
             sketch_count=None
             if sketch is None
             else sketch.get_column("count").to_numpy().astype(np.int64),
+            last=aggs.get_column("last").to_numpy().astype(np.int64)
+            if "last" in aggs.columns
+            else None,
         )
 
     def pack(self) -> dict[str, Any]:
@@ -218,6 +252,8 @@ class PartialRows:
                 for name, v in self.fields.items()
             },
         }
+        if self.last is not None:
+            out["last"] = _pack_int(self.last)
         if self.sketch_row is not None:
             assert self.sketch_bucket is not None
             assert self.sketch_count is not None
@@ -238,6 +274,7 @@ class PartialRows:
         sketch = obj.get("sketch")
         sketch_row = None if sketch is None else _unpack_int(sketch["row"], None)
         buckets = None if sketch_row is None else len(sketch_row)
+        last = obj.get("last")
         return cls(
             window=_buffer(obj["window"], "<u1", n).astype(np.uint8),
             start=_unpack_int(obj["start"], n),
@@ -249,6 +286,7 @@ class PartialRows:
             sketch_row=sketch_row,
             sketch_bucket=None if sketch is None else _unpack_int(sketch["bucket"], buckets),
             sketch_count=None if sketch is None else _unpack_int(sketch["count"], buckets),
+            last=None if last is None else _unpack_int(last, n),
         )
 
 
@@ -522,17 +560,25 @@ class PartialBuilder:
 
     Each window's kind (``windows.WINDOW_KINDS``) assigns the rows to windows; the state of
     all (window, start, key) groups of a batch then comes from one sort and the ``reduceat``
-    kernels of the plan's state fields (``_kernels.partial_state``, ``aggregates.py``).
+    kernels of the plan's state fields (``_kernels.partial_state``, ``aggregates.py``). A
+    session window's rows are labelled per key by ``SessionRule.label_rows`` instead: one
+    state row per *piece* (the batch's rows of one key in one session), with its first
+    timestamp as ``start`` and its last as ``last``.
     """
 
     def __init__(self, spec: PipelineSpec, worker_id: str) -> None:
         self.spec = spec
         self.worker_id = worker_id
-        self.plan = AggregatePlan.for_aggregates(spec.aggregates)
+        self.plan = spec.plan()
         self.buckets = LogBuckets(spec.sketch_accuracy)
         self.router = KeyRouter(spec.partitions)
         self.fingerprint = spec_fingerprint(spec)
-        self._kinds = [kind_of(w) for w in spec.windows]
+        self._rules = [session_rule(w) for w in spec.windows]
+        self._kinds: list[WindowKind | None] = [
+            None if rule is not None else kind_of(w)
+            for w, rule in zip(spec.windows, self._rules, strict=True)
+        ]
+        self._has_sessions = any(rule is not None for rule in self._rules)
         self._schema = self.plan.state_schema(AGGS_GROUPS)
         self._by_count = any(w.by_count for w in spec.windows)
         self.rules = spec.row_rules
@@ -636,6 +682,24 @@ class PartialBuilder:
         fields = self.plan.fields
         parts: list[PartialRows] = []
         for index, (window, kind) in enumerate(zip(self.spec.windows, self._kinds, strict=True)):
+            rule = self._rules[index]
+            if rule is not None:
+                s = rule.label_rows(key_ids, ts)
+                g, state, sketch = partial_state(s.label, ts, value, fields, bucket_all)
+                parts.append(
+                    PartialRows(
+                        window=np.full(len(g), index, dtype=np.uint8),
+                        start=s.first_ts[g],
+                        keys=[key_names[i] for i in s.key[g].tolist()],
+                        fields=state,
+                        sketch_row=None if sketch is None else sketch[0],
+                        sketch_bucket=None if sketch is None else sketch[1],
+                        sketch_count=None if sketch is None else sketch[2],
+                        last=s.last_ts[g],
+                    )
+                )
+                continue
+            assert kind is not None
             assigned = kind.assign(ts, window)
             per_row = assigned.per_row
             if per_row == 1:
@@ -644,9 +708,27 @@ class PartialBuilder:
                 rows_ts, rows_value = np.repeat(ts, per_row), np.repeat(value, per_row)
                 rows_key = np.repeat(key_ids, per_row)
                 rows_bucket = None if bucket_all is None else np.repeat(bucket_all, per_row)
-            # Dense group ids (slot-major): small enough for a radix sort in the kernel.
-            groups = assigned.slot * width + rows_key
-            g, state, sketch = partial_state(groups, rows_ts, rows_value, fields, rows_bucket)
+            if assigned.fan > 1:  # hopping: state per pane, then per window (``_panes``)
+                g, state, sketch = fan_out(
+                    assigned.slot,
+                    assigned.fan,
+                    rows_key,
+                    width,
+                    rows_ts,
+                    rows_value,
+                    fields,
+                    rows_bucket,
+                )
+            else:
+                # Dense group ids (slot-major): small enough for a radix sort in the kernel.
+                groups = assigned.slot * width + rows_key
+                g, state, sketch = partial_state(groups, rows_ts, rows_value, fields, rows_bucket)
+            last = None
+            if self._has_sessions:  # 'last': the largest event time of each group's rows
+                every = assigned.expanded()  # (one membership per window, also for panes)
+                again = every.per_row // assigned.per_row
+                member = every.slot * width + np.repeat(rows_key, again)
+                last = _max_per_group(member, np.repeat(rows_ts, again), g)
             parts.append(
                 PartialRows(
                     window=np.full(len(g), index, dtype=np.uint8),
@@ -656,6 +738,7 @@ class PartialBuilder:
                     sketch_row=None if sketch is None else sketch[0],
                     sketch_bucket=None if sketch is None else sketch[1],
                     sketch_count=None if sketch is None else sketch[2],
+                    last=last,
                 )
             )
         return self._split(batch, _concat(parts), now_ms)
@@ -693,6 +776,15 @@ class PartialBuilder:
         ]
 
 
+def _max_per_group(
+    groups: npt.NDArray[np.int64], ts: npt.NDArray[np.int64], unique: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """The largest ``ts`` of each group of ``unique`` (sorted group ids): a row's ``last``."""
+    out = np.full(len(unique), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(out, np.searchsorted(unique, groups), ts)
+    return out
+
+
 def _concat(parts: list[PartialRows]) -> PartialRows:
     """One ``PartialRows`` from several (sketch rows renumbered)."""
     if len(parts) == 1:
@@ -720,5 +812,8 @@ def _concat(parts: list[PartialRows]) -> PartialRows:
         else None,
         sketch_count=np.concatenate([p.sketch_count for p in parts if p.sketch_count is not None])
         if with_sketch
+        else None,
+        last=np.concatenate([p.last for p in parts if p.last is not None])
+        if parts[0].last is not None
         else None,
     )

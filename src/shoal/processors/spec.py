@@ -16,7 +16,8 @@ from typing import Any, Final, Literal
 import polars as pl
 
 from shoal.errors import ConfigError, UsageError
-from shoal.processors.aggregates import AGGREGATES, ALIASES, QUANTILES, AggregateSpec
+from shoal.processors.aggregates import AGGREGATES, ALIASES, QUANTILES, AggregatePlan, AggregateSpec
+from shoal.processors.sessions import SESSION_KIND
 from shoal.processors.windows import WINDOW_KINDS, WindowSpec
 from shoal.rules import AlertSpec, Having, RowRules, compile_having, compile_row_rules
 from shoal.rules.alerts import MAX_FOR
@@ -28,6 +29,10 @@ OutputEncoding = Literal["json", "msgpack"]
 KEY_COLUMNS: Final = ("sensor_id", *ATTRIBUTE_COLUMNS)
 MAX_WINDOWS_PER_ROW: Final = 64
 """A hopping window puts each row into size/slide windows; beyond this the spec is refused."""
+STEPS_PER_WINDOW: Final = 10
+"""A sliding window's default ``step_ms`` is ``size_ms`` / this (when it divides)."""
+ALERT_WINDOW_KINDS: Final = ("tumbling", "hopping")
+"""Window kinds alerts may watch: aligned windows, which close in start order."""
 MAX_COUNT_ROWS: Final = 1_000_000
 """Largest ``n`` of a count window: a combiner keeps up to ``n - 1`` rows per key and window."""
 
@@ -104,6 +109,13 @@ class PipelineSpec:
         if self.max_hold_ms is not None:
             return self.max_hold_ms
         return default_max_hold_ms(self.lateness_ms, self.idle_timeout_ms)
+
+    def plan(self) -> AggregatePlan:
+        """The state this spec's partials carry: its aggregates' and its window kinds' needs."""
+        last_ts = any(
+            w.kind in WINDOW_KINDS and WINDOW_KINDS[w.kind].needs_last_ts for w in self.windows
+        )  # (session windows are no entry of WINDOW_KINDS)
+        return AggregatePlan.for_aggregates(self.aggregates, last_ts=last_ts)
 
     @property
     def aggregate_names(self) -> tuple[str, ...]:
@@ -212,6 +224,12 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
         **rules,
     )
     reader.finish()
+    if spec.allowed_lateness_ms and any(w.kind == SESSION_KIND for w in windows):
+        raise reader.error(
+            "allowed_lateness_ms",
+            "allowed_lateness_ms is not supported with session windows yet: their late pieces "
+            "go to the late topic (set it to 0, or use a separate pipeline for sessions)",
+        )
     return spec
 
 
@@ -262,8 +280,13 @@ def _alert(
         raise reader.error("condition", "an alert needs a condition (SQL over the aggregates)")
     for_windows = reader.integer("for", default=1, low=1, high=MAX_FOR)
     window = reader.choice("window", tuple(w.name for w in windows), default=windows[0].name)
-    if next(w for w in windows if w.name == window).by_count:
-        raise reader.error("window", "alerts watch time windows, not count windows (yet)")
+    kind = next(w for w in windows if w.name == window).kind
+    if kind not in ALERT_WINDOW_KINDS:
+        # Alerts take a key's results in start order, which for these kinds is close order.
+        raise reader.error(
+            "window",
+            f"alerts watch {' or '.join(ALERT_WINDOW_KINDS)} windows, not {kind} windows (yet)",
+        )
     reader.finish()
     try:
         return AlertSpec.build(
@@ -373,6 +396,10 @@ class _Reader:
         return value
 
 
+DEFAULT_MAX_SESSION_MS: Final = 3_600_000
+"""A session window's ``max_duration_ms`` unless set: sessions are cut on the hour grid."""
+
+
 def _check_count_windows(windows: tuple[WindowSpec, ...], reader: _Reader) -> None:
     """Count windows: never beside time windows, never with late corrections.
 
@@ -414,38 +441,75 @@ def _count_window(reader: _Reader) -> WindowSpec:
 
 
 def _window(reader: _Reader) -> WindowSpec:
-    kind = WINDOW_KINDS[reader.choice("kind", tuple(WINDOW_KINDS), default="tumbling")]
+    kinds = (*WINDOW_KINDS, SESSION_KIND)
+    chosen = reader.choice("kind", kinds, default="tumbling")
+    if chosen == SESSION_KIND:
+        return _session_window(reader)
+    kind = WINDOW_KINDS[chosen]
     if kind.name == "count":
         return _count_window(reader)
     size = reader.integer("size_ms", default=0, low=1, high=31 * 86_400_000)
     if size == 0:
         raise reader.error("size_ms", "size_ms is required")
+    for other in {k.slide_key for k in WINDOW_KINDS.values() if k.takes_slide}:
+        if other in reader.raw and (not kind.takes_slide or other != kind.slide_key):
+            takers = " or ".join(
+                k.name for k in WINDOW_KINDS.values() if k.takes_slide and k.slide_key == other
+            )
+            raise reader.error(other, f"{other} is only for {takers} windows")
     if not kind.takes_slide:
         slide = size
-        if "slide_ms" in reader.raw:
-            sliding = " or ".join(k.name for k in WINDOW_KINDS.values() if k.takes_slide)
-            raise reader.error("slide_ms", f"slide_ms is only for {sliding} windows")
     else:
-        slide = reader.integer("slide_ms", default=0, low=1, high=size)
+        key = kind.slide_key
+        # A step (sliding) defaults to a tenth of the size: ten windows per row and at most
+        # ten results per key and window length, whatever the size; a slide has no default.
+        default = (
+            size // STEPS_PER_WINDOW if key == "step_ms" and size % STEPS_PER_WINDOW == 0 else 0
+        )
+        slide = reader.integer(key, default=default, low=1, high=size)
         if slide == 0:
-            raise reader.error("slide_ms", f"{kind.name} windows need slide_ms")
+            raise reader.error(key, f"{kind.name} windows need {key}")
         if size % slide:
-            raise reader.error(
-                "size_ms", f"size_ms ({size}) must be a multiple of slide_ms ({slide})"
-            )
+            raise reader.error("size_ms", f"size_ms ({size}) must be a multiple of {key} ({slide})")
         if size // slide > MAX_WINDOWS_PER_ROW:
             raise reader.error(
                 "size_ms",
-                f"size_ms/slide_ms = {size // slide} windows per row; at most "
+                f"size_ms/{key} = {size // slide} windows per row; at most "
                 f"{MAX_WINDOWS_PER_ROW} are supported",
             )
     default_name = f"{kind.name}-{_duration(size)}" + (
         f"-{_duration(slide)}" if kind.takes_slide else ""
     )
     name = reader.name("name") if "name" in reader.raw else default_name
-    reader.used.add("slide_ms")
     reader.finish()
     return WindowSpec(name=name, kind=kind.name, size_ms=size, slide_ms=slide)
+
+
+def _session_window(reader: _Reader) -> WindowSpec:
+    """``kind = "session"``: ``gap_ms`` and ``max_duration_ms`` (docs/guarantees.md).
+
+    Its ``size_ms`` and ``slide_ms`` are the gap: a piece of a session is judged late by the
+    window ``[first_ts, first_ts + gap_ms)`` it would open alone.
+    """
+    for aligned in ("size_ms", "slide_ms"):
+        if aligned in reader.raw:
+            raise reader.error(aligned, f"{aligned} is not for session windows; set gap_ms")
+    gap = reader.integer("gap_ms", default=0, low=1, high=31 * 86_400_000)
+    if gap == 0:
+        raise reader.error("gap_ms", "session windows need gap_ms")
+    longest = reader.integer(
+        "max_duration_ms", default=max(DEFAULT_MAX_SESSION_MS, gap), low=gap, high=366 * 86_400_000
+    )
+    name = reader.name("name") if "name" in reader.raw else f"{SESSION_KIND}-{_duration(gap)}"
+    reader.finish()
+    return WindowSpec(
+        name=name,
+        kind=SESSION_KIND,
+        size_ms=gap,
+        slide_ms=gap,
+        gap_ms=gap,
+        max_duration_ms=longest,
+    )
 
 
 def _aggregate(text: str, reader: _Reader) -> AggregateSpec:

@@ -28,10 +28,11 @@ from shoal.processors._kernels import (
     merge_cells,
     merge_state,
 )
-from shoal.processors.aggregates import AGGREGATES, QUANTILES, AggregatePlan
+from shoal.processors.aggregates import AGGREGATES, LAST_TS, QUANTILES, AggregatePlan
 from shoal.processors.partials import PartialRows
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
+from shoal.processors.windows import WINDOW_KINDS, kind_of
 from shoal.rules import RESULT_BASE_SCHEMA
 
 COMPACT_ROWS: Final = 2_000_000
@@ -57,6 +58,8 @@ class ClosedWindows:
     frame: pl.DataFrame
     revisions: Mapping[tuple[str, int], int] = field(default_factory=dict)
     """(window name, start) -> revision, for windows whose revision is above 1 (corrections)."""
+    sessions: frozenset[str] = frozenset()
+    """Names of the session windows: their results keep a per-key ``end`` (``split_windows``)."""
 
     @property
     def empty(self) -> bool:
@@ -74,6 +77,9 @@ class WindowState:
         self._fields = plan.field_names
         self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
         self._names = [w.name for w in spec.windows]
+        self._triggered = any(
+            w.kind in WINDOW_KINDS and kind_of(w).needs_last_ts for w in spec.windows
+        )  # (session windows are no entry of WINDOW_KINDS and trigger nothing here)
         self._empty: pl.DataFrame | None = None
         self._reset()
 
@@ -119,7 +125,8 @@ class WindowState:
         slots = self._slot_ids(rows.window[taken].astype(np.int64), rows.start[taken])
         if self._prepared is not None and np.isin(slots, self._prepared.slots).any():
             self._prepared = None  # a late row for a prepared window: finalise it again
-        keys = self._key_ids_of([rows.keys[i] for i in taken.tolist()])
+        everything = len(taken) == len(rows)  # the usual case: no copy of the key list
+        keys = self.key_ids(rows.keys if everything else [rows.keys[i] for i in taken.tolist()])
         groups = (slots << KEY_BITS) | keys
         self._groups.append(groups)
         self._columns.append({f: rows.fields[f][taken] for f in self._fields})
@@ -160,7 +167,8 @@ class WindowState:
         result: npt.NDArray[np.int64] = ids[inverse.reshape(-1)]
         return result
 
-    def _key_ids_of(self, keys: list[str | None]) -> npt.NDArray[np.int64]:
+    def key_ids(self, keys: list[str | None]) -> npt.NDArray[np.int64]:
+        """The partition's id of each key (new keys get the next ids; shared with sessions)."""
         # A gateway's partials list the same keys in the same order batch after batch:
         # remember the last few lists (ids only ever grow, so a remembered list stays valid).
         signature = tuple(keys)
@@ -182,6 +190,11 @@ class WindowState:
             self._key_lists.pop(next(iter(self._key_lists)))
         self._key_lists[signature] = out
         return out
+
+    def keys_of(self, ids: npt.NDArray[np.int64]) -> pl.Series:
+        """The keys of key ids (a ``key`` column)."""
+        names = pl.Series("key", self._key_names, dtype=pl.String)
+        return names.gather(pl.Series(ids, dtype=pl.UInt32))
 
     def compact(self) -> None:
         """Merge all pending state into one sorted set of arrays (the form ``close`` needs).
@@ -357,12 +370,37 @@ class WindowState:
         cells: npt.NDArray[np.int64],
         counts: npt.NDArray[np.int64],
     ) -> pl.DataFrame:
-        """Results of merged groups (sorted) and their merged sketch cells."""
+        """Results of merged groups (sorted) and their merged sketch cells.
+
+        Only the (window, key) states their window kind emits (a sliding window's trigger).
+        """
+        keep = self._emitted(groups, state)
+        if keep is not None and not keep.all():
+            groups, state = groups[keep], {f: c[keep] for f, c in state.items()}
+            if len(cells):
+                kept_cells = np.isin(cell_groups(cells), groups)
+                cells, counts = cells[kept_cells], counts[kept_cells]
         quantiles: list[npt.NDArray[np.float64]] = []
         if self.plan.needs_sketch:
             wanted = list(self.plan.quantiles.values())
             quantiles = QUANTILES.finalize(self.buckets, cells, counts, groups, wanted)
         return self._finalise(groups, state, quantiles)
+
+    def _emitted(
+        self, groups: npt.NDArray[np.int64], state: dict[str, npt.NDArray[Any]]
+    ) -> npt.NDArray[np.bool_] | None:
+        """Which merged groups their window kind emits (None: all; ``WindowKind.emitted``)."""
+        if not self._triggered or len(groups) == 0:
+            return None
+        window, start, _ = self._slot_info_for(groups >> KEY_BITS)
+        keep = np.ones(len(groups), dtype=bool)
+        for index, spec in enumerate(self.spec.windows):
+            rows = window == index
+            if rows.any() and spec.kind in WINDOW_KINDS:
+                emitted = kind_of(spec).emitted(start[rows], state[LAST_TS.name][rows], spec)
+                if emitted is not None:
+                    keep[rows] = emitted
+        return keep
 
     def _release(self, slots: list[int]) -> None:
         for slot in slots:
@@ -378,20 +416,14 @@ class WindowState:
     ) -> pl.DataFrame:
         slots = groups >> KEY_BITS
         info = self._slot_info_for(slots)
-        key_names = pl.Series("key", self._key_names, dtype=pl.String)
-        frame = pl.DataFrame(
-            {
-                "window": [self._names[w] for w in info[0].tolist()],
-                "start": info[1],
-                "end": info[2],
-                "key": key_names.gather(pl.Series(groups & ((1 << KEY_BITS) - 1), dtype=pl.UInt32)),
-                **{f: state[f] for f in self._fields},
-                **dict(zip(self.plan.quantiles, quantiles, strict=True)),
-            },
-            schema_overrides={f.name: f.dtype for f in self.plan.fields},
-        )
+        head = {
+            "window": [self._names[w] for w in info[0].tolist()],
+            "start": info[1],
+            "end": info[2],
+            "key": self.keys_of(groups & ((1 << KEY_BITS) - 1)),
+        }
         # in (slot, key id) order: grouped by window, keys in no particular order
-        return frame.select(result_columns(self.spec, self.plan))
+        return results_frame(self.spec, self.plan, head, state, quantiles)
 
     def _slot_info_for(
         self, slots: npt.NDArray[np.int64]
@@ -466,6 +498,29 @@ def result_columns(spec: PipelineSpec, plan: AggregatePlan) -> list[pl.Expr | st
             for name in spec.aggregate_names
         ),
     ]
+
+
+def results_frame(
+    spec: PipelineSpec,
+    plan: AggregatePlan,
+    head: dict[str, Any],
+    state: Mapping[str, npt.NDArray[Any]],
+    quantiles: list[npt.NDArray[np.float64]],
+) -> pl.DataFrame:
+    """A results frame (``ClosedWindows.frame``) from merged state.
+
+    ``head``: the ``window``, ``start``, ``end`` and ``key`` columns; ``state``: the plan's
+    merged fields; ``quantiles``: the finalised sketch estimates, in the plan's order.
+    """
+    frame = pl.DataFrame(
+        {
+            **head,
+            **{f: state[f] for f in plan.field_names},
+            **dict(zip(plan.quantiles, quantiles, strict=True)),
+        },
+        schema_overrides={f.name: f.dtype for f in plan.fields},
+    )
+    return frame.select(result_columns(spec, plan))
 
 
 def result_schema(spec: PipelineSpec) -> dict[str, pl.DataType]:

@@ -57,7 +57,9 @@ IDENTITY: Final = ("pipeline", "window", "start", "partition", "revision")
 ROW_IDENTITY: Final = (*IDENTITY, "key")
 """Columns that identify one result row."""
 
-INTEGER_FIELDS: Final = frozenset({"rows", "batches", "count", "index", "first_ts", "last_ts"})
+INTEGER_FIELDS: Final = frozenset(
+    {"rows", "batches", "count", "end", "index", "first_ts", "last_ts"}
+)
 
 DEFAULT_REMEMBER: Final = 100_000
 """Identities a ``Deduplicator`` remembers by default."""
@@ -290,9 +292,17 @@ def _frame(header: dict[str, Any], columns: dict[str, Any]) -> pl.DataFrame:
         raise SchemaError(
             f"window result rows do not form a table: {exc}", reason="bad_result_message"
         ) from exc
-    head = [pl.lit(header[name], dtype=dtype).alias(name) for name, dtype in HEADER_SCHEMA.items()]
-    rest = [c for c in fields.columns if c not in _LEADING]
-    return fields.select(*head, *_LEADING, *rest)
+    # A session window's rows carry their own end (CONTRACT.md §14): it replaces the header's.
+    head = [
+        pl.col(name) if name in _PER_ROW and name in fields.columns else pl.lit(value, dtype=dtype)
+        for name, dtype in HEADER_SCHEMA.items()
+        for value in [header[name]]
+    ]
+    rest = [c for c in fields.columns if c not in _LEADING and c not in _PER_ROW]
+    return fields.select(
+        *[h.alias(n) for h, n in zip(head, HEADER_SCHEMA, strict=True)], *_LEADING, *rest
+    )
 
 
 _LEADING: Final = ("key", "rows", "batches")
+_PER_ROW: Final = frozenset({"end"})
