@@ -150,3 +150,37 @@ def test_a_refused_expression_is_invalid_expression_to_the_control_plane() -> No
 def test_a_spec_without_rules_keeps_its_canonical_form() -> None:
     mapping = canonical_mapping(parse_pipeline(MINIMAL))
     assert not {"where", "derive", "having", "alerts"} & set(mapping)
+
+
+def test_a_restored_combiner_makes_the_same_transitions_once() -> None:
+    """Checkpoint mid-stream, keep going; a combiner restored from the checkpoint and fed the
+    same later batches makes exactly the same transitions, and none of the earlier ones."""
+    from shoal.clock import FakeClock  # noqa: PLC0415
+    from shoal.processors.combine import Combiner  # noqa: PLC0415
+    from shoal.processors.partials import BatchInfo, PartialBuilder  # noqa: PLC0415
+    from tests.support.in_memory import statuses_for  # noqa: PLC0415
+
+    spec = two_window_spec("rules", ["count", "mean", "max"], **RULES)
+    batches = with_attributes(make_batches(seed=3, gateways=1, batches_per_gateway=40), seed=3)
+    builder = PartialBuilder(spec, "w")
+    clock = FakeClock()
+    first = Combiner(spec, 0, clock)
+    for status in statuses_for(batches, clock.now_ms()):
+        first.receive_status(status)
+
+    def feed(core: Combiner, part: list) -> list[tuple]:
+        for batch in part:
+            info = BatchInfo(batch.gateway_id, batch.seq, "s", 0, None, None, 0, 0, "w")
+            for partial in builder.build(batch.frame, info, clock.now_ms()):
+                core.receive(partial)
+                core.tick()
+        return [(t.key, t.start, t.state) for t in core.take_transitions()]
+
+    before = feed(first, batches[:20])
+    saved = first.snapshot()
+    after = feed(first, batches[20:])
+    assert before
+    assert after
+    restored = Combiner(spec, 0, clock)
+    restored.restore(saved)
+    assert feed(restored, batches[20:]) == after
