@@ -596,8 +596,7 @@ class PartialBuilder:
         that arrived coded are grouped on their codes directly.
         """
         if self.rules is not None:
-            frame, batch = self._row_stage(frame, batch)
-            codes = None  # the codes index the rows before the row stage
+            frame, batch, codes = self._row_stage(frame, batch, codes)
         coded = None if codes is None else codes.get(self.spec.key)
         return self._build(
             frame.get_column("ts").to_numpy(),
@@ -615,16 +614,20 @@ class PartialBuilder:
         the worker's fast path).
         """
         if self.rules is not None:
-            return self.build(decoded.frame, batch, now_ms)
+            return self.build(decoded.frame, batch, now_ms, decoded.codes)
         coded = decoded.codes.get(self.spec.key)
         keys = None if coded is not None else decoded.frame.get_column(self.spec.key)
         return self._build(decoded.ts, decoded.value, coded, keys, batch, now_ms)
 
-    def _row_stage(self, frame: pl.DataFrame, batch: BatchInfo) -> tuple[pl.DataFrame, BatchInfo]:
-        """``derive`` then ``where`` (``shoal.rules``): the kept rows, and the batch info.
+    def _row_stage(
+        self, frame: pl.DataFrame, batch: BatchInfo, codes: dict[str, DictColumn] | None
+    ) -> tuple[pl.DataFrame, BatchInfo, dict[str, DictColumn] | None]:
+        """``derive`` then ``where`` (``shoal.rules``): kept rows, batch info, key codes.
 
         The info gets ``filtered`` and its event-time range over every row, kept or not: a
-        gateway whose rows all fail ``where`` still moves its watermark on.
+        gateway whose rows all fail ``where`` still moves its watermark on. A key that arrived
+        dictionary-coded stays coded (its codes filtered alike) unless ``derive`` replaced it:
+        grouping on codes is the worker's fast path.
         """
         assert self.rules is not None
         kept = self.rules.apply(frame)
@@ -635,7 +638,11 @@ class PartialBuilder:
             min_ts=None if ts.is_empty() else int(ts.min()),  # type: ignore[arg-type]
             max_ts=None if ts.is_empty() else int(ts.max()),  # type: ignore[arg-type]
         )
-        return kept.frame, batch
+        key = self.spec.key
+        coded = None if codes is None or self.rules.derives(key) else codes.get(key)
+        if coded is not None and kept.mask is not None:
+            coded = DictColumn(coded.values, coded.codes[kept.mask.to_numpy()])
+        return kept.frame, batch, None if coded is None else {key: coded}
 
     def _build(  # noqa: PLR0917 - private; the two public entry points name everything
         self,

@@ -62,11 +62,13 @@ class RowsKept:
         frame: the kept rows (``FRAME_SCHEMA`` columns first, derived ones after).
         filtered: rows ``where`` removed (false or null).
         invalid: rows whose derived ``value`` was null or not finite (removed, counted).
+        mask: per input row, whether it was kept (None: every row was).
     """
 
     frame: pl.DataFrame
     filtered: int
     invalid: int
+    mask: pl.Series | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,24 +90,30 @@ class RowRules:
         """Whether ``derive`` computes ``value`` (then it is checked finite per row)."""
         return any(name == "value" for name, _ in self.derive)
 
+    def derives(self, column: str) -> bool:
+        """Whether ``derive`` computes ``column``."""
+        return any(name == column for name, _ in self.derive)
+
     def apply(self, frame: pl.DataFrame) -> RowsKept:
         """The rows that pass, with derived columns; vectorised over the whole batch."""
         out = frame
         for expr in self._derive:
             out = out.with_columns(expr)
+        keep: pl.Series | None = None
         invalid = 0
         if self.replaces_value:
             value = out.get_column("value")
-            good = value.is_not_null() & value.is_finite().fill_null(value=False)
-            invalid = out.height - int(good.sum())
-            if invalid:
-                out = out.filter(good)
+            keep = value.is_not_null() & value.is_finite().fill_null(value=False)
+            invalid = out.height - int(keep.sum())
         filtered = 0
         if self._where is not None:
-            before = out.height
-            out = out.filter(self._where)
-            filtered = before - out.height
-        return RowsKept(out, filtered, invalid)
+            passing = out.select(self._where.fill_null(value=False)).to_series()
+            both = passing if keep is None else keep & passing
+            filtered = out.height - invalid - int(both.sum())
+            keep = both
+        if keep is None or filtered + invalid == 0:
+            return RowsKept(out, filtered, invalid, None)
+        return RowsKept(out.filter(keep), filtered, invalid, keep)
 
 
 @dataclass(frozen=True, slots=True)

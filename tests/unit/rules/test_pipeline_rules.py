@@ -184,3 +184,39 @@ def test_a_restored_combiner_makes_the_same_transitions_once() -> None:
     restored = Combiner(spec, 0, clock)
     restored.restore(saved)
     assert feed(restored, batches[20:]) == after
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"key": "unit", "derive": {**RULES["derive"], "unit": "lower(unit)"}}],  # type: ignore[dict-item]
+    ids=["coded-key", "derived-key"],
+)
+def test_binary_batches_give_the_partials_of_their_frame(changes: dict[str, Any]) -> None:
+    """A binary batch's dictionary-coded key is filtered alike (the worker's fast path), or,
+    when derive replaces the key, grouped from the frame: the partials are those of the frame."""
+    from shoal.processors.partials import BatchInfo, PartialBuilder  # noqa: PLC0415
+    from shoal.schemas import Encoding, Measurements, decode_batch, encode_batch  # noqa: PLC0415
+
+    (batch,) = with_attributes(make_batches(seed=9, gateways=1, batches_per_gateway=1), seed=9)
+    payload = encode_batch(
+        Measurements.from_frame(batch.frame),
+        gateway_id="gw0",
+        seq=0,
+        sent_at_ms=0,
+        encoding=Encoding.BINARY_COLUMNAR,
+    )
+    spec = two_window_spec("rules", ["count", "mean", "max"], **{**RULES, **changes})
+    builder = PartialBuilder(spec, "w")
+    decoded = decode_batch(payload, limits=spec.limits, now_ms=0)
+    assert spec.key in decoded.codes  # the key arrives coded
+    info = BatchInfo("gw0", 0, "s", decoded.rows, None, None, 0, 0, "w")
+    (fast,) = builder.build_batch(decoded, info, 0)
+    (slow,) = builder.build(decoded.frame, info, 0)
+    assert fast.batch == slow.batch
+    assert fast.batch.filtered > 0
+    assert fast.aggs is not None
+    assert slow.aggs is not None
+    order = ["window", "start", "key"]
+    assert fast.aggs.sort(order).equals(slow.aggs.sort(order))
+    if changes:
+        assert set(fast.aggs["key"].to_list()) <= {"c", "f"}
