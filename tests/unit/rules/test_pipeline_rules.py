@@ -8,7 +8,7 @@ from typing import Any
 import polars as pl
 import pytest
 
-from shoal.control.canonical import canonical_mapping, canonicalize_toml
+from shoal.control.canonical import SpecRefusal, canonical_mapping, canonicalize_toml
 from shoal.errors import ConfigError
 from shoal.processors.spec import load_pipeline, parse_pipeline
 from tests.support.compare import assert_matches_oracle
@@ -220,3 +220,26 @@ def test_binary_batches_give_the_partials_of_their_frame(changes: dict[str, Any]
     assert fast.aggs.sort(order).equals(slow.aggs.sort(order))
     if changes:
         assert set(fast.aggs["key"].to_list()) <= {"c", "f"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_a_deployed_examples_document_validates_and_round_trips(path: Path) -> None:
+    """What the control plane retains for a spec with rules fits pipeline-document.schema.json,
+    and a pool worker reading it back gets the same spec."""
+    import json  # noqa: PLC0415
+
+    from jsonschema import Draft202012Validator  # noqa: PLC0415
+
+    from shoal.control.messages import PipelineDocument  # noqa: PLC0415
+
+    canonical = canonicalize_toml(path.read_text())
+    assert not isinstance(canonical, SpecRefusal)
+    document = PipelineDocument(
+        canonical.spec.name, 1, "deployed", canonical.spec_hash, canonical.mapping, 0
+    )
+    schema_path = Path(__file__).resolve().parents[3] / "schemas" / "pipeline-document.schema.json"
+    schema = json.loads(schema_path.read_text())
+    Draft202012Validator(schema).validate(json.loads(document.to_json()))
+    back = PipelineDocument.from_json(document.to_json())
+    assert back.spec is not None
+    assert parse_pipeline(back.spec) == canonical.spec
