@@ -153,6 +153,14 @@ class Topics:
         """Commands to every combiner partition of a pipeline (``{"cmd": "flush"}``)."""
         return self._t("shoal", "control", "combiners", pipeline)
 
+    def pool_combiner(self, combiner_id: str) -> str:
+        """A pool combiner's retained presence and the partitions it owns (cleared by its Will)."""
+        return self._t("shoal", "combiners", combiner_id)
+
+    def pool_combiners(self) -> str:
+        """Every pool combiner's presence (what pool combiners and ``shoal pipeline`` read)."""
+        return self._t("shoal", "combiners", "+")
+
     # The control plane: pipelines deployed at run time (``shoal.control``).
     def pipeline_document(self, pipeline: str) -> str:
         """A deployed pipeline's spec and version (retained; written by the control plane)."""
