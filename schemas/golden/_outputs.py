@@ -36,6 +36,7 @@ import polars as pl
 
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import FakeClock
+from shoal.control.assignment import Announcement, Owned
 from shoal.control.messages import Request
 from shoal.control.registry import Registry, refuse_unreadable
 from shoal.errors import ControlError, InputError
@@ -132,6 +133,7 @@ NOTES: Final = {
     "pipeline-result-unreadable": "refused: a request that is not JSON (no id to carry back)",
     "pipeline-document": "the retained registry entry of temps: version, hash, canonical spec",
     "pipeline-document-deleted": "after delete: a tombstone keeps the version number",
+    "combiner-announcement": "a pool combiner owning both partitions of temps at version 1",
 }
 """Every golden case by name, with what it shows (``manifest.json``'s notes)."""
 
@@ -467,6 +469,14 @@ def _pipelines(s: _Scenario) -> None:
     s.add("pipeline-document-deleted", "pipeline-document", topic, tombstone.to_json())
 
 
+def _announcement(s: _Scenario) -> None:
+    """What a pool combiner retains on ``shoal/combiners/<id>`` (``CombinerHost._announce``)."""
+    owns = (Owned("temps", 0, 2, 1), Owned("temps", 1, 2, 1))
+    announcement = Announcement("edge-7-4242", s.clock.now_ms(), owns)
+    topic = TOPICS.pool_combiner(announcement.id)
+    s.add("combiner-announcement", "combiner-announcement", topic, announcement.to_json())
+
+
 def output_cases() -> list[OutputCase]:
     """Every golden output message, built by running the scenario (deterministic)."""
     s = _Scenario()
@@ -476,5 +486,6 @@ def output_cases() -> list[OutputCase]:
     _control(s)
     _metrics(s, runtime)
     _pipelines(s)
+    _announcement(s)
     _corrections(s)
     return s.cases

@@ -19,6 +19,11 @@ the snapshot may be published a second time, with the same identity and values.
 The MQTT session is persistent (stable client id per partition, session expiry), so partials
 published while the combiner restarts wait in the broker; a second combiner started for the
 same partition takes the session over and the first is disconnected.
+
+Hosted by a combiner pool (``CombinerConfig.hosted``, ``shoal.runtime.hosting``), a run is
+one ownership term: take the session (deposing any previous owner), then the checkpoint
+folder's lock (``_fence``), restore, serve; a lost connection ends the term (``deposed``)
+instead of reconnecting, and the pool decides whether to start another.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from shoal.broker import default_session_factory
 from shoal.broker.session import Message, Session, SessionFactory
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
-from shoal.errors import BrokerError, SchemaError
+from shoal.errors import BrokerError, ConfigError, SchemaError
 from shoal.processors.combine import Combiner, LateRows, Step
 from shoal.processors.partials import Partial
 from shoal.processors.results import (
@@ -52,6 +57,7 @@ from shoal.processors.results import (
 )
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows
+from shoal.runtime._fence import CheckpointLock
 from shoal.runtime._tasks import supervised
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas.control import MAX_MISSING, Confirm, GatewayStatus
@@ -61,6 +67,8 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE: Final = "combiner.ckpt"
 KEY_SLICE: Final = 250
+LOCK_TIMEOUT_S: Final = 10.0
+"""How long a hosted combiner waits for a deposed owner to finish its last checkpoint write."""
 """Per-key results built and published per slice, with the event loop free in between."""
 
 
@@ -79,6 +87,8 @@ class CombinerConfig:
         heartbeat_ms: how often metrics are published.
         session_expiry_s: how long the broker keeps partials for a vanished combiner.
         per_key_results: publish the retained per-key result topics.
+        hosted: run one ownership term for a combiner pool (see the module docstring);
+            needs ``state_dir``.
     """
 
     spec: PipelineSpec
@@ -90,6 +100,7 @@ class CombinerConfig:
     heartbeat_ms: int = 1_000
     session_expiry_s: int = 600
     per_key_results: bool = True
+    hosted: bool = False
 
     @property
     def client_id(self) -> str:
@@ -132,7 +143,12 @@ class CombinerRuntime:
         self.last_checkpoint_ms: float | None = None
         self.started_at = self.clock.monotonic()
         self._inputs = [config.topics.under_root(f) for f in config.spec.inputs]
-        if config.state_dir is not None:
+        self._writing: asyncio.Future[None] | None = None
+        self.serving = False
+        """Hosted: the session is ours, the checkpoint restored and the partials subscribed."""
+        self.deposed = False
+        """Hosted: the term ended with the connection (taken over, or the broker went away)."""
+        if config.state_dir is not None and not config.hosted:
             self._restore(config.state_dir / CHECKPOINT_FILE)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -141,10 +157,19 @@ class CombinerRuntime:
         """Finish: take a last checkpoint and disconnect."""
         self._stop.set()
 
+    def _subscriptions(self) -> list[str]:
+        topics, spec = self.config.topics, self.config.spec
+        return [
+            topics.partials(spec.name, self.config.partition),
+            topics.gateway_status_all(),
+            topics.combiner_control(spec.name),
+        ]
+
     async def run(self) -> None:
         """Connect, subscribe, combine until ``stop``; reconnect after broker failures."""
-        topics = self.config.topics
-        spec = self.config.spec
+        if self.config.hosted:
+            await self._run_term()
+            return
         first = True
         while not self._stop.is_set():
             if not first:
@@ -153,23 +178,11 @@ class CombinerRuntime:
                 # checkpoint and let the gateways re-send.
                 self._reload()
             first = False
-            session = self._connect(
-                self.config.broker,
-                self.config.client_id,
-                clean_start=False,
-                session_expiry_s=self.config.session_expiry_s,
-            )
+            session = self._open_session()
             try:
                 async with session:
                     self._session = session
-                    await session.subscribe(
-                        [
-                            topics.partials(spec.name, self.config.partition),
-                            topics.gateway_status_all(),
-                            topics.combiner_control(spec.name),
-                        ],
-                        qos=1,
-                    )
+                    await session.subscribe(self._subscriptions(), qos=1)
                     await self._serve(session)
                     await self._checkpoint(session)
             except BrokerError as exc:
@@ -180,6 +193,63 @@ class CombinerRuntime:
             finally:
                 self._session = None
                 self._unacked.clear()
+
+    def _open_session(self) -> Session:
+        """The partition's persistent session (its client id fences the partition)."""
+        return self._connect(
+            self.config.broker,
+            self.config.client_id,
+            clean_start=False,
+            session_expiry_s=self.config.session_expiry_s,
+        )
+
+    async def _run_term(self) -> None:
+        """One ownership term: session, then lock, restore, serve; never reconnects."""
+        state_dir = self.config.state_dir
+        if state_dir is None:
+            raise ConfigError(f"combiner {self.config.client_id}: hosting needs a state folder")
+        lock = CheckpointLock(state_dir)
+        session = self._open_session()
+        try:
+            async with session:
+                self._session = session
+                await lock.acquire(LOCK_TIMEOUT_S)
+                self._reload_hosted(state_dir)
+                await session.subscribe(self._subscriptions(), qos=1)
+                self.serving = True
+                await self._serve(session)
+                await self._checkpoint(session)
+        except BrokerError as exc:
+            if not self._stop.is_set():
+                self.deposed = True
+                log.warning("combiner %s: term ended: %s", self.config.client_id, exc)
+        finally:
+            self.serving = False
+            self._session = None
+            self._unacked.clear()
+            if self._writing is not None:
+                # A checkpoint write in a thread outlives a cancelled task: the lock is only
+                # given up once no write of this term can land after the next owner's.
+                await asyncio.wait({self._writing})
+            lock.release()
+
+    def _reload_hosted(self, state_dir: Path) -> None:
+        """Restore the newest checkpoint; one of another spec (a new version) is set aside."""
+        path = state_dir / CHECKPOINT_FILE
+        try:
+            self._reload()
+        except SchemaError as exc:
+            if exc.reason != "checkpoint_mismatch":
+                raise
+            aside = path.with_name(f"{CHECKPOINT_FILE}.superseded")
+            path.replace(aside)
+            log.warning(
+                "combiner %s: checkpoint of another spec version set aside as %s; starting "
+                "from empty state (gateways' unconfirmed batches are re-sent)",
+                self.config.client_id,
+                aside,
+            )
+            self._reload()
 
     async def _serve(self, session: Session) -> None:
         async with supervised(
@@ -427,9 +497,12 @@ class CombinerRuntime:
         outputs, self._unacked = self._unacked, []
         await session.wait_published(outputs)
         if snapshot is not None and self.config.state_dir is not None:
-            await asyncio.to_thread(
-                _write_atomically, self.config.state_dir / CHECKPOINT_FILE, snapshot
+            self._writing = asyncio.ensure_future(
+                asyncio.to_thread(
+                    _write_atomically, self.config.state_dir / CHECKPOINT_FILE, snapshot
+                )
             )
+            await asyncio.shield(self._writing)
             self.checkpoints += 1
             self.last_checkpoint_ms = self.clock.now_ms()
         await self._confirm(session, confirmable, missing)
