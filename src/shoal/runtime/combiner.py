@@ -494,8 +494,13 @@ class CombinerRuntime:
         snapshot = self.core.snapshot() if self.config.state_dir is not None else None
         confirmable = self.core.confirmable()
         missing = self._lasting_gaps()
-        outputs, self._unacked = self._unacked, []
+        # The outputs stay listed until acknowledged: a checkpoint cancelled while waiting
+        # (the periodic one, when the runtime stops) leaves them to the next, which must not
+        # write a snapshot that no longer holds windows whose results never reached the broker.
+        outputs = list(self._unacked)
         await session.wait_published(outputs)
+        awaited = {id(f) for f in outputs}
+        self._unacked = [f for f in self._unacked if id(f) not in awaited]
         if snapshot is not None and self.config.state_dir is not None:
             self._writing = asyncio.ensure_future(
                 asyncio.to_thread(

@@ -152,11 +152,16 @@ class CombinerHost:
         self._stop.set()
 
     def owns(self) -> tuple[Owned, ...]:
-        """The partitions this member serves now (session taken, checkpoint restored)."""
+        """The partitions this member serves now (session taken, checkpoint restored).
+
+        A partition being let go of stays listed until its last checkpoint is written and
+        confirmed and its connection closed: a joining member waits for that (up to
+        ``handover_ms``) instead of taking the session in the middle of it.
+        """
         return tuple(
             Owned(name, partition, term.runtime.config.spec.partitions, term.version)
             for (name, partition), term in sorted(self.terms.items())
-            if term.runtime.serving and not term.stopping
+            if term.runtime.serving
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
