@@ -22,8 +22,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 COPY --from=build /wheels /wheels
-# The kubernetes extra: the official client, for `shoal scaler --backend kubernetes`.
-RUN pip install "$(ls /wheels/shoal-*.whl)[kubernetes]" && rm -rf /wheels \
+# Extras: kubernetes (the official client, for `shoal scaler --backend kubernetes`) and
+# sinks (psycopg, for `shoal sink postgres`).
+RUN pip install "$(ls /wheels/shoal-*.whl)[kubernetes,sinks]" && rm -rf /wheels \
     && useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent shoal
 USER 10001:10001
 WORKDIR /tmp

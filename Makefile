@@ -1,7 +1,8 @@
 # shoal: the two commands of the README, and a few more for developers.
 #   make demo [DURATION=20]   bootstrap, then the embedded broker + pipeline + live view
 #   make test                 bootstrap, then ruff, mypy, the import contracts and the whole pytest suite
-# Bootstrap = a virtualenv in .venv with shoal installed (editable) and Mosquitto on PATH.
+# Bootstrap = a virtualenv in .venv with shoal installed (editable), Mosquitto on PATH and a
+# PostgreSQL server installed (the sink tests start their own from its binaries).
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -12,7 +13,7 @@ PYTEST_ARGS ?=
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DEBIAN_FRONTEND := noninteractive
 
-.PHONY: demo test bootstrap mosquitto lint test-slow bench clean
+.PHONY: demo test bootstrap mosquitto postgres lint test-slow bench clean
 
 demo: bootstrap
 	$(BIN)/shoal up $(if $(DURATION),--duration $(DURATION))
@@ -36,7 +37,7 @@ lint: bootstrap
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-bootstrap: $(VENV)/.installed mosquitto
+bootstrap: $(VENV)/.installed mosquitto postgres
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
@@ -59,6 +60,17 @@ mosquitto:
 	    apt-get update -qq && apt-get install -y -qq mosquitto mosquitto-clients >/dev/null; \
 	  else \
 	    echo "mosquitto is missing: run 'sudo apt-get install -y mosquitto mosquitto-clients' (or put mosquitto on PATH) and try again" >&2; exit 1; \
+	  fi; }
+
+# `shoal sink postgres` tests and `shoal bench sink` run a throwaway server from these binaries
+# (initdb into a temporary folder); nothing is configured or started system-wide by shoal.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing postgresql with apt-get"; \
+	    apt-get update -qq && apt-get install -y -qq postgresql >/dev/null; \
+	  else \
+	    echo "PostgreSQL is missing: run 'sudo apt-get install -y postgresql' and try again" >&2; exit 1; \
 	  fi; }
 
 clean:

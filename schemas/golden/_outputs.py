@@ -20,7 +20,12 @@ windows, 1 s lateness):
   results and retained documents;
 * the same data through ``temps`` with ``allowed_lateness_ms`` (``TEMPS_CORRECTED``): seq 2's
   row is within the allowance, folds into the closed window and makes a correction
-  (revision 2).
+  (revision 2);
+* the same first two batches through ``counts`` (``COUNTS``: count windows of 2 rows per key):
+  the partial carries rows, and t1's first window (rows at T0 and T0 + 250 ms) closes once
+  the threshold passes them; a flush then emits the unfinished windows;
+* a pipeline ``visits`` with 5 s session windows: two sensors' sessions start at T0 and end
+  apart, so one message (per start) carries each key's own ``end``.
 
 Only the heartbeats' process-dependent figures (uptime, CPU, rates over wall time) are set
 to fixed values after ``metrics()`` returns; every other byte is the code's.
@@ -82,6 +87,15 @@ TEMPS: Final = parse_pipeline(
 )
 TEMPS_CORRECTED: Final = replace(TEMPS, allowed_lateness_ms=60_000)
 """``temps`` folding rows up to a minute later still into closed windows (corrections)."""
+VISITS: Final = parse_pipeline(
+    {
+        "name": "visits",
+        "windows": [{"kind": "session", "gap_ms": 5_000}],
+        "aggregates": ["count", "mean"],
+        "lateness_ms": 1_000,
+        "output_encodings": ["json", "msgpack"],
+    }
+)
 BY_UNIT: Final = parse_pipeline(
     {
         "name": "by-unit",
@@ -90,6 +104,16 @@ BY_UNIT: Final = parse_pipeline(
         "aggregates": ["count", "mean"],
     }
 )
+COUNTS: Final = parse_pipeline(
+    {
+        "name": "counts",
+        "windows": [{"kind": "count", "n": 2}],
+        "aggregates": ["count", "mean", "min", "max", "first", "last", "p50"],
+        "lateness_ms": 1_000,
+        "output_encodings": ["json", "msgpack"],
+    }
+)
+"""Count windows: every 2 rows of a key in event order."""
 MISMATCH: Final = InputError(
     "the batch names another gateway than its topic",
     reason="gateway_mismatch",
@@ -116,6 +140,9 @@ NOTES: Final = {
     "result-window-correction": "a window re-published with a late row folded in (revision 2)",
     "result-window-columnar-correction": "the same correction in MsgPack",
     "result-key-correction": "the corrected latest result of one key (retained)",
+    "result-window-session": "sessions of two keys that start together; each has its end",
+    "result-window-columnar-session": "the same sessions in MsgPack: end is a column",
+    "result-key-session": "the latest session of one key (retained): its own end",
     "confirm": "every batch of gw-01 up to seq 3 is applied and durable in partition 0",
     "confirm-missing": "with seqs the partition has waited for while holding later ones",
     "gateway-status": "a gateway's retained status",
@@ -134,6 +161,11 @@ NOTES: Final = {
     "pipeline-document": "the retained registry entry of temps: version, hash, canonical spec",
     "pipeline-document-deleted": "after delete: a tombstone keeps the version number",
     "combiner-announcement": "a pool combiner owning both partitions of temps at version 1",
+    "partial-count": "internal: count windows ship a batch's rows (events), not state",
+    "result-window-count": "count windows completed in one close step: index, first/last ts",
+    "result-window-columnar-count": "the same count windows in MsgPack",
+    "result-key-count": "the latest count window of one key (retained)",
+    "result-window-count-flush": "a flush: unfinished count windows leave with rows < n",
 }
 """Every golden case by name, with what it shows (``manifest.json``'s notes)."""
 
@@ -260,7 +292,7 @@ def _emit(  # noqa: PLR0917 - private; one call per pipeline of the scenario
     """Window messages of ``closed`` as ``CombinerRuntime._emit`` renders them; ``key``'s."""
     ctx = Emission(spec.name, 0, spec.partitions, core.closed_through, s.clock.now_ms())
     for frame in closed:
-        for result in split_windows(frame.frame, frame.revisions):
+        for result in split_windows(frame.frame, frame.revisions, frame.sessions):
             rendered = {"result-window": window_json(result, ctx)}
             if "msgpack" in spec.output_encodings:
                 rendered["result-window-columnar"] = window_msgpack(result, ctx)
@@ -320,6 +352,47 @@ def _corrections(s: _Scenario) -> None:
     corrected = _combine(s, core, _work(s, spec, builder, "gw-01", seq2)[0])
     assert [c.revisions for c in corrected] == [{("tumbling-10s", T0): 2}]
     _emit(s, spec, core, corrected, "-correction")
+
+
+def _counts(s: _Scenario) -> None:
+    """Seq 0 and 1 of gw-01 through count windows of 2 rows; then a flush."""
+    spec = COUNTS
+    builder = PartialBuilder(spec, WORKER_ID)
+    core = Combiner(spec, 0, s.clock)
+    core.receive_status(_status("gw-01", 2, s.clock.now_ms()))
+    seq0, seq1 = _first_window()
+    partials, _ = _work(s, spec, builder, "gw-01", seq0)
+    s.add("partial-count", "partial", TOPICS.partials(spec.name, 0), partials[0].encode())
+    closed = _combine(s, core, partials)
+    s.clock.advance(100)
+    closed += _combine(s, core, _work(s, spec, builder, "gw-01", seq1)[0])
+    _emit(s, spec, core, closed, "-count")
+    s.clock.advance(100)
+    flushed = core.flush()
+    ctx = Emission(spec.name, 0, spec.partitions, core.closed_through, s.clock.now_ms())
+    (result,) = split_windows(flushed.frame)
+    s.add(
+        "result-window-count-flush",
+        "result-window",
+        TOPICS.results(spec.name),
+        window_json(result, ctx),
+    )
+
+
+def _sessions(s: _Scenario) -> None:
+    """Sessions of t1 (0-3 s) and t2 (0-2 s), closed by a row 30 s on."""
+    spec = VISITS
+    builder = PartialBuilder(spec, WORKER_ID)
+    core = Combiner(spec, 0, s.clock)
+    core.receive_status(_status("gw-01", 2, s.clock.now_ms()))
+    rows = [("t1", 0, 1.0, None), ("t1", 1_000, 2.0, None), ("t2", 0, 5.0, None)]
+    seq0 = _batch("gw-01", 0, [*rows, ("t1", 3_000, 4.0, None), ("t2", 2_000, 7.0, None)])
+    seq1 = _batch("gw-01", 1, [("t1", 30_000, 3.0, None)])
+    closed = _combine(s, core, _work(s, spec, builder, "gw-01", seq0)[0])
+    s.clock.advance(100)
+    closed += _combine(s, core, _work(s, spec, builder, "gw-01", seq1)[0])
+    assert [c.frame.height for c in closed] == [2]
+    _emit(s, spec, core, closed, "-session")
 
 
 def _deadletters(s: _Scenario) -> None:
@@ -488,4 +561,6 @@ def output_cases() -> list[OutputCase]:
     _pipelines(s)
     _announcement(s)
     _corrections(s)
+    _counts(s)
+    _sessions(s)
     return s.cases

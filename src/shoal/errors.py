@@ -15,6 +15,7 @@
     ├── ControlError            the control plane refused a request, or none answered
     ├── SpoolError              the gateway's on-disk spool cannot be read or written
     │   └── NotStoredError      sealed rows the spool refused (``shoal.gateway._sealer``)
+    ├── SinkError               a sink's destination refused a write for good (needs an operator)
     └── UsageError              code called shoal with a value it cannot use (a bug in the caller)
 
 Foreign exceptions are wrapped ``from exc`` at the seam that imports the foreign library.
@@ -35,6 +36,7 @@ __all__ = [
     "PayloadTooLargeError",
     "SchemaError",
     "ShoalError",
+    "SinkError",
     "SpoolError",
     "TopicError",
     "TraceError",
@@ -195,6 +197,16 @@ class ControlError(ShoalError):
 
 class SpoolError(ShoalError):
     """The gateway spool on disk cannot be opened, read or written."""
+
+
+class SinkError(ShoalError):
+    """A sink's destination refused a write in a way retrying cannot fix.
+
+    For example a PostgreSQL table whose column has another type than the results need, or
+    a web hook URL that is not http(s). Transient failures (a database restarting, a web
+    hook answering 503) are retried by the sink and never raise this. Nothing the sink could
+    not write has been acknowledged to the broker, so it comes again once fixed.
+    """
 
 
 class UsageError(ShoalError):

@@ -10,7 +10,6 @@ not confirmed; or a worker crashes mid-stream.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import numpy as np
 import polars as pl
@@ -23,7 +22,7 @@ from shoal.schemas.topics import Topics
 from tests.support.compare import assert_matches_oracle, scale_of
 from tests.support.datasets import GeneratedBatch, all_rows, make_batches, two_window_spec
 from tests.support.in_memory import nearly_in_order
-from tests.support.live import InProcessPipeline, collector, publish_batches
+from tests.support.live import InProcessPipeline, run_with_crash
 from tests.support.oracle import expected_results
 
 pytestmark = pytest.mark.broker
@@ -53,32 +52,17 @@ async def run(
 ) -> tuple[InProcessPipeline, pl.DataFrame, int, int, int]:
     rng = np.random.default_rng(workers * 10 + spec.partitions)
     order = nearly_in_order(batches, rng, 6, 0.25)
-    pipeline = InProcessPipeline(spec, broker.settings, topics, workers=workers, state_dir=tmp_path)
-    async with collector(broker.settings, topics, spec.name) as seen:
-        await pipeline.start()
-        half = len(order) // 2
-        publish = {"encoding": Encoding.JSON_ROWS, "pause_every": 6, "pause_s": 0.05}
-        await publish_batches(broker.settings, topics, batches, order[:half], **publish)
-        if crash is not None:
-            await asyncio.sleep(0.3)  # a checkpoint or two, and corrections after them
-            kind, index = crash.split("-")
-            if kind == "combiner":
-                await pipeline.crash_combiner(int(index))
-            else:
-                await pipeline.crash_worker(int(index))
-            # gateways re-send what the crashed partition had not confirmed (here: all)
-            await publish_batches(broker.settings, topics, batches, order[:half], **publish)
-        await publish_batches(broker.settings, topics, batches, order[half:], **publish)
-        try:
-            if crash is not None:
-                await pipeline.resend_until_applied(
-                    broker.settings, topics, batches, encoding=Encoding.JSON_ROWS
-                )
-            threshold = await pipeline.finish(batches)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await pipeline.stop()
-            raise
+    pipeline, seen, threshold = await run_with_crash(
+        spec,
+        batches,
+        order,
+        settings=broker.settings,
+        topics=topics,
+        workers=workers,
+        state_dir=tmp_path,
+        crash=crash,
+        encoding=Encoding.JSON_ROWS,
+    )
     late = sum(item["rows"] for item in seen.late)
     return pipeline, seen.latest_frame(), late, threshold, seen.corrections()
 

@@ -110,3 +110,23 @@ def _same(a: list[dict], b: list[dict]) -> bool:
             elif x[field] != y[field]:
                 return False
     return True
+
+
+def assert_count_windows_match(
+    emitted: pl.DataFrame, expected: pl.DataFrame, spec: PipelineSpec, scale: pl.DataFrame
+) -> None:
+    """``assert_matches_oracle`` for count windows: identified by (window, index, key).
+
+    ``expected`` and ``scale`` from ``oracle.expected_count_results``; also checks each
+    window's first and last row time.
+    """
+    as_start = {"index": "start"}
+    got = emitted.drop("start", "end").rename(as_start)
+    want = expected.rename(as_start)
+    assert_matches_oracle(got, want, spec, scale.rename(as_start))
+    keys = ["window", "start", "key"]
+    times = want.join(got, on=keys, suffix="_got").filter(
+        (pl.col("first_ts") != pl.col("first_ts_got"))
+        | (pl.col("last_ts") != pl.col("last_ts_got"))
+    )
+    assert times.height == 0, f"first/last row times differ:\n{times}"

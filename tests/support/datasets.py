@@ -92,7 +92,9 @@ def all_rows(batches: list[GeneratedBatch], key: str = "sensor_id") -> pl.DataFr
     """Every row once, with gateway_id and seq, keyed like the pipeline (for the oracle)."""
     frames = [
         b.frame.select(pl.col(key).alias("key"), "ts", "value").with_columns(
-            gateway_id=pl.lit(b.gateway_id), seq=pl.lit(b.seq, dtype=pl.Int64)
+            gateway_id=pl.lit(b.gateway_id),
+            seq=pl.lit(b.seq, dtype=pl.Int64),
+            row=pl.int_range(pl.len(), dtype=pl.Int64),  # within the batch: count windows
         )
         for b in batches
     ]

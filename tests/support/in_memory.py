@@ -12,7 +12,9 @@ from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows
 from shoal.schemas.control import GatewayStatus
 from shoal.schemas.results import latest_revisions
-from tests.support.datasets import GeneratedBatch
+from tests.support.compare import assert_matches_oracle, scale_of
+from tests.support.datasets import GeneratedBatch, all_rows
+from tests.support.oracle import closed_by, expected_results
 
 
 def statuses_for(batches: list[GeneratedBatch], at_ms: int) -> list[GatewayStatus]:
@@ -141,3 +143,31 @@ def latest_of(emitted: pl.DataFrame) -> pl.DataFrame:
     return latest_revisions(emitted.with_columns(pipeline=pl.lit("t"))).drop(
         "pipeline", "partition", "revision"
     )
+
+
+def check_against_oracle(
+    spec: PipelineSpec,
+    batches: list[GeneratedBatch],
+    seed: int,
+    workers: int = 3,
+    duplicate_fraction: float = 0.3,
+    reorder_within: int | None = None,
+) -> list[Combiner]:
+    """``run_in_memory``, then: what each partition closed is the oracle's, late counts exact."""
+    emitted, late, combiners = run_in_memory(
+        spec,
+        batches,
+        seed=seed,
+        workers=workers,
+        duplicate_fraction=duplicate_fraction,
+        reorder_within=reorder_within,
+    )
+    rows = all_rows(batches)
+    expected, late_count = expected_results(rows, spec)
+    # Only windows a partition's final close threshold has passed can be closed there (no
+    # threshold: no gateway ever delivered a row, so nothing can have closed).
+    expected = closed_by(expected, spec, [c.closed_through for c in combiners])
+    assert_matches_oracle(emitted, expected, spec, scale_of(rows, spec))
+    assert sum(item.rows for item in late) == late_count
+    assert sum(c.counters.rows_late for c in combiners) == late_count
+    return combiners

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 import polars as pl
@@ -29,7 +30,7 @@ from shoal.schemas.results import latest_revisions
 from shoal.schemas.topics import Topics
 from tests.support.compare import assert_matches_oracle, scale_of
 from tests.support.datasets import GeneratedBatch, all_rows
-from tests.support.oracle import expected_results
+from tests.support.oracle import closed_by, expected_results
 
 
 @dataclass
@@ -386,7 +387,49 @@ async def run_against_oracle(
         threshold = await pipeline.finish(batches)
     rows = all_rows(batches)
     expected, late_count = expected_results(rows, spec)
-    expected = expected.filter(pl.col("end") <= threshold)
+    expected = closed_by(expected, spec, threshold)
     assert_matches_oracle(seen.results_frame(), expected, spec, scale_of(rows, spec))
     assert sum(item["rows"] for item in seen.late) == late_count
     return OracleRun(pipeline, seen, late_count)
+
+
+async def run_with_crash(
+    spec: PipelineSpec,
+    batches: list[GeneratedBatch],
+    order: list[int],
+    *,
+    settings: BrokerSettings,
+    topics: Topics,
+    workers: int,
+    state_dir: Path,
+    crash: str | None,
+    encoding: Encoding,
+) -> tuple[InProcessPipeline, Collected, int]:
+    """Publish ``order`` in two halves with pauses; between them optionally crash
+    ``combiner-<p>`` (no last checkpoint) or ``worker-<i>`` and send the first half again,
+    as gateways re-send what was not confirmed; re-send until every partition applied all.
+    Returns the pipeline (stopped), what it published, and the common close threshold."""
+    pipeline = InProcessPipeline(spec, settings, topics, workers=workers, state_dir=state_dir)
+    async with collector(settings, topics, spec.name) as seen:
+        await pipeline.start()
+        half = len(order) // 2
+        publish: dict[str, Any] = {"encoding": encoding, "pause_every": 6, "pause_s": 0.05}
+        await publish_batches(settings, topics, batches, order[:half], **publish)
+        if crash is not None:
+            await asyncio.sleep(0.3)  # a checkpoint or two with state in it
+            kind, index = crash.split("-")
+            if kind == "combiner":
+                await pipeline.crash_combiner(int(index))
+            else:
+                await pipeline.crash_worker(int(index))
+            await publish_batches(settings, topics, batches, order[:half], **publish)
+        await publish_batches(settings, topics, batches, order[half:], **publish)
+        try:
+            if crash is not None:
+                await pipeline.resend_until_applied(settings, topics, batches, encoding=encoding)
+            threshold = await pipeline.finish(batches)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await pipeline.stop()
+            raise
+    return pipeline, seen, threshold

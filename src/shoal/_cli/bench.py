@@ -13,8 +13,10 @@ from typing import Any
 
 import orjson
 
+from shoal._cli.bench_adapt import register_adapt
 from shoal._cli.bench_matrix import register_matrix
 from shoal._cli.bench_pool import register_pool
+from shoal._cli.bench_sink import register_sink
 from shoal.errors import ConfigError
 from shoal.loadtest.bench_windows import WINDOW_PRESETS, write_variant
 
@@ -55,6 +57,8 @@ def register(sub: Any) -> None:
     _register_chaos(benches)
     _register_scaling(benches)
     _register_floor(benches)
+    register_sink(benches)
+    register_adapt(benches)
     register_pool(benches)
 
 

@@ -7,6 +7,7 @@ import contextlib
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -33,6 +34,18 @@ def register(sub: Any) -> None:
     load = parser.add_argument_group("load")
     load.add_argument(
         "--scenario", metavar="NAME|FILE", help="A, B (loadtest/scenarios) or a scenario file"
+    )
+    load.add_argument(
+        "--devices",
+        choices=("json", "raw", "sparkplug"),
+        help="publish like real devices instead of shoal gateways (for `shoal adapt`): one "
+        "JSON object, raw value or Sparkplug B message per device and step; with --count, "
+        "--rate (messages/s per device) and --duration",
+    )
+    load.add_argument("--count", type=int, default=100, help="--devices: devices (default 100)")
+    load.add_argument(
+        "--topic-prefix",
+        help="--devices: first topic level(s) (default sensors, home or spBv1.0)",
     )
     load.add_argument("--gateways", type=int, help="number of gateways (default 1)")
     load.add_argument("--sensors", type=int, help="sensors per gateway (default 1000)")
@@ -163,6 +176,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.embedded and args.broker:
         raise ConfigError("--embedded starts its own broker; drop --broker (or --embedded)")
+    if args.devices:
+        return _run_devices(args)
     stop = threading.Event()
     with contextlib.ExitStack() as stack:
         observe: dict[str, int] = {}
@@ -193,6 +208,61 @@ def exit_code(report: Any) -> int:
     the offered rate for a while, and that loses nothing.
     """
     return 0 if report.delivered or report.stopped_early else 1
+
+
+def _run_devices(args: argparse.Namespace) -> int:
+    """``--devices``: publish device messages; exit 0 when every one was acknowledged."""
+    from shoal.loadtest.devices import DeviceFleet, DevicePublisher  # noqa: PLC0415
+
+    rate = 1.0 if args.rate is None else args.rate
+    duration = _DEFAULTS["duration"] if args.duration is None else args.duration
+    if rate <= 0 or duration <= 0:
+        raise ConfigError("--rate and --duration must be positive")
+    fleet = DeviceFleet(
+        args.devices,
+        args.count,
+        prefix=args.topic_prefix or "",
+        start_ms=int(time.time() * 1000),  # a CLI, not processing code: the wall clock
+        step_ms=max(1, round(1000 / rate)),
+    )
+    steps = max(1, round(duration * rate))
+    stop = threading.Event()
+    with contextlib.ExitStack() as stack:
+        settings = broker_settings(args)
+        if args.embedded:
+            from shoal.broker.embedded import EmbeddedBroker  # noqa: PLC0415
+
+            settings = stack.enter_context(EmbeddedBroker("dev")).settings
+        stack.enter_context(_stop_on_signals(stop))
+        if not args.quiet:
+            print(
+                f"{args.count} {args.devices} devices under {fleet.root}/, {rate:g} messages/s "
+                f"each for {steps / rate:g} s ({args.count * steps} messages) to {settings.url}"
+            )
+        publisher = DevicePublisher(settings, rate=rate * args.count)
+        report = publisher.run(
+            fleet.messages(0, steps),
+            stop=stop,
+            progress=None
+            if args.quiet
+            else lambda r: print(f"  sent {r.sent}, acknowledged {r.acknowledged}", flush=True),
+        )
+    summary = {
+        "devices": args.devices,
+        "count": args.count,
+        "sent": report.sent,
+        "acknowledged": report.acknowledged,
+        "seconds": round(report.seconds, 3),
+        "messages_per_s": round(report.rate, 1),
+        "failed": report.failed[:10],
+    }
+    if args.json:
+        args.json.write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    print(
+        f"sent {report.sent} device messages in {report.seconds:.1f} s "
+        f"({report.rate:,.0f}/s), {report.acknowledged} acknowledged"
+    )
+    return 0 if report.acknowledged == report.sent and not report.failed else 1
 
 
 def _jumps(args: argparse.Namespace) -> tuple[ClockJump, ...]:

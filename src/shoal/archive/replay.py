@@ -279,7 +279,8 @@ class _Run:
             self.clock.now_ms(),
         )
         self.messages.extend(
-            window_json(result, ctx) for result in split_windows(closed.frame, closed.revisions)
+            window_json(result, ctx)
+            for result in split_windows(closed.frame, closed.revisions, closed.sessions)
         )
 
     def results(self) -> pl.DataFrame:

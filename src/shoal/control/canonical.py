@@ -60,11 +60,12 @@ def canonical_mapping(spec: PipelineSpec) -> dict[str, Any]:
     """Every setting of ``spec``, explicit, in the shape of a TOML spec file."""
     windows = []
     for window in spec.windows:
-        table: dict[str, Any] = {
-            "name": window.name,
-            "kind": window.kind,
-            "size_ms": window.size_ms,
-        }
+        table: dict[str, Any] = {"name": window.name, "kind": window.kind}
+        if window.gap_ms is not None:  # a session window: its size is its gap
+            table.update(gap_ms=window.gap_ms, max_duration_ms=window.max_duration_ms)
+            windows.append(table)
+            continue
+        table["size_ms"] = window.size_ms
         if WINDOW_KINDS[window.kind].takes_slide:
             table["slide_ms"] = window.slide_ms
         windows.append(table)

@@ -25,6 +25,18 @@ from shoal.errors import ConfigError
 WINDOW_PRESETS: Final[Mapping[str, Mapping[str, Any]]] = {
     "tumbling": {"name": "tumbling-10s", "kind": "tumbling", "size_ms": 10_000},
     "hopping": {"name": "hopping-10s-1s", "kind": "hopping", "size_ms": 10_000, "slide_ms": 1_000},
+    # 250 rows: one window per sensor every 10 s at 25/s, as many results as tumbling-10s
+    "count": {"name": "count-250", "kind": "count", "n": 250},
+    # A sensor's session ends after three periods without a reading at 2.5/s (the rate of
+    # the 100,000-key run; 30 periods at the default 25/s): gap 1.2 s. The simulator's
+    # sensors never pause, so the 10 s grid of max_duration_ms cuts their sessions: one
+    # result per sensor and 10 s, like tumbling.
+    "session": {
+        "name": "session-1200ms",
+        "kind": "session",
+        "gap_ms": 1_200,
+        "max_duration_ms": 10_000,
+    },
 }
 """Window kind -> the ``[[windows]]`` table the benchmark swaps into the pipeline."""
 

@@ -24,6 +24,15 @@ again. Its revision is 1 plus the number of batches that brought it such rows (b
 ``lateness_ms``, or arriving after the close), whenever they arrived: applied once each (seq
 order), kept in checkpoints, so a duplicate or re-send never makes a revision.
 
+Session windows (``kind = "session"``; docs/architecture.md "Session windows") go to a
+``SessionState`` instead of the ``WindowState``: the same steps, with a piece's window
+``[first_ts, first_ts + gap_ms)`` for lateness and ``last + 2 * gap_ms`` for its close.
+
+Count windows (``WindowSpec.by_count``): partials carry rows (``EventRows``), each judged
+in step 3 as the 1 ms window at its timestamp; on-time rows wait in ``count.CountState``,
+and in step 4 the rows the threshold has passed are final and fill windows of ``n`` rows
+(``Combiner._close_counts``). No corrections (the spec refuses ``allowed_lateness_ms``).
+
 Checkpoint contract: a snapshot holds the merged state (closed windows kept for corrections
 included), the revision counts, every gateway's next seq and watermark, the close threshold
 and the counters, but not early arrivals (they are re-sent,
@@ -43,8 +52,10 @@ import polars as pl
 from shoal.clock import Clock
 from shoal.errors import SchemaError, UsageError
 from shoal.processors.aggregates import AggregatePlan
-from shoal.processors.partials import Partial, PartialRows, spec_fingerprint
+from shoal.processors.count import CountState
+from shoal.processors.partials import EventRows, Partial, PartialRows, spec_fingerprint
 from shoal.processors.progress import GatewayProgress, ProgressTracker
+from shoal.processors.session_state import SessionState
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows, WindowState
 from shoal.schemas.control import GatewayStatus
@@ -135,6 +146,11 @@ class Combiner:
             weigh=_partial_bytes,
         )
         self.state = WindowState(spec, self.plan)
+        self.sessions = SessionState(spec, self.plan, self.state)
+        self._session_window = np.array(
+            [i in self.sessions.windows for i in range(len(spec.windows))], dtype=np.bool_
+        )
+        self.counts = CountState(spec, self.plan) if any(w.by_count for w in spec.windows) else None
         self.closed_through: int | None = None
         self.counters = CombinerCounters()
         # (window index, start) -> batches that brought late rows (revision = 1 + that)
@@ -143,6 +159,7 @@ class Combiner:
         self._field_names = frozenset(self.plan.field_names)
         self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
         self._names = [w.name for w in spec.windows]
+        self._session_names = frozenset(self._names[i] for i in self.sessions.windows)
         self._prepared_for: int | None = None
 
     # -- input -----------------------------------------------------------------------------
@@ -159,6 +176,7 @@ class Combiner:
             partial.fingerprint != self.fingerprint
             or partial.partition != self.partition
             or (rows is not None and not self._fits(rows))
+            or (rows is not None if self.counts is not None else partial.events is not None)
         ):
             self.counters.foreign_partials += 1
             return Step()
@@ -173,6 +191,7 @@ class Combiner:
             and int(rows.window.max(initial=0)) < len(self.spec.windows)
             and (rows.sketch_row is None) != self.plan.needs_sketch
             and (rows.sketch_row is None or int(rows.sketch_row.max(initial=0)) < len(rows))
+            and (rows.last is None) == (not self.sessions.windows)
         )
 
     def receive_status(self, status: GatewayStatus) -> Step:
@@ -200,6 +219,8 @@ class Combiner:
             return None
         late = None
         rows = partial.rows
+        if partial.events is not None:
+            late = self._apply_events(batch.gateway_id, batch.seq, partial.events)
         if rows is not None and len(rows):
             wm_before = self.tracker.watermark(batch.gateway_id)
             end = rows.start + self._sizes[rows.window.astype(np.int64)]
@@ -218,7 +239,9 @@ class Combiner:
                 else end <= self.closed_through - allowed
             )
             is_late = beyond | dropped
-            self.state.add(rows, keep=~is_late)
+            in_session = self._session_window[rows.window.astype(np.int64)]
+            self.state.add(rows, keep=~is_late & ~in_session)
+            self.sessions.add(rows, keep=~is_late & in_session)
             n = rows.fields["n"]
             self.counters.rows_applied += int(n[~is_late].sum())
             if allowed:
@@ -232,6 +255,46 @@ class Combiner:
         self.counters.batch_rows += batch.rows
         offset = batch.received_at_ms - batch.sent_at_ms if batch.sent_at_ms > 0 else None
         self.tracker.applied(batch.gateway_id, batch.max_ts, now, clock_offset_ms=offset)
+        return late
+
+    def _apply_events(self, gateway_id: str, seq: int, events: EventRows) -> LateRows | None:
+        """Count windows: buffer a batch's on-time rows; the late ones are reported.
+
+        A row is late as the 1 ms window at its time would be: behind the gateway's earlier
+        data by ``lateness_ms`` or more, or at a time the close threshold already passed.
+        """
+        assert self.counts is not None
+        if len(events) == 0:
+            return None
+        wm_before = self.tracker.watermark(gateway_id)
+        end = events.ts + 1
+        behind = (
+            np.zeros(len(end), dtype=bool)
+            if wm_before is None
+            else end + self.spec.lateness_ms <= wm_before
+        )
+        closed = behind if self.closed_through is None else end <= self.closed_through
+        is_late = behind | closed
+        kept = self.counts.add(events, gateway_id, seq, ~is_late)
+        self.counters.rows_applied += kept * len(self.counts.windows)
+        if not is_late.any():
+            return None
+        picked = np.flatnonzero(is_late)
+        keys = [events.keys[k] for k in events.key[picked].tolist()]
+        one: dict[str, object] = {
+            "start": events.ts[picked],
+            "end": end[picked],
+            "key": pl.Series(keys, dtype=pl.String),
+            "rows": np.ones(len(picked), dtype=np.int64),
+            **{c: events.value[picked] for c in ("min", "max", "sum") if c in self._field_names},
+            "reason": np.where(behind[picked], "behind_watermark", "window_closed"),
+        }
+        frame = pl.concat(
+            pl.DataFrame(one).select(pl.lit(w.name).alias("window"), pl.all())
+            for w in self.counts.windows
+        )
+        late = LateRows(gateway_id, seq, frame)
+        self.counters.rows_late += late.rows
         return late
 
     def _revise(
@@ -304,6 +367,8 @@ class Combiner:
         changed since they were last published.
         """
         threshold = self.close_threshold(now_ms)
+        if self.counts is not None:
+            return self._close_counts(threshold)
         if self.spec.allowed_lateness_ms:
             return self._close_keeping(threshold)
         if threshold is None or (
@@ -311,6 +376,10 @@ class Combiner:
         ):
             return None
         self.closed_through = threshold
+        return self._count_closed(self._close_aligned(threshold), self.sessions.close(threshold))
+
+    def _close_aligned(self, threshold: int) -> pl.DataFrame | None:
+        """Close the aligned windows ending at or before ``threshold``, else prepare."""
         next_end = self.state.next_end()
         if next_end is None or next_end > threshold:
             # Nothing closes yet. Once the watermark has passed the next window's end, only
@@ -324,13 +393,40 @@ class Combiner:
                 self.state.prepare(next_end)
                 self._prepared_for = next_end
             return None
-        closed = self.state.close(threshold)
-        if not closed.empty:
-            self.counters.windows_closed += closed.frame.select(
-                pl.struct("window", "start").n_unique()
-            ).item()
-            self.counters.results_emitted += closed.frame.height
-        return closed
+        return self.state.close(threshold).frame
+
+    def _count_closed(self, *frames: pl.DataFrame | None) -> ClosedWindows | None:
+        """Closed aligned windows and sessions as one ``ClosedWindows``, counted."""
+        parts = [f for f in frames if f is not None and f.height]
+        if not parts:
+            return None
+        frame = parts[0] if len(parts) == 1 else pl.concat(parts)
+        self.counters.windows_closed += frame.select(pl.struct("window", "start").n_unique()).item()
+        self.counters.results_emitted += frame.height
+        return ClosedWindows(frame, sessions=self._session_names)
+
+    def _close_counts(self, threshold: int | None, *, flush: bool = False) -> ClosedWindows | None:
+        """Count windows: rows before the threshold are final; emit the windows they fill.
+
+        Results carry the step's event-time span ``[closed_through before, threshold)`` as
+        their ``start``/``end`` (every window closed here has its last row in it).
+        """
+        assert self.counts is not None
+        if threshold is None or (
+            not flush and self.closed_through is not None and threshold <= self.closed_through
+        ):
+            return None
+        since = self.closed_through
+        if since is None:
+            buffered = self.counts.buffered_span()
+            since = threshold if buffered is None else min(threshold, buffered[0])
+        self.closed_through = max(threshold, since)
+        frame = self.counts.finalise(threshold, (since, threshold), flush=flush)
+        if frame.height == 0:
+            return None
+        self.counters.windows_closed += frame.height
+        self.counters.results_emitted += frame.height
+        return ClosedWindows(frame)
 
     def _close_keeping(self, threshold: int | None) -> ClosedWindows | None:
         """``close_ready`` with allowed lateness: closed windows stay for corrections.
@@ -383,6 +479,12 @@ class Combiner:
         lateness, fold in while the windows are kept. Used when a pipeline is shut down on
         purpose, so that no result stays behind in an open window.
         """
+        if self.counts is not None:
+            # Every buffered row is final now; unfinished windows leave with rows < n.
+            buffered = self.counts.buffered_span()
+            ends = [e for e in (self.closed_through, buffered and buffered[1] + 1) if e]
+            closed = self._close_counts(max(ends, default=None), flush=True)
+            return closed or ClosedWindows(self.counts.empty_result())
         if self.spec.allowed_lateness_ms:
             ends = [
                 s + int(self._sizes[w])
@@ -391,15 +493,13 @@ class Combiner:
             last = max(ends, default=self.closed_through)
             closed = None if last is None else self._close_keeping(last)
             return closed or ClosedWindows(self.state.empty_result())
-        closed = self.state.close(2**62)
-        if not closed.empty:
-            last_end = int(closed.frame["end"].max())  # type: ignore[arg-type]
-            self.closed_through = max(self.closed_through or last_end, last_end)
-            self.counters.windows_closed += closed.frame.select(
-                pl.struct("window", "start").n_unique()
-            ).item()
-            self.counters.results_emitted += closed.frame.height
-        return closed
+        aligned = self.state.close(2**62).frame
+        sessions, sessions_through = self.sessions.close_all()
+        ends = [] if aligned.is_empty() else [int(aligned["end"].max())]  # type: ignore[arg-type]
+        for through in [*ends, *([] if sessions_through is None else [sessions_through])]:
+            self.closed_through = max(self.closed_through or through, through)
+        closed = self._count_closed(aligned, sessions)
+        return closed or ClosedWindows(self.state.empty_result())
 
     # -- confirmations and checkpoints ---------------------------------------------------------
 
@@ -418,6 +518,7 @@ class Combiner:
     def snapshot(self) -> bytes:
         """Serialise everything needed to resume exactly (see the module docstring)."""
         state = self.state.snapshot_rows()
+        sessions = self.sessions.snapshot_rows()
         gateways = [
             {
                 "gateway_id": g.gateway_id,
@@ -448,6 +549,8 @@ class Combiner:
                 "counters": asdict(self.counters),
                 "gateways": gateways,
                 "state": None if state is None else state.pack(),
+                "sessions": None if sessions is None else sessions.pack(),
+                **({} if self.counts is None else {"counts": self.counts.snapshot()}),
                 "taken_at": self.clock.now_ms(),
             },
             use_bin_type=True,
@@ -501,13 +604,21 @@ class Combiner:
             progress.released = g.get("released", False)
             self.tracker.gateways[progress.gateway_id] = progress
         self.state.restore(None if obj["state"] is None else PartialRows.unpack(obj["state"]))
+        sessions = obj.get("sessions")  # after the state: it shares the state's key ids
+        self.sessions.restore(None if sessions is None else PartialRows.unpack(sessions))
+        if self.counts is not None:
+            self.counts.restore(obj.get("counts"))
 
 
 def _partial_bytes(partial: Partial) -> int:
     """About the memory a held partial takes (its arrays, plus its keys)."""
     rows = partial.rows
+    if partial.events is not None:
+        events = partial.events
+        return 256 + 32 * len(events) + 64 * len(events.keys)
     if rows is None:
         return 256
     arrays: list[npt.NDArray[Any]] = [rows.window, rows.start, *rows.fields.values()]
+    arrays += [] if rows.last is None else [rows.last]
     arrays += [a for a in (rows.sketch_row, rows.sketch_bucket, rows.sketch_count) if a is not None]
     return 256 + sum(int(a.nbytes) for a in arrays) + 64 * len(rows.keys)

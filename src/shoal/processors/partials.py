@@ -6,6 +6,12 @@ partial carries the batch's identity and event-time range besides the state rows
 
 Wire form (worker → combiner, ``shoal/partials/<pipeline>/<partition>``): a MsgPack map with
 the batch header and the state frames as Arrow IPC streams (typed, columnar, zero-copy to read).
+
+Count windows (``WindowSpec.by_count``) cannot be cut into per-batch state: which rows share a
+window depends on the order of all of a key's rows, which no worker sees. For them a partial
+carries the partition's *rows* instead (``EventRows``, the ``events`` section): key, event
+time, row index within the batch and value, as narrow typed buffers; the combiner orders them
+(``processors/count.py``).
 """
 
 from __future__ import annotations
@@ -20,15 +26,16 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from shoal.errors import SchemaError
+from shoal.errors import ConfigError, SchemaError
 from shoal.processors._kernels import partial_state
 from shoal.processors.aggregates import STATE_FIELDS, AggregatePlan
+from shoal.processors.sessions import SESSION_KIND, SessionRule
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
-from shoal.processors.windows import kind_of
+from shoal.processors.windows import WindowKind, WindowSpec, kind_of
 from shoal.schemas import Batch, DictColumn
 
-PARTIAL_VERSION: Final = 4
+PARTIAL_VERSION: Final = 5
 AGGS_GROUPS: Final[dict[str, pl.DataType]] = {
     "window": pl.UInt8(),
     "start": pl.Int64(),
@@ -46,13 +53,32 @@ def spec_fingerprint(spec: PipelineSpec) -> str:
     text = repr(
         (
             spec.key,
-            [(w.name, w.size_ms, w.slide_ms) for w in spec.windows],
+            [_window_print(w) for w in spec.windows],
             spec.aggregate_names,
             spec.sketch_accuracy,
             spec.partitions,
         )
     )
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _window_print(window: WindowSpec) -> tuple[object, ...]:
+    """What of a window shapes partials (aligned windows print as before sessions existed)."""
+    aligned = (window.name, window.size_ms, window.slide_ms)
+    if window.by_count:
+        return (*aligned, window.kind, window.count)
+    if window.kind != SESSION_KIND:
+        return aligned
+    return (*aligned, window.kind, window.gap_ms, window.max_duration_ms)
+
+
+def session_rule(window: WindowSpec) -> SessionRule | None:
+    """The ``SessionRule`` of a session window; None for aligned kinds."""
+    if window.kind != SESSION_KIND:
+        return None
+    if window.gap_ms is None:
+        raise ConfigError(f"session window {window.name!r} has no gap_ms")
+    return SessionRule(window.gap_ms, window.max_duration_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +133,9 @@ class PartialRows:
         sketch_row: per sketch bucket, the state row it belongs to (None: no sketch).
         sketch_bucket: per sketch bucket, its key (``sketch.LogBuckets``).
         sketch_count: per sketch bucket, its count.
+        last: only when the spec has a session window: per row, the largest event time of
+            the rows in it (merged by max): a session piece's last timestamp (its ``start``
+            is the first), the latest row of an aligned window's group. None otherwise.
     """
 
     window: npt.NDArray[np.uint8]
@@ -116,6 +145,7 @@ class PartialRows:
     sketch_row: npt.NDArray[np.int64] | None = None
     sketch_bucket: npt.NDArray[np.int64] | None = None
     sketch_count: npt.NDArray[np.int64] | None = None
+    last: npt.NDArray[np.int64] | None = None
 
     def __len__(self) -> int:
         return len(self.start)
@@ -139,15 +169,18 @@ class PartialRows:
             sketch_row=sketch_row,
             sketch_bucket=sketch_bucket,
             sketch_count=sketch_count,
+            last=None if self.last is None else self.last[rows],
         )
 
     def frame(self) -> pl.DataFrame:
-        """The state rows as a DataFrame (``window``, ``start``, ``key``, fields)."""
+        """The state rows as a DataFrame (``window``, ``start``, ``key``, [``last``], fields)."""
+        last = [] if self.last is None else [pl.Series("last", self.last, dtype=pl.Int64)]
         return pl.DataFrame(
             [
                 pl.Series("window", self.window, dtype=pl.UInt8),
                 pl.Series("start", self.start, dtype=pl.Int64),
                 pl.Series("key", self.keys, dtype=pl.String),
+                *last,
                 *(pl.Series(name, values) for name, values in self.fields.items()),
             ]
         )
@@ -170,7 +203,7 @@ class PartialRows:
         fields = {
             name: aggs.get_column(name).to_numpy().astype(_field_dtype(name), copy=False)
             for name in aggs.columns
-            if name not in ("window", "start", "key")
+            if name not in ("window", "start", "key", "last")
         }
         return cls(
             window=aggs.get_column("window").to_numpy().astype(np.uint8, copy=False),
@@ -186,6 +219,9 @@ class PartialRows:
             sketch_count=None
             if sketch is None
             else sketch.get_column("count").to_numpy().astype(np.int64),
+            last=aggs.get_column("last").to_numpy().astype(np.int64)
+            if "last" in aggs.columns
+            else None,
         )
 
     def pack(self) -> dict[str, Any]:
@@ -204,6 +240,8 @@ class PartialRows:
                 for name, v in self.fields.items()
             },
         }
+        if self.last is not None:
+            out["last"] = _pack_int(self.last)
         if self.sketch_row is not None:
             assert self.sketch_bucket is not None
             assert self.sketch_count is not None
@@ -224,6 +262,7 @@ class PartialRows:
         sketch = obj.get("sketch")
         sketch_row = None if sketch is None else _unpack_int(sketch["row"], None)
         buckets = None if sketch_row is None else len(sketch_row)
+        last = obj.get("last")
         return cls(
             window=_buffer(obj["window"], "<u1", n).astype(np.uint8),
             start=_unpack_int(obj["start"], n),
@@ -235,6 +274,7 @@ class PartialRows:
             sketch_row=sketch_row,
             sketch_bucket=None if sketch is None else _unpack_int(sketch["bucket"], buckets),
             sketch_count=None if sketch is None else _unpack_int(sketch["count"], buckets),
+            last=None if last is None else _unpack_int(last, n),
         )
 
 
@@ -278,6 +318,86 @@ def _unpack_int(packed: list[Any], n: int | None) -> npt.NDArray[np.int64]:
 
 
 @dataclass(frozen=True, slots=True)
+class EventRows:
+    """One partition's rows of one batch, for count windows (no state: the rows themselves).
+
+    Attributes:
+        keys: the distinct result keys of these rows.
+        key: per row, its key's index in ``keys``.
+        ts: per row, its event time.
+        row: per row, its index within the whole decoded batch (the last of ``COUNT_ORDER``).
+        value: per row, its value.
+    """
+
+    keys: list[str | None]
+    key: npt.NDArray[np.int64]
+    ts: npt.NDArray[np.int64]
+    row: npt.NDArray[np.int64]
+    value: npt.NDArray[np.float64]
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @classmethod
+    def split(
+        cls,
+        key_ids: npt.NDArray[np.int64],
+        key_names: list[str | None],
+        ts: npt.NDArray[np.int64],
+        value: npt.NDArray[np.float64],
+        router: KeyRouter,
+    ) -> dict[int, EventRows]:
+        """A batch's rows by partition (``key_ids`` index ``key_names``); rows keep their order."""
+        row = np.arange(len(ts), dtype=np.int64)
+        if router.partitions == 1:
+            return {0: cls(key_names, key_ids, ts, row, value)}
+        part_of_key = np.array([router.partition_of(k) for k in key_names], dtype=np.int64)
+        part = part_of_key[key_ids]
+        out: dict[int, EventRows] = {}
+        for p in np.unique(part).tolist():
+            picked = np.flatnonzero(part == p)
+            used, local = np.unique(key_ids[picked], return_inverse=True)
+            out[p] = cls(
+                [key_names[k] for k in used.tolist()],
+                local.reshape(-1).astype(np.int64),
+                ts[picked],
+                picked,
+                value[picked],
+            )
+        return out
+
+    def pack(self) -> dict[str, Any]:
+        """The wire form: integer columns packed narrow (``_pack_int``), values as f8."""
+        return {
+            "keys": self.keys,
+            "key": _pack_int(self.key),
+            "ts": _pack_int(self.ts),
+            "row": _pack_int(self.row),
+            "value": self.value.astype("<f8").tobytes(),
+        }
+
+    @classmethod
+    def unpack(cls, obj: dict[str, Any]) -> EventRows:
+        """Parse the wire form; raises ``SchemaError`` on inconsistent buffers."""
+        keys = obj["keys"]
+        if not isinstance(keys, list):
+            raise SchemaError("keys is not a list", reason="bad_partial", field="events.keys")
+        ts = _unpack_int(obj["ts"], None)
+        key = _unpack_int(obj["key"], len(ts))
+        if len(key) and (int(key.min()) < 0 or int(key.max()) >= len(keys)):
+            raise SchemaError(
+                "event key index out of range", reason="bad_partial", field="events.key"
+            )
+        return cls(
+            keys=keys,
+            key=key,
+            ts=ts,
+            row=_unpack_int(obj["row"], len(ts)),
+            value=_buffer(obj["value"], "<f8", len(ts)).astype(np.float64),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Partial:
     """What one combiner partition receives for one batch.
 
@@ -289,6 +409,7 @@ class Partial:
         batch: the source batch.
         rows: the partition's state rows (None: no rows for this partition).
         produced_at_ms: worker clock when the partial was computed.
+        events: the partition's rows for count windows (None: none, or time windows).
     """
 
     pipeline: str
@@ -298,6 +419,7 @@ class Partial:
     batch: BatchInfo
     rows: PartialRows | None
     produced_at_ms: int
+    events: EventRows | None = None
 
     @property
     def aggs(self) -> pl.DataFrame | None:
@@ -332,6 +454,7 @@ class Partial:
                 "reason": b.reason,
                 "state": None if self.rows is None else self.rows.pack(),
                 "produced_at": self.produced_at_ms,
+                **({} if self.events is None else {"events": self.events.pack()}),
             },
             use_bin_type=True,
         )
@@ -378,6 +501,7 @@ class Partial:
             batch=batch,
             rows=None if state is None else PartialRows.unpack(state),
             produced_at_ms=int(obj["produced_at"]),
+            events=None if obj.get("events") is None else EventRows.unpack(obj["events"]),
         )
 
 
@@ -420,7 +544,10 @@ class PartialBuilder:
 
     Each window's kind (``windows.WINDOW_KINDS``) assigns the rows to windows; the state of
     all (window, start, key) groups of a batch then comes from one sort and the ``reduceat``
-    kernels of the plan's state fields (``_kernels.partial_state``, ``aggregates.py``).
+    kernels of the plan's state fields (``_kernels.partial_state``, ``aggregates.py``). A
+    session window's rows are labelled per key by ``SessionRule.label_rows`` instead: one
+    state row per *piece* (the batch's rows of one key in one session), with its first
+    timestamp as ``start`` and its last as ``last``.
     """
 
     def __init__(self, spec: PipelineSpec, worker_id: str) -> None:
@@ -430,8 +557,14 @@ class PartialBuilder:
         self.buckets = LogBuckets(spec.sketch_accuracy)
         self.router = KeyRouter(spec.partitions)
         self.fingerprint = spec_fingerprint(spec)
-        self._kinds = [kind_of(w) for w in spec.windows]
+        self._rules = [session_rule(w) for w in spec.windows]
+        self._kinds: list[WindowKind | None] = [
+            None if rule is not None else kind_of(w)
+            for w, rule in zip(spec.windows, self._rules, strict=True)
+        ]
+        self._has_sessions = any(rule is not None for rule in self._rules)
         self._schema = self.plan.state_schema(AGGS_GROUPS)
+        self._by_count = any(w.by_count for w in spec.windows)
 
     def build(
         self,
@@ -495,11 +628,32 @@ class PartialBuilder:
             _, first_row, key_ids = np.unique(physical, return_index=True, return_inverse=True)
             key_ids = key_ids.reshape(-1).astype(np.int64)
             key_names = keys.gather(pl.Series(first_row, dtype=pl.UInt32)).to_list()
+        if self._by_count:  # count windows: the rows themselves (see the module docstring)
+            events = EventRows.split(key_ids, key_names, ts, value, self.router)
+            return self._split(batch, None, now_ms, events)
         width = len(key_names)
         bucket_all = self.buckets.keys_np(value) if self.plan.needs_sketch else None
         fields = self.plan.fields
         parts: list[PartialRows] = []
         for index, (window, kind) in enumerate(zip(self.spec.windows, self._kinds, strict=True)):
+            rule = self._rules[index]
+            if rule is not None:
+                s = rule.label_rows(key_ids, ts)
+                g, state, sketch = partial_state(s.label, ts, value, fields, bucket_all)
+                parts.append(
+                    PartialRows(
+                        window=np.full(len(g), index, dtype=np.uint8),
+                        start=s.first_ts[g],
+                        keys=[key_names[i] for i in s.key[g].tolist()],
+                        fields=state,
+                        sketch_row=None if sketch is None else sketch[0],
+                        sketch_bucket=None if sketch is None else sketch[1],
+                        sketch_count=None if sketch is None else sketch[2],
+                        last=s.last_ts[g],
+                    )
+                )
+                continue
+            assert kind is not None
             assigned = kind.assign(ts, window)
             per_row = assigned.per_row
             if per_row == 1:
@@ -511,15 +665,17 @@ class PartialBuilder:
             # Dense group ids (slot-major): small enough for a radix sort in the kernel.
             groups = assigned.slot * width + rows_key
             g, state, sketch = partial_state(groups, rows_ts, rows_value, fields, rows_bucket)
+            starts = assigned.starts(g // width)
             parts.append(
                 PartialRows(
                     window=np.full(len(g), index, dtype=np.uint8),
-                    start=assigned.starts(g // width),
+                    start=starts,
                     keys=[key_names[i] for i in (g % width).tolist()],
                     fields=state,
                     sketch_row=None if sketch is None else sketch[0],
                     sketch_bucket=None if sketch is None else sketch[1],
                     sketch_count=None if sketch is None else sketch[2],
+                    last=_max_per_group(groups, rows_ts, g) if self._has_sessions else None,
                 )
             )
         return self._split(batch, _concat(parts), now_ms)
@@ -528,7 +684,13 @@ class PartialBuilder:
         """Empty partials marking a dead-lettered batch as handled (it still advances seq)."""
         return self._split(batch, None, now_ms)
 
-    def _split(self, batch: BatchInfo, rows: PartialRows | None, now_ms: int) -> list[Partial]:
+    def _split(
+        self,
+        batch: BatchInfo,
+        rows: PartialRows | None,
+        now_ms: int,
+        events: dict[int, EventRows] | None = None,
+    ) -> list[Partial]:
         partitions = self.spec.partitions
         by_part: dict[int, PartialRows] = {}
         if rows is not None and partitions == 1:
@@ -545,9 +707,19 @@ class PartialBuilder:
                 batch=batch,
                 rows=by_part.get(p),
                 produced_at_ms=now_ms,
+                events=None if events is None else events.get(p),
             )
             for p in range(partitions)
         ]
+
+
+def _max_per_group(
+    groups: npt.NDArray[np.int64], ts: npt.NDArray[np.int64], unique: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """The largest ``ts`` of each group of ``unique`` (sorted group ids): a row's ``last``."""
+    out = np.full(len(unique), np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(out, np.searchsorted(unique, groups), ts)
+    return out
 
 
 def _concat(parts: list[PartialRows]) -> PartialRows:
@@ -577,5 +749,8 @@ def _concat(parts: list[PartialRows]) -> PartialRows:
         else None,
         sketch_count=np.concatenate([p.sketch_count for p in parts if p.sketch_count is not None])
         if with_sketch
+        else None,
+        last=np.concatenate([p.last for p in parts if p.last is not None])
+        if parts[0].last is not None
         else None,
     )

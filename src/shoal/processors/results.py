@@ -25,7 +25,7 @@ Per-key message (``results/<pipeline>/<key>``, retained JSON): one result row pl
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -63,11 +63,16 @@ class WindowResult:
 
 
 def split_windows(
-    closed: pl.DataFrame, revisions: Mapping[tuple[str, int], int] | None = None
+    closed: pl.DataFrame,
+    revisions: Mapping[tuple[str, int], int] | None = None,
+    sessions: Collection[str] = (),
 ) -> list[WindowResult]:
     """Group a ``ClosedWindows.frame`` by (window, start), in close order.
 
     ``revisions``: ``ClosedWindows.revisions`` (windows not in it are revision 1).
+    ``sessions``: ``ClosedWindows.sessions``: the results of these windows (sessions of
+    several keys sharing a start) keep each key's ``end``; the message's ``end`` is the
+    largest.
     """
     revisions = revisions or {}
     if closed.height and closed["start"].n_unique() == 1 and closed["window"].n_unique() == 1:
@@ -77,10 +82,14 @@ def split_windows(
         groups = list(closed.group_by("window", "start", maintain_order=True))
     out = []
     for (window, start), part in groups:
-        end = int(part["end"][0])
         name, begin = str(window), int(start)
         revision = revisions.get((name, begin), FIRST_REVISION)
-        out.append(WindowResult(name, begin, end, part.drop("window", "start", "end"), revision))
+        if name in sessions:
+            end = int(part["end"].max())  # type: ignore[arg-type]
+            frame = part.drop("window", "start").select("key", "end", pl.exclude("key", "end"))
+        else:
+            end, frame = int(part["end"][0]), part.drop("window", "start", "end")
+        out.append(WindowResult(name, begin, end, frame, revision))
     out.sort(key=lambda r: (r.end, r.window))
     return out
 
@@ -149,11 +158,12 @@ def key_messages(
         pl.lit(pipeline).alias("pipeline"),
         pl.lit(result.window).alias("window"),
         pl.lit(result.start).alias("start"),
-        pl.lit(result.end).alias("end"),
+        # a session's own end (``split_windows``), else the window's
+        (pl.col("end") if "end" in result.frame.columns else pl.lit(result.end)).alias("end"),
         pl.lit(result.revision).alias("revision"),
         *([pl.lit(value=True).alias("correction")] if result.correction else []),
         pl.lit(emitted_at_ms).alias("emitted_at"),
-        pl.all(),
+        pl.exclude("end"),
     )
     lines = framed.write_ndjson().encode().splitlines()
     keys = result.frame["key"].to_list()

@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 
 from shoal.errors import ConfigError, UsageError
 from shoal.processors.aggregates import AGGREGATES, ALIASES, QUANTILES, AggregateSpec
+from shoal.processors.sessions import SESSION_KIND
 from shoal.processors.windows import WINDOW_KINDS, WindowSpec
 from shoal.schemas import ATTRIBUTE_COLUMNS, FUTURE_POLICIES, DecodeLimits
 from shoal.schemas.topics import check_segment
@@ -24,6 +25,8 @@ OutputEncoding = Literal["json", "msgpack"]
 KEY_COLUMNS: Final = ("sensor_id", *ATTRIBUTE_COLUMNS)
 MAX_WINDOWS_PER_ROW: Final = 64
 """A hopping window puts each row into size/slide windows; beyond this the spec is refused."""
+MAX_COUNT_ROWS: Final = 1_000_000
+"""Largest ``n`` of a count window: a combiner keeps up to ``n - 1`` rows per key and window."""
 
 
 def default_max_hold_ms(lateness_ms: int, idle_timeout_ms: int) -> int:
@@ -145,6 +148,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
         raise reader.error("windows", "at least one [[windows]] table is required")
     if len({w.name for w in windows}) != len(windows):
         raise reader.error("windows", f"window names must be unique: {[w.name for w in windows]}")
+    _check_count_windows(windows, reader)
     aggregates = tuple(
         _aggregate(a, reader)
         for a in reader.strings("aggregates", default=("count", "mean", "min", "max"))
@@ -185,6 +189,12 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
         source=source,
     )
     reader.finish()
+    if spec.allowed_lateness_ms and any(w.kind == SESSION_KIND for w in windows):
+        raise reader.error(
+            "allowed_lateness_ms",
+            "allowed_lateness_ms is not supported with session windows yet: their late pieces "
+            "go to the late topic (set it to 0, or use a separate pipeline for sessions)",
+        )
     return spec
 
 
@@ -276,8 +286,58 @@ class _Reader:
         return value
 
 
+DEFAULT_MAX_SESSION_MS: Final = 3_600_000
+"""A session window's ``max_duration_ms`` unless set: sessions are cut on the hour grid."""
+
+
+def _check_count_windows(windows: tuple[WindowSpec, ...], reader: _Reader) -> None:
+    """Count windows: never beside time windows, never with late corrections.
+
+    Workers ship rows rather than state for count windows, and a late row would shift the
+    ranks of every later window of its key: no correction could be exact.
+    """
+    counted = [w.name for w in windows if w.by_count]
+    if not counted:
+        return
+    if len(counted) != len(windows):
+        raise reader.error(
+            "windows",
+            f"count windows {counted} cannot share a pipeline with time windows; deploy "
+            "them as a pipeline of their own over the same inputs",
+        )
+    if reader.raw.get("allowed_lateness_ms"):
+        raise reader.error(
+            "allowed_lateness_ms",
+            "allowed_lateness_ms must be 0 with count windows: a late row would shift every "
+            "later window of its key, so late rows go to the late topic (set lateness_ms to "
+            "wait longer before windows close)",
+        )
+
+
+def _count_window(reader: _Reader) -> WindowSpec:
+    """``kind = "count"``: ``n`` (or ``count``) rows per key and window."""
+    for key in ("size_ms", "slide_ms"):
+        if key in reader.raw:
+            raise reader.error(key, f"{key} is not for count windows; they take n (rows)")
+    if "n" in reader.raw and "count" in reader.raw:
+        raise reader.error("count", "give n or count, not both")
+    key = "count" if "count" in reader.raw else "n"
+    n = reader.integer(key, default=0, low=1, high=MAX_COUNT_ROWS)
+    if n == 0:
+        raise reader.error("n", "count windows need n, the rows per window and key")
+    name = reader.name("name") if "name" in reader.raw else f"count-{n}"
+    reader.finish()
+    return WindowSpec(name=name, kind="count", size_ms=1, slide_ms=1, count=n)
+
+
 def _window(reader: _Reader) -> WindowSpec:
-    kind = WINDOW_KINDS[reader.choice("kind", tuple(WINDOW_KINDS), default="tumbling")]
+    kinds = (*WINDOW_KINDS, SESSION_KIND)
+    chosen = reader.choice("kind", kinds, default="tumbling")
+    if chosen == SESSION_KIND:
+        return _session_window(reader)
+    kind = WINDOW_KINDS[chosen]
+    if kind.name == "count":
+        return _count_window(reader)
     size = reader.integer("size_ms", default=0, low=1, high=31 * 86_400_000)
     if size == 0:
         raise reader.error("size_ms", "size_ms is required")
@@ -307,6 +367,33 @@ def _window(reader: _Reader) -> WindowSpec:
     reader.used.add("slide_ms")
     reader.finish()
     return WindowSpec(name=name, kind=kind.name, size_ms=size, slide_ms=slide)
+
+
+def _session_window(reader: _Reader) -> WindowSpec:
+    """``kind = "session"``: ``gap_ms`` and ``max_duration_ms`` (docs/guarantees.md).
+
+    Its ``size_ms`` and ``slide_ms`` are the gap: a piece of a session is judged late by the
+    window ``[first_ts, first_ts + gap_ms)`` it would open alone.
+    """
+    for aligned in ("size_ms", "slide_ms"):
+        if aligned in reader.raw:
+            raise reader.error(aligned, f"{aligned} is not for session windows; set gap_ms")
+    gap = reader.integer("gap_ms", default=0, low=1, high=31 * 86_400_000)
+    if gap == 0:
+        raise reader.error("gap_ms", "session windows need gap_ms")
+    longest = reader.integer(
+        "max_duration_ms", default=max(DEFAULT_MAX_SESSION_MS, gap), low=gap, high=366 * 86_400_000
+    )
+    name = reader.name("name") if "name" in reader.raw else f"{SESSION_KIND}-{_duration(gap)}"
+    reader.finish()
+    return WindowSpec(
+        name=name,
+        kind=SESSION_KIND,
+        size_ms=gap,
+        slide_ms=gap,
+        gap_ms=gap,
+        max_duration_ms=longest,
+    )
 
 
 def _aggregate(text: str, reader: _Reader) -> AggregateSpec:

@@ -56,6 +56,8 @@ class ClosedWindows:
     frame: pl.DataFrame
     revisions: Mapping[tuple[str, int], int] = field(default_factory=dict)
     """(window name, start) -> revision, for windows whose revision is above 1 (corrections)."""
+    sessions: frozenset[str] = frozenset()
+    """Names of the session windows: their results keep a per-key ``end`` (``split_windows``)."""
 
     @property
     def empty(self) -> bool:
@@ -118,7 +120,7 @@ class WindowState:
         slots = self._slot_ids(rows.window[taken].astype(np.int64), rows.start[taken])
         if self._prepared is not None and np.isin(slots, self._prepared.slots).any():
             self._prepared = None  # a late row for a prepared window: finalise it again
-        keys = self._key_ids_of([rows.keys[i] for i in taken.tolist()])
+        keys = self.key_ids([rows.keys[i] for i in taken.tolist()])
         groups = (slots << KEY_BITS) | keys
         self._groups.append(groups)
         self._columns.append({f: rows.fields[f][taken] for f in self._fields})
@@ -159,7 +161,8 @@ class WindowState:
         result: npt.NDArray[np.int64] = ids[inverse.reshape(-1)]
         return result
 
-    def _key_ids_of(self, keys: list[str | None]) -> npt.NDArray[np.int64]:
+    def key_ids(self, keys: list[str | None]) -> npt.NDArray[np.int64]:
+        """The partition's id of each key (new keys get the next ids; shared with sessions)."""
         # A gateway's partials list the same keys in the same order batch after batch:
         # remember the last few lists (ids only ever grow, so a remembered list stays valid).
         signature = tuple(keys)
@@ -181,6 +184,11 @@ class WindowState:
             self._key_lists.pop(next(iter(self._key_lists)))
         self._key_lists[signature] = out
         return out
+
+    def keys_of(self, ids: npt.NDArray[np.int64]) -> pl.Series:
+        """The keys of key ids (a ``key`` column)."""
+        names = pl.Series("key", self._key_names, dtype=pl.String)
+        return names.gather(pl.Series(ids, dtype=pl.UInt32))
 
     def compact(self) -> None:
         """Merge all pending state into one sorted set of arrays (the form ``close`` needs).
@@ -377,30 +385,14 @@ class WindowState:
     ) -> pl.DataFrame:
         slots = groups >> KEY_BITS
         info = self._slot_info_for(slots)
-        key_names = pl.Series("key", self._key_names, dtype=pl.String)
-        frame = pl.DataFrame(
-            {
-                "window": [self._names[w] for w in info[0].tolist()],
-                "start": info[1],
-                "end": info[2],
-                "key": key_names.gather(pl.Series(groups & ((1 << KEY_BITS) - 1), dtype=pl.UInt32)),
-                **{f: state[f] for f in self._fields},
-                **dict(zip(self.plan.quantiles, quantiles, strict=True)),
-            },
-            schema_overrides={f.name: f.dtype for f in self.plan.fields},
-        )
-        return frame.select(
-            "window",
-            "start",
-            "end",
-            "key",
-            pl.col("n").alias("rows"),
-            "batches",
-            *(
-                pl.col(name) if name in self.plan.quantiles else self.plan.outputs[name]
-                for name in self.spec.aggregate_names
-            ),
-        )  # in (slot, key id) order: grouped by window, keys in no particular order
+        head = {
+            "window": [self._names[w] for w in info[0].tolist()],
+            "start": info[1],
+            "end": info[2],
+            "key": self.keys_of(groups & ((1 << KEY_BITS) - 1)),
+        }
+        # in (slot, key id) order: grouped by window, keys in no particular order
+        return results_frame(self.spec, self.plan, head, state, quantiles)
 
     def _slot_info_for(
         self, slots: npt.NDArray[np.int64]
@@ -418,18 +410,7 @@ class WindowState:
         return self._empty
 
     def _empty_result(self) -> pl.DataFrame:
-        schema: dict[str, pl.DataType] = {
-            "window": pl.String(),
-            "start": pl.Int64(),
-            "end": pl.Int64(),
-            "key": pl.String(),
-            "rows": pl.Int64(),
-            "batches": pl.Int64(),
-        }
-        for aggregate in self.spec.aggregates:
-            known = None if aggregate.quantile is not None else AGGREGATES[aggregate.name]
-            schema[aggregate.name] = pl.Float64() if known is None else known.dtype
-        return pl.DataFrame(schema=schema)
+        return pl.DataFrame(schema=result_schema(self.spec))
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -466,6 +447,65 @@ class WindowState:
         if rows is not None and len(rows):
             self.add(rows)
             self.compact()
+
+
+def result_columns(spec: PipelineSpec, plan: AggregatePlan) -> list[pl.Expr | str]:
+    """The layout of ``ClosedWindows.frame``, from merged state columns.
+
+    The frame selected from has ``window``, ``start``, ``end``, ``key``, the state fields and
+    one column per quantile.
+    """
+    return [
+        "window",
+        "start",
+        "end",
+        "key",
+        pl.col("n").alias("rows"),
+        "batches",
+        *(
+            pl.col(name) if name in plan.quantiles else plan.outputs[name]
+            for name in spec.aggregate_names
+        ),
+    ]
+
+
+def results_frame(
+    spec: PipelineSpec,
+    plan: AggregatePlan,
+    head: dict[str, Any],
+    state: Mapping[str, npt.NDArray[Any]],
+    quantiles: list[npt.NDArray[np.float64]],
+) -> pl.DataFrame:
+    """A results frame (``ClosedWindows.frame``) from merged state.
+
+    ``head``: the ``window``, ``start``, ``end`` and ``key`` columns; ``state``: the plan's
+    merged fields; ``quantiles``: the finalised sketch estimates, in the plan's order.
+    """
+    frame = pl.DataFrame(
+        {
+            **head,
+            **{f: state[f] for f in plan.field_names},
+            **dict(zip(plan.quantiles, quantiles, strict=True)),
+        },
+        schema_overrides={f.name: f.dtype for f in plan.fields},
+    )
+    return frame.select(result_columns(spec, plan))
+
+
+def result_schema(spec: PipelineSpec) -> dict[str, pl.DataType]:
+    """The schema of ``result_columns``."""
+    schema: dict[str, pl.DataType] = {
+        "window": pl.String(),
+        "start": pl.Int64(),
+        "end": pl.Int64(),
+        "key": pl.String(),
+        "rows": pl.Int64(),
+        "batches": pl.Int64(),
+    }
+    for aggregate in spec.aggregates:
+        known = None if aggregate.quantile is not None else AGGREGATES[aggregate.name]
+        schema[aggregate.name] = pl.Float64() if known is None else known.dtype
+    return schema
 
 
 @dataclass(frozen=True, slots=True)

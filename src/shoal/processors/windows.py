@@ -12,6 +12,12 @@ is ``floor(t / slide) * slide - j * slide`` for ``j`` in ``0 .. size/slide - 1``
 window is a hopping one with ``slide = size``. Floor division makes negative timestamps fall
 into the window *before* zero, like positive ones.
 
+A *count* window (``kind = "count"``, ``n`` rows per key) is not a set of timestamps: its
+members depend on the order of all of a key's rows. For lateness and closing it is judged row
+by row, each row as the 1 ms window ``[ts, ts + 1)`` (``size_ms = 1``), so the combiner's rules
+stay the same; the grouping into windows of ``n`` rows happens at the combiner once rows are
+final (``processors/count.py``), with ``CountWindows.with_count_index`` as its reference.
+
 Imports no other shoal module (``spec`` reads window tables into ``WindowSpec`` and checks the
 kind against ``WINDOW_KINDS``). Adding a window kind: docs/architecture.md, "Adding a window
 kind".
@@ -35,15 +41,30 @@ class WindowSpec:
 
     Attributes:
         name: label carried by results (``tumbling-10s`` unless given).
-        kind: a name in ``WINDOW_KINDS``: ``tumbling`` (slide = size) or ``hopping``.
+        kind: a name in ``WINDOW_KINDS``: ``tumbling`` (slide = size), ``hopping`` or
+            ``count``.
         size_ms: window length.
         slide_ms: distance between window starts (= size for tumbling).
+        gap_ms: for ``kind = "session"`` only (``sessions.SessionRule``): rows less than this
+            apart are one session; None for aligned kinds.
+        max_duration_ms: for sessions only: the epoch grid that cuts sessions (None: none).
+        count: rows per window and key for count windows (``size_ms`` and ``slide_ms`` are
+            then 1: each row is judged for lateness as the 1 ms window at its time); 0 for
+            time windows.
     """
 
     name: str
     kind: str
     size_ms: int
     slide_ms: int
+    gap_ms: int | None = None
+    max_duration_ms: int | None = None
+    count: int = 0
+
+    @property
+    def by_count(self) -> bool:
+        """Whether this is a count window (``n`` rows per key) rather than a time window."""
+        return self.count > 0
 
     @property
     def windows_per_row(self) -> int:
@@ -138,10 +159,58 @@ class AlignedWindows:
         return Assignment(per_row, slot, first * window.slide_ms, window.slide_ms)
 
 
+COUNT_ORDER: Final = ("ts", "gateway_id", "seq", "row")
+"""The event order of a key's rows that count windows follow: event time, then gateway, batch
+and row within the batch: the same for any number of workers and any delivery order."""
+
+
+@dataclass(frozen=True, slots=True)
+class CountWindows:
+    """Every ``n`` rows of a key in event order (``COUNT_ORDER``) form one window.
+
+    As a ``WindowKind`` it answers for lateness only: each row is its own 1 ms window at its
+    timestamp (``size_ms = 1``), so a row is late exactly when a time window ending right
+    after it would be. ``with_count_index`` is the grouping itself (the reference).
+    """
+
+    name: str = "count"
+    takes_slide: bool = False
+
+    def window_starts(self, ts_ms: int, window: WindowSpec) -> list[int]:
+        """The row's own 1 ms window: ``[ts_ms]``."""
+        del window
+        return [ts_ms]
+
+    def with_window_starts(
+        self, frame: pl.DataFrame, window: WindowSpec, ts: str = "ts"
+    ) -> pl.DataFrame:
+        """``frame`` with ``start`` = the row's timestamp."""
+        del window
+        return frame.with_columns(pl.col(ts).alias("start"))
+
+    def assign(self, ts: Int64Array, window: WindowSpec) -> Assignment:
+        """Slot ``k`` is the millisecond ``min(ts) + k``."""
+        del window
+        first = int(ts.min())
+        return Assignment(1, ts - first, first, 1)
+
+    def with_count_index(
+        self, frame: pl.DataFrame, window: WindowSpec, key: str = "key"
+    ) -> pl.DataFrame:
+        """Reference: each row's window ordinal within its key, as ``index`` (rank // n).
+
+        ``frame``: final rows with ``key`` and the ``COUNT_ORDER`` columns.
+        """
+        ordered = frame.sort(key, *COUNT_ORDER)
+        rank = pl.int_range(pl.len(), dtype=pl.Int64).over(key)
+        return ordered.with_columns((rank // window.count).alias("index"))
+
+
 TUMBLING: Final = AlignedWindows("tumbling", takes_slide=False)
 HOPPING: Final = AlignedWindows("hopping", takes_slide=True)
+COUNT: Final = CountWindows()
 
-WINDOW_KINDS: Final[dict[str, WindowKind]] = {k.name: k for k in (TUMBLING, HOPPING)}
+WINDOW_KINDS: Final[dict[str, WindowKind]] = {k.name: k for k in (TUMBLING, HOPPING, COUNT)}
 """Every window kind a pipeline spec may name."""
 
 

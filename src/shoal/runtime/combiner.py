@@ -369,7 +369,7 @@ class CombinerRuntime:
         if self._rendered is not None and self._rendered[0] is closed.frame:
             rendered = self._rendered[1]
         self._rendered = None
-        for result in split_windows(closed.frame, closed.revisions):
+        for result in split_windows(closed.frame, closed.revisions, closed.sessions):
             window_futures = []
             for index, encoding in enumerate(spec.output_encodings):
                 topic = (
@@ -589,7 +589,7 @@ class CombinerRuntime:
             "max_hold_ms": self.config.spec.hold_bound_ms,
             "pending_batches": sum(len(p.pending) for p in gateways.values()),
             "pending_bytes": self.core.tracker.pending_weight,
-            "state_rows": self.core.state.rows,
+            "state_rows": self.core.state.rows + self.core.sessions.open_sessions(),
             # closed windows held for corrections (each for at most allowed_lateness_ms)
             "kept_windows": self.core.kept_windows(),
             "allowed_lateness_ms": self.config.spec.allowed_lateness_ms,

@@ -7,11 +7,17 @@ package hands out has the *result layout*::
     pipeline  window  start  end  revision  partition  partitions  watermark  emitted_at
     key  rows  batches  <aggregates in the pipeline's order>
 
-``key`` is a string, ``rows``, ``batches`` and ``count`` are Int64, the header columns are
-Int64 (``pipeline`` and ``window`` strings), and every other aggregate is Float64 (null where
-undefined, e.g. ``stddev`` of one value). ``(pipeline, window, start, partition, revision)``
-identifies a message: a message published twice after a combiner restart has the same
-identity and the same values; ``Deduplicator`` remembers recent identities.
+Count windows add ``index`` (the window's ordinal within its key), ``first_ts`` and
+``last_ts`` (its first and last row's event time) after the aggregates; their ``start`` and
+``end`` are the close step's event-time span, and a result row is identified by ``index``
+instead of ``start`` (``ROW_SLOT``).
+
+``key`` is a string, ``rows``, ``batches``, ``count`` and the count-window columns are Int64,
+the header columns are Int64 (``pipeline`` and ``window`` strings), and every other
+aggregate is Float64 (null where undefined, e.g. ``stddev`` of one value).
+``(pipeline, window, start, partition, revision)`` identifies a message: a message published
+twice after a combiner restart has the same identity and the same values; ``Deduplicator``
+remembers recent identities.
 
 Pure (no MQTT); the client (``shoal.client``) and the archive both build on it, so it lives
 below them.
@@ -51,7 +57,9 @@ IDENTITY: Final = ("pipeline", "window", "start", "partition", "revision")
 ROW_IDENTITY: Final = (*IDENTITY, "key")
 """Columns that identify one result row."""
 
-INTEGER_FIELDS: Final = frozenset({"rows", "batches", "count"})
+INTEGER_FIELDS: Final = frozenset(
+    {"rows", "batches", "count", "end", "index", "first_ts", "last_ts"}
+)
 
 DEFAULT_REMEMBER: Final = 100_000
 """Identities a ``Deduplicator`` remembers by default."""
@@ -67,6 +75,12 @@ LATEST_OF: Final = ("pipeline", "window", "start", "partition", "key")
 """Columns of one result row across its revisions (``latest_revisions`` keeps one)."""
 
 
+ROW_SLOT: Final = pl.coalesce("index", "start").alias("_slot")
+"""Which window of its key a result row is: ``index`` for count windows (whose ``start`` is
+the close step's span, which a re-publication after a restart may draw differently), else
+``start``."""
+
+
 def latest_revisions(frame: pl.DataFrame) -> pl.DataFrame:
     """Each result row's latest revision: the highest ``revision``, then the most ``rows``.
 
@@ -78,12 +92,16 @@ def latest_revisions(frame: pl.DataFrame) -> pl.DataFrame:
     if frame.height == 0:
         return frame
     order = frame.with_row_index("_order")
+    subset: list[str] = [c for c in LATEST_OF if c in frame.columns]
+    if "index" in frame.columns:  # count windows: a row is (window, key, index), see ROW_SLOT
+        order = order.with_columns(ROW_SLOT)
+        subset = [("_slot" if c == "start" else c) for c in subset]
     latest = (
         order.sort("revision", "rows", "_order", descending=[True, True, False])
-        .unique(subset=[c for c in LATEST_OF if c in frame.columns], keep="first")
+        .unique(subset=subset, keep="first")
         .sort("_order")
     )
-    return latest.drop("_order")
+    return latest.drop("_order", "_slot", strict=False)
 
 
 def field_dtype(name: str) -> pl.DataType:
@@ -274,9 +292,17 @@ def _frame(header: dict[str, Any], columns: dict[str, Any]) -> pl.DataFrame:
         raise SchemaError(
             f"window result rows do not form a table: {exc}", reason="bad_result_message"
         ) from exc
-    head = [pl.lit(header[name], dtype=dtype).alias(name) for name, dtype in HEADER_SCHEMA.items()]
-    rest = [c for c in fields.columns if c not in _LEADING]
-    return fields.select(*head, *_LEADING, *rest)
+    # A session window's rows carry their own end (CONTRACT.md §14): it replaces the header's.
+    head = [
+        pl.col(name) if name in _PER_ROW and name in fields.columns else pl.lit(value, dtype=dtype)
+        for name, dtype in HEADER_SCHEMA.items()
+        for value in [header[name]]
+    ]
+    rest = [c for c in fields.columns if c not in _LEADING and c not in _PER_ROW]
+    return fields.select(
+        *[h.alias(n) for h, n in zip(head, HEADER_SCHEMA, strict=True)], *_LEADING, *rest
+    )
 
 
 _LEADING: Final = ("key", "rows", "batches")
+_PER_ROW: Final = frozenset({"end"})

@@ -182,6 +182,14 @@ class Topics:
         """Where the control plane answers the requests of ``client``."""
         return self._t("shoal", "pipelines", "_reply", client)
 
+    def alerts_filter(self, pipeline: str) -> str:
+        """Every alert transition of a pipeline: ``shoal/alerts/<pipeline>/#``.
+
+        The alert messages themselves are issue 16's; ``shoal sink webhook --alerts`` follows
+        this filter.
+        """
+        return self._t("shoal", "alerts", pipeline, "#")
+
     # Results, for dashboards and notebooks.
     def results(self, pipeline: str) -> str:
         """One message per closed window with all keys."""

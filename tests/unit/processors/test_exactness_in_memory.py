@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.processors.aggregates import AGGREGATES
 from shoal.processors.spec import parse_pipeline
-from tests.support.compare import assert_matches_oracle, scale_of
-from tests.support.datasets import all_rows, make_batches
-from tests.support.in_memory import run_in_memory
-from tests.support.oracle import expected_results
+from tests.support.datasets import make_batches
+from tests.support.in_memory import check_against_oracle, run_in_memory
 
 ALL_AGGREGATES = [*AGGREGATES, "p50", "p95", "p99"]
 
@@ -33,34 +30,12 @@ def spec_for(
     )
 
 
-def check(spec, batches, seed, workers=3, duplicate_fraction=0.3, reorder_within=None) -> None:
-    emitted, late, combiners = run_in_memory(
-        spec,
-        batches,
-        seed=seed,
-        workers=workers,
-        duplicate_fraction=duplicate_fraction,
-        reorder_within=reorder_within,
-    )
-    rows = all_rows(batches)
-    expected, late_count = expected_results(rows, spec)
-    # Only windows the final watermark has passed can be closed.
-    marks = [c.closed_through for c in combiners if c.closed_through is not None]
-    # (No mark: no gateway ever delivered a row, so nothing can have closed.)
-    threshold = max(marks) if marks else -(2**62)
-    expected = expected.filter(pl.col("end") <= threshold)
-    assert_matches_oracle(emitted, expected, spec, scale_of(rows, spec))
-    reported_late = sum(item.rows for item in late)
-    assert reported_late == late_count
-    assert sum(c.counters.rows_late for c in combiners) == late_count
-
-
 @pytest.mark.parametrize("partitions", [1, 2])
 @pytest.mark.parametrize("workers", [1, 3, 5])
 def test_tumbling_all_aggregates(partitions: int, workers: int) -> None:
     spec = spec_for([{"kind": "tumbling", "size_ms": 2_000}], partitions, lateness_ms=1_000)
     batches = make_batches(seed=partitions * 10 + workers, gateways=3, batches_per_gateway=15)
-    check(spec, batches, seed=workers, workers=workers)
+    check_against_oracle(spec, batches, seed=workers, workers=workers)
 
 
 def test_hopping_and_tumbling_side_by_side() -> None:
@@ -72,7 +47,7 @@ def test_hopping_and_tumbling_side_by_side() -> None:
         2,
         lateness_ms=500,
     )
-    check(spec, make_batches(seed=7, gap_every=4), seed=3)
+    check_against_oracle(spec, make_batches(seed=7, gap_every=4), seed=3)
 
 
 @pytest.mark.parametrize("partitions", [1, 2])
@@ -88,7 +63,7 @@ def test_corrections_fold_rows_within_allowed_lateness(partitions: int, workers:
     assert sum(c.counters.rows_corrected for c in combiners) > 0
     assert sum(c.counters.corrections_emitted for c in combiners) > 0
     assert sum(c.counters.rows_late for c in combiners) > 0
-    check(spec, batches, seed=workers, workers=workers, reorder_within=4)
+    check_against_oracle(spec, batches, seed=workers, workers=workers, reorder_within=4)
 
 
 def test_no_allowed_lateness_emits_each_window_once() -> None:
@@ -133,6 +108,6 @@ def test_property_any_split_order_and_duplication(
     )
     spec = spec_for([window], partitions, lateness_ms, allowed_lateness_ms)
     data = make_batches(seed=seed, gateways=gateways, batches_per_gateway=batches, gap_every=3)
-    check(
+    check_against_oracle(
         spec, data, seed=seed, duplicate_fraction=duplicate_fraction, reorder_within=reorder_within
     )

@@ -5,8 +5,11 @@ For each aggregate in ``AGGREGATES`` (and quantiles) and each window kind in
 (``PartialBuilder``: the window kind's ``assign`` and the state fields' kernels), cross the
 wire, and are merged by a combiner's ``WindowState`` in a random order with compactions at
 random points; the finalised results must equal the aggregate's ``reference`` expression over
-all rows, grouped by the window kind's ``with_window_starts``. A new entry is tested here
-without writing a line; its own test file covers what is special about it.
+all rows, grouped by the window kind's ``with_window_starts``. Count windows ship rows, not
+state: the combiner's ``CountState`` takes the partials in a drawn order and the groups come
+from the kind's ``with_count_index`` (identified by ``index`` where time windows have
+``start``). A new entry is tested here without writing a line; its own test file covers what
+is special about it.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import itertools
 import math
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pytest
 from hypothesis import given, settings
@@ -29,11 +33,12 @@ from shoal.processors.aggregates import (
     STATE_FIELDS,
     AggregatePlan,
 )
+from shoal.processors.count import CountState
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.processors.state import WindowState
-from shoal.processors.windows import WINDOW_KINDS, kind_of
+from shoal.processors.windows import COUNT, WINDOW_KINDS, kind_of
 from tests.support.datasets import frame_of
 
 WINDOW_EXAMPLES: dict[str, list[dict[str, Any]]] = {
@@ -42,6 +47,7 @@ WINDOW_EXAMPLES: dict[str, list[dict[str, Any]]] = {
         {"kind": "hopping", "size_ms": 10, "slide_ms": 5},
         {"kind": "hopping", "size_ms": 12, "slide_ms": 3},
     ],
+    "count": [{"kind": "count", "n": 3}, {"kind": "count", "n": 1}],
 }
 """Window tables to test each kind with: a new kind needs an entry here."""
 
@@ -72,6 +78,14 @@ def hot_path(spec: PipelineSpec, batches: list[list[Row]], data: st.DataObject) 
         info = BatchInfo("gw", seq, "s", 0, None, None, 0, 0, "w")
         (partial,) = builder.build(frame_of(rows), info, 0)
         partials.append(Partial.decode(partial.encode()))
+    plan = AggregatePlan.for_aggregates(spec.aggregates)
+    if spec.windows[0].by_count:
+        counts = CountState(spec, plan)
+        for index in data.draw(st.permutations(range(len(partials))), label="order"):
+            events = partials[index].events
+            assert events is not None
+            counts.add(events, "gw", index, np.ones(len(events), dtype=bool))
+        return counts.finalise(2**62, (0, 1), flush=True).drop("start").rename({"index": "start"})
     state = WindowState(spec, AggregatePlan.for_aggregates(spec.aggregates))
     for index in data.draw(st.permutations(range(len(partials))), label="order"):
         rows = partials[index].rows
@@ -100,6 +114,12 @@ def reference(spec: PipelineSpec, batches: list[list[Row]]) -> pl.DataFrame:
         else:
             expr = QUANTILES.reference(aggregate.quantile, mapping)
         exprs.append(expr.alias(aggregate.name))
+    if window.by_count:
+        rows = rows.with_columns(
+            gateway_id=pl.lit("gw"), seq="batch", row=pl.int_range(pl.len()).over("batch")
+        )
+        indexed = COUNT.with_count_index(rows, window).rename({"index": "start"})
+        return indexed.group_by("start", "key").agg(exprs)
     return kind_of(window).with_window_starts(rows, window).group_by("start", "key").agg(exprs)
 
 
@@ -107,7 +127,8 @@ def assert_same(got: pl.DataFrame, want: pl.DataFrame, spec: PipelineSpec) -> No
     keys = ["start", "key"]
     window = spec.windows[0]
     assert got["window"].unique().to_list() == [window.name]
-    assert (got["end"] - got["start"] == window.size_ms).all()
+    if not window.by_count:
+        assert (got["end"] - got["start"] == window.size_ms).all()
     assert sorted(got.select(keys).rows()) == sorted(want.select(keys).rows())
     joined = want.join(got, on=keys, suffix="_got")
     for row in joined.iter_rows(named=True):

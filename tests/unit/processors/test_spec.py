@@ -352,3 +352,46 @@ def test_accuracy_bounds_are_inclusive(value: float) -> None:
 def test_lateness_bounds_are_inclusive(field: str, low: int, high: int) -> None:
     assert getattr(parse_pipeline(with_(**{field: low})), field) == low
     assert getattr(parse_pipeline(with_(**{field: high})), field) == high
+
+
+def test_session_windows_read_gap_and_max_duration() -> None:
+    spec = parse_pipeline(with_(windows=[{"kind": "session", "gap_ms": 30_000}]))
+    window = spec.windows[0]
+    assert (window.name, window.kind, window.gap_ms) == ("session-30s", "session", 30_000)
+    assert window.max_duration_ms == 3_600_000  # the documented default
+    assert (window.size_ms, window.slide_ms) == (30_000, 30_000)  # lateness: [first, first + gap)
+    longer = with_(windows=[{"kind": "session", "gap_ms": 5_000, "max_duration_ms": 60_000}])
+    assert parse_pipeline(longer).windows[0].max_duration_ms == 60_000
+
+
+@pytest.mark.parametrize(
+    ("window", "settings", "field", "message"),
+    [
+        ({"kind": "session"}, {}, "windows[0].gap_ms", "session windows need gap_ms"),
+        ({"kind": "session", "gap_ms": 0}, {}, "windows[0].gap_ms", "gap_ms must be an integer"),
+        (
+            {"kind": "session", "gap_ms": 1_000, "size_ms": 1_000},
+            {},
+            "windows[0].size_ms",
+            "size_ms is not for session windows",
+        ),
+        (
+            {"kind": "session", "gap_ms": 10_000, "max_duration_ms": 5_000},
+            {},
+            "windows[0].max_duration_ms",
+            "max_duration_ms must be an integer in",
+        ),
+        (
+            {"kind": "session", "gap_ms": 1_000},
+            {"allowed_lateness_ms": 5_000},
+            "allowed_lateness_ms",
+            "not supported with session windows",
+        ),
+    ],
+)
+def test_session_settings_are_checked(
+    window: dict[str, Any], settings: dict[str, Any], field: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        parse_pipeline(with_(windows=[window], **settings))
+    assert caught.value.field == field

@@ -26,6 +26,7 @@ HOPPING_3S_1S = WindowSpec("h3s", "hopping", 3_000, 1_000)
 HOPPING_10_5 = WindowSpec("h10", "hopping", 10, 5)
 HOPPING_SIZE_IS_SLIDE = WindowSpec("h1s", "hopping", 1_000, 1_000)
 HOPPING_64 = WindowSpec("h64", "hopping", 6_400, 100)
+COUNT_3 = WindowSpec("c3", "count", 1, 1, count=3)  # lateness: each row its own millisecond
 
 TWO_53 = 2**53  # 9_007_199_254_740_992
 
@@ -83,6 +84,10 @@ CASES: list[tuple[WindowSpec, int, list[int]]] = [
     (HOPPING_SIZE_IS_SLIDE, 999, [0]),
     (HOPPING_SIZE_IS_SLIDE, 1_000, [1_000]),
     (HOPPING_SIZE_IS_SLIDE, -1, [-1_000]),
+    # count windows: for lateness, each row is the 1 ms window at its timestamp
+    (COUNT_3, 0, [0]),
+    (COUNT_3, -1, [-1]),
+    (COUNT_3, 2**53, [2**53]),
 ]
 
 
@@ -112,7 +117,7 @@ def test_assign_table(window: WindowSpec, ts: int, starts: list[int]) -> None:
 
 
 def test_kinds_are_registered_by_name() -> None:
-    assert list(WINDOW_KINDS) == ["tumbling", "hopping"]
+    assert list(WINDOW_KINDS) == ["tumbling", "hopping", "count"]
     assert all(kind.name == name for name, kind in WINDOW_KINDS.items())
     assert kind_of(TUMBLING_1S) is WINDOW_KINDS["tumbling"]
     assert kind_of(HOPPING_10_5) is WINDOW_KINDS["hopping"]

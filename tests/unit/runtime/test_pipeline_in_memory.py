@@ -12,6 +12,7 @@ import numpy as np
 import orjson
 
 from shoal.broker.memory import MemoryBroker
+from shoal.processors.spec import parse_pipeline
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
 from tests.support.datasets import make_batches, two_window_spec
@@ -92,5 +93,43 @@ def test_a_draining_worker_leaves_without_losing_a_batch() -> None:
         assert leaving.worker_id not in memory.connected()
         await pipeline.stop()
         assert sum(w.counters.batches for w in pipeline.workers) == len(batches)
+
+    asyncio.run(scenario())
+
+
+def test_session_windows_give_the_oracle_results(tmp_path) -> None:
+    """The runtime's session path (split per start, each key's own end, checkpoints)."""
+    memory = MemoryBroker()
+    spec = parse_pipeline(
+        {
+            "name": "memsessions",
+            "windows": [{"kind": "session", "gap_ms": 1_200, "max_duration_ms": 8_000}],
+            "aggregates": ["count", "sum", "mean", "max", "p95"],
+            "partitions": 2,
+            "lateness_ms": 1_000,
+            "idle_timeout_ms": 1_500,
+            "checkpoint_interval_ms": 200,
+            "limits": {"max_future_ms": False},
+        }
+    )
+    batches = make_batches(
+        seed=21, gateways=3, batches_per_gateway=12, rows_per_batch=(0, 60), gap_every=4
+    )
+    order = shuffled_with_duplicates(len(batches), np.random.default_rng(8), 0.25)
+
+    async def scenario() -> None:
+        run = await run_against_oracle(
+            spec,
+            batches,
+            order,
+            settings=memory.settings,
+            topics=Topics(root="memsessions"),
+            workers=3,
+            state_dir=tmp_path,
+            encoding=Encoding.BINARY_COLUMNAR,
+            session_factory=memory.session_factory,
+        )
+        assert run.late_count > 0
+        assert sum(c.core.counters.windows_closed for c in run.pipeline.combiners) > 5
 
     asyncio.run(scenario())

@@ -1,0 +1,284 @@
+"""Open sessions of one combiner partition: session pieces merged per key, closed on the watermark.
+
+The session-window twin of ``state.WindowState`` (which holds the aligned windows). Aligned
+state is keyed by a window's start, which a row's timestamp alone decides; a session's start
+(its first timestamp) moves whenever an earlier piece joins it, so open sessions are held per
+(window, key) as intervals instead: ``key``, ``first``, ``last`` and the registry's state
+fields, one entry per piece until a merge (``SessionRule.merge_intervals``, then the fields'
+merge kernels over its labels) makes them one entry per session. ``last`` is generic: the
+largest event time of the rows in an entry, merged by max.
+
+Closing (docs/architecture.md, "Session windows"): a session closes once the close threshold
+(pipeline watermark minus ``lateness_ms``) reaches ``last + 2 * gap_ms``; from then on no piece
+that is not late can join it. Results are published per (window, start), so that a message's
+identity fixes its content: sessions of several keys that share a start close together, and a
+session waits while another one with its start is still open (no new session can take that
+start later: a piece that is not late starts after the threshold minus ``gap_ms``).
+
+Imports only ``processors`` modules below it (no I/O).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+from shoal.processors._kernels import (
+    cell_buckets,
+    cell_groups,
+    cell_ids,
+    merge_cells,
+    merge_state,
+)
+from shoal.processors.aggregates import QUANTILES, AggregatePlan
+from shoal.processors.partials import PartialRows, session_rule
+from shoal.processors.sessions import SessionRule
+from shoal.processors.sketch import LogBuckets
+from shoal.processors.spec import PipelineSpec
+from shoal.processors.state import results_frame
+
+Int64Array = npt.NDArray[np.int64]
+
+COMPACT_PIECES: Final = 2_000_000
+"""Pending pieces (plus their sketch cells) that trigger a merge between closes."""
+_EVER: Final = 2**62
+
+
+class KeyRegistry(Protocol):
+    """The partition's key ids (``WindowState`` is one: aligned and session state share ids)."""
+
+    def key_ids(self, keys: list[str | None]) -> Int64Array:
+        """The id of each key."""
+        ...
+
+    def keys_of(self, ids: Int64Array) -> pl.Series:
+        """The keys of ids, as a ``key`` column."""
+        ...
+
+
+@dataclass
+class _Entries:
+    """Session entries of one window: pieces, or sessions once merged.
+
+    ``cells`` are sketch cells whose group is the entry's index in these arrays.
+    """
+
+    key: Int64Array
+    first: Int64Array
+    last: Int64Array
+    fields: dict[str, npt.NDArray[Any]]
+    cells: Int64Array
+    counts: Int64Array
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+    def take(self, picked: npt.NDArray[np.bool_]) -> _Entries:
+        """The entries where ``picked`` (cells re-indexed, still sorted when they were)."""
+        index = np.cumsum(picked) - 1
+        owner = cell_groups(self.cells)
+        keep = picked[owner] if len(owner) else np.zeros(0, dtype=np.bool_)
+        return _Entries(
+            self.key[picked],
+            self.first[picked],
+            self.last[picked],
+            {f: c[picked] for f, c in self.fields.items()},
+            cell_ids(index[owner[keep]], cell_buckets(self.cells[keep])),
+            self.counts[keep],
+        )
+
+
+def _concat(chunks: list[_Entries]) -> _Entries:
+    offsets = np.cumsum([0, *(len(c) for c in chunks[:-1])])
+    return _Entries(
+        np.concatenate([c.key for c in chunks]),
+        np.concatenate([c.first for c in chunks]),
+        np.concatenate([c.last for c in chunks]),
+        {f: np.concatenate([c.fields[f] for c in chunks]) for f in chunks[0].fields},
+        np.concatenate(
+            [
+                cell_ids(cell_groups(c.cells) + int(o), cell_buckets(c.cells))
+                for c, o in zip(chunks, offsets.tolist(), strict=True)
+            ]
+        ),
+        np.concatenate([c.counts for c in chunks]),
+    )
+
+
+class SessionState:
+    """Open sessions of every session window of one partition (see the module docstring)."""
+
+    def __init__(self, spec: PipelineSpec, plan: AggregatePlan, keys: KeyRegistry) -> None:
+        self.spec = spec
+        self.plan = plan
+        self.keys = keys
+        self.buckets = LogBuckets(spec.sketch_accuracy)
+        self.rules: dict[int, SessionRule] = {}
+        for index, window in enumerate(spec.windows):
+            rule = session_rule(window)
+            if rule is not None:
+                self.rules[index] = rule
+        self._chunks: dict[int, list[_Entries]] = {w: [] for w in self.rules}
+        self._merged: dict[int, bool] = dict.fromkeys(self.rules, True)
+        self._pending = 0
+
+    @property
+    def windows(self) -> frozenset[int]:
+        """Indices (in the spec) of the session windows."""
+        return frozenset(self.rules)
+
+    def open_sessions(self) -> int:
+        """Entries held (sessions, and pieces not merged yet)."""
+        return sum(len(c) for chunks in self._chunks.values() for c in chunks)
+
+    # -- input -------------------------------------------------------------------------------
+
+    def add(self, rows: PartialRows, keep: npt.NDArray[np.bool_]) -> None:
+        """Append the session pieces of a partial picked by ``keep`` (their sketch follows)."""
+        if rows.last is None or not keep.any():
+            return
+        for window in self.rules:
+            taken = np.flatnonzero(keep & (rows.window == window))
+            if len(taken) == 0:
+                continue
+            cells, counts = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+            if rows.sketch_row is not None and self.plan.needs_sketch:
+                assert rows.sketch_bucket is not None
+                assert rows.sketch_count is not None
+                entry_of_row = np.full(len(rows), -1, dtype=np.int64)
+                entry_of_row[taken] = np.arange(len(taken))
+                owner = entry_of_row[rows.sketch_row]
+                used = owner >= 0
+                cells = cell_ids(owner[used], rows.sketch_bucket[used])
+                counts = rows.sketch_count[used]
+            self._chunks[window].append(
+                _Entries(
+                    self.keys.key_ids([rows.keys[i] for i in taken.tolist()]),
+                    rows.start[taken],
+                    rows.last[taken],
+                    {f: rows.fields[f][taken] for f in self.plan.field_names},
+                    cells,
+                    counts,
+                )
+            )
+            self._merged[window] = False
+            self._pending += len(taken) + len(cells)
+        if self._pending >= COMPACT_PIECES:
+            self.compact()
+
+    def compact(self) -> None:
+        """Merge every window's pieces into sessions (one entry per session)."""
+        for window in self.rules:
+            self._merge(window)
+        self._pending = 0
+
+    def _merge(self, window: int) -> _Entries | None:
+        chunks = self._chunks[window]
+        if not chunks:
+            return None
+        if self._merged[window]:
+            return chunks[0]
+        entries = _concat(chunks)
+        sessions = self.rules[window].merge_intervals(entries.key, entries.first, entries.last)
+        labels, fields = merge_state(sessions.label, entries.fields, self.plan.fields)
+        del labels  # 0 .. len(sessions) - 1: session i is label i
+        cells, counts = entries.cells, entries.counts
+        if len(cells):
+            owner = sessions.label[cell_groups(cells)]
+            # sorted runs (the merged base, then each chunk): the sort path beats a dense grid
+            cells, counts = merge_cells(cell_ids(owner, cell_buckets(cells)), counts)
+        merged = _Entries(sessions.key, sessions.first_ts, sessions.last_ts, fields, cells, counts)
+        self._chunks[window] = [merged]
+        self._merged[window] = True
+        return merged
+
+    # -- closing ----------------------------------------------------------------------------
+
+    def close(self, threshold: int) -> pl.DataFrame | None:
+        """Take out and finalise the sessions the threshold lets close (None: none).
+
+        A session closes when ``last + 2 * gap_ms <= threshold`` and no open session of the
+        same window has its start (see the module docstring).
+        """
+        frames = []
+        for window, rule in self.rules.items():
+            chunks = self._chunks[window]
+            reach = min((int(c.last.min()) for c in chunks if len(c)), default=None)
+            if reach is None or reach + 2 * rule.gap_ms > threshold:
+                continue  # merging only makes ``last`` larger: nothing can close
+            entries = self._merge(window)
+            assert entries is not None
+            closable = entries.last + 2 * rule.gap_ms <= threshold
+            closable &= ~np.isin(entries.first, entries.first[~closable])
+            if not closable.any():
+                continue
+            frames.append(self._finish(window, rule, entries.take(closable)))
+            self._chunks[window] = [entries.take(~closable)]
+        if not frames:
+            return None
+        return frames[0] if len(frames) == 1 else pl.concat(frames)
+
+    def close_all(self) -> tuple[pl.DataFrame | None, int | None]:
+        """Close every session (a flush); also the close threshold that covers them.
+
+        The threshold (largest ``last + 2 * gap_ms``) makes every later piece that could
+        have reached a flushed session late (``window_closed``).
+        """
+        through = None
+        for window, rule in self.rules.items():
+            entries = self._merge(window)
+            if entries is not None and len(entries):
+                reach = int(entries.last.max()) + 2 * rule.gap_ms
+                through = reach if through is None else max(through, reach)
+        return self.close(_EVER), through
+
+    def _finish(self, window: int, rule: SessionRule, done: _Entries) -> pl.DataFrame:
+        order = np.lexsort((done.key, done.first))  # by start, then key: one run per message
+        index = np.arange(len(done))
+        quantiles: list[npt.NDArray[np.float64]] = []
+        if self.plan.needs_sketch:
+            wanted = list(self.plan.quantiles.values())
+            quantiles = QUANTILES.finalize(self.buckets, done.cells, done.counts, index, wanted)
+        head = {
+            "window": [self.spec.windows[window].name] * len(done),
+            "start": done.first,
+            "end": done.last + rule.gap_ms,
+            "key": self.keys.keys_of(done.key),
+        }
+        frame = results_frame(self.spec, self.plan, head, done.fields, quantiles)
+        return frame[order]
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def snapshot_rows(self) -> PartialRows | None:
+        """The merged sessions in the partials' layout (``last`` included), for a checkpoint."""
+        self.compact()
+        parts = [(w, c[0]) for w, c in self._chunks.items() if c and len(c[0])]
+        if not parts:
+            return None
+        entries = _concat([e for _, e in parts])
+        window = np.concatenate([np.full(len(e), w, dtype=np.uint8) for w, e in parts])
+        with_sketch = self.plan.needs_sketch
+        return PartialRows(
+            window=window,
+            start=entries.first,
+            keys=self.keys.keys_of(entries.key).to_list(),
+            fields=entries.fields,
+            sketch_row=cell_groups(entries.cells) if with_sketch else None,
+            sketch_bucket=cell_buckets(entries.cells) if with_sketch else None,
+            sketch_count=entries.counts if with_sketch else None,
+            last=entries.last,
+        )
+
+    def restore(self, rows: PartialRows | None) -> None:
+        """Replace the sessions with a snapshot's rows (after the key registry's restore)."""
+        self._chunks = {w: [] for w in self.rules}
+        self._merged = dict.fromkeys(self.rules, True)
+        self._pending = 0
+        if rows is not None and len(rows):
+            self.add(rows, np.ones(len(rows), dtype=np.bool_))
+            self.compact()

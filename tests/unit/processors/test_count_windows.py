@@ -1,0 +1,353 @@
+"""Count windows: settings, the ordering core, and exactness against the polars oracle.
+
+Every n rows of a key in the order (ts, gateway, seq, row) form a window, whatever the batch
+split, the worker that saw a batch, the arrival order, duplicates or a combiner restart.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shoal.clock import FakeClock
+from shoal.errors import ConfigError, SchemaError
+from shoal.processors.aggregates import AGGREGATES
+from shoal.processors.combine import Combiner
+from shoal.processors.partials import BatchInfo, EventRows, Partial, PartialBuilder
+from shoal.processors.spec import parse_pipeline
+from shoal.processors.windows import COUNT, WindowSpec
+from tests.support.compare import assert_count_windows_match
+from tests.support.datasets import GeneratedBatch, all_rows, frame_of, make_batches
+from tests.support.in_memory import run_in_memory, statuses_for
+from tests.support.oracle import expected_count_results
+
+ALL_AGGREGATES = [*AGGREGATES, "p50", "p99"]
+
+
+def spec_for(windows: list[dict], partitions: int = 1, lateness_ms: int = 1_000, **more):
+    return parse_pipeline(
+        {
+            "name": "c",
+            "windows": windows,
+            "aggregates": ALL_AGGREGATES,
+            "partitions": partitions,
+            "lateness_ms": lateness_ms,
+            "idle_timeout_ms": 1_000,
+            "limits": {"max_future_ms": False},
+            **more,
+        }
+    )
+
+
+# -- settings -------------------------------------------------------------------------------
+
+
+def test_count_window_settings() -> None:
+    spec = spec_for([{"kind": "count", "n": 5}, {"kind": "count", "count": 7, "name": "seven"}])
+    assert [(w.name, w.count, w.size_ms) for w in spec.windows] == [
+        ("count-5", 5, 1),
+        ("seven", 7, 1),
+    ]
+    assert all(w.by_count for w in spec.windows)
+
+
+@pytest.mark.parametrize(
+    ("windows", "more", "field"),
+    [
+        ([{"kind": "count"}], {}, "windows[0].n"),
+        ([{"kind": "count", "n": 0}], {}, "windows[0].n"),
+        ([{"kind": "count", "n": 2_000_000}], {}, "windows[0].n"),
+        ([{"kind": "count", "n": 3, "size_ms": 1_000}], {}, "windows[0].size_ms"),
+        ([{"kind": "count", "n": 3, "count": 3}], {}, "windows[0].count"),
+        ([{"kind": "count", "n": 3, "bogus": 1}], {}, "windows[0].bogus"),
+        ([{"kind": "count", "n": 3}, {"kind": "tumbling", "size_ms": 1_000}], {}, "windows"),
+        ([{"kind": "count", "n": 3}], {"allowed_lateness_ms": 1_000}, "allowed_lateness_ms"),
+    ],
+)
+def test_count_window_settings_refused(windows, more, field) -> None:
+    with pytest.raises(ConfigError) as caught:
+        spec_for(windows, **more)
+    assert caught.value.field == field
+
+
+def test_count_windows_change_the_fingerprint() -> None:
+    from shoal.processors.partials import spec_fingerprint  # noqa: PLC0415
+
+    three, four = spec_for([{"kind": "count", "n": 3}]), spec_for([{"kind": "count", "n": 4}])
+    same_name = spec_for([{"kind": "count", "n": 4, "name": "count-3"}])
+    assert len({spec_fingerprint(s) for s in (three, four, same_name)}) == 3
+
+
+# -- the kind's references --------------------------------------------------------------------
+
+
+def test_with_count_index_numbers_rows_in_event_order() -> None:
+    window = WindowSpec("c", "count", 1, 1, count=2)
+    frame = pl.DataFrame(
+        {
+            "key": ["a", "a", "a", "b", "a", "a"],
+            "ts": [5, 5, 5, 1, 3, 9],
+            "gateway_id": ["g2", "g1", "g1", "g1", "g9", "g0"],
+            "seq": [0, 4, 3, 0, 0, 0],
+            "row": [0, 1, 7, 0, 2, 0],
+        }
+    )
+    got = COUNT.with_count_index(frame, window)
+    # key a in order: ts3 | ts5 g1 s3 | ts5 g1 s4 | ts5 g2 | ts9  -> windows 0,0,1,1,2
+    a = got.filter(pl.col("key") == "a")
+    assert a["ts"].to_list() == [3, 5, 5, 5, 9]
+    assert a["gateway_id"].to_list() == ["g9", "g1", "g1", "g2", "g0"]
+    assert a["seq"].to_list() == [0, 3, 4, 0, 0]
+    assert a["index"].to_list() == [0, 0, 1, 1, 2]
+    assert got.filter(pl.col("key") == "b")["index"].to_list() == [0]
+
+
+@pytest.mark.parametrize("ts", [-(2**53), -1, 0, 1, 2**53])
+def test_count_kind_judges_each_row_as_its_own_millisecond(ts: int) -> None:
+    window = WindowSpec("c", "count", 1, 1, count=3)
+    assert COUNT.window_starts(ts, window) == [ts]
+    assigned = COUNT.assign(np.array([ts, ts + 5], dtype=np.int64), window)
+    assert assigned.starts(assigned.slot).tolist() == [ts, ts + 5]
+
+
+# -- wire --------------------------------------------------------------------------------------
+
+
+def test_partials_carry_rows_by_partition_through_the_wire() -> None:
+    spec = spec_for([{"kind": "count", "n": 3}], partitions=2)
+    frame = frame_of([("a", 10, 1.0), ("b", 11, 2.0), ("a", 9, 3.0), ("c", 12, 4.0)])
+    info = BatchInfo("gw", 4, "s", 0, None, None, 0, 0, "w")
+    partials = [Partial.decode(p.encode()) for p in PartialBuilder(spec, "w").build(frame, info, 0)]
+    assert [p.rows for p in partials] == [None, None]
+    seen = []
+    for p in partials:
+        if p.events is None:
+            continue
+        events = p.events
+        seen += [
+            (events.keys[k], t, r, v)
+            for k, t, r, v in zip(events.key, events.ts, events.row, events.value, strict=True)
+        ]
+    assert sorted(seen) == [
+        ("a", 9, 2, 3.0),
+        ("a", 10, 0, 1.0),
+        ("b", 11, 1, 2.0),
+        ("c", 12, 3, 4.0),
+    ]
+
+
+def test_a_bad_event_key_index_is_refused() -> None:
+    packed = EventRows(["a"], np.array([0]), np.array([1]), np.array([0]), np.array([1.0])).pack()
+    packed["key"] = [5, "u1", b"\x00"]
+    with pytest.raises(SchemaError):
+        EventRows.unpack(packed)
+
+
+# -- exactness -------------------------------------------------------------------------------
+
+
+def check(spec, batches, *, seed, workers=3, duplicate_fraction=0.3, reorder_within=None):
+    emitted, late, combiners = run_in_memory(
+        spec,
+        batches,
+        seed=seed,
+        workers=workers,
+        duplicate_fraction=duplicate_fraction,
+        reorder_within=reorder_within,
+    )
+    marks = [c.closed_through for c in combiners if c.closed_through is not None]
+    threshold = max(marks) if marks else -(2**62)
+    expected, late_count, scale = expected_count_results(
+        all_rows(batches), spec, threshold=threshold
+    )
+    if expected.height == 0:
+        assert emitted.height == 0
+    else:
+        assert_count_windows_match(emitted, expected, spec, scale)
+    assert sum(item.rows for item in late) == late_count * 1
+    assert sum(c.counters.rows_late for c in combiners) == late_count
+    return emitted, late_count, combiners
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+@pytest.mark.parametrize("workers", [1, 3, 5])
+def test_count_windows_equal_the_oracle(partitions: int, workers: int) -> None:
+    spec = spec_for([{"kind": "count", "n": 7}, {"kind": "count", "n": 20}], partitions)
+    batches = make_batches(seed=partitions * 10 + workers, gateways=3, batches_per_gateway=15)
+    emitted, late_count, _ = check(spec, batches, seed=workers, workers=workers)
+    assert emitted.height > 20
+    assert late_count > 0
+
+
+def test_equal_timestamps_are_ordered_by_gateway_seq_and_row() -> None:
+    """Many rows share a timestamp across gateways, batches and rows: first/last, min and max
+    of each window depend on the tie order."""
+    batches = [
+        GeneratedBatch(
+            f"gw{g}",
+            s,
+            frame_of([("k", 1_000 * s + (r % 2), float(10 * g + r + s)) for r in range(5)]),
+        )
+        for g in (2, 0, 1)
+        for s in range(4)
+    ]
+    spec = spec_for([{"kind": "count", "n": 4}], lateness_ms=0)
+    for seed in range(5):
+        check(spec, batches, seed=seed, reorder_within=None, duplicate_fraction=0.5)
+
+
+def test_flush_emits_unfinished_windows_with_fewer_rows() -> None:
+    spec = spec_for([{"kind": "count", "n": 4}])
+    clock = FakeClock()
+    combiner = Combiner(spec, 0, clock)
+    batches = [
+        GeneratedBatch("gw", s, frame_of([("a", 100 * s + r, float(r)) for r in range(3)]))
+        for s in range(3)
+    ]
+    for status in statuses_for(batches, clock.now_ms()):
+        combiner.receive_status(status)
+    builder = PartialBuilder(spec, "w")
+    for b in batches:
+        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
+        for p in builder.build(b.frame, info, 0):
+            combiner.receive(p)
+    flushed = combiner.flush().frame
+    assert flushed["rows"].to_list() == [4, 4, 1]
+    assert flushed["index"].to_list() == [0, 1, 2]
+    assert flushed["first_ts"].to_list() == [0, 101, 202]
+    assert flushed["last_ts"].to_list() == [100, 201, 202]
+    expected, _, _ = expected_count_results(all_rows(batches), spec, flush=True)
+    assert expected["rows"].to_list() == [4, 4, 1]
+    # after the flush, rows before its end are late; later ones start the next window
+    after = builder.build(
+        frame_of([("a", 150, 1.0), ("a", 500, 2.0)]),
+        BatchInfo("gw", 3, "s", 0, None, None, 0, 0, "w"),
+        0,
+    )
+    late = combiner.receive(Partial.decode(after[0].encode())).late
+    assert late[0].frame["reason"].to_list() == ["window_closed"]
+    assert late[0].frame["start"].to_list() == [150]
+    assert combiner.flush().frame["index"].to_list() == [3]
+
+
+def test_a_restored_combiner_carries_buffered_rows_tails_and_counts() -> None:
+    """Snapshot at every step, restore into a fresh combiner, go on: same results."""
+    spec = spec_for([{"kind": "count", "n": 5}, {"kind": "count", "n": 9}], lateness_ms=300)
+    batches = make_batches(seed=4, gateways=2, batches_per_gateway=12)
+    clock = FakeClock()
+    builder = PartialBuilder(spec, "w")
+    combiner = Combiner(spec, 0, clock)
+    for status in statuses_for(batches, clock.now_ms()):
+        combiner.receive_status(status)
+    frames = []
+    order = sorted(range(len(batches)), key=lambda i: (batches[i].seq, batches[i].gateway_id))
+    for index in order:
+        b = batches[index]
+        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
+        for p in builder.build(b.frame, info, clock.now_ms()):
+            combiner.receive(Partial.decode(p.encode()))
+        closed = combiner.tick().closed
+        if closed is not None:
+            frames.append(closed.frame)
+        fresh = Combiner(spec, 0, clock)
+        fresh.restore(combiner.snapshot())
+        combiner = fresh
+        clock.advance(1)
+    clock.advance(spec.idle_timeout_ms + 1)
+    closed = combiner.tick().closed
+    if closed is not None:
+        frames.append(closed.frame)
+    emitted = pl.concat(frames)
+    assert combiner.counts is not None
+    assert combiner.counts.tail_rows > 0
+    expected, _, scale = expected_count_results(
+        all_rows(batches), spec, threshold=combiner.closed_through
+    )
+    assert_count_windows_match(emitted, expected, spec, scale)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    gateways=st.integers(1, 3),
+    batches=st.integers(1, 10),
+    n=st.sampled_from([1, 2, 3, 10]),
+    partitions=st.integers(1, 2),
+    workers=st.integers(1, 5),
+    lateness_ms=st.sampled_from([0, 300, 2_000]),
+    duplicate_fraction=st.floats(0.0, 1.0),
+    reorder_within=st.sampled_from([None, 2, 5]),
+)
+def test_property_any_split_worker_order_and_duplication(
+    seed, gateways, batches, n, partitions, workers, lateness_ms, duplicate_fraction, reorder_within
+) -> None:
+    spec = spec_for([{"kind": "count", "n": n}], partitions, lateness_ms)
+    data = make_batches(
+        seed=seed, gateways=gateways, batches_per_gateway=batches, gap_every=3, keys=4
+    )
+    check(
+        spec,
+        data,
+        seed=seed,
+        workers=workers,
+        duplicate_fraction=duplicate_fraction,
+        reorder_within=reorder_within,
+    )
+
+
+def test_tails_keep_each_keys_rows_in_order_through_takes_and_consolidation() -> None:
+    """Tail chunks: a key's rows leave all at once and in event order; chunks consolidate."""
+    from shoal.processors.count import MAX_TAIL_CHUNKS, _Rows, _Tails  # noqa: PLC0415
+
+    def rows(keys: list[int], ts: list[int]) -> _Rows:
+        n = len(keys)
+        return _Rows(
+            np.array(keys, dtype=np.int32),
+            np.array(ts, dtype=np.int64),
+            np.zeros(n, dtype=np.int32),
+            np.zeros(n, dtype=np.int64),
+            np.zeros(n, dtype=np.int32),
+            np.array(ts, dtype=np.float64),
+        )
+
+    tails = _Tails()
+    tails.grow(3)
+    for step in range(MAX_TAIL_CHUNKS + 50):  # key 2 stops after the first step
+        tails.add(rows([0, 1] if step else [0, 1, 2], [step] * (2 if step else 3)))
+        if step % 7 == 6:
+            taken = tails.take(np.array([0]))
+            assert taken.ts.tolist() == list(range(step - 6 if step > 6 else 0, step + 1))
+    assert len(tails.chunks) <= MAX_TAIL_CHUNKS
+    everything = tails.all()
+    assert tails.count.tolist() == [int((everything.key == k).sum()) for k in range(3)]
+    one = everything.ts[everything.key == 1].tolist()
+    assert one == list(range(MAX_TAIL_CHUNKS + 50))
+    assert everything.ts[everything.key == 2].tolist() == [0]
+
+
+def test_latest_revisions_identify_count_windows_by_index() -> None:
+    """Re-published after a restart in a message of another start: still one window."""
+    from shoal.schemas.results import latest_revisions  # noqa: PLC0415
+
+    frame = pl.DataFrame(
+        {
+            "pipeline": ["p"] * 4,
+            "window": ["count-2"] * 4,
+            "start": [100, 100, 250, 100],  # the close step's span start
+            "partition": [0] * 4,
+            "revision": [1] * 4,
+            "key": ["a", "a", "a", "b"],
+            "rows": [2] * 4,
+            "index": [0, 1, 1, 0],
+        }
+    )
+    latest = latest_revisions(frame)
+    assert sorted(zip(latest["key"], latest["index"], strict=True)) == [
+        ("a", 0),
+        ("a", 1),
+        ("b", 0),
+    ]
+    assert "_slot" not in latest.columns
