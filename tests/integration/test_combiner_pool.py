@@ -259,6 +259,8 @@ async def _scenario(broker: EmbeddedBroker, topics: Topics, tmp: Path) -> float:
             thresholds = await finish(survivor, batches)
         assert survivor.counters.terms_failed == 0
         assert survivor.counters.terms_started == len(SLOTS)  # its own, then the dead one's
+        # Heartbeats (and `shoal status`) name the owner of each partition.
+        assert {t.runtime.metrics()["owner"] for t in survivor.terms.values()} == {SURVIVOR}
     assert_oracle(temps_seen, _spec(TEMPS), batches, thresholds["temps"])
     assert_oracle(twin_seen, _spec(TWIN), batches, thresholds["twin"])
     return takeover_s

@@ -89,6 +89,7 @@ class CombinerConfig:
         per_key_results: publish the retained per-key result topics.
         hosted: run one ownership term for a combiner pool (see the module docstring);
             needs ``state_dir``.
+        owner: the pool member hosting it (its heartbeat says so; None: pinned).
     """
 
     spec: PipelineSpec
@@ -101,6 +102,7 @@ class CombinerConfig:
     session_expiry_s: int = 600
     per_key_results: bool = True
     hosted: bool = False
+    owner: str | None = None
 
     @property
     def client_id(self) -> str:
@@ -577,6 +579,7 @@ class CombinerRuntime:
             "id": self.config.client_id,
             "pipeline": self.config.spec.name,
             "partition": self.config.partition,
+            "owner": self.config.owner,
             "at": self.clock.now_ms(),
             "uptime_s": round(self.clock.monotonic() - self.started_at, 3),
             "watermark": self.core.watermark(),

@@ -305,6 +305,7 @@ class CombinerHost:
             session_expiry_s=self.config.session_expiry_s,
             per_key_results=self.config.per_key_results,
             hosted=True,
+            owner=self.me,
         )
         runtime = CombinerRuntime(config, self.clock, session_factory=self._connect)
         self.terms[slot] = _Term(runtime, asyncio.create_task(runtime.run()), version)
