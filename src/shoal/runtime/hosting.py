@@ -200,6 +200,9 @@ class CombinerHost:
     async def _join(self, session: Session) -> None:
         topics = self.config.topics
         self.ready.clear()
+        # Members that left while we were away are no longer retained: start the view afresh
+        # from what the SUBSCRIBE delivers (ownership waits for the marker).
+        self.members.clear()
         self._marker = Marker.on(topics.control(self.config.client_id), os.urandom(8).hex())
         await session.subscribe(
             [topics.pool_combiners(), topics.pipeline_documents(), self._marker.topic], qos=1
