@@ -89,24 +89,38 @@ def test_latest_revisions_equal_the_oracle(
     )
 
     async def scenario() -> None:
-        pipeline, latest, late, threshold, corrections = await run(
-            broker, topics, tmp_path, spec, batches, workers, crash
-        )
-        rows = all_rows(batches)
-        expected, late_count = expected_results(rows, spec)
-        expected = expected.filter(pl.col("end") <= threshold)
-        assert_matches_oracle(latest, expected, spec, scale_of(rows, spec))
-        # the data exercises both sides of the allowance, and corrections were published
-        assert late_count > 0
-        assert corrections > 0
-        if crash is None or crash.startswith("worker"):
-            assert late == late_count  # exact: every late row reported once
-            assert sum(c.core.counters.rows_late for c in pipeline.combiners) == late_count
-        else:
-            # after the crash the batches applied since the last checkpoint come again and
-            # their late rows are reported again; at least every one is reported
-            assert late >= late_count
+        pipeline = await run_and_compare(broker, topics, tmp_path, spec, batches, workers, crash)
         for c in pipeline.combiners:
             assert c.core.kept_windows() <= c.core.state.open_windows()
 
     asyncio.run(scenario())
+
+
+async def run_and_compare(
+    broker: EmbeddedBroker,
+    topics: Topics,
+    tmp_path,
+    spec: PipelineSpec,
+    batches: list[GeneratedBatch],
+    workers: int,
+    crash: str | None,
+) -> InProcessPipeline:
+    """``run``, then the latest revisions against the oracle and the late rows reported."""
+    pipeline, latest, late, threshold, corrections = await run(
+        broker, topics, tmp_path, spec, batches, workers, crash
+    )
+    rows = all_rows(batches)
+    expected, late_count = expected_results(rows, spec)
+    expected = expected.filter(pl.col("end") <= threshold)
+    assert_matches_oracle(latest, expected, spec, scale_of(rows, spec))
+    # the data exercises both sides of the allowance, and corrections were published
+    assert late_count > 0
+    assert corrections > 0
+    if crash is None or crash.startswith("worker"):
+        assert late == late_count  # exact: every late row reported once
+        assert sum(c.core.counters.rows_late for c in pipeline.combiners) == late_count
+    else:
+        # after the crash the batches applied since the last checkpoint come again and
+        # their late rows are reported again; at least every one is reported
+        assert late >= late_count
+    return pipeline

@@ -1,7 +1,8 @@
 """The oracle: what a pipeline must emit, computed by plain polars over the whole data set.
 
 It knows nothing of partials, workers or combiners: windows come from each window kind's
-polars reference (``with_window_starts``) and aggregates from each registry entry's
+polars references (``with_window_starts``, and ``emitted_reference`` for which (window, key)
+groups are results: a sliding window's trigger) and aggregates from each registry entry's
 ``reference`` over the raw rows (both checked against plain Python in the unit tests), quantiles
 are polars' exact ones. Lateness follows the documented rule: a
 row of gateway g's batch s is late when its window ended at least ``lateness_ms +
@@ -175,9 +176,19 @@ def expected_results(rows: pl.DataFrame, spec: PipelineSpec) -> tuple[pl.DataFra
     """(results per window/start/key, number of late (row, window) pairs)."""
     flagged = late_flags(rows, spec)
     on_time = flagged.filter(~pl.col("late"))
-    results = (
-        on_time.group_by("window", "start", "end", "key")
-        .agg(_aggregates(spec))
-        .sort("window", "start", "key")
-    )
+    per_window = []
+    for window in spec.windows:
+        emitted = (
+            pl.lit(value=True)  # a session is a result whenever it has rows
+            if session_rule(window) is not None
+            else kind_of(window).emitted_reference(window)
+        ).alias("_emitted")
+        per_window.append(
+            on_time.filter(pl.col("window") == window.name)
+            .group_by("window", "start", "end", "key")
+            .agg(*_aggregates(spec), emitted)
+            .filter(pl.col("_emitted"))
+            .drop("_emitted")
+        )
+    results = pl.concat(per_window).sort("window", "start", "key")
     return results, int(flagged["late"].sum())

@@ -66,8 +66,9 @@ def canonical_mapping(spec: PipelineSpec) -> dict[str, Any]:
             windows.append(table)
             continue
         table["size_ms"] = window.size_ms
-        if WINDOW_KINDS[window.kind].takes_slide:
-            table["slide_ms"] = window.slide_ms
+        kind = WINDOW_KINDS[window.kind]
+        if kind.takes_slide:
+            table[kind.slide_key] = window.slide_ms
         windows.append(table)
     limits = spec.limits
     return {

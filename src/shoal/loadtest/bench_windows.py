@@ -25,6 +25,7 @@ from shoal.errors import ConfigError
 WINDOW_PRESETS: Final[Mapping[str, Mapping[str, Any]]] = {
     "tumbling": {"name": "tumbling-10s", "kind": "tumbling", "size_ms": 10_000},
     "hopping": {"name": "hopping-10s-1s", "kind": "hopping", "size_ms": 10_000, "slide_ms": 1_000},
+    "sliding": {"name": "sliding-10s-1s", "kind": "sliding", "size_ms": 10_000, "step_ms": 1_000},
     # 250 rows: one window per sensor every 10 s at 25/s, as many results as tumbling-10s
     "count": {"name": "count-250", "kind": "count", "n": 250},
     # A sensor's session ends after three periods without a reading at 2.5/s (the rate of

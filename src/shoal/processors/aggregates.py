@@ -352,9 +352,15 @@ class AggregatePlan:
     quantiles: dict[str, float]
 
     @classmethod
-    def for_aggregates(cls, aggregates: Iterable[AggregateSpec]) -> AggregatePlan:
-        """Resolve the aggregates a pipeline spec asks for (``PipelineSpec.aggregates``)."""
-        wanted: list[StateField] = list(ALWAYS)
+    def for_aggregates(
+        cls, aggregates: Iterable[AggregateSpec], *, last_ts: bool = False
+    ) -> AggregatePlan:
+        """Resolve the aggregates a pipeline spec asks for (``PipelineSpec.aggregates``).
+
+        ``last_ts``: carry each state's latest event time even if no aggregate asks for it
+        (a window kind's trigger reads it: ``PipelineSpec.plan``).
+        """
+        wanted: list[StateField] = [*ALWAYS, *((LAST_TS,) if last_ts else ())]
         outputs: dict[str, pl.Expr] = {}
         quantiles: dict[str, float] = {}
         for requested in aggregates:

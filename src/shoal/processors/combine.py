@@ -51,7 +51,6 @@ import polars as pl
 
 from shoal.clock import Clock
 from shoal.errors import SchemaError, UsageError
-from shoal.processors.aggregates import AggregatePlan
 from shoal.processors.count import CountState
 from shoal.processors.partials import EventRows, Partial, PartialRows, spec_fingerprint
 from shoal.processors.progress import GatewayProgress, ProgressTracker
@@ -136,7 +135,7 @@ class Combiner:
         self.spec = spec
         self.partition = partition
         self.clock = clock
-        self.plan = AggregatePlan.for_aggregates(spec.aggregates)
+        self.plan = spec.plan()
         self.fingerprint = spec_fingerprint(spec)
         self.tracker: ProgressTracker[Partial] = ProgressTracker(
             spec.idle_timeout_ms,

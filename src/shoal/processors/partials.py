@@ -28,7 +28,8 @@ import polars as pl
 
 from shoal.errors import ConfigError, SchemaError
 from shoal.processors._kernels import partial_state
-from shoal.processors.aggregates import STATE_FIELDS, AggregatePlan
+from shoal.processors._panes import fan_out
+from shoal.processors.aggregates import STATE_FIELDS
 from shoal.processors.sessions import SESSION_KIND, SessionRule
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
@@ -63,8 +64,14 @@ def spec_fingerprint(spec: PipelineSpec) -> str:
 
 
 def _window_print(window: WindowSpec) -> tuple[object, ...]:
-    """What of a window shapes partials (aligned windows print as before sessions existed)."""
+    """What of a window shapes partials.
+
+    Tumbling and hopping windows print as before sessions and sliding windows existed; a
+    sliding window is a hopping one plus its trigger, so its kind tells them apart.
+    """
     aligned = (window.name, window.size_ms, window.slide_ms)
+    if window.kind == "sliding":
+        return (*aligned, window.kind)
     if window.by_count:
         return (*aligned, window.kind, window.count)
     if window.kind != SESSION_KIND:
@@ -553,7 +560,7 @@ class PartialBuilder:
     def __init__(self, spec: PipelineSpec, worker_id: str) -> None:
         self.spec = spec
         self.worker_id = worker_id
-        self.plan = AggregatePlan.for_aggregates(spec.aggregates)
+        self.plan = spec.plan()
         self.buckets = LogBuckets(spec.sketch_accuracy)
         self.router = KeyRouter(spec.partitions)
         self.fingerprint = spec_fingerprint(spec)
@@ -662,20 +669,37 @@ class PartialBuilder:
                 rows_ts, rows_value = np.repeat(ts, per_row), np.repeat(value, per_row)
                 rows_key = np.repeat(key_ids, per_row)
                 rows_bucket = None if bucket_all is None else np.repeat(bucket_all, per_row)
-            # Dense group ids (slot-major): small enough for a radix sort in the kernel.
-            groups = assigned.slot * width + rows_key
-            g, state, sketch = partial_state(groups, rows_ts, rows_value, fields, rows_bucket)
-            starts = assigned.starts(g // width)
+            if assigned.fan > 1:  # hopping: state per pane, then per window (``_panes``)
+                g, state, sketch = fan_out(
+                    assigned.slot,
+                    assigned.fan,
+                    rows_key,
+                    width,
+                    rows_ts,
+                    rows_value,
+                    fields,
+                    rows_bucket,
+                )
+            else:
+                # Dense group ids (slot-major): small enough for a radix sort in the kernel.
+                groups = assigned.slot * width + rows_key
+                g, state, sketch = partial_state(groups, rows_ts, rows_value, fields, rows_bucket)
+            last = None
+            if self._has_sessions:  # 'last': the largest event time of each group's rows
+                every = assigned.expanded()  # (one membership per window, also for panes)
+                again = every.per_row // assigned.per_row
+                member = every.slot * width + np.repeat(rows_key, again)
+                last = _max_per_group(member, np.repeat(rows_ts, again), g)
             parts.append(
                 PartialRows(
                     window=np.full(len(g), index, dtype=np.uint8),
-                    start=starts,
+                    start=assigned.starts(g // width),
                     keys=[key_names[i] for i in (g % width).tolist()],
                     fields=state,
                     sketch_row=None if sketch is None else sketch[0],
                     sketch_bucket=None if sketch is None else sketch[1],
                     sketch_count=None if sketch is None else sketch[2],
-                    last=_max_per_group(groups, rows_ts, g) if self._has_sessions else None,
+                    last=last,
                 )
             )
         return self._split(batch, _concat(parts), now_ms)

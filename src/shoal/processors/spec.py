@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from shoal.errors import ConfigError, UsageError
-from shoal.processors.aggregates import AGGREGATES, ALIASES, QUANTILES, AggregateSpec
+from shoal.processors.aggregates import AGGREGATES, ALIASES, QUANTILES, AggregatePlan, AggregateSpec
 from shoal.processors.sessions import SESSION_KIND
 from shoal.processors.windows import WINDOW_KINDS, WindowSpec
 from shoal.schemas import ATTRIBUTE_COLUMNS, FUTURE_POLICIES, DecodeLimits
@@ -25,6 +25,8 @@ OutputEncoding = Literal["json", "msgpack"]
 KEY_COLUMNS: Final = ("sensor_id", *ATTRIBUTE_COLUMNS)
 MAX_WINDOWS_PER_ROW: Final = 64
 """A hopping window puts each row into size/slide windows; beyond this the spec is refused."""
+STEPS_PER_WINDOW: Final = 10
+"""A sliding window's default ``step_ms`` is ``size_ms`` / this (when it divides)."""
 MAX_COUNT_ROWS: Final = 1_000_000
 """Largest ``n`` of a count window: a combiner keeps up to ``n - 1`` rows per key and window."""
 
@@ -89,6 +91,13 @@ class PipelineSpec:
         if self.max_hold_ms is not None:
             return self.max_hold_ms
         return default_max_hold_ms(self.lateness_ms, self.idle_timeout_ms)
+
+    def plan(self) -> AggregatePlan:
+        """The state this spec's partials carry: its aggregates' and its window kinds' needs."""
+        last_ts = any(
+            w.kind in WINDOW_KINDS and WINDOW_KINDS[w.kind].needs_last_ts for w in self.windows
+        )  # (session windows are no entry of WINDOW_KINDS)
+        return AggregatePlan.for_aggregates(self.aggregates, last_ts=last_ts)
 
     @property
     def aggregate_names(self) -> tuple[str, ...]:
@@ -341,30 +350,36 @@ def _window(reader: _Reader) -> WindowSpec:
     size = reader.integer("size_ms", default=0, low=1, high=31 * 86_400_000)
     if size == 0:
         raise reader.error("size_ms", "size_ms is required")
+    for other in {k.slide_key for k in WINDOW_KINDS.values() if k.takes_slide}:
+        if other in reader.raw and (not kind.takes_slide or other != kind.slide_key):
+            takers = " or ".join(
+                k.name for k in WINDOW_KINDS.values() if k.takes_slide and k.slide_key == other
+            )
+            raise reader.error(other, f"{other} is only for {takers} windows")
     if not kind.takes_slide:
         slide = size
-        if "slide_ms" in reader.raw:
-            sliding = " or ".join(k.name for k in WINDOW_KINDS.values() if k.takes_slide)
-            raise reader.error("slide_ms", f"slide_ms is only for {sliding} windows")
     else:
-        slide = reader.integer("slide_ms", default=0, low=1, high=size)
+        key = kind.slide_key
+        # A step (sliding) defaults to a tenth of the size: ten windows per row and at most
+        # ten results per key and window length, whatever the size; a slide has no default.
+        default = (
+            size // STEPS_PER_WINDOW if key == "step_ms" and size % STEPS_PER_WINDOW == 0 else 0
+        )
+        slide = reader.integer(key, default=default, low=1, high=size)
         if slide == 0:
-            raise reader.error("slide_ms", f"{kind.name} windows need slide_ms")
+            raise reader.error(key, f"{kind.name} windows need {key}")
         if size % slide:
-            raise reader.error(
-                "size_ms", f"size_ms ({size}) must be a multiple of slide_ms ({slide})"
-            )
+            raise reader.error("size_ms", f"size_ms ({size}) must be a multiple of {key} ({slide})")
         if size // slide > MAX_WINDOWS_PER_ROW:
             raise reader.error(
                 "size_ms",
-                f"size_ms/slide_ms = {size // slide} windows per row; at most "
+                f"size_ms/{key} = {size // slide} windows per row; at most "
                 f"{MAX_WINDOWS_PER_ROW} are supported",
             )
     default_name = f"{kind.name}-{_duration(size)}" + (
         f"-{_duration(slide)}" if kind.takes_slide else ""
     )
     name = reader.name("name") if "name" in reader.raw else default_name
-    reader.used.add("slide_ms")
     reader.finish()
     return WindowSpec(name=name, kind=kind.name, size_ms=size, slide_ms=slide)
 

@@ -28,10 +28,11 @@ from shoal.processors._kernels import (
     merge_cells,
     merge_state,
 )
-from shoal.processors.aggregates import AGGREGATES, QUANTILES, AggregatePlan
+from shoal.processors.aggregates import AGGREGATES, LAST_TS, QUANTILES, AggregatePlan
 from shoal.processors.partials import PartialRows
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
+from shoal.processors.windows import WINDOW_KINDS, kind_of
 
 COMPACT_ROWS: Final = 2_000_000
 """Pending rows (state + sketch) that trigger a merge: bounds memory between window closes."""
@@ -75,6 +76,9 @@ class WindowState:
         self._fields = plan.field_names
         self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
         self._names = [w.name for w in spec.windows]
+        self._triggered = any(
+            w.kind in WINDOW_KINDS and kind_of(w).needs_last_ts for w in spec.windows
+        )  # (session windows are no entry of WINDOW_KINDS and trigger nothing here)
         self._empty: pl.DataFrame | None = None
         self._reset()
 
@@ -120,7 +124,8 @@ class WindowState:
         slots = self._slot_ids(rows.window[taken].astype(np.int64), rows.start[taken])
         if self._prepared is not None and np.isin(slots, self._prepared.slots).any():
             self._prepared = None  # a late row for a prepared window: finalise it again
-        keys = self.key_ids([rows.keys[i] for i in taken.tolist()])
+        everything = len(taken) == len(rows)  # the usual case: no copy of the key list
+        keys = self.key_ids(rows.keys if everything else [rows.keys[i] for i in taken.tolist()])
         groups = (slots << KEY_BITS) | keys
         self._groups.append(groups)
         self._columns.append({f: rows.fields[f][taken] for f in self._fields})
@@ -364,12 +369,37 @@ class WindowState:
         cells: npt.NDArray[np.int64],
         counts: npt.NDArray[np.int64],
     ) -> pl.DataFrame:
-        """Results of merged groups (sorted) and their merged sketch cells."""
+        """Results of merged groups (sorted) and their merged sketch cells.
+
+        Only the (window, key) states their window kind emits (a sliding window's trigger).
+        """
+        keep = self._emitted(groups, state)
+        if keep is not None and not keep.all():
+            groups, state = groups[keep], {f: c[keep] for f, c in state.items()}
+            if len(cells):
+                kept_cells = np.isin(cell_groups(cells), groups)
+                cells, counts = cells[kept_cells], counts[kept_cells]
         quantiles: list[npt.NDArray[np.float64]] = []
         if self.plan.needs_sketch:
             wanted = list(self.plan.quantiles.values())
             quantiles = QUANTILES.finalize(self.buckets, cells, counts, groups, wanted)
         return self._finalise(groups, state, quantiles)
+
+    def _emitted(
+        self, groups: npt.NDArray[np.int64], state: dict[str, npt.NDArray[Any]]
+    ) -> npt.NDArray[np.bool_] | None:
+        """Which merged groups their window kind emits (None: all; ``WindowKind.emitted``)."""
+        if not self._triggered or len(groups) == 0:
+            return None
+        window, start, _ = self._slot_info_for(groups >> KEY_BITS)
+        keep = np.ones(len(groups), dtype=bool)
+        for index, spec in enumerate(self.spec.windows):
+            rows = window == index
+            if rows.any() and spec.kind in WINDOW_KINDS:
+                emitted = kind_of(spec).emitted(start[rows], state[LAST_TS.name][rows], spec)
+                if emitted is not None:
+                    keep[rows] = emitted
+        return keep
 
     def _release(self, slots: list[int]) -> None:
         for slot in slots:

@@ -12,6 +12,13 @@ is ``floor(t / slide) * slide - j * slide`` for ``j`` in ``0 .. size/slide - 1``
 window is a hopping one with ``slide = size``. Floor division makes negative timestamps fall
 into the window *before* zero, like positive ones.
 
+A kind may also decide which of its merged (window, key) states are results (``emitted``,
+with ``emitted_reference`` its polars twin). Tumbling and hopping emit every window holding a
+row. A *sliding* window (``step_ms``, carried as ``slide_ms``) holds rows like a hopping one
+but is emitted for a key only if the key has a row in its last step ``[end - step, end)``:
+windows are triggered by arriving rows, quantised to the step grid. With ``step_ms = 1`` that
+is eKuiper's sliding window, one window ``(t - size, t]`` per row time ``t``.
+
 A *count* window (``kind = "count"``, ``n`` rows per key) is not a set of timestamps: its
 members depend on the order of all of a key's rows. For lateness and closing it is judged row
 by row, each row as the 1 ms window ``[ts, ts + 1)`` (``size_ms = 1``), so the combiner's rules
@@ -42,9 +49,10 @@ class WindowSpec:
     Attributes:
         name: label carried by results (``tumbling-10s`` unless given).
         kind: a name in ``WINDOW_KINDS``: ``tumbling`` (slide = size), ``hopping`` or
-            ``count``.
+            ``sliding`` or ``count``.
         size_ms: window length.
-        slide_ms: distance between window starts (= size for tumbling).
+        slide_ms: distance between window starts (= size for tumbling; a sliding window's
+            ``step_ms``).
         gap_ms: for ``kind = "session"`` only (``sessions.SessionRule``): rows less than this
             apart are one session; None for aligned kinds.
         max_duration_ms: for sessions only: the epoch grid that cuts sessions (None: none).
@@ -78,22 +86,35 @@ class Assignment:
 
     Memberships are row-major: row ``i`` has memberships ``i * per_row`` to
     ``(i + 1) * per_row - 1`` (repeat the row's columns ``per_row`` times to align them).
+    With ``fan > 1`` a membership's slot is a *pane*: slot ``p`` stands for the windows of
+    slots ``p`` to ``p + fan - 1`` (``PartialBuilder`` computes state per pane and fans it
+    out, ``_panes.py``); ``expanded`` spells those windows out.
 
     Attributes:
-        per_row: windows per row.
+        per_row: memberships per row.
         slot: slot of each membership (non-negative).
         base: start of the window of slot 0.
         step: distance between the starts of consecutive slots.
+        fan: consecutive window slots each membership stands for.
     """
 
     per_row: int
     slot: Int64Array
     base: int
     step: int
+    fan: int = 1
 
     def starts(self, slot: Int64Array) -> Int64Array:
         """The window start of each slot."""
         return slot * self.step + self.base
+
+    def expanded(self) -> Assignment:
+        """The same windows with one membership per window (``fan`` 1), row-major."""
+        if self.fan == 1:
+            return self
+        back = np.arange(self.fan, dtype=np.int64)
+        slot = (self.slot[:, None] + back[None, :]).ravel()
+        return Assignment(self.per_row * self.fan, slot, self.base, self.step)
 
 
 class WindowKind(Protocol):
@@ -105,7 +126,26 @@ class WindowKind(Protocol):
 
     @property
     def takes_slide(self) -> bool:
-        """Whether a spec sets ``slide_ms`` (otherwise it equals ``size_ms``)."""
+        """Whether a spec sets the slide (otherwise it equals ``size_ms``)."""
+
+    @property
+    def slide_key(self) -> str:
+        """The setting of a ``[[windows]]`` table that holds the slide, if it takes one."""
+
+    @property
+    def needs_last_ts(self) -> bool:
+        """Whether ``emitted`` reads each state's latest event time (``last_ts``)."""
+
+    def emitted(
+        self, start: Int64Array, last_ts: Int64Array | None, window: WindowSpec
+    ) -> npt.NDArray[np.bool_] | None:
+        """Which merged (window, key) states are results (None: every one).
+
+        By window start and latest event time (``last_ts`` is None unless ``needs_last_ts``).
+        """
+
+    def emitted_reference(self, window: WindowSpec, ts: str = "ts") -> pl.Expr:
+        """Polars over one (window, key) group's raw rows and ``start``: ``emitted``'s twin."""
 
     def window_starts(self, ts_ms: int, window: WindowSpec) -> list[int]:
         """Starts of every window containing ``ts_ms``, oldest first (the definition)."""
@@ -121,10 +161,37 @@ class WindowKind(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class AlignedWindows:
-    """Windows aligned to the epoch, one starting every ``slide_ms`` (tumbling, hopping)."""
+    """Windows aligned to the epoch, one starting every ``slide_ms`` (tumbling, hopping, sliding).
+
+    ``triggered``: a window is a result for a key only if the key has a row in its last slide
+    (the sliding kind; see the module docstring).
+    """
 
     name: str
     takes_slide: bool
+    slide_key: str = "slide_ms"
+    triggered: bool = False
+
+    @property
+    def needs_last_ts(self) -> bool:
+        """Triggered windows read each state's latest event time."""
+        return self.triggered
+
+    def emitted(
+        self, start: Int64Array, last_ts: Int64Array | None, window: WindowSpec
+    ) -> npt.NDArray[np.bool_] | None:
+        """Triggered: whether the latest row lies in the window's last slide; else None."""
+        if not self.triggered:
+            return None
+        assert last_ts is not None, "the plan carries last_ts for triggered windows"
+        result: npt.NDArray[np.bool_] = last_ts >= start + (window.size_ms - window.slide_ms)
+        return result
+
+    def emitted_reference(self, window: WindowSpec, ts: str = "ts") -> pl.Expr:
+        """Polars: the group's latest row lies in the window's last slide (or always)."""
+        if not self.triggered:
+            return pl.lit(value=True)
+        return pl.col(ts).max() >= pl.col("start").first() + (window.size_ms - window.slide_ms)
 
     def window_starts(self, ts_ms: int, window: WindowSpec) -> list[int]:
         """Starts of every window containing ``ts_ms``, oldest first."""
@@ -147,16 +214,16 @@ class AlignedWindows:
         return frame.with_columns(starts.alias("start")).explode("start")
 
     def assign(self, ts: Int64Array, window: WindowSpec) -> Assignment:
-        """Slot ``k`` is the window starting at ``(first + k) * slide_ms``; newest first per row."""
-        per_row = window.windows_per_row
-        newest = ts // window.slide_ms  # the newest window of each row, in slides since 0
-        first = int(newest.min()) - (per_row - 1)
-        if per_row == 1:
-            slot = newest - first
-        else:
-            back = np.arange(per_row, dtype=np.int64)
-            slot = (newest[:, None] - back[None, :]).ravel() - first
-        return Assignment(per_row, slot, first * window.slide_ms, window.slide_ms)
+        """Each row's pane of ``slide_ms``, one membership per row (``fan`` = size/slide).
+
+        Slot ``k`` is the window starting at ``(first + k) * slide_ms``; pane slot ``p`` lies
+        in window slots ``p .. p + fan - 1``.
+        """
+        fan = window.windows_per_row
+        pane = ts // window.slide_ms  # the newest window of each row, in slides since 0
+        lowest = int(pane.min())
+        first = lowest - (fan - 1)
+        return Assignment(1, pane - lowest, first * window.slide_ms, window.slide_ms, fan)
 
 
 COUNT_ORDER: Final = ("ts", "gateway_id", "seq", "row")
@@ -175,6 +242,20 @@ class CountWindows:
 
     name: str = "count"
     takes_slide: bool = False
+    slide_key: str = "slide_ms"
+    needs_last_ts: bool = False
+
+    def emitted(
+        self, start: Int64Array, last_ts: Int64Array | None, window: WindowSpec
+    ) -> npt.NDArray[np.bool_] | None:
+        """Every count window with rows is a result."""
+        del start, last_ts, window
+        return None
+
+    def emitted_reference(self, window: WindowSpec, ts: str = "ts") -> pl.Expr:
+        """Every count window with rows is a result."""
+        del window, ts
+        return pl.lit(value=True)
 
     def window_starts(self, ts_ms: int, window: WindowSpec) -> list[int]:
         """The row's own 1 ms window: ``[ts_ms]``."""
@@ -208,9 +289,12 @@ class CountWindows:
 
 TUMBLING: Final = AlignedWindows("tumbling", takes_slide=False)
 HOPPING: Final = AlignedWindows("hopping", takes_slide=True)
+SLIDING: Final = AlignedWindows("sliding", takes_slide=True, slide_key="step_ms", triggered=True)
 COUNT: Final = CountWindows()
 
-WINDOW_KINDS: Final[dict[str, WindowKind]] = {k.name: k for k in (TUMBLING, HOPPING, COUNT)}
+WINDOW_KINDS: Final[dict[str, WindowKind]] = {
+    k.name: k for k in (TUMBLING, HOPPING, SLIDING, COUNT)
+}
 """Every window kind a pipeline spec may name."""
 
 

@@ -216,3 +216,12 @@ def test_restore_keeps_versions_and_refuses_a_tampered_document() -> None:
     assert bad.value.reason == "invalid_document"
     assert fresh.deployed() == []
     assert _deploy(fresh, SPEC).version == 8  # versions never go back
+
+
+def test_the_canonical_form_of_a_sliding_window_names_its_step() -> None:
+    raw = {"name": "p", "windows": [{"kind": "sliding", "size_ms": 10_000}]}
+    spec = parse_pipeline(raw)
+    mapping = canonical_mapping(spec)
+    assert mapping["windows"][0]["step_ms"] == 1_000
+    assert "slide_ms" not in mapping["windows"][0]
+    assert parse_pipeline(mapping) == spec

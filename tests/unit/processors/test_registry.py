@@ -31,7 +31,6 @@ from shoal.processors.aggregates import (
     BUILTIN,
     QUANTILES,
     STATE_FIELDS,
-    AggregatePlan,
 )
 from shoal.processors.count import CountState
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
@@ -46,6 +45,10 @@ WINDOW_EXAMPLES: dict[str, list[dict[str, Any]]] = {
     "hopping": [
         {"kind": "hopping", "size_ms": 10, "slide_ms": 5},
         {"kind": "hopping", "size_ms": 12, "slide_ms": 3},
+    ],
+    "sliding": [
+        {"kind": "sliding", "size_ms": 10, "step_ms": 1},
+        {"kind": "sliding", "size_ms": 12, "step_ms": 4},
     ],
     "count": [{"kind": "count", "n": 3}, {"kind": "count", "n": 1}],
 }
@@ -78,7 +81,7 @@ def hot_path(spec: PipelineSpec, batches: list[list[Row]], data: st.DataObject) 
         info = BatchInfo("gw", seq, "s", 0, None, None, 0, 0, "w")
         (partial,) = builder.build(frame_of(rows), info, 0)
         partials.append(Partial.decode(partial.encode()))
-    plan = AggregatePlan.for_aggregates(spec.aggregates)
+    plan = spec.plan()
     if spec.windows[0].by_count:
         counts = CountState(spec, plan)
         for index in data.draw(st.permutations(range(len(partials))), label="order"):
@@ -86,7 +89,7 @@ def hot_path(spec: PipelineSpec, batches: list[list[Row]], data: st.DataObject) 
             assert events is not None
             counts.add(events, "gw", index, np.ones(len(events), dtype=bool))
         return counts.finalise(2**62, (0, 1), flush=True).drop("start").rename({"index": "start"})
-    state = WindowState(spec, AggregatePlan.for_aggregates(spec.aggregates))
+    state = WindowState(spec, plan)
     for index in data.draw(st.permutations(range(len(partials))), label="order"):
         rows = partials[index].rows
         assert rows is not None
@@ -120,7 +123,13 @@ def reference(spec: PipelineSpec, batches: list[list[Row]]) -> pl.DataFrame:
         )
         indexed = COUNT.with_count_index(rows, window).rename({"index": "start"})
         return indexed.group_by("start", "key").agg(exprs)
-    return kind_of(window).with_window_starts(rows, window).group_by("start", "key").agg(exprs)
+    kind = kind_of(window)
+    return (
+        kind.with_window_starts(rows, window)
+        .group_by("start", "key")
+        .agg(*exprs, kind.emitted_reference(window).alias("_emitted"))
+        .filter(pl.col("_emitted"))
+    )
 
 
 def assert_same(got: pl.DataFrame, want: pl.DataFrame, spec: PipelineSpec) -> None:

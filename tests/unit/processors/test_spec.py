@@ -118,6 +118,8 @@ def test_far_future_rows_are_dead_lettered_unless_the_spec_says_clamp() -> None:
         ({"size_ms": 86_400_000}, "tumbling-1d"),
         ({"size_ms": 250}, "tumbling-250ms"),
         ({"kind": "hopping", "size_ms": 60_000, "slide_ms": 1_000}, "hopping-1m-1s"),
+        ({"kind": "sliding", "size_ms": 10_000}, "sliding-10s-1s"),
+        ({"kind": "sliding", "size_ms": 60_000, "step_ms": 5_000}, "sliding-1m-5s"),
     ],
 )
 def test_default_window_names(window: dict[str, Any], name: str) -> None:
@@ -197,7 +199,27 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("empty windows", with_(windows=[]), r"at least one \[\[windows\]\]"),
     ("windows not tables", with_(windows=[1000]), r"windows must be an array of tables"),
     ("windows a table", with_(windows={"size_ms": 1}), r"windows must be an array of tables"),
-    ("bad kind", with_(windows=[{"kind": "sliding", "size_ms": 1}]), r"windows\[0\].*kind"),
+    ("bad kind", with_(windows=[{"kind": "rolling", "size_ms": 1}]), r"windows\[0\].*kind"),
+    (
+        "hopping with step",
+        with_(windows=[{"kind": "hopping", "size_ms": 1_000, "step_ms": 100}]),
+        r"windows\[0\]: step_ms is only for sliding windows",
+    ),
+    (
+        "sliding with slide",
+        with_(windows=[{"kind": "sliding", "size_ms": 1_000, "slide_ms": 100}]),
+        r"windows\[0\]: slide_ms is only for hopping windows",
+    ),
+    (
+        "sliding without step, size not a multiple of ten",
+        with_(windows=[{"kind": "sliding", "size_ms": 15}]),
+        r"windows\[0\]: sliding windows need step_ms",
+    ),
+    (
+        "sliding step too fine",
+        with_(windows=[{"kind": "sliding", "size_ms": 1_000, "step_ms": 10}]),
+        r"windows\[0\]: size_ms/step_ms = 100 windows per row; at most 64",
+    ),
     ("no size", with_(windows=[{"kind": "tumbling"}]), r"windows\[0\]: size_ms is required"),
     ("zero size", with_(windows=[{"size_ms": 0}]), r"windows\[0\]: size_ms must be"),
     ("negative size", with_(windows=[{"size_ms": -5}]), r"windows\[0\]: size_ms must be"),
@@ -352,6 +374,16 @@ def test_accuracy_bounds_are_inclusive(value: float) -> None:
 def test_lateness_bounds_are_inclusive(field: str, low: int, high: int) -> None:
     assert getattr(parse_pipeline(with_(**{field: low})), field) == low
     assert getattr(parse_pipeline(with_(**{field: high})), field) == high
+
+
+def test_sliding_step_defaults_to_a_tenth_and_its_plan_carries_last_ts() -> None:
+    spec = parse_pipeline(with_(windows=[{"kind": "sliding", "size_ms": 30_000}]))
+    window = spec.windows[0]
+    assert (window.kind, window.size_ms, window.slide_ms) == ("sliding", 30_000, 3_000)
+    assert "last_ts" in spec.plan().field_names
+    assert (
+        "last_ts" not in parse_pipeline(with_(windows=[hopping(30_000, 3_000)])).plan().field_names
+    )
 
 
 def test_session_windows_read_gap_and_max_duration() -> None:

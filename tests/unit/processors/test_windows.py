@@ -26,6 +26,8 @@ HOPPING_3S_1S = WindowSpec("h3s", "hopping", 3_000, 1_000)
 HOPPING_10_5 = WindowSpec("h10", "hopping", 10, 5)
 HOPPING_SIZE_IS_SLIDE = WindowSpec("h1s", "hopping", 1_000, 1_000)
 HOPPING_64 = WindowSpec("h64", "hopping", 6_400, 100)
+SLIDING_3S_1S = WindowSpec("s3s", "sliding", 3_000, 1_000)
+SLIDING_5_1 = WindowSpec("s5", "sliding", 5, 1)
 COUNT_3 = WindowSpec("c3", "count", 1, 1, count=3)  # lateness: each row its own millisecond
 
 TWO_53 = 2**53  # 9_007_199_254_740_992
@@ -80,6 +82,10 @@ CASES: list[tuple[WindowSpec, int, list[int]]] = [
     (HOPPING_10_5, 10, [5, 10]),
     (HOPPING_10_5, -5, [-10, -5]),
     (HOPPING_10_5, -6, [-15, -10]),
+    # a sliding window holds rows like a hopping one (which of them are results: TRIGGERS)
+    (SLIDING_3S_1S, 0, [-2_000, -1_000, 0]),
+    (SLIDING_3S_1S, -1, [-3_000, -2_000, -1_000]),
+    (SLIDING_5_1, 7, [3, 4, 5, 6, 7]),
     # a hopping window whose slide equals its size behaves like a tumbling one
     (HOPPING_SIZE_IS_SLIDE, 999, [0]),
     (HOPPING_SIZE_IS_SLIDE, 1_000, [1_000]),
@@ -110,14 +116,14 @@ def test_with_window_starts_table(window: WindowSpec, ts: int, starts: list[int]
 
 @pytest.mark.parametrize(("window", "ts", "starts"), CASES)
 def test_assign_table(window: WindowSpec, ts: int, starts: list[int]) -> None:
-    windows = kind_of(window).assign(np.array([ts], dtype=np.int64), window)
+    windows = kind_of(window).assign(np.array([ts], dtype=np.int64), window).expanded()
     assert windows.per_row == len(starts)
     assert (windows.slot >= 0).all()
     assert sorted(windows.starts(windows.slot).tolist()) == starts
 
 
 def test_kinds_are_registered_by_name() -> None:
-    assert list(WINDOW_KINDS) == ["tumbling", "hopping", "count"]
+    assert list(WINDOW_KINDS) == ["tumbling", "hopping", "sliding", "count"]
     assert all(kind.name == name for name, kind in WINDOW_KINDS.items())
     assert kind_of(TUMBLING_1S) is WINDOW_KINDS["tumbling"]
     assert kind_of(HOPPING_10_5) is WINDOW_KINDS["hopping"]
@@ -187,11 +193,14 @@ def test_empty_frame(window: WindowSpec) -> None:
     assert out.schema == pl.Schema({"ts": pl.Int64, "start": pl.Int64})
 
 
+KINDS = ["hopping", "sliding"]
+
+
 @st.composite
 def window_specs(draw: st.DrawFn) -> WindowSpec:
     slide = draw(st.one_of(st.integers(1, 10), st.integers(1, 10**6), st.sampled_from([1_000])))
     per_row = draw(st.integers(1, 8))
-    kind = "tumbling" if per_row == 1 and draw(st.booleans()) else "hopping"
+    kind = "tumbling" if per_row == 1 and draw(st.booleans()) else draw(st.sampled_from(KINDS))
     return WindowSpec("w", kind, slide * per_row, slide)
 
 
@@ -228,11 +237,85 @@ def test_vectorised_matches_scalar(window: WindowSpec, ts: list[int]) -> None:
 @settings(max_examples=100, deadline=None)
 @given(window=window_specs(), ts=st.lists(timestamps, min_size=1, max_size=30))
 def test_assign_matches_scalar(window: WindowSpec, ts: list[int]) -> None:
-    """The hot path's assignment: row-major memberships, dense non-negative slots."""
-    windows = kind_of(window).assign(np.array(ts, dtype=np.int64), window)
+    """The hot path's assignment: one pane per row, dense non-negative slots."""
+    panes = kind_of(window).assign(np.array(ts, dtype=np.int64), window)
+    assert panes.per_row == 1
+    assert panes.fan == window.windows_per_row
+    windows = panes.expanded()
     per_row = windows.per_row
     assert len(windows.slot) == per_row * len(ts)
     assert windows.slot.min() == 0
     starts = windows.starts(windows.slot).tolist()
     for row, t in enumerate(ts):
         assert sorted(starts[row * per_row : (row + 1) * per_row]) == window_starts(t, window)
+
+
+# (window, one key's row times, the window starts emitted for that key). Written out by hand.
+# A sliding window [end - size, end) is a result iff the key has a row in [end - step, end).
+TRIGGERS: list[tuple[WindowSpec, list[int], list[int]]] = [
+    # one row: the one window ending in the step after it, not the other two holding it
+    (SLIDING_3S_1S, [0], [-2_000]),
+    (SLIDING_3S_1S, [999], [-2_000]),
+    (SLIDING_3S_1S, [1_000], [-1_000]),
+    (SLIDING_3S_1S, [-1], [-3_000]),
+    # rows in two steps: one window each; rows in one step: one window
+    (SLIDING_3S_1S, [0, 1_500], [-2_000, -1_000]),
+    (SLIDING_3S_1S, [100, 200, 900], [-2_000]),
+    # a gap longer than the window
+    (SLIDING_3S_1S, [0, 10_000], [-2_000, 8_000]),
+    # step 1: eKuiper's window (t - size, t] for every distinct row time t
+    (SLIDING_5_1, [7], [3]),
+    (SLIDING_5_1, [7, 7, 9], [3, 5]),
+    (SLIDING_5_1, [-3, 0], [-7, -4]),
+    (SLIDING_3S_1S, [TWO_53 - 1], [9_007_199_254_738_000]),
+    # the other kinds emit every window holding a row
+    (HOPPING_3S_1S, [0], [-2_000, -1_000, 0]),
+    (TUMBLING_1S, [5, 1_005], [0, 1_000]),
+]
+
+
+def _groups(window: WindowSpec, ts: list[int]) -> pl.DataFrame:
+    frame = pl.DataFrame({"ts": ts}, schema={"ts": pl.Int64})
+    return with_window_starts(frame, window).group_by("start").agg(pl.col("ts"))
+
+
+@pytest.mark.parametrize(("window", "ts", "starts"), TRIGGERS)
+def test_emitted_table(window: WindowSpec, ts: list[int], starts: list[int]) -> None:
+    kind = kind_of(window)
+    groups = _groups(window, ts)
+    start = groups["start"].to_numpy()
+    last = np.array([max(rows) for rows in groups["ts"].to_list()], dtype=np.int64)
+    emitted = kind.emitted(start, last if kind.needs_last_ts else None, window)
+    keep = np.ones(len(start), dtype=bool) if emitted is None else emitted
+    assert sorted(start[keep].tolist()) == starts
+
+
+@pytest.mark.parametrize(("window", "ts", "starts"), TRIGGERS)
+def test_emitted_reference_table(window: WindowSpec, ts: list[int], starts: list[int]) -> None:
+    frame = pl.DataFrame({"ts": ts}, schema={"ts": pl.Int64})
+    kind = kind_of(window)
+    out = (
+        kind.with_window_starts(frame, window)
+        .group_by("start")
+        .agg(kind.emitted_reference(window).alias("emitted"))
+        .filter("emitted")
+    )
+    assert sorted(out["start"].to_list()) == starts
+
+
+@settings(max_examples=150, deadline=None)
+@given(size=st.integers(1, 64), ts=st.lists(st.integers(-200, 200), min_size=1, max_size=20))
+def test_step_one_is_ekuiper(size: int, ts: list[int]) -> None:
+    """With step_ms = 1, one window (t - size, t] per distinct row time t, nothing else."""
+    window = WindowSpec("w", "sliding", size, 1)
+    kind = kind_of(window)
+    groups = _groups(window, ts)
+    start = groups["start"].to_numpy()
+    last = np.array([max(rows) for rows in groups["ts"].to_list()], dtype=np.int64)
+    emitted = kind.emitted(start, last, window)
+    assert emitted is not None
+    ekuiper = sorted({t - size + 1 for t in ts})
+    assert sorted(start[emitted].tolist()) == ekuiper
+    for begin in ekuiper:  # and each holds exactly the rows of (t - size, t]
+        rows = groups.filter(pl.col("start") == begin)["ts"].to_list()[0]
+        assert sorted(rows) == sorted(r for r in ts if begin - 1 < r <= begin + size - 1)

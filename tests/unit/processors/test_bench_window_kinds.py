@@ -1,0 +1,114 @@
+"""Benchmark: what a window kind costs a worker and a combiner, per CPU second, and in memory.
+
+``pytest -m benchmark -s tests/unit/processors/test_bench_window_kinds.py`` runs the default
+pipeline with its window replaced by a ``shoal bench pipeline --window`` preset (or a sliding
+window of another step) over scenario B's data (10 gateways, 16,000-row binary batches) in
+one process per configuration: a worker's decode + partials + encode, and a combiner's
+decode + merge + close + result messages (window JSON and per-key payloads), each timed in
+CPU seconds, so the figures hold on a busy machine where ``shoal bench pipeline --max`` does
+not; and the process's peak RSS. Figures: docs/benchmarks.md, "Window kinds".
+``python -m tests.unit.processors.test_bench_window_kinds KIND SENSORS RATE SECONDS [STEP]``
+runs one configuration (100,000 keys: ``sliding 10000 1 40``).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+import tomllib
+from typing import Any
+
+import pytest
+
+from shoal._resources import resource_dir
+from shoal.clock import FakeClock
+from shoal.loadtest.bench_windows import with_window
+from shoal.loadtest.data import SensorField
+from shoal.processors.combine import Combiner
+from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
+from shoal.processors.results import Emission, key_messages, split_windows, window_json
+from shoal.processors.spec import parse_pipeline
+from shoal.schemas import Encoding, decode_batch, encode_batch
+
+GATEWAYS = 10
+BATCH = 16_000
+
+
+def measure(kind: str, sensors: int, rate_hz: float, seconds: float, step_ms: int = 0) -> dict:
+    """One configuration: measurements per CPU second of a worker and a combiner, peak RSS."""
+    raw = tomllib.loads((resource_dir("processors") / "default.toml").read_text())
+    variant: dict[str, Any] = with_window(raw, kind)
+    if step_ms:
+        variant["windows"][0].update(step_ms=step_ms, name=f"sliding-{step_ms}")
+    spec = parse_pipeline({**variant, "limits": {"max_future_ms": False}})
+    fields = [
+        SensorField(f"gw{g:02d}", sensors, rate_hz, 1_700_000_000_000, seed=g)
+        for g in range(GATEWAYS)
+    ]
+    builder, clock = PartialBuilder(spec, "w"), FakeClock()
+    combiner = Combiner(spec, 0, clock)
+    tick_ms = int(BATCH / (sensors * rate_hz) * 1000)
+    worker_s = combiner_s = 0.0
+    rows = results = 0
+    now = 1_700_000_000_000
+    for seq in range(int(seconds * 1000 / tick_ms)):
+        now += tick_ms
+        for field in fields:
+            block = field.take(now)
+            payload = encode_batch(
+                block, gateway_id=field.gateway_id, seq=seq, sent_at_ms=0,
+                encoding=Encoding.BINARY_COLUMNAR,
+            )  # fmt: skip
+            began = time.process_time()
+            info = BatchInfo(field.gateway_id, seq, "s", 0, None, None, 0, 0, "w")
+            partials = [p.encode() for p in builder.build_batch(decode_batch(payload), info, 0)]
+            worker_s += time.process_time() - began
+            began = time.process_time()
+            for partial in partials:
+                combiner.receive(Partial.decode(partial))
+            combiner_s += time.process_time() - began
+            rows += len(block.ts)
+        clock.advance(tick_ms)
+        began = time.process_time()
+        closed = combiner.tick().closed
+        if closed is not None and not closed.empty:
+            ctx = Emission(spec.name, 0, 1, combiner.closed_through, 0)
+            for result in split_windows(closed.frame, closed.revisions):
+                window_json(result, ctx)
+                results += sum(1 for _ in key_messages(result, spec.name, 0))
+        combiner_s += time.process_time() - began
+    return {
+        "window": spec.windows[0].name,
+        "keys": GATEWAYS * sensors,
+        "measurements": rows,
+        "worker_meas_per_cpu_s": round(rows / worker_s),
+        "combiner_meas_per_cpu_s": round(rows / combiner_s),
+        "results": results,
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    }
+
+
+def _in_fresh_process(*args: object) -> dict:
+    """``measure`` in its own process, so that its peak RSS is its own."""
+    command = [sys.executable, "-m", __name__, *(str(a) for a in args)]
+    return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+
+
+@pytest.mark.benchmark
+def test_sliding_costs_grow_with_windows_per_row() -> None:
+    tumbling = _in_fresh_process("tumbling", 1_000, 25, 30)
+    by_step = {s: _in_fresh_process("sliding", 1_000, 25, 30, s) for s in (1_000, 2_000, 5_000)}
+    for record in (tumbling, *by_step.values()):
+        print(json.dumps(record))
+    coarse, fine = by_step[5_000], by_step[1_000]
+    assert coarse["combiner_meas_per_cpu_s"] > fine["combiner_meas_per_cpu_s"]
+    assert coarse["results"] < fine["results"]
+
+
+if __name__ == "__main__":
+    kind, sensors, rate, seconds, *step = sys.argv[1:]
+    record = measure(kind, int(sensors), float(rate), float(seconds), int(step[0]) if step else 0)
+    print(json.dumps(record))
