@@ -96,12 +96,14 @@ def split_result(
     if size <= budget:
         return Split([result], [])
     frame, oversized = _take_oversized(frame, budget, measure)
-    if oversized and frame.height and measure(frame) <= budget:
-        return Split([replace(result, frame=frame)], oversized)
-    if frame.height == 0:
-        return Split([], oversized)
+    if oversized:
+        if frame.height == 0:
+            return Split([], oversized)
+        size = measure(frame)
+        if size <= budget:
+            return Split([replace(result, frame=frame)], oversized)
+    # the size does not depend on the order of the rows: no need to measure again
     frame = frame.sort([c for c in _SORT_BY if c in frame.columns], nulls_last=False)
-    size = measure(frame)
     parts = max(2, math.ceil(size / budget))
     while True:
         chunks = _chunks(frame, parts)
