@@ -198,14 +198,12 @@ class WindowAssembler:
             self._sent_through[source] = position
         key = (message.pipeline, message.window, message.start)
         if message.partitions <= 1 and message.parts == 1:
-            rank = message.rank
-            if rank <= self._ranks.get(key, (0, -1)):
+            if message.rank <= self._ranks.get(key, (0, -1)):
                 return self._ready(now_ms)  # a stale copy (re-published after a restart)
-            self._ranks[key] = rank
-            self._ranks.move_to_end(key)
-            while len(self._ranks) > self.dedup.capacity:
-                self._ranks.popitem(last=False)
+            self._note_rank(key, message.rank)
             return [*self._ready(now_ms), _assemble([message], complete=True)]
+        if message.partitions <= 1 and message.revision < self._ranks.get(key, (0, -1))[0]:
+            return self._ready(now_ms)  # a part of a revision already superseded
         released = self._released.get(key)
         if released is not None:  # a correction of a window already released
             if not released.take(message):
@@ -215,6 +213,13 @@ class WindowAssembler:
         pending = self._pending.setdefault(key, _Pending(message, now_ms))
         pending.take(message)
         return self._ready(now_ms)
+
+    def _note_rank(self, key: _WindowKey, rank: tuple[int, int]) -> None:
+        """The latest (revision, rows) delivered of a single-partition window."""
+        self._ranks[key] = rank
+        self._ranks.move_to_end(key)
+        while len(self._ranks) > self.dedup.capacity:
+            self._ranks.popitem(last=False)
 
     def note_progress(
         self, pipeline: str, partition: int, closed_through: int | None, now_ms: int
@@ -275,7 +280,11 @@ class WindowAssembler:
 
     def _assembled(self, pending: _Pending, *, partial: bool = False) -> AssembledWindow:
         complete = self._is_complete(pending)
-        return _assemble(pending.messages(partial=partial and not complete), complete=complete)
+        window = _assemble(pending.messages(partial=partial and not complete), complete=complete)
+        if pending.first.partitions <= 1 and complete:  # later whole messages compare with it
+            key = (window.pipeline, window.window, window.start)
+            self._note_rank(key, (window.revision, int(window.frame["rows"].sum())))
+        return window
 
     def _remember(self, key: _WindowKey, parts: _Pending) -> None:
         self._released[key] = parts

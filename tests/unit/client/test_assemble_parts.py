@@ -68,3 +68,17 @@ def test_a_window_missing_a_part_is_released_incomplete_after_the_wait() -> None
     [window] = assembler.expire(100)
     assert not window.complete
     assert window.frame["key"].to_list() == ["a", "c"]
+
+
+def test_a_stale_copy_of_an_older_revision_is_not_delivered_after_a_newer_one() -> None:
+    assembler = WindowAssembler(max_wait_ms=100)
+    assembler.add(part(0, 2, ("a",), revision=2), 0)
+    [window] = assembler.add(part(1, 2, ("b",), revision=2), 1)
+    assert window.revision == 2
+    # revision 1, whole or in parts, re-published after a restart: superseded
+    assert assembler.add(window_message(keys=("a", "b")), 2) == []
+    assert assembler.add(part(0, 2, ("a",)), 3) == []
+    assert assembler.expire(1_000) == []
+    # a later revision that fits one message is delivered
+    [third] = assembler.add(window_message(keys=("a", "b"), revision=3), 4)
+    assert third.revision == 3
