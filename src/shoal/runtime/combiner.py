@@ -33,7 +33,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import orjson
 import polars as pl
@@ -42,12 +42,29 @@ from shoal.broker import default_session_factory
 from shoal.broker.session import Message, Session, SessionFactory
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
-from shoal.errors import BrokerError, ConfigError, SchemaError
+from shoal.errors import (
+    BrokerError,
+    ConfigError,
+    PayloadTooLargeError,
+    ResultTooLargeError,
+    SchemaError,
+)
 from shoal.processors.combine import Combiner, LateRows, Step
 from shoal.processors.partials import Partial
+from shoal.processors.result_parts import (
+    Oversized,
+    body_budget,
+    json_body_size,
+    msgpack_body_size,
+    split_result,
+)
 from shoal.processors.results import (
+    DEADLETTER_HEADROOM,
+    JSON_CONTENT_TYPE,
+    MSGPACK_CONTENT_TYPE,
     Emission,
     WindowResult,
+    deadletter_message,
     json_rows,
     key_messages,
     late_message,
@@ -136,6 +153,7 @@ class CombinerRuntime:
         self._gaps: dict[str, set[int]] = {}
         self.gaps_reported = 0  # missing seqs named in confirmations (re-send hints)
         self.partials_unreadable = 0  # partials that did not decode (dropped, see _on_message)
+        self.results_refused = 0  # result rows or messages no packet can carry (dead-lettered)
         self._session: Session | None = None
         # JSON rows of the windows the core finalised ahead of their close, by (window, start)
         self._rendered: tuple[pl.DataFrame, dict[tuple[str, int], bytes]] | None = None
@@ -371,8 +389,10 @@ class CombinerRuntime:
         if self._rendered is not None and self._rendered[0] is closed.frame:
             rendered = self._rendered[1]
         self._rendered = None
-        for result in split_windows(closed.frame, closed.revisions, closed.sessions):
-            window_futures = []
+        for whole in split_windows(closed.frame, closed.revisions, closed.sessions):
+            result = whole
+            window_futures: list[asyncio.Future[None]] = []
+            refused: set[str | None] = set()
             for index, encoding in enumerate(spec.output_encodings):
                 topic = (
                     topics.results(spec.name)
@@ -380,25 +400,27 @@ class CombinerRuntime:
                     else topics.results_encoded(spec.name, encoding)
                 )
                 encoding_since = self.clock.monotonic()
-                if encoding == "json":
-                    rows = rendered.get((result.window, result.start))
-                    payload, content_type = window_json(result, ctx, rows), "application/json"
-                else:
-                    payload, content_type = window_msgpack(result, ctx), "application/msgpack"
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug(
-                        "combiner %s: window %s/%d: %s, %d bytes in %.1f ms, %.1f ms into close",
-                        self.config.client_id,
-                        result.window,
-                        result.start,
-                        encoding,
-                        len(payload),
-                        (self.clock.monotonic() - encoding_since) * 1000.0,
-                        (self.clock.monotonic() - since) * 1000.0,
-                    )
-                window_futures.append(
-                    session.publish_started(topic, payload, content_type=content_type)
-                )
+                rows = rendered.get((result.window, result.start)) if encoding == "json" else None
+                for payload, content_type in self._window_payloads(
+                    session, result, ctx, encoding, rows=rows, refused=refused
+                ):
+                    if log.isEnabledFor(logging.DEBUG):
+                        log.debug(
+                            "combiner %s: window %s/%d: %s, %d bytes in %.1f ms, "
+                            "%.1f ms into close",
+                            self.config.client_id,
+                            result.window,
+                            result.start,
+                            encoding,
+                            len(payload),
+                            (self.clock.monotonic() - encoding_since) * 1000.0,
+                            (self.clock.monotonic() - since) * 1000.0,
+                        )
+                    future = self._publish_result(session, topic, payload, content_type, result)
+                    if future is not None:
+                        window_futures.append(future)
+            if refused:  # the per-key messages would not fit either
+                result = replace(result, frame=_without_keys(result.frame, refused))
             self._unacked.extend(window_futures)
             self._track_result_latency(window_futures, since)
             if self.config.per_key_results:
@@ -410,6 +432,115 @@ class CombinerRuntime:
                         self._publish_keys(session, result, started, window_futures)
                     )
                 )
+
+    def _window_payloads(
+        self,
+        session: Session,
+        result: WindowResult,
+        ctx: Emission,
+        encoding: str,
+        *,
+        rows: bytes | None,
+        refused: set[str | None],
+    ) -> list[tuple[bytes, str]]:
+        """The window's message(s) in one encoding: one, or parts if it exceeds the limit.
+
+        Rows no message can carry are dead-lettered once (over every encoding) and their
+        keys added to ``refused``.
+        """
+        budget = body_budget(session.max_packet_size)
+        if encoding == "json":
+            if rows is None:
+                rows = json_rows(result)
+            split = split_result(result, budget, json_body_size, len(rows))
+            if len(split.parts) == 1 and split.parts[0] is result:
+                return [(window_json(result, ctx, rows), JSON_CONTENT_TYPE)]
+        else:
+            split = split_result(result, budget, msgpack_body_size)
+        for row in split.oversized:
+            if row.key not in refused:
+                refused.add(row.key)
+                self._refuse_row(session, result, row, budget or 0)
+        if encoding == "json":
+            return [(window_json(part, ctx), JSON_CONTENT_TYPE) for part in split.parts]
+        return [(window_msgpack(part, ctx), MSGPACK_CONTENT_TYPE) for part in split.parts]
+
+    def _publish_result(
+        self, session: Session, topic: str, payload: bytes, content_type: str, result: WindowResult
+    ) -> asyncio.Future[None] | None:
+        """Start publishing one window message; one the broker can never take is dead-lettered.
+
+        The split keeps every message under the limit; this is the guard that a refusal can
+        never stop the combiner (retrying a message that cannot fit would freeze it).
+        """
+        try:
+            return session.publish_started(topic, payload, content_type=content_type)
+        except PayloadTooLargeError as exc:
+            self.results_refused += 1
+            log.error(  # noqa: TRY400 - expected and handled, the traceback says nothing
+                "combiner %s: window %s/%d: %s",
+                self.config.client_id,
+                result.window,
+                result.start,
+                exc,
+            )
+            self._deadletter(
+                session,
+                topic,
+                content_type,
+                payload,
+                {
+                    "error": type(exc).__name__,
+                    "reason": "result_too_large",
+                    "code": "result_too_large",
+                    "message": str(exc),
+                },
+            )
+            return None
+
+    def _refuse_row(
+        self, session: Session, result: WindowResult, row: Oversized, budget: int
+    ) -> None:
+        """Dead-letter and count one key's row that no window message can carry."""
+        error = ResultTooLargeError(
+            window=result.window, start=result.start, key=row.key, size=row.size, limit=budget
+        )
+        self.results_refused += 1
+        log.error("combiner %s: %s", self.config.client_id, error)
+        self._deadletter(
+            session,
+            self.config.topics.results(self.config.spec.name),
+            JSON_CONTENT_TYPE,
+            json_rows(replace(result, frame=row.row)),
+            error.as_record(),
+        )
+
+    def _deadletter(
+        self,
+        session: Session,
+        topic: str,
+        content_type: str | None,
+        payload: bytes,
+        error: dict[str, Any],
+    ) -> None:
+        limit = session.max_packet_size
+        record = deadletter_message(
+            pipeline=self.config.spec.name,
+            topic=topic,
+            content_type=content_type,
+            payload=payload,
+            error=error,
+            worker=self.config.client_id,
+            at_ms=self.clock.now_ms(),
+            max_bytes=None if limit is None else limit - DEADLETTER_HEADROOM,
+        )
+        self._unacked.append(
+            session.publish_started(
+                self.config.topics.deadletter(self.config.spec.name),
+                record,
+                user_properties=[("reason", "result_too_large"), ("code", "result_too_large")],
+            )
+        )
 
     async def _publish_keys(
         self,
@@ -599,6 +730,7 @@ class CombinerRuntime:
             "checkpoints": self.checkpoints,
             "gaps_reported": self.gaps_reported,
             "partials_refused": self.partials_refused,
+            "results_refused": self.results_refused,
             "apply_latency_ms": self.apply_latency.summary(),
             "result_latency_ms": self.result_latency.summary(),
             **asdict(self.core.counters),
@@ -624,6 +756,15 @@ class CombinerRuntime:
         self.core = Combiner(self.config.spec, self.config.partition, self.clock)
         self._rendered = None
         self._restore(self.config.state_dir / CHECKPOINT_FILE)
+
+
+def _without_keys(frame: pl.DataFrame, keys: set[str | None]) -> pl.DataFrame:
+    """``frame`` without the rows of ``keys`` (None: the null key)."""
+    named = [k for k in keys if k is not None]
+    drop = pl.col("key").is_in(named)
+    if None in keys:
+        drop = drop | pl.col("key").is_null()
+    return frame.filter(~drop.fill_null(value=False))
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
