@@ -41,11 +41,13 @@ import polars as pl
 
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import FakeClock
+from shoal.control.assignment import Announcement, Owned
 from shoal.control.messages import Request
 from shoal.control.registry import Registry, refuse_unreadable
 from shoal.errors import ControlError, InputError
 from shoal.processors.combine import Combiner, LateRows
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
+from shoal.processors.result_parts import json_body_size, msgpack_body_size, split_result
 from shoal.processors.results import (
     DEADLETTER_HEADROOM,
     Emission,
@@ -150,6 +152,8 @@ NOTES: Final = {
     "result-window-correction": "a window re-published with a late row folded in (revision 2)",
     "result-window-columnar-correction": "the same correction in MsgPack",
     "result-key-correction": "the corrected latest result of one key (retained)",
+    "result-window-part": "part 0 of a window split in 2 to fit the broker's packet limit",
+    "result-window-columnar-part": "part 1 of the same window, split in MsgPack",
     "result-window-session": "sessions of two keys that start together; each has its end",
     "result-window-columnar-session": "the same sessions in MsgPack: end is a column",
     "result-key-session": "the latest session of one key (retained): its own end",
@@ -172,6 +176,7 @@ NOTES: Final = {
     "pipeline-result-unreadable": "refused: a request that is not JSON (no id to carry back)",
     "pipeline-document": "the retained registry entry of temps: version, hash, canonical spec",
     "pipeline-document-deleted": "after delete: a tombstone keeps the version number",
+    "combiner-announcement": "a pool combiner owning both partitions of temps at version 1",
     "partial-count": "internal: count windows ship a batch's rows (events), not state",
     "result-window-count": "count windows completed in one close step: index, first/last ts",
     "result-window-columnar-count": "the same count windows in MsgPack",
@@ -451,6 +456,27 @@ def _deadletters(s: _Scenario) -> None:
     s.add("deadletter-truncated", "deadletter", TOPICS.deadletter(TEMPS.name), record)
 
 
+def _parts(s: _Scenario) -> None:
+    """The first window of ``_temps``, split as a combiner splits it for a small packet limit."""
+    spec = TEMPS
+    core = Combiner(spec, 0, s.clock)
+    core.receive_status(_status("gw-01", 2, s.clock.now_ms()))
+    builder = PartialBuilder(spec, WORKER_ID)
+    for payload in _first_window():
+        _combine(s, core, _work(s, spec, builder, "gw-01", payload)[0])
+    (result,) = split_windows(core.flush().frame)
+    ctx = Emission(spec.name, 0, spec.partitions, core.closed_through, s.clock.now_ms())
+    topic = TOPICS.results(spec.name)
+    budget = json_body_size(result.frame) - 1  # one byte short: two parts of one key
+    json_parts = split_result(result, budget).parts
+    s.add("result-window-part", "result-window", topic, window_json(json_parts[0], ctx))
+    budget = msgpack_body_size(result.frame) - 1
+    packed = split_result(result, budget, msgpack_body_size).parts
+    topic = TOPICS.results_encoded(spec.name, "msgpack")
+    kind = "result-window-columnar"
+    s.add("result-window-columnar-part", kind, topic, window_msgpack(packed[1], ctx))
+
+
 def _by_unit(s: _Scenario) -> None:
     spec = BY_UNIT
     core = Combiner(spec, 0, s.clock)
@@ -579,6 +605,14 @@ def _pipelines(s: _Scenario) -> None:
     s.add("pipeline-document-deleted", "pipeline-document", topic, tombstone.to_json())
 
 
+def _announcement(s: _Scenario) -> None:
+    """What a pool combiner retains on ``shoal/combiners/<id>`` (``CombinerHost._announce``)."""
+    owns = (Owned("temps", 0, 2, 1), Owned("temps", 1, 2, 1))
+    announcement = Announcement("edge-7-4242", s.clock.now_ms(), owns)
+    topic = TOPICS.pool_combiner(announcement.id)
+    s.add("combiner-announcement", "combiner-announcement", topic, announcement.to_json())
+
+
 def output_cases() -> list[OutputCase]:
     """Every golden output message, built by running the scenario (deterministic)."""
     s = _Scenario()
@@ -588,8 +622,10 @@ def output_cases() -> list[OutputCase]:
     _control(s)
     _metrics(s, runtime)
     _pipelines(s)
+    _announcement(s)
     _corrections(s)
     _counts(s)
     _sessions(s)
+    _parts(s)
     _alerts(s)
     return s.cases

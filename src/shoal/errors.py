@@ -12,6 +12,7 @@
     ├── BrokerError             the broker: missing binary, unreachable, refused, too large
     │   ├── BrokerNotFoundError `mosquitto` is not on PATH
     │   └── PayloadTooLargeError a message would exceed the broker's size limit
+    │       └── ResultTooLargeError one key's window result cannot fit any packet
     ├── ControlError            the control plane refused a request, or none answered
     ├── SpoolError              the gateway's on-disk spool cannot be read or written
     │   └── NotStoredError      sealed rows the spool refused (``shoal.gateway._sealer``)
@@ -34,6 +35,7 @@ __all__ = [
     "DecodeError",
     "InputError",
     "PayloadTooLargeError",
+    "ResultTooLargeError",
     "SchemaError",
     "ShoalError",
     "SinkError",
@@ -178,6 +180,49 @@ class BrokerNotFoundError(BrokerError):
 
 class PayloadTooLargeError(BrokerError):
     """A message is larger than the broker accepts; it was not sent."""
+
+
+class ResultTooLargeError(PayloadTooLargeError):
+    """One key's window result row is larger than any packet the broker accepts.
+
+    The combiner splits a large window into parts, but a part holds at least one key; a row
+    that cannot fit alone is dead-lettered (``reason`` ``result_too_large``), counted and
+    left out of the window's messages, never retried.
+
+    Attributes:
+        window: the window's name.
+        start: the window's start, epoch ms.
+        key: the key whose row does not fit.
+        size: the row's encoded size, bytes.
+        limit: the bytes a window message may take.
+    """
+
+    reason = "result_too_large"
+
+    def __init__(self, *, window: str, start: int, key: str | None, size: int, limit: int) -> None:
+        self.window = window
+        self.start = start
+        self.key = key
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"the result of key {key!r} in window {window}/{start} is {size} bytes encoded, "
+            f"more than the {limit} bytes a window message may take under the broker's "
+            "max_packet_size; it was dead-lettered, not published. Raise max_packet_size or "
+            "use smaller aggregates (e.g. fewer quantiles)."
+        )
+
+    def as_record(self) -> dict[str, str | int]:
+        """The error as a flat record, for dead-letter messages and logs."""
+        return {
+            "error": type(self).__name__,
+            "reason": self.reason,
+            "code": self.reason,
+            "field": "results",
+            "found": f"{self.size} bytes",
+            "expected": f"at most {self.limit} bytes",
+            "message": str(self),
+        }
 
 
 class ControlError(ShoalError):

@@ -1,4 +1,5 @@
-"""`shoal bench pool` for real, small: a pool worker process serves every step's pipelines.
+"""`shoal bench pool` for real, small: a pool worker (or, with --combiner, a pool combiner)
+process serves (owns) every step's pipelines.
 
 No assertion on the figures beyond their being measured: memory is what the command reports.
 """
@@ -29,3 +30,15 @@ def test_pool_command_refuses_bad_counts() -> None:
     result = run_shoal("bench", "pool", "--counts", "1,x", timeout=60)
     assert result.returncode != 0
     assert "--counts" in result.stderr
+
+
+def test_pool_combiner_command_owns_every_step_and_reports_memory(tmp_path: Path) -> None:
+    out = tmp_path / "hosts.json"
+    argv = ("bench", "pool", "--combiner", "--counts", "1,5", "--json", str(out))
+    result = run_shoal(*argv, timeout=120)
+    assert_ran(result)
+    assert "KB/partition" in result.stdout
+    record = json.loads(out.read_text())
+    assert record["bench"] == "pool-combiner"
+    assert [s["pipelines"] for s in record["steps"]] == [1, 5]
+    assert all(s["rss_mb"] > 10 for s in record["steps"])

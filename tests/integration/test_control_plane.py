@@ -7,6 +7,7 @@ import asyncio
 import subprocess
 import sys
 from contextlib import AbstractAsyncContextManager
+from pathlib import Path
 
 import orjson
 import pytest
@@ -19,6 +20,7 @@ from shoal.control.client import ControlClient
 from shoal.control.messages import Request
 from shoal.control.service import ControlPlane
 from shoal.errors import ControlError
+from shoal.runtime.hosting import CombinerHost, HostConfig
 from shoal.runtime.worker import Worker, WorkerConfig
 from shoal.schemas.topics import Topics
 from tests.support.control import pool_running, running_plane
@@ -97,16 +99,23 @@ def _cli(
 
 
 async def _the_cli_deploys_shows_refuses_and_deletes(
-    broker: EmbeddedBroker, topics: Topics
+    broker: EmbeddedBroker, topics: Topics, state: Path
 ) -> None:
     pool = Worker(WorkerConfig(None, broker.settings, topics, worker_id="pool-cli"))
-    async with running(broker, topics), pool_running(pool):
+    host = CombinerHost(HostConfig(broker.settings, topics, state, combiner_id="host-cli"))
+    async with running(broker, topics), pool_running(pool, host):
         deploy = await asyncio.to_thread(_cli, broker, topics, "deploy", "-", "--json", stdin=SPEC)
         assert deploy.returncode == 0, deploy.stderr
         answer = orjson.loads(deploy.stdout)
         assert answer["version"] == 1
-        # It returned once the pool worker served v1 (its heartbeat said so).
-        assert answer["confirmed"] == {"stored": True, "workers": ["pool-cli"], "combiners": None}
+        # It returned once the pool worker served v1 (its heartbeat said so) and the pool
+        # combiner owned the pipeline's one partition (its announcement said so).
+        assert answer["confirmed"] == {
+            "stored": True,
+            "workers": ["pool-cli"],
+            "combiners": {"0": "host-cli"},
+        }
+        assert [(o.pipeline, o.partition, o.version) for o in host.owns()] == [("temps", 0, 1)]
         assert pool.routes.describe()["serving"] == {"temps": 1}
         listed = await asyncio.to_thread(_cli, broker, topics, "list", "--json")
         assert [p["name"] for p in orjson.loads(listed.stdout)["pipelines"]] == ["temps"]
@@ -152,5 +161,7 @@ def test_a_client_times_out_clearly_when_no_control_plane_runs(
     asyncio.run(_a_client_times_out_clearly_when_no_control_plane_runs(broker, topics))
 
 
-def test_the_cli_deploys_shows_refuses_and_deletes(broker: EmbeddedBroker, topics: Topics) -> None:
-    asyncio.run(_the_cli_deploys_shows_refuses_and_deletes(broker, topics))
+def test_the_cli_deploys_shows_refuses_and_deletes(
+    broker: EmbeddedBroker, topics: Topics, tmp_path: Path
+) -> None:
+    asyncio.run(_the_cli_deploys_shows_refuses_and_deletes(broker, topics, tmp_path))

@@ -25,7 +25,7 @@ from shoal.processors.spec import load_pipeline
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
 from tests.support import processes
-from tests.support.compare import assert_matches_oracle, scale_of
+from tests.support.compare import assert_matches_oracle, dedupe_identical, scale_of
 from tests.support.live import collector
 from tests.support.oracle import expected_results
 
@@ -136,7 +136,7 @@ def run_with_fault(
                 ) >= 2 * len(wanted):
                     break
                 await asyncio.sleep(0.2)
-            emitted = _dedupe_identical(seen.windows)
+            emitted = dedupe_identical(seen.windows)
             emitted = emitted.filter(pl.col("end") <= last_end)
             # Batch boundaries depend on timing, so the batch count per window is not compared.
             assert_matches_oracle(emitted, expected, spec, scale_of(data, spec), skip=("batches",))
@@ -153,39 +153,6 @@ def run_with_fault(
             gateway.close(1)
         for component in components.values():
             component.stop()
-
-
-def _dedupe_identical(windows: list[dict]) -> pl.DataFrame:
-    by_identity: dict[tuple, dict] = {}
-    for message in windows:
-        identity = (message["window"], message["start"], message["partition"], message["revision"])
-        previous = by_identity.get(identity)
-        if previous is not None:
-            assert _same(previous["results"], message["results"]), (
-                f"re-published window differs: {identity}"
-            )
-        by_identity[identity] = message
-    rows = [
-        {"window": m["window"], "start": m["start"], "end": m["end"], **r}
-        for m in by_identity.values()
-        for r in m["results"]
-    ]
-    return pl.DataFrame(rows, infer_schema_length=None)
-
-
-def _same(a: list[dict], b: list[dict]) -> bool:
-    key = lambda r: r["key"]  # noqa: E731
-    a, b = sorted(a, key=key), sorted(b, key=key)
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b, strict=True):
-        for field in x:
-            if isinstance(x[field], float) and isinstance(y[field], float):
-                if abs(x[field] - y[field]) > 1e-9 * max(1.0, abs(x[field])):
-                    return False
-            elif x[field] != y[field]:
-                return False
-    return True
 
 
 @pytest.mark.timeout(180)

@@ -77,6 +77,41 @@ def scale_of(rows: pl.DataFrame, spec: PipelineSpec) -> pl.DataFrame:
     )
 
 
+def dedupe_identical(windows: list[dict]) -> pl.DataFrame:
+    """Window messages as result rows, each identity once; a re-published window (after a
+    restart or a takeover) must equal the first publication, or the assertion fails."""
+    by_identity: dict[tuple, dict] = {}
+    for message in windows:
+        identity = (message["window"], message["start"], message["partition"], message["revision"])
+        previous = by_identity.get(identity)
+        if previous is not None:
+            assert _same(previous["results"], message["results"]), (
+                f"re-published window differs: {identity}"
+            )
+        by_identity[identity] = message
+    rows = [
+        {"window": m["window"], "start": m["start"], "end": m["end"], **r}
+        for m in by_identity.values()
+        for r in m["results"]
+    ]
+    return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def _same(a: list[dict], b: list[dict]) -> bool:
+    key = lambda r: r["key"]  # noqa: E731
+    a, b = sorted(a, key=key), sorted(b, key=key)
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        for field in x:
+            if isinstance(x[field], float) and isinstance(y[field], float):
+                if abs(x[field] - y[field]) > 1e-9 * max(1.0, abs(x[field])):
+                    return False
+            elif x[field] != y[field]:
+                return False
+    return True
+
+
 def assert_count_windows_match(
     emitted: pl.DataFrame, expected: pl.DataFrame, spec: PipelineSpec, scale: pl.DataFrame
 ) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Protocol
 
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock
 from shoal.control.service import ControlPlane
-from shoal.runtime.worker import Worker
 from shoal.schemas.topics import Topics
 
 
@@ -29,9 +29,17 @@ async def running_plane(
         await asyncio.wait_for(task, 10)
 
 
+class Component(Protocol):
+    """A worker, pool worker or pool combiner: runs until stopped."""
+
+    async def run(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 @contextlib.asynccontextmanager
-async def pool_running(*workers: Worker) -> AsyncIterator[list[asyncio.Task[None]]]:
-    """Run workers (pool or pinned) as tasks; stopped (and awaited) on exit."""
+async def pool_running(*workers: Component) -> AsyncIterator[list[asyncio.Task[None]]]:
+    """Run workers (pool or pinned) or pool combiners as tasks; stopped (and awaited) on exit."""
     tasks = [asyncio.create_task(worker.run()) for worker in workers]
     try:
         yield tasks

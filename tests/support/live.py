@@ -298,8 +298,13 @@ async def publish_batches(
     session_factory: SessionFactory = AsyncSession,
     pause_every: int = 0,
     pause_s: float = 0.0,
+    first_unconfirmed: int | None = None,
 ) -> None:
     """Announce every gateway (retained status), then publish batches in ``order``.
+
+    The status says every seq below the smallest one given is confirmed (a combiner that
+    has not seen them skips them); ``first_unconfirmed`` announces another (e.g. 0: nothing
+    is confirmed yet, as a gateway whose earlier batches a combiner may have lost).
 
     ``pause_every`` > 0: wait for the PUBACKs and ``pause_s`` after that many batches, so
     that windows close while data still flows (late rows then reach closed windows).
@@ -311,7 +316,16 @@ async def publish_batches(
         now = int(time.time() * 1000)
         for gateway_id, seqs in by_gateway.items():
             status = GatewayStatus(
-                gateway_id, stream, max(seqs) + 1, min(seqs), len(seqs), 0, None, 0, 0, now
+                gateway_id,
+                stream,
+                max(seqs) + 1,
+                min(seqs) if first_unconfirmed is None else first_unconfirmed,
+                len(seqs),
+                0,
+                None,
+                0,
+                0,
+                now,
             )
             await session.publish(topics.gateway_status(gateway_id), status.to_json(), retain=True)
         futures = []

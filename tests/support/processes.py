@@ -68,3 +68,22 @@ def run_shoal(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
 def assert_ran(result: subprocess.CompletedProcess[str]) -> None:
     """Exit code 0, or the end of what the command said."""
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def pool_combiner(
+    member: str, settings: BrokerSettings, topics: Topics, state_dir: Path, log_dir: Path
+) -> Component:
+    """``shoal combiner`` without ``--pipeline``: a combiner pool member named ``member``."""
+    return Component(
+        f"pool-combiner-{member}",
+        shoal_argv(
+            "combiner",
+            "--id",
+            member,
+            "--state-dir",
+            str(state_dir),
+            "--no-key-topics",
+            *connection_args(settings, topics),
+        ),
+        log_dir / f"pool-combiner-{member}.log",
+    )

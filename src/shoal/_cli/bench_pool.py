@@ -27,6 +27,12 @@ def register_pool(benches: Any) -> None:
         metavar="N,N,...",
         help="deployed pipelines at each measurement (default 1,100,1000)",
     )
+    pool.add_argument(
+        "--combiner",
+        action="store_true",
+        help="measure a pool combiner (`shoal combiner` without --pipeline) owning every "
+        "deployed pipeline's partition instead of a pool worker",
+    )
     pool.add_argument("--json", type=Path, metavar="FILE", help="also write the record here")
     pool.set_defaults(run=run_pool)
 
@@ -41,10 +47,19 @@ def run_pool(args: argparse.Namespace) -> int:
         raise ConfigError(f"--counts takes whole numbers separated by commas: {exc}") from exc
     if not counts or min(counts) < 1:
         raise ConfigError("--counts must be positive")
-    print("shoal bench pool", flush=True)
-    steps = bench.run(counts)
-    print(bench.format_report(steps))
+    if args.combiner:
+        from shoal.loadtest import bench_combiner_pool as hosts  # noqa: PLC0415
+
+        print("shoal bench pool --combiner", flush=True)
+        host_steps = hosts.run(counts)
+        print(hosts.format_report(host_steps))
+        record = hosts.as_record(host_steps)
+    else:
+        print("shoal bench pool", flush=True)
+        steps = bench.run(counts)
+        print(bench.format_report(steps))
+        record = bench.as_record(steps)
     if args.json is not None:
-        args.json.write_bytes(orjson.dumps(bench.as_record(steps), option=orjson.OPT_INDENT_2))
+        args.json.write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
         print(f"wrote {args.json}")
     return 0

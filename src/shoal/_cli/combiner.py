@@ -1,14 +1,14 @@
-"""``shoal combiner``: one partition of a pipeline's second phase."""
+"""``shoal combiner``: one partition of a pipeline's second phase, or a member of the pool."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from shoal._cli.common import (
     add_broker_options,
-    add_pipeline_option,
     broker_settings,
     load_spec,
     topics,
@@ -21,16 +21,33 @@ def register(sub: Any) -> None:
         "combiner",
         help="run a pipeline combiner partition (phase two: merge, close windows, confirm)",
         description="Merge partial aggregates of one key partition, close windows on the "
-        "watermark, publish results, checkpoint state and confirm batches to gateways.",
+        "watermark, publish results, checkpoint state and confirm batches to gateways. "
+        "Without --pipeline, join the combiner pool: host the partitions of every pipeline "
+        "deployed with `shoal pipeline deploy` that this member owns (exactly one live "
+        "member owns each; a dead member's partitions are taken over by the others, which "
+        "must share --state-dir).",
     )
-    add_pipeline_option(parser)
+    parser.add_argument(
+        "--pipeline",
+        default=None,
+        metavar="NAME|FILE",
+        help="run one partition of this pipeline: a TOML file, or the name of one in "
+        "processors/ (default: join the pool and host every deployed pipeline)",
+    )
     add_broker_options(parser)
-    parser.add_argument("--partition", type=int, default=0, help="partition index (default 0)")
+    parser.add_argument(
+        "--partition", type=int, default=0, help="partition index (default 0; with --pipeline)"
+    )
     parser.add_argument(
         "--state-dir",
         type=Path,
         default=None,
-        help="checkpoint folder (default: var/combiner/<pipeline>-<partition>)",
+        help="checkpoint folder (default: var/combiner/<pipeline>-<partition>); in the pool, "
+        "the folder shared by every member, holding <pipeline>-<partition>/ (default: "
+        "var/combiner)",
+    )
+    parser.add_argument(
+        "--id", default="", help="pool member id (default: host name and pid; unique per member)"
     )
     parser.add_argument(
         "--no-key-topics",
@@ -41,10 +58,12 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run one combiner partition until signalled."""
+    """Run one combiner partition, or a pool member, until signalled."""
     from shoal._cli._run import run_until_signalled  # noqa: PLC0415
     from shoal.runtime.combiner import CombinerConfig, CombinerRuntime  # noqa: PLC0415
 
+    if args.pipeline is None:
+        return _run_pool(args)
     spec = load_spec(args.pipeline)
     if not 0 <= args.partition < spec.partitions:
         from shoal.errors import ConfigError  # noqa: PLC0415
@@ -64,4 +83,21 @@ def run(args: argparse.Namespace) -> int:
     )
     runtime = CombinerRuntime(config)
     run_until_signalled(runtime.run(), runtime.stop)
+    return 0
+
+
+def _run_pool(args: argparse.Namespace) -> int:
+    from shoal._cli._run import run_until_signalled  # noqa: PLC0415
+    from shoal.runtime.hosting import CombinerHost, HostConfig  # noqa: PLC0415
+
+    config = HostConfig(
+        broker=broker_settings(args),
+        topics=topics(args),
+        state_dir=args.state_dir or Path("var") / "combiner",
+        per_key_results=not args.no_key_topics,
+    )
+    if args.id:
+        config = replace(config, combiner_id=args.id)
+    host = CombinerHost(config)
+    run_until_signalled(host.run(), host.stop)
     return 0

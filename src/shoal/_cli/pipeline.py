@@ -19,11 +19,12 @@ if TYPE_CHECKING:
     from shoal.control.messages import PipelineDocument, Result
 
 NOT_YET_RUNNING = (
-    "deploy and update return once the control plane stored the version and a pool worker "
+    "deploy and update return once the control plane stored the version, a pool worker "
     "(`shoal worker` without --pipeline) reports serving it (subscribed, its handler "
-    "built), or fail with not_served after --timeout; --no-wait returns once it is stored. "
-    "Combiners do not pick deployed pipelines up yet (issue 15, next step): run "
-    "`shoal combiner --pipeline FILE` per pipeline; the output says what was confirmed."
+    "built) and pool combiners (`shoal combiner` without --pipeline) own every partition "
+    "(session taken, checkpoint restored), or fail with not_served / not_owned after "
+    "--timeout; --no-wait returns once it is stored; --no-combiners does not wait for "
+    "combiners (for pipelines run by `shoal combiner --pipeline FILE`)."
 )
 
 
@@ -52,6 +53,11 @@ def register(sub: Any) -> None:
             action="store_true",
             help="return once the control plane stored it; do not wait for a pool worker",
         )
+        action.add_argument(
+            "--no-combiners",
+            action="store_true",
+            help="wait for a pool worker only, not for pool combiners to own every partition",
+        )
         _common(action)
     delete = actions.add_parser("delete", help="delete a deployed pipeline")
     delete.add_argument("name", metavar="NAME")
@@ -70,7 +76,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         metavar="SECONDS",
         help="how long to wait for the control plane's answer, and then (deploy, update) "
-        "for a pool worker to serve the version (default 10 each)",
+        "for a pool worker to serve the version and pool combiners to own it (default 10 each)",
     )
     add_broker_options(parser)
     parser.set_defaults(run=run)
@@ -113,7 +119,7 @@ def _request(client: ControlClient, args: argparse.Namespace) -> int:
         )
         return 1
     if args.action == "delete" or args.no_wait:
-        confirmed = _confirmed(workers=None)
+        confirmed = _confirmed(None, None)
         if args.json:
             _print_json({**result.as_dict(), "confirmed": confirmed})
         else:
@@ -123,31 +129,45 @@ def _request(client: ControlClient, args: argparse.Namespace) -> int:
 
 
 def _wait_served(client: ControlClient, args: argparse.Namespace, result: Result) -> int:
-    """Wait until a pool worker serves the accepted version; exit 2 (not_served) if none does."""
+    """Wait until the version is served by a pool worker and owned by pool combiners.
+
+    Exit 2 (not_served, not_owned) if that does not happen in time.
+    """
     assert result.name is not None  # an accepted deploy or update names its pipeline
     assert result.version is not None
+    workers: list[str] = []
+    owners: dict[int, str] | None = None if args.no_combiners else {}
     try:
         workers = asyncio.run(client.served(result.name, result.version))
+        if owners is not None:
+            owners = asyncio.run(client.owned(result.name, result.version))
     except ControlError as exc:
         if args.json:
-            failed = {**result.as_dict(), "confirmed": _confirmed(workers=[])}
+            failed = {**result.as_dict(), "confirmed": _confirmed(workers, owners)}
             _print_json({**failed, "running": False, "reason": exc.reason, "message": str(exc)})
         print(f"shoal pipeline {args.action}: {exc.reason}: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        _print_json({**result.as_dict(), "confirmed": _confirmed(workers=workers)})
+        _print_json({**result.as_dict(), "confirmed": _confirmed(workers, owners)})
     else:
         print(f"{_accepted(result)}; served by pool worker(s) {', '.join(workers)}")
-        print("combiners: not confirmed (run `shoal combiner --pipeline FILE` for it)")
+        if owners is None:
+            print("combiners: not waited for (--no-combiners)")
+        else:
+            named = ", ".join(f"{p}: {m}" for p, m in sorted(owners.items()))
+            print(f"partitions owned by pool combiner(s): {named}")
     return 0
 
 
-def _confirmed(*, workers: list[str] | None) -> dict[str, Any]:
-    """What ``--json`` says was confirmed: stored, served by which pool workers, combiners."""
+def _confirmed(workers: list[str] | None, owners: dict[int, str] | None) -> dict[str, Any]:
+    """What ``--json`` says was confirmed: stored, pool workers, each partition's combiner.
+
+    ``workers`` and ``owners`` are None when not waited for.
+    """
     return {
         "stored": True,
         "workers": workers,  # None: not waited for (--no-wait, delete)
-        "combiners": None,  # partition ownership: issue 15, a later step
+        "combiners": None if owners is None else {str(p): m for p, m in sorted(owners.items())},
     }
 
 

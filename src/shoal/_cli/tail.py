@@ -41,6 +41,8 @@ def format_window(message: dict[str, Any], keys: int) -> str:
         f"partition {message['partition'] + 1}/{message['partitions']}: "
         f"{message['keys']} keys, {message['rows']} rows"
     )
+    if message.get("parts", 1) > 1:  # one of the parts of a window too large for a packet
+        head += f" (part {message['part'] + 1}/{message['parts']})"
     lines = [head]
     for row in message.get("results", [])[:keys]:
         fields = " ".join(
@@ -52,6 +54,17 @@ def format_window(message: dict[str, Any], keys: int) -> str:
     if message["keys"] > keys:
         lines.append(f"  ... {message['keys'] - keys} more keys")
     return "\n".join(lines)
+
+
+def _last_part(payload: bytes) -> bool:
+    """Whether a message ends a window (a whole one, or its last part): ``--count`` counts it."""
+    try:
+        body = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return True
+    if not isinstance(body, dict):
+        return True
+    return bool(body.get("part", 0) == body.get("parts", 1) - 1)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
                         )
                         continue
                     print(format_window(body, args.keys), flush=True)
-                seen += 1
+                if _last_part(message.payload):
+                    seen += 1
                 if args.count and seen >= args.count:
                     return 0
         return 0

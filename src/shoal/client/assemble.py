@@ -16,6 +16,12 @@ past the window:
 A window that stays incomplete for ``max_wait_ms`` (a partition is down, or its heartbeats are
 not readable) is released with what arrived, flagged ``complete=False``.
 
+A window too large for one broker packet comes from a partition as several messages
+(``WindowMessage.part`` of ``parts``, each with some of its keys): the partition counts as
+sent once every part of one revision arrived; parts of two revisions are never mixed (a part
+of a later revision starts a new set, which replaces the partition's held set only once it is
+whole; a window released incomplete carries the parts that arrived).
+
 Corrections (a higher ``revision`` of a partition's window, pipelines with allowed lateness)
 replace that partition's part: a window still pending takes it in; a window already released
 is released again at once, with the other partitions' latest parts (remembered for the last
@@ -67,17 +73,88 @@ class AssembledWindow:
 
 
 @dataclass
+class _Split:
+    """The messages of one revision of one partition's window (one, or its parts)."""
+
+    messages: dict[int, WindowMessage] = field(default_factory=dict)
+
+    @property
+    def whole(self) -> bool:
+        first = next(iter(self.messages.values()))
+        return len(self.messages) == first.parts
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        first = next(iter(self.messages.values()))
+        return (first.revision, sum(m.rows for m in self.messages.values()))
+
+    def accepts(self, message: WindowMessage) -> bool:
+        """Whether ``message`` belongs to this set (same revision and part count)."""
+        first = next(iter(self.messages.values()))
+        return (message.revision, message.parts) == (first.revision, first.parts)
+
+    def take(self, message: WindowMessage) -> bool:
+        """Add a part, or replace it by a later copy; False if it is no later."""
+        held = self.messages.get(message.part)
+        if held is not None and message.rank <= held.rank:
+            return False
+        self.messages[message.part] = message
+        return True
+
+
+@dataclass
 class _Pending:
     first: WindowMessage
     arrived_ms: int
-    parts: dict[int, WindowMessage] = field(default_factory=dict)
+    parts: dict[int, _Split] = field(default_factory=dict)
+    """Per partition: the whole set of messages assembled (the latest one complete)."""
+    incoming: dict[int, _Split] = field(default_factory=dict)
+    """Per partition: a set of parts still arriving, later than the one in ``parts``."""
+
+    def take(self, message: WindowMessage) -> bool:
+        """Take one message of a partition; True if the partition's whole set changed."""
+        partition = message.partition
+        held = self.parts.get(partition)
+        if message.parts == 1:
+            if held is not None and (message.revision, message.rows) <= held.rank:
+                return False
+            self.parts[partition] = _Split({0: message})
+            split = self.incoming.get(partition)
+            if split is not None and split.rank[0] <= message.revision:
+                del self.incoming[partition]
+            return True
+        if held is not None and message.revision < held.rank[0]:
+            return False
+        split = self.incoming.get(partition)
+        if split is None or not split.accepts(message):
+            if held is not None and held.accepts(message):
+                return held.take(message) and held.whole
+            if (
+                split is not None
+                and message.revision < next(iter(split.messages.values())).revision
+            ):
+                return False
+            split = self.incoming[partition] = _Split()
+        if not split.take(message) or not split.whole:
+            return False
+        if held is not None and split.rank[0] < held.rank[0]:
+            return False
+        self.parts[partition] = self.incoming.pop(partition)
+        return True
+
+    def messages(self, *, partial: bool) -> list[WindowMessage]:
+        """The messages to assemble, by partition; ``partial``: parts still arriving too."""
+        out: list[WindowMessage] = []
+        for partition in sorted({*self.parts, *(self.incoming if partial else ())}):
+            split = self.parts.get(partition)
+            if split is None or not split.whole:
+                split = self.incoming.get(partition, split) if partial else split
+            if split is not None:
+                out.extend(split.messages[p] for p in sorted(split.messages))
+        return out
 
 
 _WindowKey = tuple[str, str, int]  # pipeline, window, start
-
-
-def _later(message: WindowMessage, held: WindowMessage | None) -> bool:
-    return held is None or message.rank > held.rank
 
 
 class WindowAssembler:
@@ -120,26 +197,29 @@ class WindowAssembler:
         if position > self._sent_through.get(source, (-(2**62), "")):
             self._sent_through[source] = position
         key = (message.pipeline, message.window, message.start)
-        if message.partitions <= 1:
-            rank = message.rank
-            if rank <= self._ranks.get(key, (0, -1)):
+        if message.partitions <= 1 and message.parts == 1:
+            if message.rank <= self._ranks.get(key, (0, -1)):
                 return self._ready(now_ms)  # a stale copy (re-published after a restart)
-            self._ranks[key] = rank
-            self._ranks.move_to_end(key)
-            while len(self._ranks) > self.dedup.capacity:
-                self._ranks.popitem(last=False)
+            self._note_rank(key, message.rank)
             return [*self._ready(now_ms), _assemble([message], complete=True)]
+        if message.partitions <= 1 and message.revision < self._ranks.get(key, (0, -1))[0]:
+            return self._ready(now_ms)  # a part of a revision already superseded
         released = self._released.get(key)
         if released is not None:  # a correction of a window already released
-            if not _later(message, released.parts.get(message.partition)):
+            if not released.take(message):
                 return self._ready(now_ms)
-            released.parts[message.partition] = message
             self._remember(key, released)
             return [*self._ready(now_ms), self._assembled(released)]
         pending = self._pending.setdefault(key, _Pending(message, now_ms))
-        if _later(message, pending.parts.get(message.partition)):
-            pending.parts[message.partition] = message
+        pending.take(message)
         return self._ready(now_ms)
+
+    def _note_rank(self, key: _WindowKey, rank: tuple[int, int]) -> None:
+        """The latest (revision, rows) delivered of a single-partition window."""
+        self._ranks[key] = rank
+        self._ranks.move_to_end(key)
+        while len(self._ranks) > self.dedup.capacity:
+            self._ranks.popitem(last=False)
 
     def note_progress(
         self, pipeline: str, partition: int, closed_through: int | None, now_ms: int
@@ -160,7 +240,7 @@ class WindowAssembler:
 
     def flush(self) -> list[AssembledWindow]:
         """Everything pending, complete or not (at the end of a stream)."""
-        out = [self._release(key) for key in list(self._pending)]
+        out = [self._release(key, partial=True) for key in list(self._pending)]
         return sorted(out, key=lambda w: (w.end, w.window, w.start))
 
     def _note(self, pipeline: str, partition: int, closed_through: int) -> None:
@@ -172,7 +252,7 @@ class WindowAssembler:
         first = pending.first
         position = (first.end, first.window)
         return all(
-            p in pending.parts
+            (p in pending.parts and pending.parts[p].whole)
             or self._sent_through.get((first.pipeline, p), (-(2**62), "")) > position
             or self._closed_through.get((first.pipeline, p), -(2**62)) >= first.end
             for p in range(first.partitions)
@@ -190,17 +270,21 @@ class WindowAssembler:
             for key, pending in self._pending.items()
             if self._is_complete(pending) or now_ms - pending.arrived_ms >= self.max_wait_ms
         ]
-        out = [self._release(key) for key in ready]
+        out = [self._release(key, partial=True) for key in ready]
         return sorted(out, key=lambda w: (w.end, w.window, w.start))
 
-    def _release(self, key: _WindowKey) -> AssembledWindow:
+    def _release(self, key: _WindowKey, *, partial: bool = False) -> AssembledWindow:
         pending = self._pending.pop(key)
         self._remember(key, pending)
-        return self._assembled(pending)
+        return self._assembled(pending, partial=partial)
 
-    def _assembled(self, pending: _Pending) -> AssembledWindow:
-        parts = [pending.parts[p] for p in sorted(pending.parts)]
-        return _assemble(parts, complete=self._is_complete(pending))
+    def _assembled(self, pending: _Pending, *, partial: bool = False) -> AssembledWindow:
+        complete = self._is_complete(pending)
+        window = _assemble(pending.messages(partial=partial and not complete), complete=complete)
+        if pending.first.partitions <= 1 and complete:  # later whole messages compare with it
+            key = (window.pipeline, window.window, window.start)
+            self._note_rank(key, (window.revision, int(window.frame["rows"].sum())))
+        return window
 
     def _remember(self, key: _WindowKey, parts: _Pending) -> None:
         self._released[key] = parts
@@ -219,6 +303,6 @@ def _assemble(parts: list[WindowMessage], *, complete: bool) -> AssembledWindow:
         end=first.end,
         revision=max(p.revision for p in parts),
         frame=frame.sort("key", nulls_last=True),
-        partitions_seen=tuple(p.partition for p in parts),
+        partitions_seen=tuple(sorted({p.partition for p in parts})),
         complete=complete,
     )

@@ -7,7 +7,10 @@ when no control plane answers. ``documents`` reads the retained pipeline documen
 marker to its own control topic to know when all of them have arrived. ``served`` waits
 until a pool worker's heartbeat (``shoal/metrics/worker/<id>``, CONTRACT.md §19.1) lists a
 pipeline at a version, which it only does once it holds that version's handler and its
-SUBSCRIBE was granted.
+SUBSCRIBE was granted. ``owned`` waits until the pool combiners' retained announcements
+(``shoal/combiners/<id>``, ``shoal.control.assignment``) list every partition of a pipeline
+at a version, which they do only once each partition's session is taken and its checkpoint
+restored.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import orjson
 
 from shoal.broker.session import SessionFactory, unique_client_id
 from shoal.broker.settings import BrokerSettings
+from shoal.control.assignment import Announcement
 from shoal.control.messages import Marker, PipelineDocument, Request, Result
 from shoal.errors import BrokerError, ControlError
 from shoal.schemas.topics import Topics, topic_matches
@@ -151,6 +155,59 @@ class ControlClient:
             f"within {timeout_s:g} s ({seen}); is `shoal worker` (without --pipeline) running?",
             reason="not_served",
         )
+
+    async def owned(
+        self, name: str, version: int, *, timeout_s: float | None = None
+    ) -> dict[int, str]:
+        """Partition -> pool combiner, once every partition of ``name`` is owned.
+
+        Owned at ``version`` or later.
+
+        Raises:
+            ControlError: not every partition was owned within ``timeout_s`` (``not_owned``).
+        """
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        client = unique_client_id("shoal-pipeline")
+        members: dict[str, Announcement] = {}
+        owners: dict[int, str] = {}
+        partitions: int | None = None
+        async with self.session_factory(self.settings, client) as session:
+            await session.subscribe([self.topics.pool_combiners()], qos=1)
+            stop = asyncio.Event()
+            timer = asyncio.get_running_loop().call_later(timeout_s, stop.set)
+            try:
+                async for message in session.messages_until(stop):
+                    member = message.topic.rsplit("/", 1)[-1]
+                    try:
+                        members[member] = Announcement.from_json(message.payload)
+                    except ControlError:
+                        members.pop(member, None)  # gone (cleared), or not an announcement
+                    owners, partitions = _owners(members, name, version)
+                    if partitions is not None and len(owners) == partitions:
+                        return owners
+            finally:
+                timer.cancel()
+        seen = f"{len(members)} pool combiner(s) seen" if members else "no pool combiner seen"
+        have = f"{len(owners)} of {partitions}" if partitions is not None else "no"
+        raise ControlError(
+            f"pipeline {name!r} v{version} is stored, but {have} partitions were owned within "
+            f"{timeout_s:g} s ({seen}); is `shoal combiner` (without --pipeline) running?",
+            reason="not_owned",
+        )
+
+
+def _owners(
+    members: dict[str, Announcement], name: str, version: int
+) -> tuple[dict[int, str], int | None]:
+    """(partition -> owner at ``version`` or later, the partition count those owners name)."""
+    owners: dict[int, str] = {}
+    partitions: int | None = None
+    for member, announcement in sorted(members.items()):
+        for owned in announcement.owns:
+            if owned.pipeline == name and owned.version >= version:
+                owners[owned.partition] = member
+                partitions = owned.partitions
+    return owners, partitions
 
 
 def _serves(payload: bytes, name: str, version: int) -> tuple[str | None, bool]:

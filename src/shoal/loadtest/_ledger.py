@@ -2,7 +2,8 @@
 
 ``Ledger`` folds what a pipeline publishes on ``results/<pipeline>``, ``shoal/late/<pipeline>``
 and ``shoal/deadletter/<pipeline>`` into counts, the way an exactly-once consumer must: a window
-message is identified by ``(window, start, partition, revision)`` and a late report by
+message is identified by ``(window, start, partition, revision, part)`` (``part`` 0 when the
+window was not split to fit the broker's packet limit) and a late report by
 ``(partition, gateway, seq)``; a second copy with the same identity (a combiner restarted
 after publishing it) is counted once, and a copy whose row count differs is a conflict.
 ``follow`` keeps a persistent QoS 1 session on those topics across broker restarts.
@@ -38,6 +39,7 @@ class Ledger:
         window: the window spec whose results count rows (each row is in exactly one of its
             windows); None takes the first name seen.
         windows: rows per window-message identity.
+        parts: how many parts each (window, start, partition, revision) was published in.
         late: rows per late-report identity.
         republished: copies of window messages already counted (same identity, same rows).
         conflicts: copies with the same identity and a different row count (must stay 0).
@@ -46,7 +48,8 @@ class Ledger:
 
     pipeline: str
     window: str | None = None
-    windows: dict[tuple[str, int, int, int], int] = field(default_factory=dict)
+    windows: dict[tuple[str, int, int, int, int], int] = field(default_factory=dict)
+    parts: dict[tuple[str, int, int, int], int] = field(default_factory=dict)
     late: dict[tuple[int, str, int], int] = field(default_factory=dict)
     republished: int = 0
     conflicts: int = 0
@@ -85,7 +88,9 @@ class Ledger:
             int(body["start"]),
             int(body["partition"]),
             int(body["revision"]),
+            int(body.get("part", 0)),
         )
+        self.parts[identity[:4]] = int(body.get("parts", 1))
         rows = int(body["rows"])
         seen = self.windows.get(identity)
         if seen is None:
@@ -111,18 +116,34 @@ class Ledger:
         """Rows in the results: per (window, start, partition), its latest revision's rows.
 
         A correction (revision above 1) is the whole window of its partition again, so the
-        latest revision alone counts every row the window holds.
+        latest revision alone counts every row the window holds: the sum over that revision's
+        parts (never parts of two revisions).
         """
-        latest: dict[tuple[str, int, int], tuple[int, int]] = {}
-        for (window, start, partition, revision), rows in self.windows.items():
+        latest: dict[tuple[str, int, int], int] = {}
+        for window, start, partition, revision, _ in self.windows:
             key = (window, start, partition)
-            if key not in latest or revision > latest[key][0]:
-                latest[key] = (revision, rows)
-        return sum(rows for _, rows in latest.values())
+            latest[key] = max(latest.get(key, revision), revision)
+        return sum(
+            rows
+            for (window, start, partition, revision, _), rows in self.windows.items()
+            if latest[(window, start, partition)] == revision
+        )
+
+    @property
+    def missing_parts(self) -> int:
+        """Parts of the latest revisions not received yet (0 once every window is whole)."""
+        latest: dict[tuple[str, int, int], int] = {}
+        for window, start, partition, revision in self.parts:
+            key = (window, start, partition)
+            latest[key] = max(latest.get(key, revision), revision)
+        got = Counter(identity[:4] for identity in self.windows)
+        return sum(
+            self.parts[(*key, revision)] - got[(*key, revision)] for key, revision in latest.items()
+        )
 
     @property
     def corrections(self) -> int:
-        """Distinct correction messages (revision above 1)."""
+        """Distinct correction messages (revision above 1), counting each part."""
         return sum(1 for identity in self.windows if identity[3] > 1)
 
     @property

@@ -97,7 +97,7 @@ async def _measure(
             for seq, count in enumerate(counts):
                 started = time.perf_counter()
                 while deployed < count:
-                    await _deploy(session, topics, registry, deployed)
+                    await deploy_document(session, topics, registry, deployed)
                     deployed += 1
                 await _beat(beats, worker, lambda b, n=count: len(b["serving"]) == n)
                 served_s = time.perf_counter() - started
@@ -141,7 +141,8 @@ async def _beat(
             return body
 
 
-async def _deploy(session: Session, topics: Topics, registry: Registry, index: int) -> None:
+async def deploy_document(session: Session, topics: Topics, registry: Registry, index: int) -> None:
+    """Retain the document of pipeline ``index`` as the control plane would."""
     request = Request("deploy", f"bench-{index}", spec_toml=spec_toml(index))
     result, document = registry.decide(request, int(time.time() * 1000))
     if document is None:

@@ -9,9 +9,14 @@ Window result message (``results/<pipeline>``), JSON::
                   "mean": 21.4, ...}, ...]}
 
 The MsgPack form carries the same header with ``"columns": {name: [values...]}`` instead of
-``results`` (columnar, one list per field). ``(pipeline, window, start, partition, revision)``
+``results`` (columnar, one list per field). ``(pipeline, window, start, partition, revision, part)``
 identifies a message: after a combiner crash a window may be published again, with the same
 identity and the same values, so consumers can deduplicate.
+
+A window whose message would exceed the broker's packet limit is published as several
+*parts* (``shoal.processors.result_parts``): each is a complete window message for a subset
+of the keys with ``"part"`` (0-based) and ``"parts"`` (how many); ``keys`` and ``rows`` count
+that part. A message without them is the whole window (part 0 of 1).
 
 A *correction* (pipeline with ``allowed_lateness_ms``) is the same message for a window with
 ``revision`` above 1 and ``"correction": true``: late rows were folded into the window, and
@@ -50,6 +55,10 @@ class WindowResult:
     end: int
     frame: pl.DataFrame  # key, rows, batches, aggregates...
     revision: int = FIRST_REVISION
+    part: int = 0
+    """Which part of a window split to fit the broker's packet limit (``result_parts``)."""
+    parts: int = 1
+    """How many parts the window was split into (1: not split)."""
 
     @property
     def rows(self) -> int:
@@ -122,6 +131,9 @@ def _header(result: WindowResult, ctx: Emission) -> dict[str, Any]:
     }
     if result.correction:
         header["correction"] = True
+    if result.parts > 1:  # absent on a whole window, so old consumers read it as before
+        header["part"] = result.part
+        header["parts"] = result.parts
     return header
 
 

@@ -235,7 +235,7 @@ def alert_payload(
     spec: str,
     at_ms: int,
 ) -> bytes:
-    """The JSON message of one transition (schemas/alert.schema.json, CONTRACT §20)."""
+    """The JSON message of one transition (schemas/alert.schema.json, CONTRACT §24)."""
     return orjson.dumps(
         {
             "shoal": ALERT_VERSION,

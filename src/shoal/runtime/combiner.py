@@ -19,6 +19,11 @@ the snapshot may be published a second time, with the same identity and values.
 The MQTT session is persistent (stable client id per partition, session expiry), so partials
 published while the combiner restarts wait in the broker; a second combiner started for the
 same partition takes the session over and the first is disconnected.
+
+Hosted by a combiner pool (``CombinerConfig.hosted``, ``shoal.runtime.hosting``), a run is
+one ownership term: take the session (deposing any previous owner), then the checkpoint
+folder's lock (``_fence``), restore, serve; a lost connection ends the term (``deposed``)
+instead of reconnecting, and the pool decides whether to start another.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import logging
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import orjson
 import polars as pl
@@ -37,12 +42,29 @@ from shoal.broker import default_session_factory
 from shoal.broker.session import Message, Session, SessionFactory
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
-from shoal.errors import BrokerError, SchemaError
+from shoal.errors import (
+    BrokerError,
+    ConfigError,
+    PayloadTooLargeError,
+    ResultTooLargeError,
+    SchemaError,
+)
 from shoal.processors.combine import Combiner, LateRows, Step
 from shoal.processors.partials import Partial
+from shoal.processors.result_parts import (
+    Oversized,
+    body_budget,
+    json_body_size,
+    msgpack_body_size,
+    split_result,
+)
 from shoal.processors.results import (
+    DEADLETTER_HEADROOM,
+    JSON_CONTENT_TYPE,
+    MSGPACK_CONTENT_TYPE,
     Emission,
     WindowResult,
+    deadletter_message,
     json_rows,
     key_messages,
     late_message,
@@ -53,6 +75,7 @@ from shoal.processors.results import (
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows
 from shoal.rules import alert_payload
+from shoal.runtime._fence import CheckpointLock
 from shoal.runtime._tasks import supervised
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas.control import MAX_MISSING, Confirm, GatewayStatus
@@ -62,6 +85,8 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE: Final = "combiner.ckpt"
 KEY_SLICE: Final = 250
+LOCK_TIMEOUT_S: Final = 10.0
+"""How long a hosted combiner waits for a deposed owner to finish its last checkpoint write."""
 """Per-key results built and published per slice, with the event loop free in between."""
 
 
@@ -80,6 +105,9 @@ class CombinerConfig:
         heartbeat_ms: how often metrics are published.
         session_expiry_s: how long the broker keeps partials for a vanished combiner.
         per_key_results: publish the retained per-key result topics.
+        hosted: run one ownership term for a combiner pool (see the module docstring);
+            needs ``state_dir``.
+        owner: the pool member hosting it (its heartbeat says so; None: pinned).
     """
 
     spec: PipelineSpec
@@ -91,6 +119,8 @@ class CombinerConfig:
     heartbeat_ms: int = 1_000
     session_expiry_s: int = 600
     per_key_results: bool = True
+    hosted: bool = False
+    owner: str | None = None
 
     @property
     def client_id(self) -> str:
@@ -124,6 +154,7 @@ class CombinerRuntime:
         self._gaps: dict[str, set[int]] = {}
         self.gaps_reported = 0  # missing seqs named in confirmations (re-send hints)
         self.partials_unreadable = 0  # partials that did not decode (dropped, see _on_message)
+        self.results_refused = 0  # result rows or messages no packet can carry (dead-lettered)
         self._session: Session | None = None
         # JSON rows of the windows the core finalised ahead of their close, by (window, start)
         self._rendered: tuple[pl.DataFrame, dict[tuple[str, int], bytes]] | None = None
@@ -133,7 +164,12 @@ class CombinerRuntime:
         self.last_checkpoint_ms: float | None = None
         self.started_at = self.clock.monotonic()
         self._inputs = [config.topics.under_root(f) for f in config.spec.inputs]
-        if config.state_dir is not None:
+        self._writing: asyncio.Future[None] | None = None
+        self.serving = False
+        """Hosted: the session is ours, the checkpoint restored and the partials subscribed."""
+        self.deposed = False
+        """Hosted: the term ended with the connection (taken over, or the broker went away)."""
+        if config.state_dir is not None and not config.hosted:
             self._restore(config.state_dir / CHECKPOINT_FILE)
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -142,10 +178,19 @@ class CombinerRuntime:
         """Finish: take a last checkpoint and disconnect."""
         self._stop.set()
 
+    def _subscriptions(self) -> list[str]:
+        topics, spec = self.config.topics, self.config.spec
+        return [
+            topics.partials(spec.name, self.config.partition),
+            topics.gateway_status_all(),
+            topics.combiner_control(spec.name),
+        ]
+
     async def run(self) -> None:
         """Connect, subscribe, combine until ``stop``; reconnect after broker failures."""
-        topics = self.config.topics
-        spec = self.config.spec
+        if self.config.hosted:
+            await self._run_term()
+            return
         first = True
         while not self._stop.is_set():
             if not first:
@@ -154,23 +199,11 @@ class CombinerRuntime:
                 # checkpoint and let the gateways re-send.
                 self._reload()
             first = False
-            session = self._connect(
-                self.config.broker,
-                self.config.client_id,
-                clean_start=False,
-                session_expiry_s=self.config.session_expiry_s,
-            )
+            session = self._open_session()
             try:
                 async with session:
                     self._session = session
-                    await session.subscribe(
-                        [
-                            topics.partials(spec.name, self.config.partition),
-                            topics.gateway_status_all(),
-                            topics.combiner_control(spec.name),
-                        ],
-                        qos=1,
-                    )
+                    await session.subscribe(self._subscriptions(), qos=1)
                     await self._serve(session)
                     await self._checkpoint(session)
             except BrokerError as exc:
@@ -181,6 +214,63 @@ class CombinerRuntime:
             finally:
                 self._session = None
                 self._unacked.clear()
+
+    def _open_session(self) -> Session:
+        """The partition's persistent session (its client id fences the partition)."""
+        return self._connect(
+            self.config.broker,
+            self.config.client_id,
+            clean_start=False,
+            session_expiry_s=self.config.session_expiry_s,
+        )
+
+    async def _run_term(self) -> None:
+        """One ownership term: session, then lock, restore, serve; never reconnects."""
+        state_dir = self.config.state_dir
+        if state_dir is None:
+            raise ConfigError(f"combiner {self.config.client_id}: hosting needs a state folder")
+        lock = CheckpointLock(state_dir)
+        session = self._open_session()
+        try:
+            async with session:
+                self._session = session
+                await lock.acquire(LOCK_TIMEOUT_S)
+                self._reload_hosted(state_dir)
+                await session.subscribe(self._subscriptions(), qos=1)
+                self.serving = True
+                await self._serve(session)
+                await self._checkpoint(session)
+        except BrokerError as exc:
+            if not self._stop.is_set():
+                self.deposed = True
+                log.warning("combiner %s: term ended: %s", self.config.client_id, exc)
+        finally:
+            self.serving = False
+            self._session = None
+            self._unacked.clear()
+            if self._writing is not None:
+                # A checkpoint write in a thread outlives a cancelled task: the lock is only
+                # given up once no write of this term can land after the next owner's.
+                await asyncio.wait({self._writing})
+            lock.release()
+
+    def _reload_hosted(self, state_dir: Path) -> None:
+        """Restore the newest checkpoint; one of another spec (a new version) is set aside."""
+        path = state_dir / CHECKPOINT_FILE
+        try:
+            self._reload()
+        except SchemaError as exc:
+            if exc.reason != "checkpoint_mismatch":
+                raise
+            aside = path.with_name(f"{CHECKPOINT_FILE}.superseded")
+            path.replace(aside)
+            log.warning(
+                "combiner %s: checkpoint of another spec version set aside as %s; starting "
+                "from empty state (gateways' unconfirmed batches are re-sent)",
+                self.config.client_id,
+                aside,
+            )
+            self._reload()
 
     async def _serve(self, session: Session) -> None:
         async with supervised(
@@ -301,8 +391,10 @@ class CombinerRuntime:
         if self._rendered is not None and self._rendered[0] is closed.frame:
             rendered = self._rendered[1]
         self._rendered = None
-        for result in split_windows(closed.frame, closed.revisions, closed.sessions):
-            window_futures = []
+        for whole in split_windows(closed.frame, closed.revisions, closed.sessions):
+            result = whole
+            window_futures: list[asyncio.Future[None]] = []
+            refused: set[str | None] = set()
             for index, encoding in enumerate(spec.output_encodings):
                 topic = (
                     topics.results(spec.name)
@@ -310,25 +402,27 @@ class CombinerRuntime:
                     else topics.results_encoded(spec.name, encoding)
                 )
                 encoding_since = self.clock.monotonic()
-                if encoding == "json":
-                    rows = rendered.get((result.window, result.start))
-                    payload, content_type = window_json(result, ctx, rows), "application/json"
-                else:
-                    payload, content_type = window_msgpack(result, ctx), "application/msgpack"
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug(
-                        "combiner %s: window %s/%d: %s, %d bytes in %.1f ms, %.1f ms into close",
-                        self.config.client_id,
-                        result.window,
-                        result.start,
-                        encoding,
-                        len(payload),
-                        (self.clock.monotonic() - encoding_since) * 1000.0,
-                        (self.clock.monotonic() - since) * 1000.0,
-                    )
-                window_futures.append(
-                    session.publish_started(topic, payload, content_type=content_type)
-                )
+                rows = rendered.get((result.window, result.start)) if encoding == "json" else None
+                for payload, content_type in self._window_payloads(
+                    session, result, ctx, encoding, rows=rows, refused=refused
+                ):
+                    if log.isEnabledFor(logging.DEBUG):
+                        log.debug(
+                            "combiner %s: window %s/%d: %s, %d bytes in %.1f ms, "
+                            "%.1f ms into close",
+                            self.config.client_id,
+                            result.window,
+                            result.start,
+                            encoding,
+                            len(payload),
+                            (self.clock.monotonic() - encoding_since) * 1000.0,
+                            (self.clock.monotonic() - since) * 1000.0,
+                        )
+                    future = self._publish_result(session, topic, payload, content_type, result)
+                    if future is not None:
+                        window_futures.append(future)
+            if refused:  # the per-key messages would not fit either
+                result = replace(result, frame=_without_keys(result.frame, refused))
             self._unacked.extend(window_futures)
             self._track_result_latency(window_futures, since)
             if self.config.per_key_results:
@@ -371,6 +465,115 @@ class CombinerRuntime:
                     retain=True,
                 )
             )
+
+    def _window_payloads(
+        self,
+        session: Session,
+        result: WindowResult,
+        ctx: Emission,
+        encoding: str,
+        *,
+        rows: bytes | None,
+        refused: set[str | None],
+    ) -> list[tuple[bytes, str]]:
+        """The window's message(s) in one encoding: one, or parts if it exceeds the limit.
+
+        Rows no message can carry are dead-lettered once (over every encoding) and their
+        keys added to ``refused``.
+        """
+        budget = body_budget(session.max_packet_size)
+        if encoding == "json":
+            if rows is None:
+                rows = json_rows(result)
+            split = split_result(result, budget, json_body_size, len(rows))
+            if len(split.parts) == 1 and split.parts[0] is result:
+                return [(window_json(result, ctx, rows), JSON_CONTENT_TYPE)]
+        else:
+            split = split_result(result, budget, msgpack_body_size)
+        for row in split.oversized:
+            if row.key not in refused:
+                refused.add(row.key)
+                self._refuse_row(session, result, row, budget or 0)
+        if encoding == "json":
+            return [(window_json(part, ctx), JSON_CONTENT_TYPE) for part in split.parts]
+        return [(window_msgpack(part, ctx), MSGPACK_CONTENT_TYPE) for part in split.parts]
+
+    def _publish_result(
+        self, session: Session, topic: str, payload: bytes, content_type: str, result: WindowResult
+    ) -> asyncio.Future[None] | None:
+        """Start publishing one window message; one the broker can never take is dead-lettered.
+
+        The split keeps every message under the limit; this is the guard that a refusal can
+        never stop the combiner (retrying a message that cannot fit would freeze it).
+        """
+        try:
+            return session.publish_started(topic, payload, content_type=content_type)
+        except PayloadTooLargeError as exc:
+            self.results_refused += 1
+            log.error(  # noqa: TRY400 - expected and handled, the traceback says nothing
+                "combiner %s: window %s/%d: %s",
+                self.config.client_id,
+                result.window,
+                result.start,
+                exc,
+            )
+            self._deadletter(
+                session,
+                topic,
+                content_type,
+                payload,
+                {
+                    "error": type(exc).__name__,
+                    "reason": "result_too_large",
+                    "code": "result_too_large",
+                    "message": str(exc),
+                },
+            )
+            return None
+
+    def _refuse_row(
+        self, session: Session, result: WindowResult, row: Oversized, budget: int
+    ) -> None:
+        """Dead-letter and count one key's row that no window message can carry."""
+        error = ResultTooLargeError(
+            window=result.window, start=result.start, key=row.key, size=row.size, limit=budget
+        )
+        self.results_refused += 1
+        log.error("combiner %s: %s", self.config.client_id, error)
+        self._deadletter(
+            session,
+            self.config.topics.results(self.config.spec.name),
+            JSON_CONTENT_TYPE,
+            json_rows(replace(result, frame=row.row)),
+            error.as_record(),
+        )
+
+    def _deadletter(
+        self,
+        session: Session,
+        topic: str,
+        content_type: str | None,
+        payload: bytes,
+        error: dict[str, Any],
+    ) -> None:
+        limit = session.max_packet_size
+        record = deadletter_message(
+            pipeline=self.config.spec.name,
+            topic=topic,
+            content_type=content_type,
+            payload=payload,
+            error=error,
+            worker=self.config.client_id,
+            at_ms=self.clock.now_ms(),
+            max_bytes=None if limit is None else limit - DEADLETTER_HEADROOM,
+        )
+        self._unacked.append(
+            session.publish_started(
+                self.config.topics.deadletter(self.config.spec.name),
+                record,
+                user_properties=[("reason", "result_too_large"), ("code", "result_too_large")],
+            )
+        )
 
     async def _publish_keys(
         self,
@@ -457,12 +660,20 @@ class CombinerRuntime:
         snapshot = self.core.snapshot() if self.config.state_dir is not None else None
         confirmable = self.core.confirmable()
         missing = self._lasting_gaps()
-        outputs, self._unacked = self._unacked, []
+        # The outputs stay listed until acknowledged: a checkpoint cancelled while waiting
+        # (the periodic one, when the runtime stops) leaves them to the next, which must not
+        # write a snapshot that no longer holds windows whose results never reached the broker.
+        outputs = list(self._unacked)
         await session.wait_published(outputs)
+        awaited = {id(f) for f in outputs}
+        self._unacked = [f for f in self._unacked if id(f) not in awaited]
         if snapshot is not None and self.config.state_dir is not None:
-            await asyncio.to_thread(
-                _write_atomically, self.config.state_dir / CHECKPOINT_FILE, snapshot
+            self._writing = asyncio.ensure_future(
+                asyncio.to_thread(
+                    _write_atomically, self.config.state_dir / CHECKPOINT_FILE, snapshot
+                )
             )
+            await asyncio.shield(self._writing)
             self.checkpoints += 1
             self.last_checkpoint_ms = self.clock.now_ms()
         await self._confirm(session, confirmable, missing)
@@ -532,6 +743,7 @@ class CombinerRuntime:
             "id": self.config.client_id,
             "pipeline": self.config.spec.name,
             "partition": self.config.partition,
+            "owner": self.config.owner,
             "at": self.clock.now_ms(),
             "uptime_s": round(self.clock.monotonic() - self.started_at, 3),
             "watermark": self.core.watermark(),
@@ -551,6 +763,7 @@ class CombinerRuntime:
             "checkpoints": self.checkpoints,
             "gaps_reported": self.gaps_reported,
             "partials_refused": self.partials_refused,
+            "results_refused": self.results_refused,
             "apply_latency_ms": self.apply_latency.summary(),
             "result_latency_ms": self.result_latency.summary(),
             **asdict(self.core.counters),
@@ -576,6 +789,15 @@ class CombinerRuntime:
         self.core = Combiner(self.config.spec, self.config.partition, self.clock)
         self._rendered = None
         self._restore(self.config.state_dir / CHECKPOINT_FILE)
+
+
+def _without_keys(frame: pl.DataFrame, keys: set[str | None]) -> pl.DataFrame:
+    """``frame`` without the rows of ``keys`` (None: the null key)."""
+    named = [k for k in keys if k is not None]
+    drop = pl.col("key").is_in(named)
+    if None in keys:
+        drop = drop | pl.col("key").is_null()
+    return frame.filter(~drop.fill_null(value=False))
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

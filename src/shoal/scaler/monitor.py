@@ -196,7 +196,8 @@ class PipelineMonitor:
                 self._out.add(self.clock.monotonic(), int(body.get("batch_rows", 0)))
 
     def _on_result(self, body: dict[str, Any]) -> None:
-        self.windows_emitted += 1
+        if body.get("part", 0) == 0:  # a window split into parts counts once
+            self.windows_emitted += 1
         if body.get("window") == self._first_window:
             self._result_members += int(body.get("rows", 0))
         for row in body.get("results", [])[: self.latest_keys]:

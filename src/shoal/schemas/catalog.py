@@ -229,6 +229,16 @@ MESSAGES: Final[tuple[MessageKind, ...]] = (
         None,
         "control plane",
     ),
+    MessageKind(
+        "combiner-announcement",
+        "shoal/combiners/<id>",
+        "json",
+        "combiner-announcement.schema.json",
+        1,
+        True,
+        None,
+        "pool combiner (its will: the broker)",
+    ),
 )
 """Every kind of message, in the order of CONTRACT.md's index (``control`` has two topics)."""
 

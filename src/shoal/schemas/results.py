@@ -15,9 +15,13 @@ instead of ``start`` (``ROW_SLOT``).
 ``key`` is a string, ``rows``, ``batches``, ``count`` and the count-window columns are Int64,
 the header columns are Int64 (``pipeline`` and ``window`` strings), and every other
 aggregate is Float64 (null where undefined, e.g. ``stddev`` of one value).
-``(pipeline, window, start, partition, revision)`` identifies a message: a message published
-twice after a combiner restart has the same identity and the same values; ``Deduplicator``
-remembers recent identities.
+``(pipeline, window, start, partition, revision, part)`` identifies a message: a message
+published twice after a combiner restart has the same identity and the same values;
+``Deduplicator`` remembers recent identities. A window too large for one broker packet comes
+as ``parts`` messages (``part`` 0.. ``parts - 1``), each with a subset of the keys; a message
+without ``part``/``parts`` is the whole window (part 0 of 1). Every key is in exactly one part
+of a revision, so a result *row* stays identified by ``ROW_IDENTITY`` and the frame layout has
+no part columns; ``WindowMessage.part``/``parts`` tell a window's messages apart.
 
 Pure (no MQTT); the client (``shoal.client``) and the archive both build on it, so it lives
 below them.
@@ -52,7 +56,7 @@ HEADER_SCHEMA: Final = pl.Schema(
 """The header columns every result frame starts with."""
 
 IDENTITY: Final = ("pipeline", "window", "start", "partition", "revision")
-"""Columns that identify one window message (deduplicate on these)."""
+"""Columns that identify one window message's rows (with ``WindowMessage.part``: the message)."""
 
 ROW_IDENTITY: Final = (*IDENTITY, "key")
 """Columns that identify one result row."""
@@ -64,10 +68,10 @@ INTEGER_FIELDS: Final = frozenset(
 DEFAULT_REMEMBER: Final = 100_000
 """Identities a ``Deduplicator`` remembers by default."""
 
-Identity = tuple[str, str, int, int, int]
-"""``(pipeline, window, start, partition, revision)`` of a window message."""
+Identity = tuple[str, str, int, int, int, int]
+"""``(pipeline, window, start, partition, revision, part)`` of a window message."""
 
-CopyKey = tuple[str, str, int, int, int, int]
+CopyKey = tuple[str, str, int, int, int, int, int]
 """``identity`` plus ``rows``: what tells one copy of a window message from another."""
 
 
@@ -136,6 +140,8 @@ class WindowMessage:
         watermark: the partition's close threshold when it emitted (None: unknown).
         emitted_at: the combiner's clock at emission, epoch ms.
         frame: one row per key, in the result layout.
+        part: which part of a window split to fit the broker's packet limit (0-based).
+        parts: how many parts this revision of the window has (1: not split).
     """
 
     pipeline: str
@@ -148,11 +154,13 @@ class WindowMessage:
     watermark: int | None
     emitted_at: int
     frame: pl.DataFrame
+    part: int = 0
+    parts: int = 1
 
     @property
     def identity(self) -> Identity:
-        """``(pipeline, window, start, partition, revision)``."""
-        return (self.pipeline, self.window, self.start, self.partition, self.revision)
+        """``(pipeline, window, start, partition, revision, part)``."""
+        return (self.pipeline, self.window, self.start, self.partition, self.revision, self.part)
 
     @property
     def rows(self) -> int:
@@ -227,6 +235,7 @@ def parse_window_message(payload: bytes, content_type: str | None = None) -> Win
             found=type(body).__name__,
         )
     header = _header(body)
+    split = _part(body)
     if "results" in body:
         columns = _rows_to_columns(body["results"])
     elif "columns" in body:
@@ -238,7 +247,21 @@ def parse_window_message(payload: bytes, content_type: str | None = None) -> Win
             "window result message has neither 'results' nor 'columns'",
             reason="bad_result_message",
         )
-    return WindowMessage(**header, frame=_frame(header, columns))
+    return WindowMessage(**header, frame=_frame(header, columns), part=split[0], parts=split[1])
+
+
+def _part(body: dict[str, Any]) -> tuple[int, int]:
+    """``(part, parts)``: absent on a whole window (part 0 of 1)."""
+    part, parts = body.get("part", 0), body.get("parts", 1)
+    if type(part) is not int or type(parts) is not int or not 0 <= part < parts:
+        raise SchemaError(
+            "bad window result part",
+            reason="bad_result_message",
+            field="part",
+            expected="0 <= part < parts, integers",
+            found=f"part={part!r:.20}, parts={parts!r:.20}",
+        )
+    return part, parts
 
 
 def _header(body: dict[str, Any]) -> dict[str, Any]:

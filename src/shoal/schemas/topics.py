@@ -138,7 +138,7 @@ class Topics:
         return self._t("shoal", "late", pipeline)
 
     def alert(self, pipeline: str, alert: str, key: str | None) -> str:
-        """An alert's latest state change for one key (retained JSON, CONTRACT §20)."""
+        """An alert's latest state change for one key (retained JSON, CONTRACT §24)."""
         return self._t("shoal", "alerts", pipeline, alert, key_segment(key))
 
     def alerts(self, pipeline: str) -> str:
@@ -160,6 +160,14 @@ class Topics:
     def combiner_control(self, pipeline: str) -> str:
         """Commands to every combiner partition of a pipeline (``{"cmd": "flush"}``)."""
         return self._t("shoal", "control", "combiners", pipeline)
+
+    def pool_combiner(self, combiner_id: str) -> str:
+        """A pool combiner's retained presence and the partitions it owns (cleared by its Will)."""
+        return self._t("shoal", "combiners", combiner_id)
+
+    def pool_combiners(self) -> str:
+        """Every pool combiner's presence (what pool combiners and ``shoal pipeline`` read)."""
+        return self._t("shoal", "combiners", "+")
 
     # The control plane: pipelines deployed at run time (``shoal.control``).
     def pipeline_document(self, pipeline: str) -> str:

@@ -50,7 +50,10 @@ def idempotency_key(message: Message) -> str:
 
     * a window result: ``result/<pipeline>/<window>/<start>/<partition>/<revision>/<rows>``,
       its copy identity (``WindowMessage.copy_key``): a combiner re-publishing a window
-      after a restart sends the same identity and values (but a new ``emitted_at``);
+      after a restart sends the same identity and values (but a new ``emitted_at``); a part
+      of a window split to fit the broker's packet limit adds its part:
+      ``result/<pipeline>/<window>/<start>/<partition>/<revision>/part<part>/<rows>``
+      (a whole window's key is unchanged);
     * an alert transition (a JSON object with ``alert`` and ``state``):
       ``alert/<pipeline>/<alert>/<key>/<window>/<start>/<state>``;
     * anything else: ``sha256/<hex>`` of the topic and payload.
@@ -62,8 +65,10 @@ def idempotency_key(message: Message) -> str:
         except SchemaError:
             pass
         else:
-            parts: tuple[object, ...] = ("result", *window.copy_key)
-            return "/".join(map(str, parts))
+            parts: tuple[object, ...] = ("result", *window.identity[:5])
+            if window.parts > 1:
+                parts = (*parts, f"part{window.part}")
+            return "/".join(map(str, (*parts, window.rows)))
     try:
         body = orjson.loads(payload)
     except orjson.JSONDecodeError:

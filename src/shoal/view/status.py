@@ -72,6 +72,7 @@ def _partition(partition: int, beat: dict[str, Any], now_ms: int) -> dict[str, A
         why = "no gateway holds the watermark (all idle): windows close up to the newest data"
     return {
         "partition": partition,
+        "owner": beat.get("owner"),
         "watermark": beat.get("watermark"),
         "closed_through": beat.get("closed_through"),
         "max_hold_ms": beat.get("max_hold_ms"),
@@ -198,8 +199,9 @@ def format_status(status: dict[str, Any]) -> str:
         )
     for p in status["partitions"]:
         closed = p["closed_through"]
+        owner = f" (pool combiner {p['owner']})" if p.get("owner") else ""
         lines.append(
-            f"  partition {p['partition']}: windows closed through "
+            f"  partition {p['partition']}{owner}: windows closed through "
             f"{'-' if closed is None else _when(closed)}; {p['why']} (max hold "
             f"{_ms(p['max_hold_ms'])}){partition_notes(p)}"
         )

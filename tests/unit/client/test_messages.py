@@ -46,7 +46,8 @@ def test_both_encodings_parse_to_the_same_frame(encoding: str) -> None:
         message = parse_window_message(window_json(result(), CTX), "application/json")
     else:
         message = parse_window_message(window_msgpack(result(), CTX), "application/msgpack")
-    assert message.identity == ("p", "tumbling-10s", T0, 1, 1)
+    assert message.identity == ("p", "tumbling-10s", T0, 1, 1, 0)
+    assert (message.part, message.parts) == (0, 1)  # a whole window
     assert (message.end, message.partitions, message.watermark) == (T0 + 10_000, 2, T0 + 12_000)
     assert message.rows == 6
     frame = message.frame

@@ -89,3 +89,43 @@ def test_dead_letters_and_unreadable_messages() -> None:
     assert ledger.reasons == {"not_finite": 1}
     assert ledger.unreadable == 2
     assert ledger.window is None
+
+
+def window_part(
+    start: int, rows: int, part: int, parts: int, revision: int = 1, partition: int = 0
+) -> Message:
+    body = {
+        "window": "tumbling-2s",
+        "start": start,
+        "partition": partition,
+        "revision": revision,
+        "rows": rows,
+        "part": part,
+        "parts": parts,
+    }
+    return Message(T.results("p"), orjson.dumps(body))
+
+
+def test_parts_of_a_window_add_up_and_copies_count_once() -> None:
+    ledger = Ledger("p")
+    for message in (window_part(0, 10, 0, 3), window_part(0, 12, 2, 3), window_part(0, 10, 0, 3)):
+        ledger.take(T, message)
+    assert ledger.rows_in_results == 22
+    assert ledger.republished == 1
+    assert ledger.conflicts == 0
+    assert ledger.missing_parts == 1
+    ledger.take(T, window_part(0, 5, 1, 3))
+    assert ledger.rows_in_results == 27
+    assert ledger.missing_parts == 0
+
+
+def test_a_correction_in_other_parts_replaces_every_part_of_the_older_revision() -> None:
+    ledger = Ledger("p")
+    for message in (window_part(0, 10, 0, 2), window_part(0, 10, 1, 2)):
+        ledger.take(T, message)
+    assert ledger.rows_in_results == 20
+    for index, rows in enumerate((7, 7, 7)):
+        ledger.take(T, window_part(0, rows, index, 3, revision=2))
+    assert ledger.rows_in_results == 21
+    assert ledger.missing_parts == 0
+    assert ledger.corrections == 3

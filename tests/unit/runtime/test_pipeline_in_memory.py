@@ -7,17 +7,22 @@ sessions, retained gateway status, checkpoints); only the broker is ``shoal.brok
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
+import msgpack
 import numpy as np
 import orjson
+import polars as pl
 
 from shoal.broker.memory import MemoryBroker
 from shoal.processors.spec import parse_pipeline
+from shoal.runtime import combiner as combiner_module
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
-from tests.support.datasets import make_batches, two_window_spec
+from tests.support.datasets import all_rows, make_batches, two_window_spec
 from tests.support.in_memory import shuffled_with_duplicates
-from tests.support.live import InProcessPipeline, publish_batches, run_against_oracle
+from tests.support.live import InProcessPipeline, collector, publish_batches, run_against_oracle
+from tests.support.oracle import closed_by, expected_results
 
 SPEC = two_window_spec(
     "mem",
@@ -131,5 +136,66 @@ def test_session_windows_give_the_oracle_results(tmp_path) -> None:
         )
         assert run.late_count > 0
         assert sum(c.core.counters.windows_closed for c in run.pipeline.combiners) > 5
+
+    asyncio.run(scenario())
+
+
+def test_a_result_row_no_packet_can_carry_is_dead_lettered_and_the_rest_flows(
+    tmp_path, monkeypatch
+) -> None:
+    """A tiny budget for a window message's rows (as a tiny max_packet_size would give):
+    windows split into many parts; the one key whose row alone exceeds it is dead-lettered
+    and counted, never retried, and every other key arrives exactly once."""
+
+    monkeypatch.setattr(combiner_module, "body_budget", lambda _limit: 300)
+    long_key = "L" * 250
+    memory = MemoryBroker()
+    spec = two_window_spec("huge", ["count", "mean"], 1, checkpoint_interval_ms=100)
+    batches = [
+        replace(
+            b,
+            frame=b.frame.with_columns(pl.col("sensor_id").replace({"shared-k0": long_key})),
+        )
+        for b in make_batches(seed=4, gateways=2, batches_per_gateway=10, rows_per_batch=(5, 30))
+    ]
+    topics = Topics(root="huge")
+
+    async def scenario() -> None:
+        pipeline = InProcessPipeline(
+            spec,
+            memory.settings,
+            topics,
+            workers=1,
+            state_dir=tmp_path,
+            session_factory=memory.session_factory,
+        )
+        async with collector(
+            memory.settings, topics, spec.name, session_factory=memory.session_factory
+        ) as seen:
+            await pipeline.start()
+            await publish_batches(
+                memory.settings,
+                topics,
+                batches,
+                list(range(len(batches))),
+                encoding=Encoding.BINARY_COLUMNAR,
+                session_factory=memory.session_factory,
+            )
+            threshold = await pipeline.finish(batches)
+        expected, _ = expected_results(all_rows(batches), spec)
+        expected = closed_by(expected, spec, threshold)
+        got = seen.results_frame()
+        assert got.select("window", "start", "key").is_duplicated().sum() == 0
+        want = expected.filter(pl.col("key") != long_key).select("window", "start", "key")
+        assert sorted(got.select("window", "start", "key").rows()) == sorted(want.rows())
+        assert max(w.get("parts", 1) for w in seen.windows) > 2
+        refused = expected.filter(pl.col("key") == long_key).height
+        assert refused > 0
+        records = [msgpack.unpackb(d, raw=False) for d in seen.deadletters]
+        assert [r["error"]["reason"] for r in records] == ["result_too_large"] * refused
+        assert all(long_key in r["payload"].decode() for r in records)
+        assert pipeline.combiners[0].results_refused == refused
+        confirmed = {gw: seq for (gw, _), seq in seen.confirms.items()}
+        assert confirmed == {"gw0": 9, "gw1": 9}
 
     asyncio.run(scenario())

@@ -75,6 +75,16 @@ def test_idempotency_key_of_a_window_result_is_its_copy_identity(name: str) -> N
     assert idempotency_key(Message("results/temps", again)) == key
 
 
+def test_idempotency_key_of_a_part_names_the_part() -> None:
+    payload = (GOLDEN / "result-window-part.json").read_bytes()
+    body = orjson.loads(payload)
+    key = idempotency_key(Message("results/temps", payload))
+    identity = [body[k] for k in ("pipeline", "window", "start", "partition", "revision")]
+    assert key == "/".join(map(str, ["result", *identity, "part0", body["rows"]]))
+    other = orjson.dumps({**body, "part": 1})
+    assert idempotency_key(Message("results/temps", other)) != key
+
+
 def test_idempotency_key_of_other_messages() -> None:
     alert = {
         "pipeline": "p",

@@ -182,3 +182,12 @@ def test_corrections_are_reported_when_the_spec_allows_late_corrections() -> Non
     assert "2 revised results, 1,500 late measurements folded in, 3 closed windows kept" in line
     assert "allowed lateness 30.0 s" in line
     assert "corrections" not in next(x for x in lines if "partition 1:" in x)
+
+
+def test_a_partition_hosted_by_a_pool_combiner_names_its_owner() -> None:
+    hosted = {**beat({"a": view(NOW)}), "owner": "edge-7-4242"}
+    status = pipeline_status("p", snapshot({0: hosted, 1: beat({"a": view(NOW)})}), 1.0)
+    assert [p["owner"] for p in status["partitions"]] == ["edge-7-4242", None]
+    text = format_status(status)
+    assert "partition 0 (pool combiner edge-7-4242): windows closed" in text
+    assert "partition 1: windows closed" in text

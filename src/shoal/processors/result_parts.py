@@ -1,0 +1,156 @@
+"""Splitting a window result into parts that fit the broker's packet limit; imports no MQTT.
+
+A window with very many keys can encode to more bytes than the broker accepts (Mosquitto's
+``max_packet_size``); publishing it anyway is refused every time, so the combiner splits it:
+
+1. rows whose encoding alone exceeds the budget are taken out (``Oversized``): no packet can
+   carry them, so the combiner dead-letters and counts them instead of retrying forever;
+2. if the rest fits the budget, it is one message exactly as before (no ``part``/``parts``);
+3. else the rows are sorted by key (and ``end``/``index`` for several windows of one key) and
+   cut into ``parts`` equal row-count chunks, ``parts`` sized from the measured bytes per row
+   and raised one at a time until every chunk fits.
+
+Every step depends only on the rows' values and the budget, never on when or how often the
+window is published, so a re-publication after a restart puts the same keys in the same part
+and consumers deduplicate copies by ``(pipeline, window, start, partition, revision, part)``.
+Header fields that vary between copies (``emitted_at``, ``watermark``) are kept out of the
+measurement: the budget leaves ``HEADER_ROOM`` for the header.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Final
+
+import msgpack
+import polars as pl
+
+from shoal.processors.results import DEADLETTER_HEADROOM, WindowResult, json_rows
+
+HEADER_ROOM: Final = 2048
+"""Bytes of a window message kept for its header (names, numbers, ``part``/``parts``)."""
+
+_SORT_BY: Final = ("key", "end", "index")
+
+
+def body_budget(max_packet_size: int | None) -> int | None:
+    """Bytes a window message's rows may take under a broker packet limit (None: no limit)."""
+    if max_packet_size is None:
+        return None
+    return max(1, max_packet_size - DEADLETTER_HEADROOM - HEADER_ROOM)
+
+
+def json_body_size(frame: pl.DataFrame) -> int:
+    """Bytes of the ``results`` array of a JSON window message holding ``frame``."""
+    return len(json_rows(WindowResult("", 0, 0, frame)))
+
+
+def msgpack_body_size(frame: pl.DataFrame) -> int:
+    """Bytes of the ``columns`` map of a MsgPack window message holding ``frame``."""
+    packed = msgpack.packb({name: frame[name].to_list() for name in frame.columns})
+    assert isinstance(packed, bytes)
+    return len(packed)
+
+
+BODY_SIZE: Final[dict[str, Callable[[pl.DataFrame], int]]] = {
+    "json": json_body_size,
+    "msgpack": msgpack_body_size,
+}
+"""How the body of each output encoding is measured."""
+
+
+@dataclass(frozen=True, slots=True)
+class Oversized:
+    """A key's row that no message can carry: dead-letter it (``ResultTooLargeError``)."""
+
+    key: str | None
+    size: int
+    row: pl.DataFrame
+
+
+@dataclass(frozen=True, slots=True)
+class Split:
+    """What ``split_result`` makes of one window result for one encoding."""
+
+    parts: list[WindowResult]
+    oversized: list[Oversized]
+
+
+def split_result(
+    result: WindowResult,
+    budget: int | None,
+    measure: Callable[[pl.DataFrame], int] = json_body_size,
+    whole_size: int | None = None,
+) -> Split:
+    """Cut ``result`` into parts whose bodies (``measure``) fit ``budget`` bytes each.
+
+    ``whole_size``: ``measure(result.frame)`` if already known (the render-ahead). A result
+    that fits is returned unchanged, as one part.
+    """
+    frame = result.frame
+    if budget is None or frame.height == 0:
+        return Split([result], [])
+    size = measure(frame) if whole_size is None else whole_size
+    if size <= budget:
+        return Split([result], [])
+    frame, oversized = _take_oversized(frame, budget, measure)
+    if oversized:
+        if frame.height == 0:
+            return Split([], oversized)
+        size = measure(frame)
+        if size <= budget:
+            return Split([replace(result, frame=frame)], oversized)
+    # the size does not depend on the order of the rows: no need to measure again
+    frame = frame.sort([c for c in _SORT_BY if c in frame.columns], nulls_last=False)
+    parts = max(2, math.ceil(size / budget))
+    while True:
+        chunks = _chunks(frame, parts)
+        if all(measure(chunk) <= budget for chunk in chunks):
+            break
+        parts += 1
+    return Split(
+        [
+            replace(result, frame=chunk, part=index, parts=len(chunks))
+            for index, chunk in enumerate(chunks)
+        ],
+        oversized,
+    )
+
+
+def _chunks(frame: pl.DataFrame, parts: int) -> list[pl.DataFrame]:
+    """``frame`` in ``parts`` chunks of equal row counts (the first ones one longer)."""
+    parts = min(parts, frame.height)
+    base, extra = divmod(frame.height, parts)
+    out, offset = [], 0
+    for index in range(parts):
+        length = base + (1 if index < extra else 0)
+        out.append(frame.slice(offset, length))
+        offset += length
+    return out
+
+
+def _take_oversized(
+    frame: pl.DataFrame, budget: int, measure: Callable[[pl.DataFrame], int]
+) -> tuple[pl.DataFrame, list[Oversized]]:
+    """Rows whose body alone exceeds ``budget``, and the frame without them.
+
+    A row's JSON line bounds its size in either encoding from above (JSON repeats the field
+    names, MsgPack does not), so only rows whose line exceeds the budget are measured alone.
+    """
+    lines = frame.write_ndjson().encode().splitlines()
+    suspects = [index for index, line in enumerate(lines) if len(line) + 2 > budget]
+    oversized, drop = [], []
+    for index in suspects:
+        row = frame.slice(index, 1)
+        size = measure(row)
+        if size > budget:
+            key = row["key"][0]
+            oversized.append(Oversized(None if key is None else str(key), size, row))
+            drop.append(index)
+    if not drop:
+        return frame, []
+    dropped = set(drop)
+    keep = pl.Series([i not in dropped for i in range(frame.height)])
+    return frame.filter(keep), oversized

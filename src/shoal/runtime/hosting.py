@@ -1,0 +1,331 @@
+"""The combiner pool: one process hosting the partitions of every deployed pipeline.
+
+``shoal combiner`` without ``--pipeline`` runs a ``CombinerHost``. Over one connection of its
+own it follows the retained pipeline documents (``shoal.control.follower``) and the pool's
+membership (``shoal/combiners/+``, ``shoal.control.assignment.Announcement``), announces
+itself there (retained; its Will clears it when the process dies), and computes which
+partitions it owns (rendezvous hashing over the live members). Each owned partition runs as
+a ``CombinerRuntime`` term (``CombinerConfig.hosted``) over that partition's own persistent
+session, whose client id is derived from (root, pipeline, partition).
+
+Exactly one owner at a time (docs/architecture.md, "The combiner pool"):
+
+* the **broker fences** the partition: a second CONNECT with its client id takes the session
+  over (queued partials move with it) and closes the previous owner's connection, which can
+  then neither receive nor publish a result or confirmation;
+* the **checkpoint lock** (``_fence``) makes the new owner restore only after the deposed one
+  finished its last write, and no deposed writer overwrite the new owner's checkpoint;
+* the **assignment** decides who should own: a deposed term is started again only if the
+  host still owns the partition after ``retry_ms`` (no ping-pong once views agree), and a
+  partition another live member still lists is taken only after it let go or after
+  ``handover_ms`` (a member that joins lets the previous owner finish with a checkpoint).
+
+Takeover after a death: the Will fires when the broker notices (at once for a killed process
+on the same host, else within 1.5 x keepalive), the survivors recompute, and the new owner
+connects, takes the lock (the kernel released it with the dead process) and restores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shoal.broker import default_session_factory
+from shoal.broker.session import Message, Session, SessionFactory, Will
+from shoal.broker.settings import BrokerSettings
+from shoal.clock import Clock, SystemClock
+from shoal.control.assignment import Announcement, Owned, Slot, owned_by
+from shoal.control.follower import DocumentFollower, Dropped, Served
+from shoal.control.messages import Marker
+from shoal.errors import BrokerError, ControlError
+from shoal.processors.spec import PipelineSpec
+from shoal.runtime._tasks import supervised
+from shoal.runtime.combiner import CombinerConfig, CombinerRuntime
+from shoal.schemas.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+def _default_id() -> str:
+    return f"{os.uname().nodename}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class HostConfig:
+    """How a pool combiner runs.
+
+    Attributes:
+        broker: where the broker is.
+        topics: topic namespace.
+        state_dir: the shared checkpoint root; partition ``k`` of pipeline ``p`` keeps its
+            checkpoint in ``<state_dir>/<p>-<k>`` (as ``shoal combiner --pipeline`` does), so
+            whichever member takes a partition over must see the same folder.
+        combiner_id: this member's id (default: host name and pid); unique among live members.
+        tick_ms: how often ownership is recomputed and partition runtimes look at timers.
+        heartbeat_ms: how often the announcement is refreshed (and runtimes' heartbeats).
+        retry_ms: after a term ended on its own (deposed, broker gone), wait this long
+            before starting the partition again, if still owned.
+        handover_ms: how long to wait for another live member to let go of a partition this
+            one now owns (it stops that partition with a last checkpoint), before taking it.
+        session_expiry_s: how long the broker keeps a partition's partials while it has no
+            owner.
+        per_key_results: publish the retained per-key result topics.
+    """
+
+    broker: BrokerSettings
+    topics: Topics = field(default_factory=Topics)
+    state_dir: Path = Path("var") / "combiner"
+    combiner_id: str = field(default_factory=_default_id)
+    tick_ms: int = 100
+    heartbeat_ms: int = 1_000
+    retry_ms: int = 1_000
+    handover_ms: int = 3_000
+    session_expiry_s: int = 600
+    per_key_results: bool = True
+
+    @property
+    def client_id(self) -> str:
+        """The membership connection's client id (not a partition's)."""
+        root = self.topics.root.replace("/", "-")
+        prefix = f"{root}-" if root else ""
+        return f"{prefix}shoal-combiner-pool-{self.combiner_id}"
+
+
+@dataclass(slots=True)
+class _Term:
+    """A partition this member runs now: its runtime, task and spec version."""
+
+    runtime: CombinerRuntime
+    task: asyncio.Task[None]
+    version: int
+    stopping: bool = False
+
+
+@dataclass(slots=True)
+class HostCounters:
+    """What a pool combiner counts (in its announcement's log lines and ``metrics``)."""
+
+    terms_started: int = 0
+    terms_deposed: int = 0
+    terms_failed: int = 0
+    announcements_refused: int = 0
+
+
+class CombinerHost:
+    """Hosts the partitions this member owns (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: HostConfig,
+        clock: Clock | None = None,
+        *,
+        session_factory: SessionFactory | None = None,
+    ) -> None:
+        """Configure; ``run`` joins the pool."""
+        self.config = config
+        self.clock = clock or SystemClock()
+        self._connect = session_factory or default_session_factory()
+        self.follower = DocumentFollower(config.topics)
+        self.deployed: dict[str, tuple[int, PipelineSpec]] = {}
+        self.members: dict[str, Announcement] = {}
+        self.terms: dict[Slot, _Term] = {}
+        self.counters = HostCounters()
+        self.ready = asyncio.Event()
+        """Set once the retained documents and announcements have arrived (marker back)."""
+        self._stop = asyncio.Event()
+        self._retry_at: dict[Slot, float] = {}
+        self._wanted_since: dict[Slot, float] = {}
+        self._announced: tuple[Owned, ...] | None = None
+        self._announced_at = 0.0
+        self._marker: Marker | None = None
+
+    @property
+    def me(self) -> str:
+        """This member's id."""
+        return self.config.combiner_id
+
+    def stop(self) -> None:
+        """Leave: stop every partition with a last checkpoint, clear the announcement."""
+        self._stop.set()
+
+    def owns(self) -> tuple[Owned, ...]:
+        """The partitions this member serves now (session taken, checkpoint restored).
+
+        A partition being let go of stays listed until its last checkpoint is written and
+        confirmed and its connection closed: a joining member waits for that (up to
+        ``handover_ms``) instead of taking the session in the middle of it.
+        """
+        return tuple(
+            Owned(name, partition, term.runtime.config.spec.partitions, term.version)
+            for (name, partition), term in sorted(self.terms.items())
+            if term.runtime.serving
+        )
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Join the pool and host partitions until ``stop``; reconnect after broker failures.
+
+        Partition terms run over their own sessions and outlive a lost membership connection.
+        """
+        topics = self.config.topics
+        presence = topics.pool_combiner(self.me)
+        try:
+            while not self._stop.is_set():
+                session = self._connect(
+                    self.config.broker,
+                    self.config.client_id,
+                    will=Will(presence, b"", qos=1, retain=True),
+                )
+                try:
+                    async with session:
+                        await self._join(session)
+                        async with supervised(self._stop, self._reconciler(session)) as ending:
+                            async for message in session.messages_until(ending):
+                                self._on_message(message)
+                        if self._stop.is_set():
+                            await self._end_terms()
+                            await session.publish(presence, b"", qos=1, retain=True)
+                except BrokerError as exc:
+                    if self._stop.is_set():
+                        break
+                    log.warning("combiner pool %s: %s; reconnecting", self.me, exc)
+                    await asyncio.sleep(0.5)
+        finally:
+            await self._end_terms()
+
+    async def _join(self, session: Session) -> None:
+        topics = self.config.topics
+        self.ready.clear()
+        # Members that left while we were away are no longer retained: start the view afresh
+        # from what the SUBSCRIBE delivers (ownership waits for the marker).
+        self.members.clear()
+        self._marker = Marker.on(topics.control(self.config.client_id), os.urandom(8).hex())
+        await session.subscribe(
+            [topics.pool_combiners(), topics.pipeline_documents(), self._marker.topic], qos=1
+        )
+        await session.publish(self._marker.topic, self._marker.payload, qos=1)
+        self._announced = None  # announce again on the new connection
+        log.info("combiner pool %s: joined (state in %s)", self.me, self.config.state_dir)
+
+    async def _end_terms(self) -> None:
+        for term in self.terms.values():
+            term.stopping = True
+            term.runtime.stop()
+        tasks = [term.task for term in self.terms.values()]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.terms.clear()
+
+    # -- input -------------------------------------------------------------------------------
+
+    def _on_message(self, message: Message) -> None:
+        topics = self.config.topics
+        if self._marker is not None and self._marker.is_back(message.topic, message.payload):
+            self.ready.set()
+        elif self.follower.is_document(message.topic):
+            change = self.follower.take(message)
+            if isinstance(change, Served):
+                self.deployed[change.name] = (change.version, change.spec)
+            elif isinstance(change, Dropped):
+                self.deployed.pop(change.name, None)
+        elif message.topic.startswith(topics.pool_combiners()[:-1]):
+            member = message.topic.rsplit("/", 1)[-1]
+            if not message.payload:
+                if self.members.pop(member, None) is not None:
+                    log.info("combiner pool %s: member %s left", self.me, member)
+                return
+            try:
+                announcement = Announcement.from_json(message.payload)
+            except ControlError as exc:
+                self.counters.announcements_refused += 1
+                log.warning("combiner pool %s: %s on %s", self.me, exc, message.topic)
+                return
+            if member not in self.members:
+                log.info("combiner pool %s: member %s present", self.me, member)
+            self.members[member] = announcement
+
+    # -- ownership ---------------------------------------------------------------------------
+
+    async def _reconciler(self, session: Session) -> None:
+        while True:
+            await asyncio.sleep(self.config.tick_ms / 1000)
+            if self.ready.is_set():
+                self.reconcile()
+                await self._announce(session)
+
+    def reconcile(self) -> None:
+        """End terms this member no longer owns (or of an old version); start owned ones."""
+        now = self.clock.monotonic()
+        partitions = {name: spec.partitions for name, (_, spec) in self.deployed.items()}
+        wanted = owned_by(self.me, self.members, partitions)
+        for slot, term in list(self.terms.items()):
+            if term.task.done():
+                self._ended(slot, term, now)
+                continue
+            current = self.deployed.get(slot[0])
+            if not term.stopping and (
+                slot not in wanted or current is None or current[0] != term.version
+            ):
+                log.info("combiner pool %s: letting go of %s/%d", self.me, *slot)
+                term.stopping = True
+                term.runtime.stop()
+        self._wanted_since = {s: self._wanted_since.get(s, now) for s in wanted}
+        for slot in sorted(wanted - self.terms.keys()):
+            if self._retry_at.get(slot, 0.0) > now:
+                continue
+            held_by = [m for m, a in self.members.items() if m != self.me and _lists(a, slot)]
+            if held_by and now - self._wanted_since[slot] < self.config.handover_ms / 1000:
+                continue  # the previous owner is stopping it with a last checkpoint
+            self._start(slot)
+
+    def _ended(self, slot: Slot, term: _Term, now: float) -> None:
+        del self.terms[slot]
+        if term.task.cancelled():
+            return
+        failure = term.task.exception()
+        if failure is not None:
+            self.counters.terms_failed += 1
+            log.error("combiner pool %s: %s/%d failed: %r", self.me, *slot, failure)
+        elif term.runtime.deposed:
+            self.counters.terms_deposed += 1
+        if not term.stopping or failure is not None:
+            self._retry_at[slot] = now + self.config.retry_ms / 1000
+
+    def _start(self, slot: Slot) -> None:
+        name, partition = slot
+        version, spec = self.deployed[name]
+        config = CombinerConfig(
+            spec,
+            partition,
+            self.config.broker,
+            self.config.topics,
+            state_dir=self.config.state_dir / f"{name}-{partition}",
+            tick_ms=self.config.tick_ms,
+            heartbeat_ms=self.config.heartbeat_ms,
+            session_expiry_s=self.config.session_expiry_s,
+            per_key_results=self.config.per_key_results,
+            hosted=True,
+            owner=self.me,
+        )
+        runtime = CombinerRuntime(config, self.clock, session_factory=self._connect)
+        self.terms[slot] = _Term(runtime, asyncio.create_task(runtime.run()), version)
+        self.counters.terms_started += 1
+        log.info("combiner pool %s: taking %s/%d v%d", self.me, name, partition, version)
+
+    async def _announce(self, session: Session) -> None:
+        owns = self.owns()
+        now = self.clock.monotonic()
+        if owns == self._announced and now - self._announced_at < self.config.heartbeat_ms / 1000:
+            return
+        announcement = Announcement(self.me, self.clock.now_ms(), owns)
+        await session.publish(
+            self.config.topics.pool_combiner(self.me), announcement.to_json(), qos=1, retain=True
+        )
+        self._announced, self._announced_at = owns, now
+
+
+def _lists(announcement: Announcement, slot: Slot) -> bool:
+    return any((o.pipeline, o.partition) == slot for o in announcement.owns)
