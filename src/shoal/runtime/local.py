@@ -104,6 +104,8 @@ class Accounting:
     """Measurements in batches the gateways still hold unconfirmed when settling ended."""
     waited_s: float = 0.0
     """How long settling waited for confirmations."""
+    filtered: int = 0
+    """Applied measurements the pipeline's row stage removed (``where``; in ``applied``)."""
 
     @property
     def drain_s(self) -> float | None:
@@ -126,9 +128,10 @@ class Accounting:
         Exact for hopping windows too: every applied row must be counted in exactly
         ``windows_per_row`` windows (``window_memberships``, results plus late reports).
         """
+        counted = self.applied - self.filtered  # rows the row stage removed are in no window
         if self.window_memberships is None:
-            return max(0, self.in_results + self.late - self.applied)
-        excess = self.window_memberships - self.applied * self.windows_per_row
+            return max(0, self.in_results + self.late - counted)
+        excess = self.window_memberships - counted * self.windows_per_row
         return 0 if excess <= 0 else -(-excess // self.windows_per_row)
 
     @property
@@ -304,10 +307,13 @@ class LocalPipeline:
     def start_simulator(self, args: list[str], name: str = "simulator") -> ChildProcess:
         """Start ``shoal simulate`` with ``args`` against this broker.
 
-        A pipeline keyed on an attribute gets gateways that send the attributes.
+        A pipeline keyed on an attribute, or with a row stage (which may read them), gets
+        gateways that send the attributes.
         """
         conn = connection_args(self.broker.settings, self.topics)
-        if self.config.spec.key in ATTRIBUTE_COLUMNS and "--attributes" not in args:
+        spec = self.config.spec
+        wants = spec.key in ATTRIBUTE_COLUMNS or spec.row_rules is not None
+        if wants and "--attributes" not in args:
             args = [*args, "--attributes"]
         simulator = ChildProcess(
             name,
@@ -462,7 +468,7 @@ class LocalPipeline:
         )
         await self.until(
             lambda s: (
-                s.window_memberships >= s.batch_rows_applied * s.windows_per_row
+                s.window_memberships >= (s.batch_rows_applied - _filtered(s)) * s.windows_per_row
                 and s.batch_rows_applied >= s.rows_generated
             ),
             min(timeout_s, 30.0),
@@ -480,6 +486,7 @@ class LocalPipeline:
             unconfirmed_batches=snap.lag_batches,
             unconfirmed_rows=snap.lag_rows,
             waited_s=round(waited, 2),
+            filtered=_filtered(snap),
         )
 
     async def _drain(
@@ -535,3 +542,8 @@ def _role_users(config: LocalPipelineConfig) -> dict[str, BrokerUser]:
         kind: BrokerUser(f"shoal-{kind}-{spec.name}", secrets.token_urlsafe(18), role)
         for kind, role in roles.items()
     }
+
+
+def _filtered(snap: Snapshot) -> int:
+    """Applied measurements the row stage removed (partition 0's count, like ``batch_rows``)."""
+    return int(snap.combiners.get(0, {}).get("rows_filtered", 0))

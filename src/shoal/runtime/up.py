@@ -170,7 +170,8 @@ class Up:
                 rate=cfg.rate,
                 batch=cfg.batch,
                 encoding=cfg.encoding,
-                attributes=cfg.spec.key != "sensor_id",
+                # Rules may read the attributes (where type = ...): send them then too.
+                attributes=cfg.spec.key != "sensor_id" or cfg.spec.row_rules is not None,
             )
             self._driver = TraceDriver(self.local, cfg.trace, load)
             self._driver.update(0.0)
@@ -322,6 +323,7 @@ class Up:
             f"  applied                  {a.applied:>14,}  ({rate:,.0f}/s)\n"
             f"  counted in results       {a.in_results:>14,}\n"
             f"  late (reported)          {a.late:>14,}\n"
+            f"  filtered (row stage)     {a.filtered:>14,}\n"
             f"  dead letters             {a.deadletters:>14,}\n"
             f"  unconfirmed batches      {a.unconfirmed_batches:>14,}\n"
             f"  lost                     {a.lost:>14,}\n"
