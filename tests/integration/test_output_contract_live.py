@@ -46,6 +46,8 @@ SPEC = parse_pipeline(
         "idle_timeout_ms": 1_000,
         "checkpoint_interval_ms": 100,
         "output_encodings": ["json", "msgpack"],
+        # fires on the first window of every key: the alert message is published live too
+        "alerts": [{"name": "seen", "condition": "count >= 1"}],
     }
 )
 GARBAGE = b"\x00garbage"
