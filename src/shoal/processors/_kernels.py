@@ -72,8 +72,8 @@ class FieldKernels(Protocol):
         """Its value per group from state rows."""
 
 
-def _boundaries(sorted_ids: Int64Array) -> tuple[Int64Array, Int64Array]:
-    """Start index and length of each run of equal ids."""
+def run_bounds(sorted_ids: npt.NDArray[np.integer[Any]]) -> tuple[Int64Array, Int64Array]:
+    """Start index and length of each run of equal ids (``gather_runs`` is its inverse)."""
     if len(sorted_ids) == 0:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty
@@ -81,6 +81,16 @@ def _boundaries(sorted_ids: Int64Array) -> tuple[Int64Array, Int64Array]:
     starts = np.concatenate(([0], change)).astype(np.int64)
     lengths = np.diff(np.concatenate((starts, [len(sorted_ids)]))).astype(np.int64)
     return starts, lengths
+
+
+def gather_runs(starts: Int64Array, lengths: Int64Array) -> Int64Array:
+    """Indices ``starts[i] .. starts[i] + lengths[i] - 1`` for every ``i``, concatenated."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    offsets = np.repeat(starts - (ends - lengths), lengths)
+    return offsets + np.arange(total, dtype=np.int64)
 
 
 def partial_state(
@@ -108,7 +118,7 @@ def partial_state(
     """
     order = _group_order(groups)
     g = groups[order]
-    starts, lengths = _boundaries(g)
+    starts, lengths = run_bounds(g)
     unique = g[starts] if len(starts) else g[:0]
     out: dict[str, npt.NDArray[Any]] = {}
     if len(starts) == 0:
@@ -168,7 +178,7 @@ def merge_state(
     """Merge state rows that share a group id (``fields`` as for ``partial_state``)."""
     order = np.argsort(groups, kind="stable")
     g = groups[order]
-    starts, lengths = _boundaries(g)
+    starts, lengths = run_bounds(g)
     if len(starts) == 0:
         return g, {f.name: columns[f.name][:0] for f in fields}
     out: dict[str, npt.NDArray[Any]] = {}
@@ -197,7 +207,7 @@ def merge_cells(
             return dense
     order = np.argsort(cells, kind="stable")  # timsort: fast on concatenated sorted runs
     c = cells[order]
-    starts, _ = _boundaries(c)
+    starts, _ = run_bounds(c)
     if len(starts) == 0:
         return c, counts[:0]
     return c[starts], np.add.reduceat(counts[order], starts)

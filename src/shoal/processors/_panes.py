@@ -29,6 +29,7 @@ from shoal.processors._kernels import (
     cell_buckets,
     cell_groups,
     cell_ids,
+    gather_runs,
     merge_cells,
     merge_state,
     partial_state,
@@ -37,16 +38,6 @@ from shoal.processors.aggregates import BATCHES
 
 Int64Array = npt.NDArray[np.int64]
 Sketch = tuple[Int64Array, Int64Array, Int64Array]
-
-
-def gather_runs(starts: Int64Array, lengths: Int64Array) -> Int64Array:
-    """Indices ``starts[i] .. starts[i] + lengths[i] - 1`` for every ``i``, concatenated."""
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    ends = np.cumsum(lengths)
-    offsets = np.repeat(starts - (ends - lengths), lengths)
-    return offsets + np.arange(total, dtype=np.int64)
 
 
 def fan_out(  # noqa: PLR0917 - the kernel's inputs, as partial_state takes them

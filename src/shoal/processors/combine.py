@@ -158,7 +158,7 @@ class Combiner:
             weigh=_partial_bytes,
         )
         self.state = WindowState(spec, self.plan)
-        self.sessions = SessionState(spec, self.plan, self.state)
+        self.sessions = SessionState(spec, self.plan, self.state.keys)
         self._session_window = np.array(
             [i in self.sessions.windows for i in range(len(spec.windows))], dtype=np.bool_
         )

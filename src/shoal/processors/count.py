@@ -36,22 +36,18 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from shoal.errors import ConfigError, SchemaError
-from shoal.processors._kernels import cell_ids, partial_state
+from shoal.errors import SchemaError
+from shoal.processors._kernels import cell_ids, gather_runs, partial_state, run_bounds
 from shoal.processors.aggregates import BATCHES, QUANTILES, AggregatePlan
 from shoal.processors.partials import EventRows
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
-from shoal.processors.state import KEY_LIST_CACHE, result_columns, result_schema
+from shoal.processors.state import KeyIds, result_columns, result_schema
 
 Int64Array = npt.NDArray[np.int64]
 
 RESULT_EXTRAS: Final = ("index", "first_ts", "last_ts")
 """Per-key columns count-window results carry besides the usual ones (all Int64)."""
-
-MAX_KEYS: Final = 1 << 24
-"""Distinct keys per partition (as for time windows)."""
-
 
 ROW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
     "key": np.dtype("<i4"),
@@ -129,10 +125,8 @@ class _Chunk:
     @classmethod
     def of(cls, rows: _Rows) -> _Chunk:
         """A chunk of rows sorted by key."""
-        change = np.flatnonzero(rows.key[1:] != rows.key[:-1]) + 1
-        lo = np.concatenate(([0], change)).astype(np.int64)
-        hi = np.concatenate((change, [len(rows)])).astype(np.int64)
-        return cls(rows, rows.key[lo], lo, hi, np.ones(len(lo), dtype=bool))
+        lo, lengths = run_bounds(rows.key)
+        return cls(rows, rows.key[lo], lo, lo + lengths, np.ones(len(lo), dtype=bool))
 
     def take(self, keys: Int64Array) -> _Rows | None:
         """The rows of those of ``keys`` (sorted) whose runs are alive here; kills them."""
@@ -142,14 +136,14 @@ class _Chunk:
         if len(runs) == 0:
             return None
         self.alive[runs] = False
-        return self.rows.take(_ranges(self.lo[runs], self.hi[runs]))
+        return self.rows.take(gather_runs(self.lo[runs], self.hi[runs] - self.lo[runs]))
 
     def live(self) -> _Rows:
         """Every row of a live run."""
         if self.alive.all():
             return self.rows
         runs = np.flatnonzero(self.alive)
-        return self.rows.take(_ranges(self.lo[runs], self.hi[runs]))
+        return self.rows.take(gather_runs(self.lo[runs], self.hi[runs] - self.lo[runs]))
 
 
 class _Tails:
@@ -163,7 +157,6 @@ class _Tails:
     def __init__(self) -> None:
         self.chunks: list[_Chunk] = []
         self.count = np.zeros(0, dtype=np.int64)  # live rows per key id
-        self.held = 0  # rows in chunks, live or dead
 
     def grow(self, keys: int) -> None:
         """Make room for key ids below ``keys``."""
@@ -176,7 +169,6 @@ class _Tails:
             return
         self.chunks.append(_Chunk.of(rows))
         self.count += np.bincount(rows.key, minlength=len(self.count))
-        self.held += len(rows)
         self._consolidate()
 
     def _consolidate(self) -> None:
@@ -187,18 +179,15 @@ class _Tails:
         live rows, at an O(tail) pass every time the tails have turned over once.
         """
         live = int(self.count.sum())
-        if self.held > 2 * live + 65_536 or len(self.chunks) > MAX_TAIL_CHUNKS:
+        held = sum(len(c.rows) for c in self.chunks)  # live or dead
+        if held > 2 * live + 65_536 or len(self.chunks) > MAX_TAIL_CHUNKS:
             rows = self.all()
             self.chunks = [_Chunk.of(rows)] if len(rows) else []
-            self.held = len(rows)
 
     def take(self, keys: Int64Array) -> _Rows:
         """Take out every row of ``keys`` (sorted, unique): sorted by key, in event order."""
         parts = [r for r in (c.take(keys) for c in self.chunks) if r is not None]
-        gone = [c for c in self.chunks if not c.alive.any()]
-        if gone:
-            self.held -= sum(len(c.rows) for c in gone)
-            self.chunks = [c for c in self.chunks if c.alive.any()]
+        self.chunks = [c for c in self.chunks if c.alive.any()]
         self.count[keys] = 0
         rows = _Rows.concat(parts)
         return rows.take(np.argsort(rows.key, kind="stable")) if len(parts) > 1 else rows
@@ -213,16 +202,6 @@ class _Tails:
         return _Rows.concat([c.live() for c in self.chunks])
 
 
-def _ranges(lo: Int64Array, hi: Int64Array) -> Int64Array:
-    """The indices of the runs ``[lo[i], hi[i])``, in order."""
-    lengths = hi - lo
-    total = int(lengths.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    starts = np.repeat(lo - np.cumsum(lengths) + lengths, lengths)
-    return starts + np.arange(total, dtype=np.int64)
-
-
 class CountState:
     """Rows of one partition's count windows: buffered, in tails, and finished windows."""
 
@@ -234,9 +213,7 @@ class CountState:
         self._reset()
 
     def _reset(self) -> None:
-        self._key_ids: dict[str | None, int] = {}
-        self._key_names: list[str | None] = []
-        self._key_lists: dict[tuple[str | None, ...], Int64Array] = {}
+        self._keys = KeyIds()
         self._gateway_ids: dict[str, int] = {}
         self._gateway_names: list[str] = []
         self._pending: list[_Rows] = []
@@ -268,7 +245,7 @@ class CountState:
         picked = np.flatnonzero(keep)
         if len(picked) == 0:
             return 0
-        keys = self._key_ids_of(events.keys)[events.key[picked]].astype(np.int32)
+        keys = self._keys.key_ids(events.keys)[events.key[picked]].astype(np.int32)
         gateway = self._gateway_ids.setdefault(gateway_id, len(self._gateway_names))
         if gateway == len(self._gateway_names):
             self._gateway_names.append(gateway_id)
@@ -284,28 +261,6 @@ class CountState:
             )
         )
         return n
-
-    def _key_ids_of(self, keys: list[str | None]) -> Int64Array:
-        # A gateway's partials list the same keys batch after batch (ids only ever grow, so
-        # a remembered list stays valid; see WindowState._key_ids_of).
-        signature = tuple(keys)
-        known = self._key_lists.get(signature)
-        if known is not None:
-            return known
-        out = np.empty(len(keys), dtype=np.int64)
-        for i, key in enumerate(keys):
-            key_id = self._key_ids.get(key)
-            if key_id is None:
-                key_id = len(self._key_names)
-                if key_id >= MAX_KEYS:
-                    raise ConfigError(f"more than {MAX_KEYS} distinct keys in one partition")
-                self._key_ids[key] = key_id
-                self._key_names.append(key)
-            out[i] = key_id
-        if len(self._key_lists) >= KEY_LIST_CACHE:
-            self._key_lists.pop(next(iter(self._key_lists)))
-        self._key_lists[signature] = out
-        return out
 
     # -- closing -----------------------------------------------------------------------------
 
@@ -366,7 +321,7 @@ class CountState:
         """Append final rows (in event order) to window ``index``'s tails; its full windows."""
         n = self.windows[index].count
         tails = self._tails[index]
-        tails.grow(len(self._key_names))
+        tails.grow(len(self._keys))
         total = tails.count + np.bincount(final.key, minlength=len(tails.count))
         ready = np.flatnonzero(total > 0 if flush else total >= n)
         if len(ready) == 0:
@@ -379,8 +334,7 @@ class CountState:
         # The keys that fill a window: their tail rows come before their new ones.
         rows = _Rows.concat([tails.take(ready), final.take(fresh)])
         rows = rows.take(np.argsort(rows.key, kind="stable"))
-        starts = np.flatnonzero(np.concatenate(([True], rows.key[1:] != rows.key[:-1])))
-        lengths = np.diff(np.concatenate((starts, [len(rows)])))
+        starts, lengths = run_bounds(rows.key)
         rank = np.arange(len(rows)) - np.repeat(starts, lengths)
         local = rank // n
         full_rows = (lengths // n) * n  # rows per key in full windows
@@ -408,8 +362,8 @@ class CountState:
 
     def _done_counts(self, index: int) -> Int64Array:
         done = self._done[index]
-        if len(done) < len(self._key_names):
-            done = np.concatenate((done, np.zeros(len(self._key_names) - len(done), np.int64)))
+        if len(done) < len(self._keys):
+            done = np.concatenate((done, np.zeros(len(self._keys) - len(done), np.int64)))
         return done
 
     def _results(  # noqa: PLR0917 - private; one call site
@@ -431,13 +385,12 @@ class CountState:
             cells = cell_ids(groups[sketch[0]], sketch[1])
             wanted = list(self.plan.quantiles.values())
             quantiles = QUANTILES.finalize(self.buckets, cells, sketch[2], groups, wanted)
-        key_names = pl.Series("key", self._key_names, dtype=pl.String)
         frame = pl.DataFrame(
             {
                 "window": pl.repeat(self.windows[index].name, len(groups), eager=True),
                 "start": np.full(len(groups), span[0], dtype=np.int64),
                 "end": np.full(len(groups), span[1], dtype=np.int64),
-                "key": key_names.gather(pl.Series(rows.key[first], dtype=pl.UInt32)),
+                "key": self._keys.keys_of(rows.key[first]),
                 **{f: state[f] for f in self.plan.field_names},
                 **dict(zip(self.plan.quantiles, quantiles, strict=True)),
                 "index": ordinal,
@@ -463,7 +416,7 @@ class CountState:
         (``restore`` does), as a checkpoint is taken every second and restored rarely.
         """
         return {
-            "keys": self._key_names,
+            "keys": self._keys.names,
             "gateways": self._gateway_names,
             "pending": [p.pack() for p in self._pending],
             "tails": [[c.live().pack() for c in t.chunks] for t in self._tails],
@@ -476,9 +429,7 @@ class CountState:
         if obj is None:
             return
         try:
-            names = obj["keys"]
-            self._key_names = list(names)
-            self._key_ids = {k: i for i, k in enumerate(names)}
+            self._keys.clear(list(obj["keys"]))
             self._gateway_names = list(obj["gateways"])
             self._gateway_ids = {g: i for i, g in enumerate(self._gateway_names)}
             self._pending = [_Rows.unpack(p) for p in obj["pending"]]
@@ -492,7 +443,7 @@ class CountState:
             raise SchemaError("count-window checkpoint of another spec", reason="bad_checkpoint")
         self._done = done
         for tails, rows in zip(self._tails, tail_rows, strict=True):
-            tails.grow(len(self._key_names))
+            tails.grow(len(self._keys))
             tails.add(rows.take(np.argsort(rows.key, kind="stable")))
 
 

@@ -29,7 +29,7 @@ import polars as pl
 from shoal.errors import ConfigError, SchemaError
 from shoal.processors._kernels import partial_state
 from shoal.processors._panes import fan_out
-from shoal.processors.aggregates import STATE_FIELDS
+from shoal.processors.aggregates import LAST_TS, STATE_FIELDS
 from shoal.processors.sessions import SESSION_KIND, SessionRule
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
@@ -579,6 +579,15 @@ class PartialBuilder:
             for w, rule in zip(spec.windows, self._rules, strict=True)
         ]
         self._has_sessions = any(rule is not None for rule in self._rules)
+        # With sessions, aligned groups carry ``last`` too: the LAST_TS kernel computes it
+        # with the state (merged per pane like any field), dropped from the fields unless
+        # the plan has it.
+        self._last_is_field = LAST_TS.name in self.plan.field_names
+        self._aligned_fields = (
+            (*self.plan.fields, LAST_TS)
+            if self._has_sessions and not self._last_is_field
+            else self.plan.fields
+        )
         self._schema = self.plan.state_schema(AGGS_GROUPS)
         self._by_count = any(w.by_count for w in spec.windows)
         self.rules = spec.row_rules
@@ -723,19 +732,18 @@ class PartialBuilder:
                     width,
                     rows_ts,
                     rows_value,
-                    fields,
+                    self._aligned_fields,
                     rows_bucket,
                 )
             else:
                 # Dense group ids (slot-major): small enough for a radix sort in the kernel.
                 groups = assigned.slot * width + rows_key
-                g, state, sketch = partial_state(groups, rows_ts, rows_value, fields, rows_bucket)
+                g, state, sketch = partial_state(
+                    groups, rows_ts, rows_value, self._aligned_fields, rows_bucket
+                )
             last = None
             if self._has_sessions:  # 'last': the largest event time of each group's rows
-                every = assigned.expanded()  # (one membership per window, also for panes)
-                again = every.per_row // assigned.per_row
-                member = every.slot * width + np.repeat(rows_key, again)
-                last = _max_per_group(member, np.repeat(rows_ts, again), g)
+                last = state[LAST_TS.name] if self._last_is_field else state.pop(LAST_TS.name)
             parts.append(
                 PartialRows(
                     window=np.full(len(g), index, dtype=np.uint8),
@@ -781,15 +789,6 @@ class PartialBuilder:
             )
             for p in range(partitions)
         ]
-
-
-def _max_per_group(
-    groups: npt.NDArray[np.int64], ts: npt.NDArray[np.int64], unique: npt.NDArray[np.int64]
-) -> npt.NDArray[np.int64]:
-    """The largest ``ts`` of each group of ``unique`` (sorted group ids): a row's ``last``."""
-    out = np.full(len(unique), np.iinfo(np.int64).min, dtype=np.int64)
-    np.maximum.at(out, np.searchsorted(unique, groups), ts)
-    return out
 
 
 def _concat(parts: list[PartialRows]) -> PartialRows:

@@ -151,6 +151,4 @@ def _take_oversized(
             drop.append(index)
     if not drop:
         return frame, []
-    dropped = set(drop)
-    keep = pl.Series([i not in dropped for i in range(frame.height)])
-    return frame.filter(keep), oversized
+    return frame.filter(~pl.int_range(pl.len()).is_in(drop)), oversized

@@ -21,7 +21,7 @@ Imports only ``processors`` modules below it (no I/O).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -39,25 +39,13 @@ from shoal.processors.partials import PartialRows, session_rule
 from shoal.processors.sessions import SessionRule
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
-from shoal.processors.state import results_frame
+from shoal.processors.state import KeyIds, results_frame
 
 Int64Array = npt.NDArray[np.int64]
 
 COMPACT_PIECES: Final = 2_000_000
 """Pending pieces (plus their sketch cells) that trigger a merge between closes."""
 _EVER: Final = 2**62
-
-
-class KeyRegistry(Protocol):
-    """The partition's key ids (``WindowState`` is one: aligned and session state share ids)."""
-
-    def key_ids(self, keys: list[str | None]) -> Int64Array:
-        """The id of each key."""
-        ...
-
-    def keys_of(self, ids: Int64Array) -> pl.Series:
-        """The keys of ids, as a ``key`` column."""
-        ...
 
 
 @dataclass
@@ -112,7 +100,7 @@ def _concat(chunks: list[_Entries]) -> _Entries:
 class SessionState:
     """Open sessions of every session window of one partition (see the module docstring)."""
 
-    def __init__(self, spec: PipelineSpec, plan: AggregatePlan, keys: KeyRegistry) -> None:
+    def __init__(self, spec: PipelineSpec, plan: AggregatePlan, keys: KeyIds) -> None:
         self.spec = spec
         self.plan = plan
         self.keys = keys

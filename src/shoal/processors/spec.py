@@ -110,12 +110,16 @@ class PipelineSpec:
             return self.max_hold_ms
         return default_max_hold_ms(self.lateness_ms, self.idle_timeout_ms)
 
+    @property
+    def needs_last_ts(self) -> bool:
+        """Whether a window kind reads each state's latest event time (``WindowKind.emitted``)."""
+        return any(  # (session windows are no entry of WINDOW_KINDS)
+            w.kind in WINDOW_KINDS and WINDOW_KINDS[w.kind].needs_last_ts for w in self.windows
+        )
+
     def plan(self) -> AggregatePlan:
         """The state this spec's partials carry: its aggregates' and its window kinds' needs."""
-        last_ts = any(
-            w.kind in WINDOW_KINDS and WINDOW_KINDS[w.kind].needs_last_ts for w in self.windows
-        )  # (session windows are no entry of WINDOW_KINDS)
-        return AggregatePlan.for_aggregates(self.aggregates, last_ts=last_ts)
+        return AggregatePlan.for_aggregates(self.aggregates, last_ts=self.needs_last_ts)
 
     @property
     def aggregate_names(self) -> tuple[str, ...]:

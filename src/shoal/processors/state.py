@@ -25,6 +25,7 @@ from shoal.processors._kernels import (
     cell_buckets,
     cell_groups,
     cell_ids,
+    gather_runs,
     merge_cells,
     merge_state,
 )
@@ -45,6 +46,62 @@ KEY_BITS: Final = 24
 """Key ids per partition: up to 16.7 million distinct keys."""
 SLOT_LIMIT: Final = 1 << (63 - KEY_BITS - BUCKET_BITS)
 """Open (window, start) pairs at once: 32,768."""
+
+
+class KeyIds:
+    """A partition's key ids: dense, in order of first sight, never reused.
+
+    ``WindowState`` keeps one for the aligned windows and shares it with ``SessionState``;
+    ``CountState`` keeps its own (count windows never share a pipeline with time windows).
+    """
+
+    def __init__(self, names: list[str | None] | None = None) -> None:
+        self.names: list[str | None] = []
+        self._ids: dict[str | None, int] = {}
+        self._lists: dict[tuple[str | None, ...], npt.NDArray[np.int64]] = {}
+        self.clear(names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def clear(self, names: list[str | None] | None = None) -> None:
+        """Forget every key (or start from ``names``, id ``i`` for ``names[i]``)."""
+        self.names = [] if names is None else list(names)
+        self._ids = {k: i for i, k in enumerate(self.names)}
+        self._lists = {}
+
+    def key_ids(self, keys: list[str | None]) -> npt.NDArray[np.int64]:
+        """The id of each key (new keys get the next ids).
+
+        Raises:
+            ConfigError: more than ``1 << KEY_BITS`` distinct keys.
+        """
+        # A gateway's partials list the same keys in the same order batch after batch:
+        # remember the last few lists (ids only ever grow, so a remembered list stays valid).
+        signature = tuple(keys)
+        known = self._lists.get(signature)
+        if known is not None:
+            return known
+        ids = self._ids
+        out = np.empty(len(keys), dtype=np.int64)
+        for i, key in enumerate(keys):
+            key_id = ids.get(key)
+            if key_id is None:
+                key_id = len(self.names)
+                if key_id >= 1 << KEY_BITS:
+                    raise ConfigError(f"more than {1 << KEY_BITS} distinct keys in one partition")
+                ids[key] = key_id
+                self.names.append(key)
+            out[i] = key_id
+        if len(self._lists) >= KEY_LIST_CACHE:
+            self._lists.pop(next(iter(self._lists)))
+        self._lists[signature] = out
+        return out
+
+    def keys_of(self, ids: npt.NDArray[np.integer[Any]]) -> pl.Series:
+        """The keys of key ids (a ``key`` column)."""
+        names = pl.Series("key", self.names, dtype=pl.String)
+        return names.gather(pl.Series(ids, dtype=pl.UInt32))
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,16 +134,14 @@ class WindowState:
         self._fields = plan.field_names
         self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
         self._names = [w.name for w in spec.windows]
-        self._triggered = any(
-            w.kind in WINDOW_KINDS and kind_of(w).needs_last_ts for w in spec.windows
-        )  # (session windows are no entry of WINDOW_KINDS and trigger nothing here)
+        self._triggered = spec.needs_last_ts
         self._empty: pl.DataFrame | None = None
+        self.keys = KeyIds()
+        """The partition's key ids (``SessionState`` shares them)."""
         self._reset()
 
     def _reset(self) -> None:
-        self._key_ids: dict[str | None, int] = {}
-        self._key_names: list[str | None] = []
-        self._key_lists: dict[tuple[str | None, ...], npt.NDArray[np.int64]] = {}
+        self.keys.clear()
         self._slots: dict[tuple[int, int], int] = {}
         self._slot_info: dict[int, tuple[int, int, int]] = {}  # slot -> (window, start, end)
         self._free_slots: list[int] = []
@@ -126,7 +181,9 @@ class WindowState:
         if self._prepared is not None and np.isin(slots, self._prepared.slots).any():
             self._prepared = None  # a late row for a prepared window: finalise it again
         everything = len(taken) == len(rows)  # the usual case: no copy of the key list
-        keys = self.key_ids(rows.keys if everything else [rows.keys[i] for i in taken.tolist()])
+        keys = self.keys.key_ids(
+            rows.keys if everything else [rows.keys[i] for i in taken.tolist()]
+        )
         groups = (slots << KEY_BITS) | keys
         self._groups.append(groups)
         self._columns.append({f: rows.fields[f][taken] for f in self._fields})
@@ -166,35 +223,6 @@ class WindowState:
             ids[i] = slot
         result: npt.NDArray[np.int64] = ids[inverse.reshape(-1)]
         return result
-
-    def key_ids(self, keys: list[str | None]) -> npt.NDArray[np.int64]:
-        """The partition's id of each key (new keys get the next ids; shared with sessions)."""
-        # A gateway's partials list the same keys in the same order batch after batch:
-        # remember the last few lists (ids only ever grow, so a remembered list stays valid).
-        signature = tuple(keys)
-        known = self._key_lists.get(signature)
-        if known is not None:
-            return known
-        ids = self._key_ids
-        out = np.empty(len(keys), dtype=np.int64)
-        for i, key in enumerate(keys):
-            key_id = ids.get(key)
-            if key_id is None:
-                key_id = len(self._key_names)
-                if key_id >= 1 << KEY_BITS:
-                    raise ConfigError(f"more than {1 << KEY_BITS} distinct keys in one partition")
-                ids[key] = key_id
-                self._key_names.append(key)
-            out[i] = key_id
-        if len(self._key_lists) >= KEY_LIST_CACHE:
-            self._key_lists.pop(next(iter(self._key_lists)))
-        self._key_lists[signature] = out
-        return out
-
-    def keys_of(self, ids: npt.NDArray[np.int64]) -> pl.Series:
-        """The keys of key ids (a ``key`` column)."""
-        names = pl.Series("key", self._key_names, dtype=pl.String)
-        return names.gather(pl.Series(ids, dtype=pl.UInt32))
 
     def compact(self) -> None:
         """Merge all pending state into one sorted set of arrays (the form ``close`` needs).
@@ -251,21 +279,25 @@ class WindowState:
         For closed windows kept for corrections: their state stays, late rows may still
         merge into it. Windows without state give no rows.
         """
-        slots = sorted(self._slots[w] for w in windows if w in self._slots)
-        if not slots:
-            return self.empty_result()
+        slots = np.array(sorted(self._slots[w] for w in windows if w in self._slots), np.int64)
+        frame = self._finish_slots(slots)
+        return self.empty_result() if frame is None else frame
+
+    def _finish_slots(self, slots: npt.NDArray[np.int64]) -> pl.DataFrame | None:
+        """Final results of the windows of ``slots`` (sorted), left in place (None: no state)."""
+        if len(slots) == 0:
+            return None
         self.compact()  # one sorted chunk each: the windows' rows are runs of it
         if not self._groups:
-            return self.empty_result()
-        slot_arr = np.array(slots, dtype=np.int64)
-        rows = _slot_runs(self._groups[0], slot_arr, KEY_BITS)
+            return None
+        rows = _slot_runs(self._groups[0], slots, KEY_BITS)
         groups = self._groups[0][rows]
         if len(groups) == 0:
-            return self.empty_result()
+            return None
         state = {f: c[rows] for f, c in self._columns[0].items()}
         cells, counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         if self._cells:
-            runs = _slot_runs(self._cells[0], slot_arr, KEY_BITS + BUCKET_BITS)
+            runs = _slot_runs(self._cells[0], slots, KEY_BITS + BUCKET_BITS)
             cells, counts = self._cells[0][runs], self._counts[0][runs]
         return self._finish(groups, state, cells, counts)
 
@@ -301,23 +333,13 @@ class WindowState:
         than taking the windows' rows out of the state.
         """
         self._prepared = None
-        slots = sorted(slot for slot, (_, _, end) in self._slot_info.items() if end <= through_ms)
-        if not slots:
-            return
-        self.compact()  # one sorted chunk each: the windows' rows are runs of it
-        if not self._groups:
-            return
-        slot_arr = np.array(slots, dtype=np.int64)
-        rows = _slot_runs(self._groups[0], slot_arr, KEY_BITS)
-        groups = self._groups[0][rows]
-        if len(groups) == 0:
-            return
-        state = {f: c[rows] for f, c in self._columns[0].items()}
-        cells, counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-        if self._cells:
-            runs = _slot_runs(self._cells[0], slot_arr, KEY_BITS + BUCKET_BITS)
-            cells, counts = self._cells[0][runs], self._counts[0][runs]
-        self._prepared = _Prepared(slot_arr, self._finish(groups, state, cells, counts))
+        slots = np.array(
+            sorted(slot for slot, (_, _, end) in self._slot_info.items() if end <= through_ms),
+            dtype=np.int64,
+        )
+        frame = self._finish_slots(slots)
+        if frame is not None:
+            self._prepared = _Prepared(slots, frame)
 
     def close(self, through_ms: int) -> ClosedWindows:
         """Finalise and remove every window whose end is at or before ``through_ms``.
@@ -420,7 +442,7 @@ class WindowState:
             "window": [self._names[w] for w in info[0].tolist()],
             "start": info[1],
             "end": info[2],
-            "key": self.keys_of(groups & ((1 << KEY_BITS) - 1)),
+            "key": self.keys.keys_of(groups & ((1 << KEY_BITS) - 1)),
         }
         # in (slot, key id) order: grouped by window, keys in no particular order
         return results_frame(self.spec, self.plan, head, state, quantiles)
@@ -456,7 +478,7 @@ class WindowState:
         rows = PartialRows(
             window=window.astype(np.uint8),
             start=start,
-            keys=[self._key_names[k] for k in keys.tolist()],
+            keys=self.keys.keys_of(keys).to_list(),
             fields=dict(columns),
         )
         if self._cells and len(self._cells[0]):
@@ -607,4 +629,4 @@ def _runs(lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]) -> slice | npt.N
         return slice(int(lo[0]), int(hi[0]))
     if len(lo) == 0:
         return slice(0, 0)
-    return np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)])
+    return gather_runs(lo, hi - lo)

@@ -16,8 +16,8 @@ import numpy.typing as npt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shoal.processors._kernels import partial_state
-from shoal.processors._panes import fan_out, gather_runs
+from shoal.processors._kernels import gather_runs, partial_state
+from shoal.processors._panes import fan_out
 from shoal.processors.aggregates import AggregatePlan, AggregateSpec
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.windows import HOPPING, WindowSpec
