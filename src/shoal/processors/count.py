@@ -220,11 +220,6 @@ class CountState:
         self._tails = [_Tails() for _ in self.windows]
         self._done = [np.zeros(0, dtype=np.int64) for _ in self.windows]
 
-    @property
-    def buffered_rows(self) -> int:
-        """Rows waiting until their order is final."""
-        return sum(len(p) for p in self._pending)
-
     def buffered_span(self) -> tuple[int, int] | None:
         """Smallest and largest event time of the buffered rows (None: none)."""
         if not self._pending:

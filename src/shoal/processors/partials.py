@@ -129,10 +129,6 @@ _INT_FIELDS: Final = frozenset(f.name for f in STATE_FIELDS.values() if f.kind =
 """State fields carried as integers (packed narrow on the wire); the others are float64."""
 
 
-def _field_dtype(name: str) -> np.dtype[Any]:
-    return np.dtype("<i8") if name in _INT_FIELDS else np.dtype("<f8")
-
-
 @dataclass(frozen=True, slots=True)
 class PartialRows:
     """State rows of one partial, as columns.
@@ -207,33 +203,6 @@ class PartialRows:
                 pl.Series("bucket", self.sketch_bucket, dtype=pl.Int32),
                 pl.Series("count", self.sketch_count, dtype=pl.Int64),
             ]
-        )
-
-    @classmethod
-    def from_frames(cls, aggs: pl.DataFrame, sketch: pl.DataFrame | None) -> PartialRows:
-        """Build from DataFrames laid out like ``frame()`` and ``sketch_frame()``."""
-        fields = {
-            name: aggs.get_column(name).to_numpy().astype(_field_dtype(name), copy=False)
-            for name in aggs.columns
-            if name not in ("window", "start", "key", "last")
-        }
-        return cls(
-            window=aggs.get_column("window").to_numpy().astype(np.uint8, copy=False),
-            start=aggs.get_column("start").to_numpy().astype(np.int64, copy=False),
-            keys=aggs.get_column("key").to_list(),
-            fields=fields,
-            sketch_row=None
-            if sketch is None
-            else sketch.get_column("row").to_numpy().astype(np.int64),
-            sketch_bucket=None
-            if sketch is None
-            else sketch.get_column("bucket").to_numpy().astype(np.int64),
-            sketch_count=None
-            if sketch is None
-            else sketch.get_column("count").to_numpy().astype(np.int64),
-            last=aggs.get_column("last").to_numpy().astype(np.int64)
-            if "last" in aggs.columns
-            else None,
         )
 
     def pack(self) -> dict[str, Any]:
