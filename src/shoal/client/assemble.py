@@ -240,7 +240,7 @@ class WindowAssembler:
 
     def flush(self) -> list[AssembledWindow]:
         """Everything pending, complete or not (at the end of a stream)."""
-        out = [self._release(key, partial=True) for key in list(self._pending)]
+        out = [self._release(key) for key in list(self._pending)]
         return sorted(out, key=lambda w: (w.end, w.window, w.start))
 
     def _note(self, pipeline: str, partition: int, closed_through: int) -> None:
@@ -270,13 +270,14 @@ class WindowAssembler:
             for key, pending in self._pending.items()
             if self._is_complete(pending) or now_ms - pending.arrived_ms >= self.max_wait_ms
         ]
-        out = [self._release(key, partial=True) for key in ready]
+        out = [self._release(key) for key in ready]
         return sorted(out, key=lambda w: (w.end, w.window, w.start))
 
-    def _release(self, key: _WindowKey, *, partial: bool = False) -> AssembledWindow:
+    def _release(self, key: _WindowKey) -> AssembledWindow:
+        """Release a pending window: with the parts still arriving if it is incomplete."""
         pending = self._pending.pop(key)
         self._remember(key, pending)
-        return self._assembled(pending, partial=partial)
+        return self._assembled(pending, partial=True)
 
     def _assembled(self, pending: _Pending, *, partial: bool = False) -> AssembledWindow:
         complete = self._is_complete(pending)
