@@ -85,11 +85,6 @@ class RowRules:
     _derive: tuple[pl.Expr, ...] = field(compare=False, repr=False)
     _where: pl.Expr | None = field(compare=False, repr=False)
 
-    @property
-    def replaces_value(self) -> bool:
-        """Whether ``derive`` computes ``value`` (then it is checked finite per row)."""
-        return any(name == "value" for name, _ in self.derive)
-
     def derives(self, column: str) -> bool:
         """Whether ``derive`` computes ``column``."""
         return any(name == column for name, _ in self.derive)
@@ -101,7 +96,7 @@ class RowRules:
             out = out.with_columns(expr)
         keep: pl.Series | None = None
         invalid = 0
-        if self.replaces_value:
+        if self.derives("value"):  # a derived value is checked finite per row
             value = out.get_column("value")
             keep = value.is_not_null() & value.is_finite().fill_null(value=False)
             invalid = out.height - int(keep.sum())
