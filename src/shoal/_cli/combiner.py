@@ -91,11 +91,10 @@ def _run_pool(args: argparse.Namespace) -> int:
     from shoal.runtime.hosting import CombinerHost, HostConfig  # noqa: PLC0415
 
     config = HostConfig(
-        broker=broker_settings(args),
-        topics=topics(args),
-        state_dir=args.state_dir or Path("var") / "combiner",
-        per_key_results=not args.no_key_topics,
+        broker=broker_settings(args), topics=topics(args), per_key_results=not args.no_key_topics
     )
+    if args.state_dir is not None:
+        config = replace(config, state_dir=args.state_dir)
     if args.id:
         config = replace(config, combiner_id=args.id)
     host = CombinerHost(config)

@@ -43,7 +43,7 @@ from shoal.control.messages import Marker
 from shoal.errors import BrokerError, ControlError
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime._tasks import supervised
-from shoal.runtime.combiner import CombinerConfig, CombinerRuntime
+from shoal.runtime.combiner import CombinerConfig, CombinerRuntime, rooted_client_id
 from shoal.schemas.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -89,9 +89,7 @@ class HostConfig:
     @property
     def client_id(self) -> str:
         """The membership connection's client id (not a partition's)."""
-        root = self.topics.root.replace("/", "-")
-        prefix = f"{root}-" if root else ""
-        return f"{prefix}shoal-combiner-pool-{self.combiner_id}"
+        return rooted_client_id(self.topics, f"shoal-combiner-pool-{self.combiner_id}")
 
 
 @dataclass(slots=True)
@@ -106,7 +104,7 @@ class _Term:
 
 @dataclass(slots=True)
 class HostCounters:
-    """What a pool combiner counts (in its announcement's log lines and ``metrics``)."""
+    """What a pool combiner counts (kept in process; neither announced nor published yet)."""
 
     terms_started: int = 0
     terms_deposed: int = 0
