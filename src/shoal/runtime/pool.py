@@ -48,12 +48,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class _Pipeline:
-    """One served pipeline: its current version, handler, inputs and subscription id."""
+    """One served pipeline: its current version, handler and subscription id."""
 
     version: int
     handler: BatchHandler
-    filters: tuple[str, ...]
     sid: int
+
+    @property
+    def filters(self) -> tuple[str, ...]:
+        """Its inputs' shared subscriptions (the handler's)."""
+        return self.handler.filters
 
 
 class PoolRoutes:
@@ -139,20 +143,19 @@ class PoolRoutes:
 
     async def _serve(self, session: Session, change: Served) -> None:
         handler = BatchHandler(change.spec, self.topics, self.worker_id, self.stats, self.clock)
-        filters = handler.filters
         sid = next(self._ids)
         old = self.pipelines.get(change.name)
         # Recorded before the SUBSCRIBE: should the connection fail meanwhile, `join` on the
         # next one subscribes it (the document will not come back as a change). Not listed
         # in `serving` until the broker granted it.
-        self.pipelines[change.name] = _Pipeline(change.version, handler, filters, sid)
+        self.pipelines[change.name] = _Pipeline(change.version, handler, sid)
         self._handlers[sid] = handler
         self._pending.add(change.name)
-        await session.subscribe(filters, qos=1, subscription_id=sid)
+        await session.subscribe(handler.filters, qos=1, subscription_id=sid)
         self._pending.discard(change.name)
         log.info("worker %s: serving %s v%d", self.worker_id, change.name, change.version)
         if old is not None:
-            gone = [f for f in old.filters if f not in filters]
+            gone = [f for f in old.filters if f not in handler.filters]
             if gone:
                 await session.unsubscribe(gone)
             await self._retire(session, old.sid)
