@@ -84,6 +84,8 @@ from shoal.schemas.topics import Topics, topic_matches
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE: Final = "combiner.ckpt"
+STATE_ROOT: Final = Path("var") / "combiner"
+"""Where partitions keep their checkpoint folders unless told otherwise."""
 KEY_SLICE: Final = 250
 """Per-key results built and published per slice, with the event loop free in between."""
 LOCK_TIMEOUT_S: Final = 10.0
@@ -126,6 +128,14 @@ class CombinerConfig:
     def client_id(self) -> str:
         """Stable per partition: a second instance takes the session over."""
         return rooted_client_id(self.topics, f"shoal-combiner-{self.spec.name}-{self.partition}")
+
+
+def partition_state_dir(root: Path, pipeline: str, partition: int) -> Path:
+    """A partition's checkpoint folder under ``root``, the same for a pinned and a hosted one.
+
+    So a partition run by ``shoal combiner --pipeline`` can move to the pool and back.
+    """
+    return root / f"{pipeline}-{partition}"
 
 
 def rooted_client_id(topics: Topics, name: str) -> str:

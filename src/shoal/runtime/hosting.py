@@ -43,7 +43,13 @@ from shoal.control.messages import Marker
 from shoal.errors import BrokerError, ControlError
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime._tasks import supervised
-from shoal.runtime.combiner import CombinerConfig, CombinerRuntime, rooted_client_id
+from shoal.runtime.combiner import (
+    STATE_ROOT,
+    CombinerConfig,
+    CombinerRuntime,
+    partition_state_dir,
+    rooted_client_id,
+)
 from shoal.schemas.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -77,7 +83,7 @@ class HostConfig:
 
     broker: BrokerSettings
     topics: Topics = field(default_factory=Topics)
-    state_dir: Path = Path("var") / "combiner"
+    state_dir: Path = STATE_ROOT
     combiner_id: str = field(default_factory=_default_id)
     tick_ms: int = 100
     heartbeat_ms: int = 1_000
@@ -300,7 +306,7 @@ class CombinerHost:
             partition,
             self.config.broker,
             self.config.topics,
-            state_dir=self.config.state_dir / f"{name}-{partition}",
+            state_dir=partition_state_dir(self.config.state_dir, name, partition),
             tick_ms=self.config.tick_ms,
             heartbeat_ms=self.config.heartbeat_ms,
             session_expiry_s=self.config.session_expiry_s,
