@@ -60,7 +60,12 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run one combiner partition, or a pool member, until signalled."""
     from shoal._cli._run import run_until_signalled  # noqa: PLC0415
-    from shoal.runtime.combiner import CombinerConfig, CombinerRuntime  # noqa: PLC0415
+    from shoal.runtime.combiner import (  # noqa: PLC0415
+        STATE_ROOT,
+        CombinerConfig,
+        CombinerRuntime,
+        partition_state_dir,
+    )
 
     if args.pipeline is None:
         return _run_pool(args)
@@ -72,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             f"--partition {args.partition} is outside 0..{spec.partitions - 1} "
             f"(pipeline {spec.name!r} has {spec.partitions} partitions)"
         )
-    state_dir = args.state_dir or Path("var") / "combiner" / f"{spec.name}-{args.partition}"
+    state_dir = args.state_dir or partition_state_dir(STATE_ROOT, spec.name, args.partition)
     config = CombinerConfig(
         spec=spec,
         partition=args.partition,
@@ -91,11 +96,10 @@ def _run_pool(args: argparse.Namespace) -> int:
     from shoal.runtime.hosting import CombinerHost, HostConfig  # noqa: PLC0415
 
     config = HostConfig(
-        broker=broker_settings(args),
-        topics=topics(args),
-        state_dir=args.state_dir or Path("var") / "combiner",
-        per_key_results=not args.no_key_topics,
+        broker=broker_settings(args), topics=topics(args), per_key_results=not args.no_key_topics
     )
+    if args.state_dir is not None:
+        config = replace(config, state_dir=args.state_dir)
     if args.id:
         config = replace(config, combiner_id=args.id)
     host = CombinerHost(config)

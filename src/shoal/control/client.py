@@ -16,7 +16,9 @@ restored.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any, Final
 
 import orjson
@@ -75,15 +77,11 @@ class ControlClient:
                         reason="not_authorized",
                     ) from exc
                 raise
-            stop = asyncio.Event()
-            timer = asyncio.get_running_loop().call_later(self.timeout_s, stop.set)
-            try:
+            with _deadline(self.timeout_s) as stop:
                 async for message in session.messages_until(stop):
                     result = Result.from_json(message.payload)
                     if result.id == request.id:
                         return result
-            finally:
-                timer.cancel()
         raise ControlError(
             f"no control plane answered within {self.timeout_s:g} s on {self.settings.url} "
             f"(topic root {self.topics.root or '(none)'!r}); is `shoal control` running?",
@@ -102,9 +100,7 @@ class ControlClient:
         async with self.session_factory(self.settings, client) as session:
             await session.subscribe([self.topics.pipeline_documents(), marker.topic], qos=1)
             await session.publish(marker.topic, marker.payload, qos=1)
-            stop = asyncio.Event()
-            timer = asyncio.get_running_loop().call_later(self.timeout_s, stop.set)
-            try:
+            with _deadline(self.timeout_s) as stop:
                 async for message in session.messages_until(stop):
                     if marker.is_back(message.topic, message.payload):
                         return sorted(found.values(), key=lambda d: d.name)
@@ -113,8 +109,6 @@ class ControlClient:
                     ):
                         document = PipelineDocument.from_json(message.payload)
                         found[document.name] = document
-            finally:
-                timer.cancel()
         raise ControlError(
             f"could not read the pipeline documents within {self.timeout_s:g} s "
             f"on {self.settings.url}",
@@ -135,17 +129,13 @@ class ControlClient:
         workers: dict[str, bool] = {}
         async with self.session_factory(self.settings, client) as session:
             await session.subscribe([self.topics.metrics("worker", "+")], qos=0)
-            stop = asyncio.Event()
-            timer = asyncio.get_running_loop().call_later(timeout_s, stop.set)
-            try:
+            with _deadline(timeout_s) as stop:
                 async for message in session.messages_until(stop):
                     worker, serves = _serves(message.payload, name, version)
                     if worker is not None:
                         workers[worker] = serves
                     if serves:
                         break
-            finally:
-                timer.cancel()
         found = sorted(w for w, serves in workers.items() if serves)
         if found:
             return found
@@ -173,9 +163,7 @@ class ControlClient:
         partitions: int | None = None
         async with self.session_factory(self.settings, client) as session:
             await session.subscribe([self.topics.pool_combiners()], qos=1)
-            stop = asyncio.Event()
-            timer = asyncio.get_running_loop().call_later(timeout_s, stop.set)
-            try:
+            with _deadline(timeout_s) as stop:
                 async for message in session.messages_until(stop):
                     member = message.topic.rsplit("/", 1)[-1]
                     try:
@@ -185,8 +173,6 @@ class ControlClient:
                     owners, partitions = _owners(members, name, version)
                     if partitions is not None and len(owners) == partitions:
                         return owners
-            finally:
-                timer.cancel()
         seen = f"{len(members)} pool combiner(s) seen" if members else "no pool combiner seen"
         have = f"{len(owners)} of {partitions}" if partitions is not None else "no"
         raise ControlError(
@@ -194,6 +180,17 @@ class ControlClient:
             f"{timeout_s:g} s ({seen}); is `shoal combiner` (without --pipeline) running?",
             reason="not_owned",
         )
+
+
+@contextlib.contextmanager
+def _deadline(timeout_s: float) -> Iterator[asyncio.Event]:
+    """An event set after ``timeout_s``: the end of a ``messages_until`` loop."""
+    stop = asyncio.Event()
+    timer = asyncio.get_running_loop().call_later(timeout_s, stop.set)
+    try:
+        yield stop
+    finally:
+        timer.cancel()
 
 
 def _owners(

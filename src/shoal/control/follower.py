@@ -30,7 +30,6 @@ class Served:
 
     name: str
     version: int
-    spec_hash: str
     spec: PipelineSpec
 
 
@@ -53,8 +52,6 @@ class DocumentFollower:
     def __init__(self, topics: Topics, registry: Registry | None = None) -> None:
         self.topics = topics
         self.registry = registry if registry is not None else Registry()
-        self.taken = 0
-        """Documents taken (newer versions, tombstones included)."""
         self.invalid = 0
         """Documents refused: not a document, on the wrong topic, or an invalid spec."""
 
@@ -77,9 +74,8 @@ class DocumentFollower:
         after = self.registry.get(document.name)
         if after is before or after is None:
             return None
-        self.taken += 1
-        if canonical is not None and after.spec_hash is not None:
-            return Served(after.name, after.version, after.spec_hash, canonical.spec)
+        if canonical is not None:
+            return Served(after.name, after.version, canonical.spec)
         return Dropped(after.name, after.version)
 
     def _read(self, message: Message) -> PipelineDocument:

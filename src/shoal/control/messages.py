@@ -3,7 +3,7 @@
 Pure. Each message is JSON with ``"v": 1``; decoding is strict and names what is wrong
 (``ControlError`` with a reason code and a field path) so a refusal can be answered.
 Schemas: ``pipeline-request``, ``pipeline-result`` and ``pipeline-document.schema.json``.
-``Marker`` is how a reader knows every retained document has arrived.
+``Marker`` is how a client knows everything queued ahead of it has arrived.
 """
 
 from __future__ import annotations
@@ -270,15 +270,18 @@ class PipelineDocument:
 
 @dataclass(frozen=True, slots=True)
 class Marker:
-    """A marker a reader of retained documents publishes to its own control topic.
+    """A marker a client publishes to its own control topic, to learn what came before it.
 
     The broker sends the retained messages of a SUBSCRIBE ahead of anything published later
     on the same connection, so once the marker comes back every retained document has
-    arrived (the service's restore, ``shoal pipeline list``). Its payload is a ``control``
-    message (``{"cmd": "marker", "token": ...}``, CONTRACT.md §21).
+    arrived (the service's restore, ``shoal pipeline list``, a pool combiner joining); and
+    it is queued behind the deliveries already queued for the client, so a worker knows when
+    nothing more can arrive under a subscription it left (draining, retiring a pipeline
+    version). Its payload is a ``control`` message (``{"cmd": "marker", "token": ...}``,
+    CONTRACT.md §21).
 
     Attributes:
-        topic: the reader's own control topic (``Topics.control``).
+        topic: the client's own control topic (``Topics.control``).
         payload: the marker's bytes, with a token of its own.
     """
 

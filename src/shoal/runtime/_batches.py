@@ -81,6 +81,8 @@ class BatchHandler:
         self.stats = stats
         self.clock = clock
         self.builder = PartialBuilder(spec, worker_id)
+        self.filters = tuple(topics.shared(spec.name, topics.under_root(f)) for f in spec.inputs)
+        """The pipeline's shared subscriptions: ``$share/<pipeline>/<input>``."""
 
     def handle(self, session: Session, message: Message) -> list[asyncio.Future[None]]:
         """Decode, compute, start publishing; returns the PUBACK futures to wait for."""

@@ -38,16 +38,14 @@ class PinnedRoutes:
 
     def __init__(self, handler: BatchHandler) -> None:
         self.handler = handler
-        topics, spec = handler.topics, handler.spec
-        self.filters = [topics.shared(spec.name, topics.under_root(f)) for f in spec.inputs]
 
     async def join(self, session: Session) -> None:
         """Join the pipeline's shared subscription."""
-        await session.subscribe(self.filters, qos=1)
+        await session.subscribe(self.handler.filters, qos=1)
 
     async def leave(self, session: Session) -> None:
         """Leave it."""
-        await session.unsubscribe(self.filters)
+        await session.unsubscribe(self.handler.filters)
 
     async def route(self, session: Session, message: Message) -> list[asyncio.Future[None]]:
         """Every delivery is the pipeline's."""

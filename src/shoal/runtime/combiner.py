@@ -84,10 +84,12 @@ from shoal.schemas.topics import Topics, topic_matches
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE: Final = "combiner.ckpt"
+STATE_ROOT: Final = Path("var") / "combiner"
+"""Where partitions keep their checkpoint folders unless told otherwise."""
 KEY_SLICE: Final = 250
+"""Per-key results built and published per slice, with the event loop free in between."""
 LOCK_TIMEOUT_S: Final = 10.0
 """How long a hosted combiner waits for a deposed owner to finish its last checkpoint write."""
-"""Per-key results built and published per slice, with the event loop free in between."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +127,21 @@ class CombinerConfig:
     @property
     def client_id(self) -> str:
         """Stable per partition: a second instance takes the session over."""
-        root = self.topics.root.replace("/", "-")
-        prefix = f"{root}-" if root else ""
-        return f"{prefix}shoal-combiner-{self.spec.name}-{self.partition}"
+        return rooted_client_id(self.topics, f"shoal-combiner-{self.spec.name}-{self.partition}")
+
+
+def partition_state_dir(root: Path, pipeline: str, partition: int) -> Path:
+    """A partition's checkpoint folder under ``root``, the same for a pinned and a hosted one.
+
+    So a partition run by ``shoal combiner --pipeline`` can move to the pool and back.
+    """
+    return root / f"{pipeline}-{partition}"
+
+
+def rooted_client_id(topics: Topics, name: str) -> str:
+    """``name`` as a client id under the topic root, so deployments sharing a broker differ."""
+    root = topics.root.replace("/", "-")
+    return f"{root}-{name}" if root else name
 
 
 class CombinerRuntime:
@@ -155,7 +169,6 @@ class CombinerRuntime:
         self.gaps_reported = 0  # missing seqs named in confirmations (re-send hints)
         self.partials_unreadable = 0  # partials that did not decode (dropped, see _on_message)
         self.results_refused = 0  # result rows or messages no packet can carry (dead-lettered)
-        self._session: Session | None = None
         # JSON rows of the windows the core finalised ahead of their close, by (window, start)
         self._rendered: tuple[pl.DataFrame, dict[tuple[str, int], bytes]] | None = None
         self.apply_latency = LatencyHistogram()
@@ -202,7 +215,6 @@ class CombinerRuntime:
             session = self._open_session()
             try:
                 async with session:
-                    self._session = session
                     await session.subscribe(self._subscriptions(), qos=1)
                     await self._serve(session)
                     await self._checkpoint(session)
@@ -212,7 +224,6 @@ class CombinerRuntime:
                 log.warning("combiner %s: %s; reconnecting", self.config.client_id, exc)
                 await asyncio.sleep(0.5)
             finally:
-                self._session = None
                 self._unacked.clear()
 
     def _open_session(self) -> Session:
@@ -233,7 +244,6 @@ class CombinerRuntime:
         session = self._open_session()
         try:
             async with session:
-                self._session = session
                 await lock.acquire(LOCK_TIMEOUT_S)
                 self._reload_hosted(state_dir)
                 await session.subscribe(self._subscriptions(), qos=1)
@@ -246,7 +256,6 @@ class CombinerRuntime:
                 log.warning("combiner %s: term ended: %s", self.config.client_id, exc)
         finally:
             self.serving = False
-            self._session = None
             self._unacked.clear()
             if self._writing is not None:
                 # A checkpoint write in a thread outlives a cancelled task: the lock is only

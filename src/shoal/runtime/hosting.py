@@ -43,7 +43,13 @@ from shoal.control.messages import Marker
 from shoal.errors import BrokerError, ControlError
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime._tasks import supervised
-from shoal.runtime.combiner import CombinerConfig, CombinerRuntime
+from shoal.runtime.combiner import (
+    STATE_ROOT,
+    CombinerConfig,
+    CombinerRuntime,
+    partition_state_dir,
+    rooted_client_id,
+)
 from shoal.schemas.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -77,7 +83,7 @@ class HostConfig:
 
     broker: BrokerSettings
     topics: Topics = field(default_factory=Topics)
-    state_dir: Path = Path("var") / "combiner"
+    state_dir: Path = STATE_ROOT
     combiner_id: str = field(default_factory=_default_id)
     tick_ms: int = 100
     heartbeat_ms: int = 1_000
@@ -89,9 +95,7 @@ class HostConfig:
     @property
     def client_id(self) -> str:
         """The membership connection's client id (not a partition's)."""
-        root = self.topics.root.replace("/", "-")
-        prefix = f"{root}-" if root else ""
-        return f"{prefix}shoal-combiner-pool-{self.combiner_id}"
+        return rooted_client_id(self.topics, f"shoal-combiner-pool-{self.combiner_id}")
 
 
 @dataclass(slots=True)
@@ -106,7 +110,7 @@ class _Term:
 
 @dataclass(slots=True)
 class HostCounters:
-    """What a pool combiner counts (in its announcement's log lines and ``metrics``)."""
+    """What a pool combiner counts (kept in process; neither announced nor published yet)."""
 
     terms_started: int = 0
     terms_deposed: int = 0
@@ -302,7 +306,7 @@ class CombinerHost:
             partition,
             self.config.broker,
             self.config.topics,
-            state_dir=self.config.state_dir / f"{name}-{partition}",
+            state_dir=partition_state_dir(self.config.state_dir, name, partition),
             tick_ms=self.config.tick_ms,
             heartbeat_ms=self.config.heartbeat_ms,
             session_expiry_s=self.config.session_expiry_s,

@@ -34,13 +34,12 @@ import itertools
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
-
-import orjson
+from dataclasses import dataclass, replace
 
 from shoal.broker.session import MAX_SUBSCRIPTION_ID, Message, Session
 from shoal.clock import Clock
 from shoal.control.follower import DocumentFollower, Dropped, Served
+from shoal.control.messages import Marker
 from shoal.runtime._batches import BatchHandler, WorkerStats
 from shoal.schemas.topics import Topics
 
@@ -49,13 +48,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class _Pipeline:
-    """One served pipeline: its current version, handler, inputs and subscription id."""
+    """One served pipeline: its current version, handler and subscription id."""
 
     version: int
-    spec_hash: str
     handler: BatchHandler
-    filters: tuple[str, ...]
     sid: int
+
+    @property
+    def filters(self) -> tuple[str, ...]:
+        """Its inputs' shared subscriptions (the handler's)."""
+        return self.handler.filters
 
 
 class PoolRoutes:
@@ -106,9 +108,7 @@ class PoolRoutes:
             sid = next(self._ids)
             await session.subscribe(served.filters, qos=1, subscription_id=sid)
             self._handlers[sid] = served.handler
-            self.pipelines[name] = _Pipeline(
-                served.version, served.spec_hash, served.handler, served.filters, sid
-            )
+            self.pipelines[name] = replace(served, sid=sid)
         await session.subscribe([self.topics.pipeline_documents()], qos=1)
 
     async def leave(self, session: Session) -> None:
@@ -142,25 +142,20 @@ class PoolRoutes:
         return []
 
     async def _serve(self, session: Session, change: Served) -> None:
-        topics = self.topics
-        spec = change.spec
-        filters = tuple(topics.shared(spec.name, topics.under_root(f)) for f in spec.inputs)
-        handler = BatchHandler(spec, topics, self.worker_id, self.stats, self.clock)
+        handler = BatchHandler(change.spec, self.topics, self.worker_id, self.stats, self.clock)
         sid = next(self._ids)
         old = self.pipelines.get(change.name)
         # Recorded before the SUBSCRIBE: should the connection fail meanwhile, `join` on the
         # next one subscribes it (the document will not come back as a change). Not listed
         # in `serving` until the broker granted it.
-        self.pipelines[change.name] = _Pipeline(
-            change.version, change.spec_hash, handler, filters, sid
-        )
+        self.pipelines[change.name] = _Pipeline(change.version, handler, sid)
         self._handlers[sid] = handler
         self._pending.add(change.name)
-        await session.subscribe(filters, qos=1, subscription_id=sid)
+        await session.subscribe(handler.filters, qos=1, subscription_id=sid)
         self._pending.discard(change.name)
         log.info("worker %s: serving %s v%d", self.worker_id, change.name, change.version)
         if old is not None:
-            gone = [f for f in old.filters if f not in filters]
+            gone = [f for f in old.filters if f not in handler.filters]
             if gone:
                 await session.unsubscribe(gone)
             await self._retire(session, old.sid)
@@ -177,8 +172,8 @@ class PoolRoutes:
     async def _retire(self, session: Session, sid: int) -> None:
         token = os.urandom(8).hex()
         self._retiring[token] = sid
-        marker = orjson.dumps({"cmd": "marker", "token": token})
-        await session.publish(self.control_topic, marker, qos=1)
+        marker = Marker.on(self.control_topic, token)
+        await session.publish(marker.topic, marker.payload, qos=1)
 
     def marker_back(self, token: str) -> bool:
         """A retire marker is back: nothing more can arrive under its identifier."""

@@ -33,6 +33,7 @@ from shoal.broker import default_session_factory
 from shoal.broker.session import Message, Session, SessionFactory, Will, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
+from shoal.control.messages import Marker
 from shoal.errors import BrokerError
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime._batches import BatchHandler, WorkerCounters, WorkerStats
@@ -199,9 +200,8 @@ class Worker:
         self._state = "draining"
         log.info("worker %s: draining", self.worker_id)
         await self.routes.leave(session)
-        await session.publish(
-            self._control_topic, orjson.dumps({"cmd": "marker", "token": self._marker_token})
-        )
+        marker = Marker.on(self._control_topic, self._marker_token)
+        await session.publish(marker.topic, marker.payload)
         await self._drained.wait()
         self._finished.set()
 
