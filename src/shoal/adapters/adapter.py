@@ -70,14 +70,6 @@ class MessageDecoder(Protocol):
         """Parts of the last message refused while its other rows were kept, taken once."""
 
 
-class _JsonDecoder(Decoder):
-    def take_commands(self) -> list[tuple[str, bytes]]:
-        return []
-
-    def take_refusals(self) -> list[InputError]:
-        return []
-
-
 @dataclass(frozen=True, slots=True)
 class AdapterConfig:
     """One adapter process.
@@ -188,7 +180,7 @@ class Adapter:
         self._gateway_connect = gateway_session_factory or default_gateway_session_factory()
         mapping = config.mapping
         self._decoders: dict[int, MessageDecoder] = {
-            r.index: _JsonDecoder(r, max_future_ms=mapping.max_future_ms)
+            r.index: Decoder(r, max_future_ms=mapping.max_future_ms)
             for r in mapping.routes
             if r.format != "sparkplug"
         }

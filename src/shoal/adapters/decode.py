@@ -19,7 +19,7 @@ from typing import Any, Final
 import orjson
 
 from shoal.adapters.mapping import FIELD_LEVEL, Route, Template
-from shoal.errors import DecodeError, SchemaError
+from shoal.errors import DecodeError, InputError, SchemaError
 from shoal.schemas import DEFAULT_LIMITS, MAX_TS_MS, MIN_TS_MS
 from shoal.schemas._json import json_error
 
@@ -74,6 +74,14 @@ class Decoder:
         self._skip = {f for f in (self._ts_field, route.message_id) if f is not None}
         self._parse_ts = _TS_PARSERS[route.timestamp.unit]
         self.format = route.format
+
+    def take_commands(self) -> list[tuple[str, bytes]]:
+        """Messages to publish to devices: none for JSON and raw (Sparkplug overrides)."""
+        return []
+
+    def take_refusals(self) -> list[InputError]:
+        """Parts of the last message refused: none for JSON and raw (Sparkplug overrides)."""
+        return []
 
     def where(self, topic: str) -> str:
         """The words naming the assumed format and the topic, for reasons."""
