@@ -37,7 +37,7 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--spool-dir",
         type=Path,
-        help="spool and journal folder (default ./shoal-adapt-<id>); the state that makes a "
+        help="spool and intake log folder (default ./shoal-adapt-<id>); the state that makes a "
         "restart lose and repeat nothing",
     )
     parser.add_argument(

@@ -70,14 +70,6 @@ class MessageDecoder(Protocol):
         """Parts of the last message refused while its other rows were kept, taken once."""
 
 
-class _JsonDecoder(Decoder):
-    def take_commands(self) -> list[tuple[str, bytes]]:
-        return []
-
-    def take_refusals(self) -> list[InputError]:
-        return []
-
-
 @dataclass(frozen=True, slots=True)
 class AdapterConfig:
     """One adapter process.
@@ -89,7 +81,7 @@ class AdapterConfig:
             spool, same seq).
         broker: where the broker is (device topics and shoal topics on the same one).
         topics: shoal's topic namespace (device topics are the mapping's, as written).
-        spool_dir: the gateway spool (and seal journal) folder; None keeps both in memory
+        spool_dir: the gateway spool (and intake log) folder; None keeps both in memory
             (tests only: a restart then loses what was not confirmed).
         session_expiry_s: how long the broker keeps the adapter's session (and queues its
             share of device messages) while it is away.
@@ -136,7 +128,7 @@ class AdapterStats:
         rows: measurement rows sealed into the gateway spool.
         seals: seals (each one or more gateway batches).
         refused: dead-lettered device messages, by reason.
-        redeliveries: broker re-sends of already sealed messages, dropped (seal journal).
+        redeliveries: broker re-sends of messages already in the intake log, dropped.
         duplicates: device re-sends dropped by message id.
         commands: messages published to devices (Sparkplug rebirth requests).
     """
@@ -188,7 +180,7 @@ class Adapter:
         self._gateway_connect = gateway_session_factory or default_gateway_session_factory()
         mapping = config.mapping
         self._decoders: dict[int, MessageDecoder] = {
-            r.index: _JsonDecoder(r, max_future_ms=mapping.max_future_ms)
+            r.index: Decoder(r, max_future_ms=mapping.max_future_ms)
             for r in mapping.routes
             if r.format != "sparkplug"
         }

@@ -19,8 +19,9 @@ from typing import Any, Final
 import orjson
 
 from shoal.adapters.mapping import FIELD_LEVEL, Route, Template
-from shoal.errors import DecodeError, SchemaError
+from shoal.errors import DecodeError, InputError, SchemaError
 from shoal.schemas import DEFAULT_LIMITS, MAX_TS_MS, MIN_TS_MS
+from shoal.schemas._json import json_error
 
 Row = tuple[str, int, float, str | None, str | None, str | None]
 """One measurement: sensor id, event time (epoch ms), value, name, type, unit."""
@@ -73,6 +74,14 @@ class Decoder:
         self._skip = {f for f in (self._ts_field, route.message_id) if f is not None}
         self._parse_ts = _TS_PARSERS[route.timestamp.unit]
         self.format = route.format
+
+    def take_commands(self) -> list[tuple[str, bytes]]:
+        """Messages to publish to devices: none for JSON and raw (Sparkplug overrides)."""
+        return []
+
+    def take_refusals(self) -> list[InputError]:
+        """Parts of the last message refused: none for JSON and raw (Sparkplug overrides)."""
+        return []
 
     def where(self, topic: str) -> str:
         """The words naming the assumed format and the topic, for reasons."""
@@ -132,13 +141,17 @@ class Decoder:
         try:
             return orjson.loads(payload)
         except orjson.JSONDecodeError as exc:
+            # The worker's reading of orjson's refusal: its ``pos`` counts characters, not
+            # bytes, and is 0 for text that is not UTF-8.
+            at = json_error(payload, exc)
+            offset = at.offset or 0
             raise DecodeError(
-                f"{self.where(topic)}: not valid JSON at byte {exc.pos} "
-                f"(line {exc.lineno}, column {exc.colno}): {exc.msg}",
+                f"{self.where(topic)}: not valid JSON at byte {offset} "
+                f"(line {at.line}, column {at.column}): {exc.msg}",
                 reason="not_json",
                 expected="UTF-8 JSON text",
-                found=_bytes_near(payload, exc.pos),
-                offset=exc.pos,
+                found=_bytes_near(payload, offset),
+                offset=offset,
             ) from None
 
     def _raw(self, topic: str, levels: dict[str, str], payload: bytes, now_ms: int) -> list[Row]:
@@ -167,7 +180,7 @@ class Decoder:
                     found=f"text {text[:_MAX_FOUND]!r}" if text else "an empty payload",
                 ) from None
         self._check_value(topic, value, None, None)
-        sensor_id, name, kind, unit = self._label(topic, levels, topic.rsplit("/", 1)[-1])
+        sensor_id, name, kind, unit = self.label(topic, levels, topic.rsplit("/", 1)[-1])
         return [(sensor_id, now_ms, value, name, kind, unit)]
 
     def _object(
@@ -211,7 +224,7 @@ class Decoder:
                     found=quote(raw),
                 )
             self._check_value(topic, value, field, element)
-            sensor_id, name, kind, unit = self._label(topic, levels, field)
+            sensor_id, name, kind, unit = self.label(topic, levels, field)
             rows.append((sensor_id, ts, value, name, kind, unit))
         if not rows and element is None:
             raise DecodeError(
@@ -289,10 +302,14 @@ class Decoder:
                 found=repr(value),
             )
 
-    def _label(
+    def label(
         self, topic: str, levels: dict[str, str], metric: str
     ) -> tuple[str, str | None, str | None, str | None]:
-        """Sensor id and attributes for a metric of a topic (rendered once, then cached)."""
+        """Sensor id, name, type and unit of ``metric`` on ``topic`` (rendered once, cached).
+
+        Raises:
+            SchemaError: one of them is empty or longer than the wire contract allows.
+        """
         key = (topic, metric)
         hit = self._labels.get(key)
         if hit is not None:
@@ -310,16 +327,6 @@ class Decoder:
             self._labels.clear()
         self._labels[key] = label
         return label
-
-    def label(
-        self, topic: str, levels: dict[str, str], metric: str
-    ) -> tuple[str, str | None, str | None, str | None]:
-        """Sensor id, name, type and unit of ``metric`` on ``topic``.
-
-        Raises:
-            SchemaError: one of them is longer than the wire contract allows.
-        """
-        return self._label(topic, levels, metric)
 
     def _maybe(
         self, topic: str, template: Template | None, values: dict[str, str], what: str

@@ -61,7 +61,6 @@ class IntakeLog:
         self.path = path
         self.horizon = horizon
         self.fsync = fsync
-        self.dropped = 0
         self._groups: list[list[Entry]] = []
         self._armed: Counter[Entry] = Counter()
         self._seen_since_arm = 0
@@ -143,7 +142,6 @@ class IntakeLog:
             self._armed[entry] -= 1
             if not self._armed[entry]:
                 del self._armed[entry]
-            self.dropped += 1
             return True
         return False
 

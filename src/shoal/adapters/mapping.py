@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from shoal.adapters._table import Table
 from shoal.errors import ConfigError
 from shoal.schemas import ATTRIBUTE_COLUMNS, DEFAULT_LIMITS
-from shoal.schemas.topics import check_segment
 
 FORMATS: Final = ("json-object", "json-array", "raw", "sparkplug")
 """Payload formats a route can read."""
@@ -75,11 +75,11 @@ class TopicPattern:
     @property
     def filter(self) -> str:
         """The MQTT subscription filter: every named level becomes ``+``."""
-        parts = ["+" if name is not None else (lit or "+") for name, lit in self._pairs()]
+        parts = [
+            "+" if name is not None else (lit or "+")
+            for name, lit in zip(self.levels, self.literals, strict=True)
+        ]
         return "/".join([*parts, "#"] if self.multi else parts)
-
-    def _pairs(self) -> list[tuple[str | None, str | None]]:
-        return list(zip(self.levels, self.literals, strict=True))
 
     def match(self, topic: str) -> dict[str, str] | None:
         """The named levels of ``topic``, or None when the topic does not fit the pattern."""
@@ -87,7 +87,7 @@ class TopicPattern:
         if len(parts) < len(self.levels) or (len(parts) > len(self.levels) and not self.multi):
             return None
         bound: dict[str, str] = {}
-        for part, (name, literal) in zip(parts, self._pairs(), strict=False):
+        for part, name, literal in zip(parts, self.levels, self.literals, strict=False):
             if literal is not None and part != literal:
                 return None
             if name is not None:
@@ -110,11 +110,6 @@ class Template:
     def render(self, values: dict[str, str]) -> str:
         """The text with every placeholder replaced (all names must be in ``values``)."""
         return _PLACEHOLDER.sub(lambda m: values[m.group(1)], self.text)
-
-    @property
-    def uses_field(self) -> bool:
-        """Whether it depends on the metric (then it is rendered per field, not per message)."""
-        return FIELD_LEVEL in self.names
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +256,7 @@ def parse_mapping(raw: dict[str, Any], *, where: str = "mapping") -> Mapping:
     Raises:
         ConfigError: a setting is missing or wrong; ``field`` is its path.
     """
-    top = _Table(raw, "", where)
+    top = Table(raw, "", where)
     name = top.segment("name", default="adapter")
     stream = top.segment("stream", default="devices")
     group = top.segment("group", default=f"shoal-adapt-{name}")
@@ -276,18 +271,25 @@ def parse_mapping(raw: dict[str, Any], *, where: str = "mapping") -> Mapping:
     return Mapping(name, stream, group, routes, batching, future, rebirth)
 
 
-def _batching(table: _Table) -> Batching:
+def _batching(table: Table) -> Batching:
+    default = Batching()
     batching = Batching(
-        max_rows=table.integer("max_rows", default=10_000, low=1, high=_MAX_ROWS_PER_BATCH),
-        max_delay_ms=table.integer("max_delay_ms", default=200, low=1, high=60_000),
-        max_messages=table.integer("max_messages", default=10_000, low=1, high=20_000),
-        stall_ms=table.integer("stall_ms", default=2, low=1, high=60_000),
+        max_rows=table.integer(
+            "max_rows", default=default.max_rows, low=1, high=_MAX_ROWS_PER_BATCH
+        ),
+        max_delay_ms=table.integer(
+            "max_delay_ms", default=default.max_delay_ms, low=1, high=60_000
+        ),
+        max_messages=table.integer(
+            "max_messages", default=default.max_messages, low=1, high=20_000
+        ),
+        stall_ms=table.integer("stall_ms", default=default.stall_ms, low=1, high=60_000),
     )
     table.finish()
     return batching
 
 
-def _route(table: _Table, index: int) -> Route:
+def _route(table: Table, index: int) -> Route:
     fmt = table.choice("format", FORMATS, default=None)
     pattern = _sparkplug_pattern(table) if fmt == "sparkplug" else _pattern(table)
     bound = {n for n in pattern.levels if n is not None}
@@ -297,7 +299,7 @@ def _route(table: _Table, index: int) -> Route:
         default_id: str | None = "{group}.{node}.{device}"
     else:
         default_id = ".".join(f"{{{n}}}" for n in pattern.levels if n is not None) or None
-    sensor_id = table.template("sensor_id", known, default=default_id)
+    sensor_id = _template(table, "sensor_id", known, default=default_id)
     if sensor_id is None:
         raise table.error(
             "sensor_id",
@@ -306,7 +308,7 @@ def _route(table: _Table, index: int) -> Route:
         )
     default_name = "{field}" if fmt != "raw" else None
     attrs = {
-        a: table.template(a, known, default=default_name if a == "name" else None)
+        a: _template(table, a, known, default=default_name if a == "name" else None)
         for a in ATTRIBUTE_COLUMNS
     }
     fields = table.strings("fields", default=())
@@ -315,7 +317,7 @@ def _route(table: _Table, index: int) -> Route:
     message_id = table.string_or_none("message_id")
     if fmt in ("raw", "sparkplug") and message_id is not None:
         raise table.error("message_id", f"message_id applies to JSON formats, not {fmt!r}")
-    if fmt in ("raw", "sparkplug") and fields and fmt == "raw":
+    if fmt == "raw" and fields:
         raise table.error("fields", "a raw payload has no fields to select")
     strings = table.choice("strings", ("dead-letter", "skip"), default="dead-letter")
     table.finish()
@@ -335,7 +337,7 @@ def _route(table: _Table, index: int) -> Route:
     )
 
 
-def _pattern(table: _Table) -> TopicPattern:
+def _pattern(table: Table) -> TopicPattern:
     text = table.string("topic")
     parts = text.split("/")
     levels: list[str | None] = []
@@ -371,7 +373,7 @@ def _pattern(table: _Table) -> TopicPattern:
     return TopicPattern(text, tuple(levels), tuple(literals), multi)
 
 
-def _sparkplug_pattern(table: _Table) -> TopicPattern:
+def _sparkplug_pattern(table: Table) -> TopicPattern:
     """``<namespace>/<group>/<type>/<node>/#``: the route's topic is the namespace."""
     text = table.string("topic")
     parts = text.split("/")
@@ -386,7 +388,7 @@ def _sparkplug_pattern(table: _Table) -> TopicPattern:
     return TopicPattern(text, levels, literals, multi=True)
 
 
-def _timestamp(table: _Table, fmt: str | None) -> TimestampSpec:
+def _timestamp(table: Table, fmt: str | None) -> TimestampSpec:
     field = table.string_or_none("field")
     carried = field is not None or fmt == "sparkplug"  # Sparkplug metrics carry their time
     source = table.choice("source", TIME_SOURCES, default="payload" if carried else "arrival")
@@ -401,128 +403,19 @@ def _timestamp(table: _Table, fmt: str | None) -> TimestampSpec:
     return TimestampSpec(source, field if source == "payload" else None, unit)
 
 
-class _Table:
-    """Typed access to one TOML table that refuses keys nobody read."""
-
-    def __init__(self, raw: Any, path: str, where: str) -> None:
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{where}: {path or 'the mapping'} must be a table", field=path)
-        self.raw: dict[str, Any] = raw
-        self.path = path
-        self.where = where
-        self.used: set[str] = set()
-
-    def error(self, key: str, problem: str) -> ConfigError:
-        field = f"{self.path}.{key}" if self.path else key
-        return ConfigError(
-            f"{self.where}: {field}: {problem}", field=field, reason="invalid_mapping"
-        )
-
-    def _get(self, key: str) -> Any:
-        self.used.add(key)
-        return self.raw.get(key)
-
-    def string_or_none(self, key: str) -> str | None:
-        value = self._get(key)
-        if value is not None and (not isinstance(value, str) or not value):
-            raise self.error(key, f"must be a non-empty string, not {value!r}")
-        return value
-
-    def string(self, key: str) -> str:
-        value = self.string_or_none(key)
-        if value is None:
-            raise self.error(key, "is required")
-        return value
-
-    def segment(self, key: str, *, default: str) -> str:
-        value = self.string_or_none(key) or default
-        try:
-            return check_segment(value, key)
-        except ConfigError as exc:
-            raise self.error(key, str(exc)) from None
-
-    def strings(self, key: str, *, default: tuple[str, ...]) -> tuple[str, ...]:
-        value = self._get(key)
-        if value is None:
-            return default
-        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise self.error(key, f"must be a list of non-empty strings, not {value!r}")
-        return tuple(value)
-
-    def string_map(self, key: str) -> dict[str, str]:
-        value = self._get(key)
-        if value is None:
-            return {}
-        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-            raise self.error(key, f"must be a table of strings, not {value!r}")
-        return dict(value)
-
-    def choice(self, key: str, options: tuple[str, ...], *, default: str | None) -> str:
-        value = self._get(key)
-        if value is None:
-            if default is None:
-                raise self.error(key, f"is required: one of {list(options)}")
-            return default
-        if value not in options:
-            raise self.error(key, f"must be one of {list(options)}, not {value!r}")
-        return str(value)
-
-    def integer(self, key: str, *, default: int, low: int, high: int) -> int:
-        value = self._get(key)
-        if value is None:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise self.error(key, f"must be an integer in [{low}, {high}], not {value!r}")
-        return value
-
-    def integer_or_none(self, key: str, *, default: int | None) -> int | None:
-        value = self._get(key)
-        if value is None:
-            return default
-        if value is False:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise self.error(key, f"must be a non-negative integer or false, not {value!r}")
-        return value
-
-    def boolean(self, key: str, *, default: bool) -> bool:
-        value = self._get(key)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise self.error(key, f"must be true or false, not {value!r}")
-        return value
-
-    def template(self, key: str, known: set[str], *, default: str | None) -> Template | None:
-        text = self.string_or_none(key) or default
-        if text is None:
-            return None
-        names = tuple(_PLACEHOLDER.findall(text))
-        for name in names:
-            if name not in known:
-                raise self.error(
-                    key,
-                    f"{text!r} uses {{{name}}}, which is neither a named level of the topic "
-                    f"nor {{{FIELD_LEVEL}}} (known: {sorted(known)})",
-                )
-        if "{" in _PLACEHOLDER.sub("", text) or "}" in _PLACEHOLDER.sub("", text):
-            raise self.error(key, f"{text!r} has an unmatched brace")
-        return Template(text, names)
-
-    def table(self, key: str) -> _Table:
-        value = self._get(key)
-        path = f"{self.path}.{key}" if self.path else key
-        return _Table({} if value is None else value, path, self.where)
-
-    def tables(self, key: str) -> list[_Table]:
-        value = self._get(key)
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            raise self.error(key, "must be an array of tables ([[routes]])")
-        return [_Table(v, f"{key}[{i}]", self.where) for i, v in enumerate(value)]
-
-    def finish(self) -> None:
-        extra = sorted(set(self.raw) - self.used)
-        if extra:
-            raise self.error(extra[0], f"unknown setting (known here: {sorted(self.used)})")
+def _template(table: Table, key: str, known: set[str], *, default: str | None) -> Template | None:
+    """The template setting ``key``; its placeholders must be in ``known``."""
+    text = table.string_or_none(key) or default
+    if text is None:
+        return None
+    names = tuple(_PLACEHOLDER.findall(text))
+    for name in names:
+        if name not in known:
+            raise table.error(
+                key,
+                f"{text!r} uses {{{name}}}, which is neither a named level of the topic "
+                f"nor {{{FIELD_LEVEL}}} (known: {sorted(known)})",
+            )
+    if "{" in _PLACEHOLDER.sub("", text) or "}" in _PLACEHOLDER.sub("", text):
+        raise table.error(key, f"{text!r} has an unmatched brace")
+    return Template(text, names)

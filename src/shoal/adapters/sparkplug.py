@@ -267,7 +267,7 @@ class SparkplugDecoder(Decoder):
         aliases: dict[int, tuple[str, int]] = {}
         types: dict[str, int] = {}
         for index, metric in enumerate(message.metrics):
-            _check_name(self.where(topic), metric, index)
+            self._check_name(topic, metric, index)
             if not metric.name:
                 raise DecodeError(
                     f"{self.where(topic)}: birth metric {index} has no name",
@@ -280,6 +280,18 @@ class SparkplugDecoder(Decoder):
             if metric.HasField("alias"):
                 aliases[metric.alias] = (metric.name, metric.datatype)
         return aliases, types
+
+    def _check_name(self, topic: str, metric: pb.Payload.Metric, index: int) -> None:
+        """Refuse a metric name that is not UTF-8 (protobuf then hands over the raw bytes)."""
+        name: object = metric.name
+        if not isinstance(name, str):
+            raise DecodeError(
+                f"{self.where(topic)}: the name of metric {index} is not UTF-8 text",
+                reason="bad_metric_name",
+                field=f"metrics[{index}].name",
+                expected="a UTF-8 metric name",
+                found=f"bytes {name!r:.60}",
+            )
 
     # -- metrics to rows -------------------------------------------------------------------------
 
@@ -297,8 +309,7 @@ class SparkplugDecoder(Decoder):
         arrival = self.route.timestamp.source == "arrival"
         default_ts = message.timestamp if message.HasField("timestamp") else now_ms
         for index, metric in enumerate(message.metrics):
-            where = f"metrics[{index}]"
-            _check_name(self.where(topic), metric, index)
+            self._check_name(topic, metric, index)
             if metric.name:
                 name = metric.name
                 datatype = metric.datatype or types.get(name, pb.Unknown)
@@ -310,7 +321,7 @@ class SparkplugDecoder(Decoder):
                     f"{self.where(topic)}: metric {index} has alias {metric.alias}, which the "
                     "birth certificate did not declare",
                     reason="unknown_alias",
-                    field=where,
+                    field=f"metrics[{index}]",
                     expected=f"one of the birth's aliases {sorted(aliases)[:20]}",
                     found=f"alias {metric.alias}",
                 )
@@ -319,7 +330,7 @@ class SparkplugDecoder(Decoder):
             if metric.is_null:
                 self.sparkplug.nulls += 1
                 continue
-            value = self._value(topic, metric, name, datatype, where)
+            value = self._value(topic, metric, name, datatype, index)
             if value is None:
                 continue
             if arrival:
@@ -332,7 +343,7 @@ class SparkplugDecoder(Decoder):
         return rows
 
     def _value(
-        self, topic: str, metric: pb.Payload.Metric, name: str, datatype: int, where: str
+        self, topic: str, metric: pb.Payload.Metric, name: str, datatype: int, index: int
     ) -> float | None:
         """The metric's value as a float; None when it is left out (refusals recorded)."""
         kind = metric.WhichOneof("value")
@@ -363,7 +374,8 @@ class SparkplugDecoder(Decoder):
             reason, expected = "datatype_mismatch", f"the value field of a {type_name}"
         self._refusals.append(
             DecodeError(
-                f"{self.where(topic)}: metric {name!r} ({where}) is a {type_name}, not a number",
+                f"{self.where(topic)}: metric {name!r} (metrics[{index}]) is a {type_name}, "
+                "not a number",
                 reason=reason,
                 field=name,
                 expected=expected,
@@ -392,19 +404,6 @@ def _number(metric: pb.Payload.Metric, datatype: int, kind: str | None) -> float
     if kind == "boolean_value" and datatype == pb.Boolean:
         return 1.0 if metric.boolean_value else 0.0
     return None
-
-
-def _check_name(where: str, metric: pb.Payload.Metric, index: int) -> None:
-    """Refuse a metric name that is not UTF-8 (protobuf then hands over the raw bytes)."""
-    name: object = metric.name
-    if not isinstance(name, str):
-        raise DecodeError(
-            f"{where}: the name of metric {index} is not UTF-8 text",
-            reason="bad_metric_name",
-            field=f"metrics[{index}].name",
-            expected="a UTF-8 metric name",
-            found=f"bytes {name!r:.60}",
-        )
 
 
 def _bd_seq(message: pb.Payload) -> int | None:

@@ -217,15 +217,13 @@ def fuzz(kind: str, count: int, seed: int = 0) -> FuzzReport:
     decoder, topic_of = _decoder_for(kind)
     corpus = {"json": _json_corpus, "raw": _raw_corpus, "sparkplug": _sparkplug_corpus}[kind](rng)
     report = FuzzReport(kind)
-    takes = getattr(decoder, "take_refusals", None)
     for _ in range(count):
         payload = next(corpus)
         topic, levels = topic_of(rng)
         report.payloads += 1
         try:
             rows = decoder.decode(topic, levels, payload, NOW_MS)
-            refusals: list[InputError] = takes() if takes is not None else []
-            for error in refusals:
+            for error in decoder.take_refusals():
                 _judge(report, error, kind, payload)
             report.accepted += 1
             report.rows += len(rows)
@@ -234,8 +232,7 @@ def fuzz(kind: str, count: int, seed: int = 0) -> FuzzReport:
         except Exception:  # noqa: BLE001 - exactly what the fuzz looks for
             last = traceback.format_exc().strip().splitlines()[-1]
             report.crashes.append(f"{payload[:48].hex()}: {last}")
-        if isinstance(decoder, SparkplugDecoder):
-            decoder.take_commands()
+        decoder.take_commands()
     return report
 
 

@@ -121,6 +121,17 @@ def test_refusals_are_specific(
     assert error.expected  # what was expected
 
 
+def test_not_json_offset_is_the_byte_where_it_fails() -> None:
+    """CONTRACT §18.1: ``offset`` counts bytes (orjson's position counts characters)."""
+    decoder = _decoder()
+    for payload, offset in [('{"naïve": x}'.encode(), 11), (b'{"a": \xff}', 6)]:
+        with pytest.raises(DecodeError) as caught:
+            decoder.decode(TOPIC, LEVELS, payload, NOW)
+        assert caught.value.reason == "not_json"
+        assert caught.value.offset == offset, payload
+        assert f"at byte {offset} " in str(caught.value)
+
+
 def test_strings_can_be_skipped() -> None:
     decoder = _decoder(strings="skip")
     assert decoder.decode(TOPIC, LEVELS, b'{"state": "ok", "v": 2}', NOW) == [
