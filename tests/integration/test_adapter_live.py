@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.schemas.topics import Topics
 from tests.integration._gateway_support import Confirmer, stop_process
 from tests.support.compare import assert_matches_oracle, scale_of
-from tests.support.live import InProcessPipeline, collector
+from tests.support.live import InProcessPipeline, collector, until
 from tests.support.oracle import expected_results
 
 STREAM = "devices"
@@ -70,14 +69,6 @@ def _json_mapping(root: str) -> Mapping:
             ],
         }
     )
-
-
-async def _wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def _confirmed(adapter: Adapter) -> bool:
@@ -127,12 +118,10 @@ def test_json_devices_through_two_adapters_equal_the_oracle(
             report = await asyncio.to_thread(publisher.run, fleet.messages(0, steps))
             assert report.acknowledged == report.sent == fleet.count * steps
             expected_rows = fleet.count * steps * 2
-            await _wait_until(
+            await until(
                 lambda: sum(a.stats.rows for a in adapters) >= expected_rows, 30, "every row sealed"
             )
-            await _wait_until(
-                lambda: all(_confirmed(a) for a in adapters), 30, "the pipeline to confirm"
-            )
+            await until(lambda: all(_confirmed(a) for a in adapters), 30, "the pipeline to confirm")
             max_ts = fleet.ts(steps - 1)
             threshold = await pipeline.wait_closed_through(max_ts - spec.lateness_ms)
             await asyncio.sleep(0.5)
@@ -187,7 +176,7 @@ def test_raw_values_per_key_equal_the_oracle(
             await asyncio.wait_for(adapter.ready.wait(), 10)
             publisher = DevicePublisher(broker.settings)
             await asyncio.to_thread(publisher.run, fleet.messages(0, steps))
-            await _wait_until(lambda: adapter.stats.rows >= fleet.count * steps, 30, "rows")
+            await until(lambda: adapter.stats.rows >= fleet.count * steps, 30, "rows")
             # a last reading two windows later moves the watermark past every real window
             await asyncio.sleep(2.5)
             sentinel = DevicePublisher(broker.settings)
@@ -407,8 +396,8 @@ def test_sparkplug_births_aliases_deaths_and_rebirth_requests(
             report = await asyncio.to_thread(publisher.run, iter(messages))
             assert report.acknowledged == len(messages)
             want = fleet.count * steps * 2 + 2 + 2  # the fleet, and nx's birth and gap data
-            await _wait_until(lambda: adapter.stats.rows >= want, 30, "every row sealed")
-            await _wait_until(lambda: _confirmed(adapter), 30, "the pipeline to confirm")
+            await until(lambda: adapter.stats.rows >= want, 30, "every row sealed")
+            await until(lambda: _confirmed(adapter), 30, "the pipeline to confirm")
             threshold = await pipeline.wait_closed_through(fleet.ts(steps - 1) - spec.lateness_ms)
             await asyncio.sleep(0.5)
             adapter.stop()
@@ -497,14 +486,14 @@ def test_redeliveries_after_a_crash_between_log_and_puback_count_once(
         task = asyncio.create_task(first.run())
         await asyncio.wait_for(first.ready.wait(), 10)
         await asyncio.to_thread(DevicePublisher(broker.settings).run, iter(messages))
-        await _wait_until(lambda: first.stats.seals >= 1, 20, "the first adapter to seal")
+        await until(lambda: first.stats.seals >= 1, 20, "the first adapter to seal")
         assert first.stats.rows == count  # logged, sealed, and never acknowledged
         task.cancel()  # gone without a PUBACK: the broker still holds every message
         with contextlib.suppress(asyncio.CancelledError):
             await task
         second = Adapter(config)
         task = asyncio.create_task(second.run())
-        await _wait_until(lambda: second.stats.messages >= count, 20, "the redeliveries")
+        await until(lambda: second.stats.messages >= count, 20, "the redeliveries")
         await asyncio.sleep(1.0)
         second.stop()
         await task
@@ -554,7 +543,7 @@ def test_a_device_resend_with_the_same_message_id_counts_once(
         task = asyncio.create_task(adapter.run())
         await asyncio.wait_for(adapter.ready.wait(), 10)
         await asyncio.to_thread(DevicePublisher(broker.settings).run, iter(messages))
-        await _wait_until(lambda: adapter.stats.messages >= len(messages), 10, "messages")
+        await until(lambda: adapter.stats.messages >= len(messages), 10, "messages")
         adapter.stop()
         await task
         return adapter

@@ -48,7 +48,7 @@ from tests.support import processes
 from tests.support.compare import assert_matches_oracle, dedupe_identical, scale_of
 from tests.support.control import pool_running, running_plane
 from tests.support.datasets import GeneratedBatch, all_rows, make_batches
-from tests.support.live import Collected, collector, publish_batches
+from tests.support.live import Collected, collector, publish_batches, until
 from tests.support.oracle import expected_results
 
 pytestmark = pytest.mark.broker
@@ -80,13 +80,6 @@ def _members() -> tuple[str, str]:
 
 
 DOOMED, SURVIVOR = _members()
-
-
-async def until(check, timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"{what} not reached in {timeout_s} s"
-        await asyncio.sleep(0.05)
 
 
 def applied(batches: list[GeneratedBatch], *hosts: CombinerHost) -> list[int] | None:

@@ -3,28 +3,28 @@
 Batches are published nearly in order with pauses, so windows close while data still flows
 and some rows arrive after the threshold passed them (late). Duplicated and reordered
 deliveries throughout; a worker or a combiner partition crashes mid-stream (the combiner
-without a last checkpoint: every batch is sent again, as gateways re-send what was not
-confirmed). Every count window whose last row lies before the final close threshold equals
-the polars oracle; late rows are counted exactly (at least once after a combiner crash).
+without a last checkpoint) and the batches sent so far are sent again, as gateways re-send
+what was not confirmed (``live.run_with_crash``). Every count window whose last row lies
+before the final close threshold equals the polars oracle; late rows are counted exactly (at
+least once after a combiner crash).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import numpy as np
 import polars as pl
 import pytest
 
 from shoal.broker.embedded import EmbeddedBroker
-from shoal.processors.spec import PipelineSpec, parse_pipeline
+from shoal.processors.spec import PipelineSpec
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
 from tests.support.compare import assert_count_windows_match
-from tests.support.datasets import GeneratedBatch, all_rows, make_batches
+from tests.support.datasets import all_rows, make_batches, make_spec
 from tests.support.in_memory import nearly_in_order
-from tests.support.live import InProcessPipeline, collector, publish_batches
+from tests.support.live import run_with_crash
 from tests.support.oracle import expected_count_results
 
 pytestmark = pytest.mark.broker
@@ -33,58 +33,8 @@ AGGREGATES = ["count", "sum", "mean", "min", "max", "stddev", "first", "last", "
 
 
 def spec_for(partitions: int) -> PipelineSpec:
-    return parse_pipeline(
-        {
-            "name": "cnt",
-            "windows": [{"kind": "count", "n": 5}, {"kind": "count", "n": 12}],
-            "aggregates": AGGREGATES,
-            "partitions": partitions,
-            "lateness_ms": 1_000,
-            "idle_timeout_ms": 1_500,
-            "checkpoint_interval_ms": 100,
-            "limits": {"max_future_ms": False},
-        }
-    )
-
-
-async def run(
-    broker: EmbeddedBroker,
-    topics: Topics,
-    tmp_path,
-    spec: PipelineSpec,
-    batches: list[GeneratedBatch],
-    workers: int,
-    crash: str | None,
-) -> tuple[InProcessPipeline, pl.DataFrame, int, int]:
-    rng = np.random.default_rng(workers * 10 + spec.partitions)
-    order = nearly_in_order(batches, rng, 6, 0.25)
-    pipeline = InProcessPipeline(spec, broker.settings, topics, workers=workers, state_dir=tmp_path)
-    publish = {"encoding": Encoding.BINARY_COLUMNAR, "pause_every": 6, "pause_s": 0.05}
-    async with collector(broker.settings, topics, spec.name) as seen:
-        await pipeline.start()
-        half = len(order) // 2
-        await publish_batches(broker.settings, topics, batches, order[:half], **publish)
-        if crash is not None:
-            await asyncio.sleep(0.3)  # a checkpoint or two, and windows closed after them
-            kind, index = crash.split("-")
-            if kind == "combiner":
-                await pipeline.crash_combiner(int(index))
-                await publish_batches(broker.settings, topics, batches, order[:half], **publish)
-            else:
-                await pipeline.crash_worker(int(index))
-        await publish_batches(broker.settings, topics, batches, order[half:], **publish)
-        try:
-            if crash is not None:
-                await pipeline.resend_until_applied(
-                    broker.settings, topics, batches, encoding=Encoding.BINARY_COLUMNAR
-                )
-            threshold = await pipeline.finish(batches)
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await pipeline.stop()
-            raise
-    late = sum(item["rows"] for item in seen.late)
-    return pipeline, seen.latest_frame(), late, threshold
+    windows = [{"kind": "count", "n": 5}, {"kind": "count", "n": 12}]
+    return make_spec("cnt", windows, AGGREGATES, partitions, checkpoint_interval_ms=100)
 
 
 @pytest.mark.parametrize(
@@ -107,11 +57,23 @@ def test_count_windows_equal_the_oracle(
         rows_per_batch=(0, 50),
         late_by_ms=(500, 8_000),
     )
+    rng = np.random.default_rng(workers * 10 + spec.partitions)
+    order = nearly_in_order(batches, rng, 6, 0.25)
 
     async def scenario() -> None:
-        pipeline, latest, late, threshold = await run(
-            broker, topics, tmp_path, spec, batches, workers, crash
+        pipeline, seen, threshold = await run_with_crash(
+            spec,
+            batches,
+            order,
+            settings=broker.settings,
+            topics=topics,
+            workers=workers,
+            state_dir=tmp_path,
+            crash=crash,
+            encoding=Encoding.BINARY_COLUMNAR,
         )
+        latest = seen.latest_frame()
+        late = sum(item["rows"] for item in seen.late)
         expected, late_count, scale = expected_count_results(
             all_rows(batches), spec, threshold=threshold
         )

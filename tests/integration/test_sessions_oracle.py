@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from shoal.broker.embedded import EmbeddedBroker
-from shoal.processors.spec import PipelineSpec, parse_pipeline
+from shoal.processors.spec import PipelineSpec
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
 from tests.support.compare import assert_matches_oracle, scale_of
-from tests.support.datasets import all_rows, make_batches
+from tests.support.datasets import all_rows, make_batches, make_spec
 from tests.support.in_memory import nearly_in_order
 from tests.support.live import run_with_crash
 from tests.support.oracle import closed_by, expected_results
@@ -28,20 +28,16 @@ pytestmark = pytest.mark.broker
 
 
 def spec_for(partitions: int) -> PipelineSpec:
-    return parse_pipeline(
-        {
-            "name": "visits",
-            "windows": [
-                {"kind": "session", "gap_ms": 1_200, "max_duration_ms": 6_000},
-                {"kind": "tumbling", "size_ms": 2_000},
-            ],
-            "aggregates": ["count", "sum", "mean", "min", "max", "first", "last", "p95"],
-            "partitions": partitions,
-            "lateness_ms": 1_000,
-            "idle_timeout_ms": 4_000,
-            "checkpoint_interval_ms": 100,
-            "limits": {"max_future_ms": False},
-        }
+    return make_spec(
+        "visits",
+        [
+            {"kind": "session", "gap_ms": 1_200, "max_duration_ms": 6_000},
+            {"kind": "tumbling", "size_ms": 2_000},
+        ],
+        ["count", "sum", "mean", "min", "max", "first", "last", "p95"],
+        partitions,
+        idle_timeout_ms=4_000,
+        checkpoint_interval_ms=100,
     )
 
 

@@ -18,7 +18,7 @@ from shoal.broker.embedded import EmbeddedBroker
 from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.schemas.topics import Topics
 from tests.integration.test_corrections_oracle import AGGREGATES, run_and_compare
-from tests.support.datasets import GeneratedBatch, all_rows, make_batches
+from tests.support.datasets import GeneratedBatch, all_rows, make_batches, make_spec
 from tests.support.oracle import expected_results
 
 pytestmark = pytest.mark.broker
@@ -27,18 +27,14 @@ SLIDING = {"kind": "sliding", "size_ms": 3_000, "step_ms": 500}
 
 
 def spec_for(partitions: int) -> PipelineSpec:
-    return parse_pipeline(
-        {
-            "name": "slide",
-            "windows": [SLIDING, {"kind": "tumbling", "size_ms": 2_000}],
-            "aggregates": AGGREGATES,
-            "partitions": partitions,
-            "lateness_ms": 1_000,
-            "allowed_lateness_ms": 5_000,
-            "idle_timeout_ms": 4_000,
-            "checkpoint_interval_ms": 100,
-            "limits": {"max_future_ms": False},
-        }
+    return make_spec(
+        "slide",
+        [SLIDING, {"kind": "tumbling", "size_ms": 2_000}],
+        AGGREGATES,
+        partitions,
+        allowed_lateness_ms=5_000,
+        idle_timeout_ms=4_000,
+        checkpoint_interval_ms=100,
     )
 
 

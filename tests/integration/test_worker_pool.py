@@ -13,7 +13,6 @@ over the rows its pipeline owned: nothing lost, nothing counted twice.
 from __future__ import annotations
 
 import asyncio
-import time
 import tomllib
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from shoal.schemas.topics import Topics
 from tests.support.compare import assert_matches_oracle, scale_of
 from tests.support.control import pool_running, running_plane
 from tests.support.datasets import GeneratedBatch, all_rows, make_batches
-from tests.support.live import Collected, InProcessPipeline, collector, publish_batches
+from tests.support.live import Collected, InProcessPipeline, collector, publish_batches, until
 from tests.support.oracle import expected_results
 
 pytestmark = pytest.mark.broker
@@ -63,13 +62,6 @@ def serving(workers: list[Worker]) -> list[dict[str, int]]:
         assert isinstance(worker.routes, PoolRoutes)
         out.append({n: p.version for n, p in worker.routes.pipelines.items()})
     return out
-
-
-async def until(check, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.05)
 
 
 def assert_oracle(

@@ -101,10 +101,14 @@ def all_rows(batches: list[GeneratedBatch], key: str = "sensor_id") -> pl.DataFr
     return pl.concat(frames)
 
 
-def two_window_spec(
-    name: str, aggregates: Sequence[str], partitions: int = 1, **settings: Any
+def make_spec(
+    name: str,
+    windows: Sequence[dict[str, Any]],
+    aggregates: Sequence[str],
+    partitions: int = 1,
+    **settings: Any,
 ) -> PipelineSpec:
-    """A pipeline over ``make_batches`` data: tumbling 2 s and hopping 4 s / 2 s windows.
+    """A pipeline over ``make_batches`` data with these ``windows``.
 
     Lateness 1 s, idle timeout 1.5 s and no future-timestamp limit (the data set lies in
     2023) unless ``settings`` (further top-level spec keys) say otherwise.
@@ -112,10 +116,7 @@ def two_window_spec(
     return parse_pipeline(
         {
             "name": name,
-            "windows": [
-                {"kind": "tumbling", "size_ms": 2_000},
-                {"kind": "hopping", "size_ms": 4_000, "slide_ms": 2_000},
-            ],
+            "windows": list(windows),
             "aggregates": list(aggregates),
             "partitions": partitions,
             "lateness_ms": 1_000,
@@ -124,3 +125,14 @@ def two_window_spec(
             **settings,
         }
     )
+
+
+def two_window_spec(
+    name: str, aggregates: Sequence[str], partitions: int = 1, **settings: Any
+) -> PipelineSpec:
+    """``make_spec`` with a tumbling 2 s and a hopping 4 s / 2 s window."""
+    windows = [
+        {"kind": "tumbling", "size_ms": 2_000},
+        {"kind": "hopping", "size_ms": 4_000, "slide_ms": 2_000},
+    ]
+    return make_spec(name, windows, aggregates, partitions, **settings)

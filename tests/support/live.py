@@ -26,10 +26,10 @@ from shoal.runtime.combiner import CombinerConfig, CombinerRuntime
 from shoal.runtime.worker import Worker, WorkerConfig
 from shoal.schemas import Encoding, Measurements, encode_batch
 from shoal.schemas.control import GatewayStatus
-from shoal.schemas.results import latest_revisions
 from shoal.schemas.topics import Topics
 from tests.support.compare import assert_matches_oracle, scale_of
 from tests.support.datasets import GeneratedBatch, all_rows
+from tests.support.in_memory import latest_of
 from tests.support.oracle import closed_by, expected_results
 
 
@@ -66,8 +66,7 @@ class Collected:
             rows.extend({**head, **result} for result in message["results"])
         if not rows:
             return pl.DataFrame()
-        frame = pl.DataFrame(rows, infer_schema_length=None).with_columns(pipeline=pl.lit("-"))
-        return latest_revisions(frame).drop("pipeline", "partition", "revision")
+        return latest_of(pl.DataFrame(rows, infer_schema_length=None))
 
     def corrections(self) -> int:
         """Window messages that were corrections (revision above 1)."""
@@ -269,6 +268,16 @@ class InProcessPipeline:
         raise AssertionError(
             f"windows not closed in time: {[c.core.closed_through for c in self.combiners]}"
         )
+
+
+async def until(
+    check: Callable[[], bool], timeout_s: float = 10.0, what: str = "condition"
+) -> None:
+    """Poll ``check`` every 50 ms until it holds; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what} not reached in {timeout_s} s"
+        await asyncio.sleep(0.05)
 
 
 async def _cancel(task: asyncio.Task[None], stop: Callable[[], None]) -> None:

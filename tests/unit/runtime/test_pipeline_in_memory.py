@@ -15,11 +15,10 @@ import orjson
 import polars as pl
 
 from shoal.broker.memory import MemoryBroker
-from shoal.processors.spec import parse_pipeline
 from shoal.runtime import combiner as combiner_module
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
-from tests.support.datasets import all_rows, make_batches, two_window_spec
+from tests.support.datasets import all_rows, make_batches, make_spec, two_window_spec
 from tests.support.in_memory import shuffled_with_duplicates
 from tests.support.live import InProcessPipeline, collector, publish_batches, run_against_oracle
 from tests.support.oracle import closed_by, expected_results
@@ -105,17 +104,12 @@ def test_a_draining_worker_leaves_without_losing_a_batch() -> None:
 def test_session_windows_give_the_oracle_results(tmp_path) -> None:
     """The runtime's session path (split per start, each key's own end, checkpoints)."""
     memory = MemoryBroker()
-    spec = parse_pipeline(
-        {
-            "name": "memsessions",
-            "windows": [{"kind": "session", "gap_ms": 1_200, "max_duration_ms": 8_000}],
-            "aggregates": ["count", "sum", "mean", "max", "p95"],
-            "partitions": 2,
-            "lateness_ms": 1_000,
-            "idle_timeout_ms": 1_500,
-            "checkpoint_interval_ms": 200,
-            "limits": {"max_future_ms": False},
-        }
+    spec = make_spec(
+        "memsessions",
+        [{"kind": "session", "gap_ms": 1_200, "max_duration_ms": 8_000}],
+        ["count", "sum", "mean", "max", "p95"],
+        2,
+        checkpoint_interval_ms=200,
     )
     batches = make_batches(
         seed=21, gateways=3, batches_per_gateway=12, rows_per_batch=(0, 60), gap_every=4
