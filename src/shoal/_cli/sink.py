@@ -8,14 +8,18 @@ import contextlib
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from shoal._cli.common import add_broker_options, broker_settings, topics
 from shoal.errors import ConfigError
 from shoal.schemas.topics import check_segment
+
+if TYPE_CHECKING:
+    from shoal.sinks.follow import Handler
 
 STOP_GRACE_S = 5.0
 """After Ctrl-C or SIGTERM, how long the message in hand may take before the sink exits
@@ -135,11 +139,12 @@ def run_postgres(args: argparse.Namespace) -> int:
     space = topics(args)
     client_id = args.client_id or f"shoal-sink-postgres-{pipeline}-{sink.table}"
 
-    def line(stats: Any) -> str:
+    def line() -> str:
+        s = sink.stats
         return (
-            f"{stats.messages:,} messages, {stats.rows:,} rows ({stats.rows_changed:,} "
-            f"changed, {stats.rows_unchanged:,} already there), {stats.unreadable} unreadable, "
-            f"{stats.db_retries} database retries"
+            f"{s.messages:,} messages, {s.rows:,} rows ({s.rows_changed:,} "
+            f"changed, {s.rows_unchanged:,} already there), {s.unreadable} unreadable, "
+            f"{s.db_retries} database retries"
         )
 
     return _follow(
@@ -148,7 +153,7 @@ def run_postgres(args: argparse.Namespace) -> int:
         client_id=client_id,
         filters=(space.results(pipeline),),
         target=f"table {sink.table!r}",
-        progress=lambda: line(sink.stats),
+        progress=line,
         stats=sink.stats,
         close=sink.close,
     )
@@ -201,13 +206,13 @@ def run_webhook(args: argparse.Namespace) -> int:
 def _follow(
     args: argparse.Namespace,
     *,
-    handler: Any,
+    handler: Handler,
     client_id: str,
     filters: tuple[str, ...],
     target: str,
-    progress: Any,
+    progress: Callable[[], str],
     stats: _Stats,
-    close: Any,
+    close: Callable[[], Awaitable[None]] | None,
 ) -> int:
     from shoal.sinks.follow import FollowConfig, Follower  # noqa: PLC0415
 
