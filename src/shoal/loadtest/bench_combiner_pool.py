@@ -26,6 +26,7 @@ from shoal.broker.session import unique_client_id
 from shoal.control.assignment import Announcement
 from shoal.control.registry import Registry
 from shoal.errors import ControlError, ShoalError
+from shoal.loadtest.bench_pipeline import machine
 from shoal.loadtest.bench_pool import alone_with_a_broker, deploy_document, kb_each_over_first
 from shoal.schemas.topics import Topics
 
@@ -124,4 +125,8 @@ def format_report(steps: list[HostStep]) -> str:
 
 def as_record(steps: list[HostStep]) -> dict[str, Any]:
     """The JSON record."""
-    return {"bench": "pool-combiner", "steps": [asdict(step) for step in steps]}
+    return {
+        "bench": "pool-combiner",
+        "machine": machine(),
+        "steps": [asdict(step) for step in steps],
+    }

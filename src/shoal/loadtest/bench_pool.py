@@ -32,6 +32,7 @@ from shoal.broker.session import Session, unique_client_id
 from shoal.control.messages import Request
 from shoal.control.registry import Registry
 from shoal.errors import ShoalError
+from shoal.loadtest.bench_pipeline import machine
 from shoal.schemas import Encoding, encode_batch
 from shoal.schemas.topics import Topics
 
@@ -207,4 +208,4 @@ def format_report(steps: list[PoolStep]) -> str:
 
 def as_record(steps: list[PoolStep]) -> dict[str, Any]:
     """The JSON record."""
-    return {"bench": "pool", "steps": [asdict(step) for step in steps]}
+    return {"bench": "pool", "machine": machine(), "steps": [asdict(step) for step in steps]}
