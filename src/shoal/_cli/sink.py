@@ -56,7 +56,7 @@ def register(sub: Any) -> None:
         help="libpq connection string or URL, e.g. postgresql://shoal@127.0.0.1:5432/shoal",
     )
     pg.add_argument("--table", default="", help="table name (default: the pipeline's name)")
-    _common(pg, "postgres")
+    _common(pg, "shoal-sink-postgres-<pipeline>-<table>")
     pg.set_defaults(run=run_postgres)
     hook = kinds.add_parser(
         "webhook",
@@ -90,17 +90,17 @@ def register(sub: Any) -> None:
         default=60.0,
         help="longest pause between retries of one message, seconds (%(default)s)",
     )
-    _common(hook, "webhook")
+    _common(hook, "shoal-sink-webhook-<pipeline>, with -alerts after it for --alerts")
     hook.set_defaults(run=run_webhook)
 
 
-def _common(parser: argparse.ArgumentParser, kind: str) -> None:
+def _common(parser: argparse.ArgumentParser, default_client_id: str) -> None:
     parser.add_argument("--pipeline", required=True, metavar="NAME", help="the pipeline")
     add_broker_options(parser)
     parser.add_argument(
         "--client-id",
         default="",
-        help=f"MQTT client id of the persistent session (default shoal-sink-{kind}-<pipeline>): "
+        help=f"MQTT client id of the persistent session (default {default_client_id}): "
         "one per running sink; the broker keeps what the sink misses while it is away",
     )
     parser.add_argument(
