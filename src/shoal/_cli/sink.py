@@ -8,14 +8,18 @@ import contextlib
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from shoal._cli.common import add_broker_options, broker_settings, topics
 from shoal.errors import ConfigError
 from shoal.schemas.topics import check_segment
+
+if TYPE_CHECKING:
+    from shoal.sinks.follow import Handler
 
 STOP_GRACE_S = 5.0
 """After Ctrl-C or SIGTERM, how long the message in hand may take before the sink exits
@@ -52,7 +56,7 @@ def register(sub: Any) -> None:
         help="libpq connection string or URL, e.g. postgresql://shoal@127.0.0.1:5432/shoal",
     )
     pg.add_argument("--table", default="", help="table name (default: the pipeline's name)")
-    _common(pg, "postgres")
+    _common(pg, "shoal-sink-postgres-<pipeline>-<table>")
     pg.set_defaults(run=run_postgres)
     hook = kinds.add_parser(
         "webhook",
@@ -86,17 +90,17 @@ def register(sub: Any) -> None:
         default=60.0,
         help="longest pause between retries of one message, seconds (%(default)s)",
     )
-    _common(hook, "webhook")
+    _common(hook, "shoal-sink-webhook-<pipeline>, with -alerts after it for --alerts")
     hook.set_defaults(run=run_webhook)
 
 
-def _common(parser: argparse.ArgumentParser, kind: str) -> None:
+def _common(parser: argparse.ArgumentParser, default_client_id: str) -> None:
     parser.add_argument("--pipeline", required=True, metavar="NAME", help="the pipeline")
     add_broker_options(parser)
     parser.add_argument(
         "--client-id",
         default="",
-        help=f"MQTT client id of the persistent session (default shoal-sink-{kind}-<pipeline>): "
+        help=f"MQTT client id of the persistent session (default {default_client_id}): "
         "one per running sink; the broker keeps what the sink misses while it is away",
     )
     parser.add_argument(
@@ -135,11 +139,12 @@ def run_postgres(args: argparse.Namespace) -> int:
     space = topics(args)
     client_id = args.client_id or f"shoal-sink-postgres-{pipeline}-{sink.table}"
 
-    def line(stats: Any) -> str:
+    def line() -> str:
+        s = sink.stats
         return (
-            f"{stats.messages:,} messages, {stats.rows:,} rows ({stats.rows_changed:,} "
-            f"changed, {stats.rows_unchanged:,} already there), {stats.unreadable} unreadable, "
-            f"{stats.db_retries} database retries"
+            f"{s.messages:,} messages, {s.rows:,} rows ({s.rows_changed:,} "
+            f"changed, {s.rows_unchanged:,} already there), {s.unreadable} unreadable, "
+            f"{s.db_retries} database retries"
         )
 
     return _follow(
@@ -148,7 +153,7 @@ def run_postgres(args: argparse.Namespace) -> int:
         client_id=client_id,
         filters=(space.results(pipeline),),
         target=f"table {sink.table!r}",
-        progress=lambda: line(sink.stats),
+        progress=line,
         stats=sink.stats,
         close=sink.close,
     )
@@ -201,13 +206,13 @@ def run_webhook(args: argparse.Namespace) -> int:
 def _follow(
     args: argparse.Namespace,
     *,
-    handler: Any,
+    handler: Handler,
     client_id: str,
     filters: tuple[str, ...],
     target: str,
-    progress: Any,
+    progress: Callable[[], str],
     stats: _Stats,
-    close: Any,
+    close: Callable[[], Awaitable[None]] | None,
 ) -> int:
     from shoal.sinks.follow import FollowConfig, Follower  # noqa: PLC0415
 

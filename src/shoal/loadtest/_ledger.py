@@ -119,10 +119,7 @@ class Ledger:
         latest revision alone counts every row the window holds: the sum over that revision's
         parts (never parts of two revisions).
         """
-        latest: dict[tuple[str, int, int], int] = {}
-        for window, start, partition, revision, _ in self.windows:
-            key = (window, start, partition)
-            latest[key] = max(latest.get(key, revision), revision)
+        latest = self._latest_revisions()
         return sum(
             rows
             for (window, start, partition, revision, _), rows in self.windows.items()
@@ -132,14 +129,22 @@ class Ledger:
     @property
     def missing_parts(self) -> int:
         """Parts of the latest revisions not received yet (0 once every window is whole)."""
-        latest: dict[tuple[str, int, int], int] = {}
-        for window, start, partition, revision in self.parts:
-            key = (window, start, partition)
-            latest[key] = max(latest.get(key, revision), revision)
+        latest = self._latest_revisions()
         got = Counter(identity[:4] for identity in self.windows)
         return sum(
             self.parts[(*key, revision)] - got[(*key, revision)] for key, revision in latest.items()
         )
+
+    def _latest_revisions(self) -> dict[tuple[str, int, int], int]:
+        """The latest revision seen of each (window, start, partition).
+
+        ``parts`` has a key for every window message's identity but its part, so it serves.
+        """
+        latest: dict[tuple[str, int, int], int] = {}
+        for window, start, partition, revision in self.parts:
+            key = (window, start, partition)
+            latest[key] = max(latest.get(key, revision), revision)
+        return latest
 
     @property
     def corrections(self) -> int:

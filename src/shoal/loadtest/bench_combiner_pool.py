@@ -12,7 +12,6 @@ this is the fixed cost of hosting a partition (connection, runtime, tasks, empty
 from __future__ import annotations
 
 import asyncio
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,14 +19,15 @@ from typing import Any
 
 import psutil
 
-from shoal._processes import ChildProcess, connection_args, shoal_argv
+from shoal._processes import ChildProcess
 from shoal.broker import default_session_factory
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.session import unique_client_id
 from shoal.control.assignment import Announcement
 from shoal.control.registry import Registry
 from shoal.errors import ControlError, ShoalError
-from shoal.loadtest.bench_pool import deploy_document
+from shoal.loadtest.bench_pipeline import machine
+from shoal.loadtest.bench_pool import alone_with_a_broker, deploy_document, kb_each_over_first
 from shoal.schemas.topics import Topics
 
 COMBINER_ID = "bench-pool"
@@ -57,29 +57,13 @@ class HostStep:
 
 def run(counts: list[int]) -> list[HostStep]:
     """Measure the pool combiner at each of ``counts`` deployed pipelines (ascending)."""
-    with tempfile.TemporaryDirectory(prefix="shoal-bench-hosts-") as tmp:
-        folder = Path(tmp)
-        broker = EmbeddedBroker("dev", data_dir=folder / "broker")
-        broker.start()
-        topics = Topics(root=f"bench-hosts-{time.time_ns() % 10**9}")
-        argv = shoal_argv(
-            "combiner",
-            "--id",
-            COMBINER_ID,
-            "--state-dir",
-            str(folder / "state"),
-            "--no-key-topics",
-            *connection_args(broker.settings, topics),
-        )
-        combiner = ChildProcess(
-            "pool-combiner", argv, folder / "pool-combiner.log", {"POLARS_MAX_THREADS": "1"}
-        )
-        try:
-            combiner.start()
-            return asyncio.run(_measure(broker, topics, combiner, sorted(counts)))
-        finally:
-            combiner.stop()
-            broker.close()
+
+    def argv(folder: Path) -> list[str]:
+        state = str(folder / "state")
+        return ["combiner", "--id", COMBINER_ID, "--state-dir", state, "--no-key-topics"]
+
+    with alone_with_a_broker("pool-combiner", argv) as (broker, topics, combiner):
+        return asyncio.run(_measure(broker, topics, combiner, sorted(counts)))
 
 
 async def _measure(
@@ -131,8 +115,7 @@ def format_report(steps: list[HostStep]) -> str:
     lines = ["pipelines   RSS MB   KB/partition (over the first)   owned s   idle CPU %"]
     first = steps[0]
     for step in steps:
-        extra = step.pipelines - first.pipelines
-        per = (step.rss_mb - first.rss_mb) * 1024 / extra if extra > 0 else float("nan")
+        per = kb_each_over_first(step.pipelines, step.rss_mb, first.pipelines, first.rss_mb)
         lines.append(
             f"{step.pipelines:>9}   {step.rss_mb:>6.1f}   {per:>29.1f}   "
             f"{step.owned_s:>7.2f}   {step.idle_cpu_percent:>10.1f}"
@@ -142,4 +125,8 @@ def format_report(steps: list[HostStep]) -> str:
 
 def as_record(steps: list[HostStep]) -> dict[str, Any]:
     """The JSON record."""
-    return {"bench": "pool-combiner", "steps": [asdict(step) for step in steps]}
+    return {
+        "bench": "pool-combiner",
+        "machine": machine(),
+        "steps": [asdict(step) for step in steps],
+    }

@@ -13,8 +13,10 @@ worker handled it once per pipeline, then reads the worker's RSS. Partials go to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ from shoal.broker.session import Session, unique_client_id
 from shoal.control.messages import Request
 from shoal.control.registry import Registry
 from shoal.errors import ShoalError
+from shoal.loadtest.bench_pipeline import machine
 from shoal.schemas import Encoding, encode_batch
 from shoal.schemas.topics import Topics
 
@@ -59,25 +62,48 @@ def spec_toml(index: int) -> str:
     return f'name = "p{index:05d}"\naggregates = ["count", "mean"]\n[[windows]]\nsize_ms = 10000\n'
 
 
-def run(counts: list[int], *, log_dir: Path | None = None) -> list[PoolStep]:
-    """Measure the pool worker at each of ``counts`` deployed pipelines (ascending)."""
-    with tempfile.TemporaryDirectory(prefix="shoal-bench-pool-") as tmp:
-        folder = Path(tmp) if log_dir is None else log_dir
-        broker = EmbeddedBroker("dev", data_dir=Path(tmp) / "broker")
+@contextlib.contextmanager
+def alone_with_a_broker(
+    name: str, argv: Callable[[Path], list[str]]
+) -> Iterator[tuple[EmbeddedBroker, Topics, ChildProcess]]:
+    """An embedded Mosquitto and one ``shoal`` process (``POLARS_MAX_THREADS=1``) beside it.
+
+    ``argv(folder)`` is the sub-command and its options (the connection's are added); the
+    process's log and any state go into a temporary folder, removed afterwards.
+    """
+    with tempfile.TemporaryDirectory(prefix=f"shoal-bench-{name}-") as tmp:
+        folder = Path(tmp)
+        broker = EmbeddedBroker("dev", data_dir=folder / "broker")
         broker.start()
-        topics = Topics(root=f"bench-pool-{time.time_ns() % 10**9}")
-        worker = ChildProcess(
-            "pool-worker",
-            shoal_argv("worker", "--id", WORKER_ID, *connection_args(broker.settings, topics)),
-            folder / "pool-worker.log",
+        topics = Topics(root=f"bench-{name}-{time.time_ns() % 10**9}")
+        child = ChildProcess(
+            name,
+            shoal_argv(*argv(folder), *connection_args(broker.settings, topics)),
+            folder / f"{name}.log",
             {"POLARS_MAX_THREADS": "1"},
         )
         try:
-            worker.start()
-            return asyncio.run(_measure(broker, topics, worker, sorted(counts)))
+            child.start()
+            yield broker, topics, child
         finally:
-            worker.stop()
+            child.stop()
             broker.close()
+
+
+def kb_each_over_first(count: int, rss_mb: float, first_count: int, first_rss_mb: float) -> float:
+    """Memory per pipeline (or partition) added since the first step, in KB (NaN at it)."""
+    extra = count - first_count
+    return (rss_mb - first_rss_mb) * 1024 / extra if extra > 0 else float("nan")
+
+
+def run(counts: list[int]) -> list[PoolStep]:
+    """Measure the pool worker at each of ``counts`` deployed pipelines (ascending)."""
+    with alone_with_a_broker("pool-worker", lambda _: ["worker", "--id", WORKER_ID]) as (
+        broker,
+        topics,
+        worker,
+    ):
+        return asyncio.run(_measure(broker, topics, worker, sorted(counts)))
 
 
 async def _measure(
@@ -172,8 +198,7 @@ def format_report(steps: list[PoolStep]) -> str:
     lines = ["pipelines   RSS MB   KB/pipeline (over the first)   served s   handled s"]
     first = steps[0]
     for step in steps:
-        extra = step.pipelines - first.pipelines
-        per = (step.rss_mb - first.rss_mb) * 1024 / extra if extra > 0 else float("nan")
+        per = kb_each_over_first(step.pipelines, step.rss_mb, first.pipelines, first.rss_mb)
         lines.append(
             f"{step.pipelines:>9}   {step.rss_mb:>6.1f}   {per:>28.1f}   "
             f"{step.served_s:>8.2f}   {step.handled_s:>9.2f}"
@@ -183,4 +208,4 @@ def format_report(steps: list[PoolStep]) -> str:
 
 def as_record(steps: list[PoolStep]) -> dict[str, Any]:
     """The JSON record."""
-    return {"bench": "pool", "steps": [asdict(step) for step in steps]}
+    return {"bench": "pool", "machine": machine(), "steps": [asdict(step) for step in steps]}

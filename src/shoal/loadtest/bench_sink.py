@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -181,6 +182,8 @@ def run_sink_bench(config: SinkBenchConfig, progress: TextIO | None = None) -> d
     finally:
         local.stop()
         postgres.cleanup()
+        if config.run_dir is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 async def _consume(local: LocalPipeline, frames: list[pl.DataFrame], ready: asyncio.Event) -> None:

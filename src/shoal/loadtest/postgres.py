@@ -17,7 +17,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -29,6 +28,7 @@ import psycopg
 from psycopg import sql
 
 from shoal._processes import connection_args, shoal_argv
+from shoal.broker.probe import free_port
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import ConfigError
 from shoal.schemas.topics import Topics
@@ -89,12 +89,6 @@ def sink_argv(
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _run_as() -> pwd.struct_passwd | None:
     if os.geteuid() != 0:
         return None
@@ -121,7 +115,7 @@ class EmbeddedPostgres:
         self.root.mkdir(parents=True, exist_ok=True)
         self.data = self.root / "data"
         self.log = self.root / "postgres.log"
-        self.port = _free_port()
+        self.port = free_port()
         self.bindir = postgres_bindir()
         self.user = _run_as()
         self.process: subprocess.Popen[bytes] | None = None

@@ -215,7 +215,7 @@ class PostgresSink:
         async with conn.transaction():
             await self._ensure_columns(conn, aggregates)
             cursor = await conn.execute(
-                self._upsert(tuple(aggregates)), _params(window, aggregates)
+                _upsert_statement(self.table, tuple(aggregates)), _params(window, aggregates)
             )
             changed = max(cursor.rowcount, 0)
         self.stats.commit_seconds += self.clock.monotonic() - started
@@ -287,9 +287,6 @@ class PostgresSink:
                 )
         self.stats.columns_added += added if self._columns else 0
         self._columns = found
-
-    def _upsert(self, aggregates: tuple[str, ...]) -> sql.Composed:
-        return _upsert_statement(self.table, aggregates)
 
 
 def _upsert_statement(table_name: str, aggregates: tuple[str, ...]) -> sql.Composed:

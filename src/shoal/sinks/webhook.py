@@ -24,7 +24,6 @@ import hashlib
 import logging
 import urllib.error
 import urllib.request
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -130,7 +129,6 @@ class WebhookSink:
     def __init__(self, config: WebhookConfig) -> None:
         self.config = config
         self.stats = WebhookStats()
-        self._refused: Counter[str] = Counter()
 
     async def handle(self, message: Message) -> None:
         """POST one message; returns after a 2xx or a refusal, retrying everything else."""
@@ -144,8 +142,8 @@ class WebhookSink:
                 self.stats.delivered += 1
                 return
             if answer.status is not None and not _retryable(answer.status):
-                self._refused[str(answer.status)] += 1
-                self.stats.refused = dict(self._refused)
+                refused = self.stats.refused
+                refused[str(answer.status)] = refused.get(str(answer.status), 0) + 1
                 log.error(
                     "sink webhook: %s refused %s (%s): %s; skipped",
                     self.config.url,
