@@ -42,7 +42,9 @@ def test_up_runs_a_demo_and_accounts_for_every_measurement(tmp_path: Path) -> No
     assert "verdict: zero loss" in out
     generated = int(out.split("measurements generated")[1].split()[0].replace(",", ""))
     applied = int(out.split("applied")[-1].split()[0].replace(",", ""))
-    assert generated > 20_000
+    # Accounting, not throughput: a loaded machine generates fewer batches (10-18k seen at
+    # load 9); what matters is that every one generated was applied.
+    assert generated >= 1_000, "the demo generated less than one batch"
     assert applied == generated
     assert "window results" in out
     assert (tmp_path / "logs" / "worker-0.log").exists()
