@@ -120,6 +120,8 @@ def test_the_page_shows_pipelines_results_and_health_and_survives_a_broker_resta
                     True,
                     (),
                 ),
+                # A pipeline started from its spec (shoal up): no document, but results.
+                (topics.result_key("twin", "a"), as_json({**key, "pipeline": "twin"}), True, ()),
                 (
                     topics.alert("hot", "too-warm", "t1"),
                     (GOLDEN / "alert-firing.json").read_bytes(),
@@ -140,6 +142,8 @@ def test_the_page_shows_pipelines_results_and_health_and_survives_a_broker_resta
             wait(browser, 10, "connected", lambda d: status(d) == "connected")
             wait(browser, 5, "pipeline row", lambda d: "temps" in table_text(d, "pipelines"))
             assert "tumbling-10s" in table_text(browser, "pipelines")
+            wait(browser, 5, "no document", lambda d: "twin" in table_text(d, "pipelines"))
+            assert "twin \u2013 running (no document)" in table_text(browser, "pipelines")
             wait(browser, 5, "key cards", lambda d: card_text(d, "temps", "t2"))
             assert "mean 21.563" in card_text(browser, "temps", "t1")
             assert "mean 7.5 " in card_text(browser, "temps", "t2")

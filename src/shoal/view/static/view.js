@@ -2,7 +2,7 @@
 // Everything it shows comes from shoal's own topics; retained ones fill the page on load.
 "use strict";
 
-const MAX_KEY_CARDS = 24; // charts drawn at once (the filter picks others)
+const MAX_KEY_CARDS = 12; // charts drawn at once (the filter picks others)
 const HISTORY = 120; // points per key chart
 const STALE_MS = 10000; // a heartbeat older than this is shown as stale
 const REASONS = 20; // latest dead-letter and late reasons kept
@@ -260,18 +260,32 @@ function drawSoon() {
   });
 }
 
+function runningPipelines() {
+  // Pipelines started from a spec (shoal up, shoal combiner --pipeline) have no document:
+  // they are known from their results and heartbeats.
+  const seen = new Set();
+  for (const e of state.keys.values()) seen.add(e.pipeline);
+  for (const { body } of state.partitions.values()) seen.add(body.pipeline);
+  for (const { body } of state.workers.values()) if (body.pipeline) seen.add(body.pipeline);
+  return [...seen].filter((p) => !state.pipelines.has(p)).map((name) => {
+    const sample = [...state.keys.values()].find((e) => e.pipeline === name);
+    const row = sample ? sample.latest : {};
+    return { name, version: null, state: "running (no document)", spec: { windows: row.window ? [{ name: row.window }] : [], aggregates: row.window ? aggregatesOf(row) : [] } };
+  });
+}
+
 function drawTables() {
   const now = Date.now();
   fillRows(
     "pipelines",
-    [...state.pipelines.values()]
+    [...state.pipelines.values(), ...runningPipelines()]
       .sort((a, b) => a.name.localeCompare(b.name))
       .map((d) => {
         const spec = d.spec || {};
         const rules = [spec.where && "where", spec.derive && "derive", spec.having && "having", spec.alerts && `${spec.alerts.length} alert(s)`].filter(Boolean);
         return {
           data: { pipeline: d.name },
-          cls: d.state,
+          cls: d.state.split(" ")[0],
           cells: [d.name, d.version, d.state, spec.key, (spec.windows || []).map((w) => w.name).join(", "), (spec.aggregates || []).join(", "), rules.join(", ") || "–"],
         };
       }),
@@ -390,7 +404,7 @@ function makeCard(entry) {
     {
       width: 250, height: 90, legend: { show: false }, cursor: { show: false },
       scales: { x: { time: true } },
-      axes: [{ size: 22, font: "10px system-ui" }, { size: 40, font: "10px system-ui" }],
+      axes: [{ size: 22, font: "10px system-ui" }, { size: 52, font: "10px system-ui" }],
       series: [{}, { label: entry.agg, stroke: "#2563eb", width: 1.5, points: { size: 4 } }],
     },
     [entry.xs, entry.ys],
