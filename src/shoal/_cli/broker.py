@@ -52,6 +52,14 @@ def register(sub: Any) -> None:
     access.add_argument(
         "--topic-root", default="", metavar="PREFIX", help="topic root the ACL rules sit below"
     )
+    parser.add_argument(
+        "--ws-port",
+        type=int,
+        default=9001,
+        metavar="PORT",
+        help="MQTT over WebSockets for browsers (shoal view): default 9001, 0 a free one, -1 "
+        "none; TLS and dashboard users only in the secure profile",
+    )
     tls = parser.add_argument_group("TLS listener (secure profile)")
     tls.add_argument("--tls-port", type=int, default=8883, help="TLS listener port (0: a free one)")
     tls.add_argument(
@@ -110,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
         tls_port=args.tls_port or None,
         tls_bind=args.tls_bind,
         tls=_server_tls(args),
+        websockets=args.ws_port >= 0,
+        ws_port=args.ws_port if args.ws_port > 0 else None,
     )
     stop = threading.Event()
     reload = threading.Event()
@@ -119,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"shoal broker: {args.profile} profile listening on {broker.settings.url}")
         if broker.tls is not None:
             print(f"  TLS    {broker.tls_settings.url} (clients trust {broker.tls.ca_file})")
+        if broker.websockets:
+            print(f"  WebSockets {broker.ws_url} (the page: shoal view --ws-url {broker.ws_url})")
         if broker.acl_path.exists():
             print(f"  ACL    {broker.acl_path} ({len(broker.users)} user(s))")
         print(f"  config {broker.config_path}\n  log    {broker.log_path}\n  Ctrl-C to stop")
