@@ -3,8 +3,8 @@
 Debian's ``chromium`` and ``chromium-driver`` (``make bootstrap`` installs them) are driven by
 Selenium through the system chromedriver: nothing is downloaded. The messages published are
 the contract's golden outputs (schemas/golden/outputs), so the page reads what shoal sends.
-The screenshot goes to the test's folder, or to ``SHOAL_VIEW_SCREENSHOT`` when set (that is
-how docs/view.png was made).
+The screenshot goes to the test's folder, or to ``SHOAL_VIEW_SCREENSHOT`` when set
+(docs/view.png, in the README, is the page during a ``shoal up`` run instead).
 """
 
 from __future__ import annotations
