@@ -53,13 +53,17 @@ def as_json(body: dict[str, Any]) -> bytes:
     return json.dumps(body).encode()
 
 
-def publish(settings: BrokerSettings, messages: Sequence[Message]) -> None:
-    async def send() -> None:
+def publish(settings: BrokerSettings, messages: Sequence[Message]) -> float:
+    """Publish (QoS 1, each PUBACK awaited); the monotonic time the first publish began."""
+
+    async def send() -> float:
         async with AsyncSession(settings, unique_client_id("test-view")) as session:
+            began = time.monotonic()
             for topic, payload, retain, props in messages:
                 await session.publish(topic, payload, retain=retain, user_properties=props)
+            return began
 
-    asyncio.run(send())
+    return asyncio.run(send())
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +156,7 @@ def test_the_page_shows_pipelines_results_and_health_and_survives_a_broker_resta
 
             # A value published now appears within a second.
             later = {**key, "start": key["start"] + 10_000, "end": key["end"] + 10_000}
-            started = time.monotonic()
-            publish(
+            started = publish(
                 settings,
                 [(topics.result_key("temps", "t1"), as_json({**later, "mean": 42.4242}), True, ())],
             )
