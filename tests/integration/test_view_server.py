@@ -23,7 +23,7 @@ CONNACK_OK = b"\x20\x02\x00\x00"
 
 
 async def mqtt_connect(url: str) -> bytes:
-    async with connect(url, subprotocols=["mqtt"]) as ws:  # type: ignore[list-item]
+    async with connect(url, subprotocols=["mqtt"]) as ws:
         assert ws.subprotocol == "mqtt"
         await ws.send(CONNECT_V311)
         answer = await ws.recv()
