@@ -97,7 +97,7 @@ def test_the_embedded_broker_serves_websockets_natively_or_through_the_bridge(
     native = mosquitto_has_websockets(mosquitto_binary())
     with EmbeddedBroker("dev", data_dir=tmp_path_factory.mktemp("ws"), websockets=True) as broker:
         config = broker.config_path.read_text()
-        assert ("protocol websockets" in config) is native
+        assert bool(re.search(r"(?m)^protocol websockets$", config)) is native
         assert broker.ws_bridged is not native
         assert asyncio.run(mqtt_connect(broker.ws_url)) == CONNACK_OK
         broker.restart()  # the bridge outlives mosquitto
