@@ -5,6 +5,7 @@
 const MAX_KEY_CARDS = 12; // charts drawn at once (the filter picks others)
 const HISTORY = 120; // points per key chart
 const STALE_MS = 10000; // a heartbeat older than this is shown as stale
+const FORGET_MS = 60000; // and one older than this is forgotten (the instance is gone)
 const REASONS = 20; // latest dead-letter and late reasons kept
 
 const state = {
@@ -276,6 +277,9 @@ function runningPipelines() {
 
 function drawTables() {
   const now = Date.now();
+  for (const beats of [state.workers, state.partitions]) {
+    for (const [id, { heard }] of beats) if (now - heard > FORGET_MS) beats.delete(id);
+  }
   fillRows(
     "pipelines",
     [...state.pipelines.values(), ...runningPipelines()]
