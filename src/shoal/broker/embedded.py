@@ -225,7 +225,11 @@ class EmbeddedBroker:
                 binary, self.config_path, self.data_dir / "mosquitto.stderr", self.log_path
             )
             if process.wait_listening(self.settings_host, self.port, self.startup_timeout_s):
-                self._start_bridge()
+                try:
+                    self._start_bridge()
+                except BrokerError:
+                    self.stop()  # no mosquitto left behind by a failed start
+                    raise
                 return self
             self._process = None
             stderr = process.reap()

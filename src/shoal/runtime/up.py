@@ -107,10 +107,14 @@ class Up:
 
     def run(self) -> Accounting:
         """Start everything, show the view until the duration ends or Ctrl-C, then settle."""
+        view = None
         try:
             self.local.start()
+            view = self._start_view()
             return asyncio.run(self._main())
         finally:
+            if view is not None:
+                view.close()
             self.local.stop()
 
     async def _main(self) -> Accounting:
@@ -123,11 +127,19 @@ class Up:
                 "control plane running: shoal pipeline list --broker "
                 f"{self.local.broker.settings.url}"
             )
-        with contextlib.ExitStack() as stack:
-            view = self._start_view()
-            if view is not None:
-                stack.callback(view.close)
-            return await self._watch(started)
+        async with self.local.watching() as session:
+            await asyncio.sleep(1.5)  # let workers and combiners subscribe before data flows
+            server = await self._start_scaler()
+            try:
+                self._start_load()
+                await self._show(started)
+            finally:
+                if server is not None:
+                    await server.close()
+            self._line("stopping: sealing the last batches and waiting for confirmations ...")
+            accounting = await self.local.settle(session)
+        self._print_summary(accounting, self.local.clock.monotonic() - started)
+        return accounting
 
     def _start_view(self) -> ViewServer | None:
         """Serve the dashboard page (``shoal view``) and print its address."""
@@ -149,21 +161,6 @@ class Up:
             secret.write_text(user.password + "\n")
             self._line(f"  log in as {user.name}, with the password in {secret}")
         return view
-
-    async def _watch(self, started: float) -> Accounting:
-        async with self.local.watching() as session:
-            await asyncio.sleep(1.5)  # let workers and combiners subscribe before data flows
-            server = await self._start_scaler()
-            try:
-                self._start_load()
-                await self._show(started)
-            finally:
-                if server is not None:
-                    await server.close()
-            self._line("stopping: sealing the last batches and waiting for confirmations ...")
-            accounting = await self.local.settle(session)
-        self._print_summary(accounting, self.local.clock.monotonic() - started)
-        return accounting
 
     async def _start_scaler(self) -> MetricsServer | None:
         cfg = self.config
