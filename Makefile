@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DEBIAN_FRONTEND := noninteractive
 
-.PHONY: demo test bootstrap mosquitto postgres lint test-slow bench clean
+.PHONY: demo test bootstrap mosquitto postgres chromium view-assets lint test-slow bench clean
 
 demo: bootstrap
 	$(BIN)/shoal up $(if $(DURATION),--duration $(DURATION))
@@ -37,7 +37,7 @@ lint: bootstrap
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-bootstrap: $(VENV)/.installed mosquitto postgres
+bootstrap: $(VENV)/.installed mosquitto postgres chromium
 
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { \
@@ -72,6 +72,30 @@ postgres:
 	  else \
 	    echo "PostgreSQL is missing: run 'sudo apt-get install -y postgresql' and try again" >&2; exit 1; \
 	  fi; }
+
+# The browser test of `shoal view` (tests/integration/test_view_browser.py) drives Debian's
+# headless Chromium through the system chromedriver: nothing is downloaded at test time.
+chromium:
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium and chromium-driver with apt-get"; \
+	    apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else \
+	    echo "chromium is missing: run 'sudo apt-get install -y chromium chromium-driver' and try again" >&2; exit 1; \
+	  fi; }
+
+# The page of `shoal view` serves vendored, minified copies of mqtt.js and uPlot (committed in
+# src/shoal/view/static/vendor/, so nothing is fetched at run time). To update them, change the
+# exact versions in tools/view-assets/package.json and run this (needs npm and the registry).
+view-assets:
+	cd tools/view-assets && npm ci --ignore-scripts --no-audit --no-fund
+	mkdir -p src/shoal/view/static/vendor
+	cp tools/view-assets/node_modules/mqtt/dist/mqtt.min.js src/shoal/view/static/vendor/mqtt.min.js
+	cp tools/view-assets/node_modules/uplot/dist/uPlot.iife.min.js src/shoal/view/static/vendor/uPlot.iife.min.js
+	cp tools/view-assets/node_modules/uplot/dist/uPlot.min.css src/shoal/view/static/vendor/uPlot.min.css
+	cp tools/view-assets/node_modules/mqtt/LICENSE.md src/shoal/view/static/vendor/mqtt.LICENSE.md
+	cp tools/view-assets/node_modules/uplot/LICENSE src/shoal/view/static/vendor/uPlot.LICENSE
+	cd tools/view-assets && node -e 'const l=require("./package-lock.json").packages; for (const n of ["mqtt","uplot"]) console.log(n, l["node_modules/"+n].version, l["node_modules/"+n].integrity)' > ../../src/shoal/view/static/vendor/VERSIONS
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .import_linter_cache var

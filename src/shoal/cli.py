@@ -26,6 +26,7 @@ COMMANDS: Final = (
     "adapt",
     "tail",
     "status",
+    "view",
     "archive",
     "sink",
     "replay",

@@ -47,6 +47,7 @@ def test_up_runs_a_demo_and_accounts_for_every_measurement(tmp_path: Path) -> No
     assert generated >= 1_000, "the demo generated less than one batch"
     assert applied == generated
     assert "window results" in out
+    assert "dashboard: http://127.0.0.1:" in out  # the page of `shoal view` (test_view_*.py)
     assert (tmp_path / "logs" / "worker-0.log").exists()
 
 

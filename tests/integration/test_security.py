@@ -117,8 +117,15 @@ READS = {
     "worker-q": {"ingest_gw1", "ingest_gw2", "control_worker"},
     "combiner-p": {"partials_p", "status_gw1", "status_gw2", "control_combiners_p"},
     "combiner-q": {"partials_q", "status_gw1", "status_gw2", "control_combiners_q"},
-    "dash": RESULTS,
-    "dash-p": RESULTS - {"results_q"},
+    # Dashboards (shoal view) also read health: heartbeats, gateway statuses, late rows,
+    # dead letters and pipeline documents, of their pipeline where the topic names one.
+    "dash": RESULTS
+    | METRICS
+    | {"status_gw1", "status_gw2", "late_p", "pipeline_document"}
+    | {"deadletter_p", "deadletter_q"},
+    "dash-p": RESULTS - {"results_q"}
+    | METRICS
+    | {"status_gw1", "status_gw2", "late_p", "deadletter_p", "pipeline_document"},
     "ops": {"status_gw1", "status_gw2", "late_p", "deadletter_p", "deadletter_q"}
     | CONFIRMS
     | RESULTS

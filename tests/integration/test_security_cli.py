@@ -6,12 +6,14 @@ import asyncio
 import os
 import re
 import signal
+import ssl
 import subprocess
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+from websockets.asyncio.client import connect as ws_connect
 
 from shoal._processes import shoal_argv
 from shoal.broker import AsyncSession
@@ -54,6 +56,25 @@ def _refused(settings: BrokerSettings) -> bool:
     return False
 
 
+def _ws_connack(url: str, ca: Path, user: str, password: str) -> bytes:
+    """The CONNACK a browser logging in as ``user`` gets over the WebSocket listener."""
+
+    def sized(text: str) -> bytes:
+        return len(text).to_bytes(2, "big") + text.encode()
+
+    rest = sized("MQTT") + bytes([5, 0xC2, 0, 60, 0]) + sized("web") + sized(user)
+    rest += sized(password)
+    connect = bytes([0x10, len(rest)]) + rest
+
+    async def exchange() -> bytes:
+        context = ssl.create_default_context(cafile=str(ca))
+        async with ws_connect(url, subprotocols=["mqtt"], ssl=context) as ws:
+            await ws.send(connect)
+            return bytes(await ws.recv())
+
+    return asyncio.run(exchange())
+
+
 def _read_until(process: subprocess.Popen[str], pattern: str, timeout_s: float = 20) -> str:
     assert process.stdout is not None
     deadline = time.monotonic() + timeout_s
@@ -93,6 +114,7 @@ def test_secure_broker_command(tmp_path: Path) -> None:
     try:
         plain = _read_until(process, r"listening on mqtt://")
         tls = _read_until(process, r"TLS\s+mqtts://")
+        ws_url = re.findall(r"(wss://\S+)", _read_until(process, r"WebSockets\s+wss://"))[0]
         port = int(re.findall(r":(\d+)\s*$", plain)[0])
         tls_port = int(re.findall(r"mqtts://[^:]+:(\d+)", tls)[0])
         ca = Path(re.findall(r"clients trust (\S+)\)", tls)[0])
@@ -111,6 +133,11 @@ def test_secure_broker_command(tmp_path: Path) -> None:
         while _refused(settings.with_credentials("grafana", "dash-pw")):
             assert time.monotonic() < deadline, "the new user was not admitted"
             time.sleep(0.1)
+        # Browsers (shoal view): TLS, the reloaded dashboard user only; others get "not
+        # authorized" (0x87) from the bridge even with the right password.
+        assert _ws_connack(ws_url, ca, "grafana", "dash-pw")[3] == 0x00
+        assert _ws_connack(ws_url, ca, "grafana", "wrong")[3] == 0x87
+        assert _ws_connack(ws_url, ca, "ops", "ops-pw")[3] == 0x87
 
         mosquitto = [p for p in psutil.Process(process.pid).children() if "mosquitto" in p.name()]
         assert len(mosquitto) == 1

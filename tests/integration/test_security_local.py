@@ -53,7 +53,7 @@ def test_secure_local_pipeline_is_exact_with_roles(tmp_path) -> None:
     assert accounting.generated > 0  # type: ignore[attr-defined]
     assert accounting.exact, accounting  # type: ignore[attr-defined]
     secrets = [user.password for user in local.users.values()]
-    assert {"combiner", "worker", "admin", "simulator"} <= set(local.users)
+    assert {"combiner", "worker", "admin", "simulator", "dashboard"} <= set(local.users)
     assert len(command_lines) == 4  # combiner, two workers, the simulator
     for line in command_lines:
         assert not any(secret in line for secret in secrets), line

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import threading
 import tomllib
 from pathlib import Path
@@ -14,6 +15,8 @@ from shoal.broker.access import BrokerUser, Role, users_from_config
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.profiles import ServerTls, broker_profiles
 from shoal.errors import ConfigError
+
+DEFAULT_WS_PORT = 9001
 
 
 def register(sub: Any) -> None:
@@ -51,6 +54,15 @@ def register(sub: Any) -> None:
     )
     access.add_argument(
         "--topic-root", default="", metavar="PREFIX", help="topic root the ACL rules sit below"
+    )
+    parser.add_argument(
+        "--ws-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help=f"MQTT over WebSockets for browsers (shoal view): default {DEFAULT_WS_PORT} (a free "
+        "one if it is taken), 0 a free one, -1 none; TLS and dashboard users only in the "
+        "secure profile",
     )
     tls = parser.add_argument_group("TLS listener (secure profile)")
     tls.add_argument("--tls-port", type=int, default=8883, help="TLS listener port (0: a free one)")
@@ -98,6 +110,18 @@ def _server_tls(args: argparse.Namespace) -> ServerTls | None:
     return ServerTls(args.certfile, args.keyfile, args.cafile, args.require_client_cert)
 
 
+def _ws_port(asked: int | None) -> int | None:
+    """The WebSocket port to listen on (None: a free one)."""
+    if asked is not None:
+        return asked if asked > 0 else None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("0.0.0.0", DEFAULT_WS_PORT))  # noqa: S104 - free on every address?
+        except OSError:
+            return None
+    return DEFAULT_WS_PORT
+
+
 def run(args: argparse.Namespace) -> int:
     """Start the broker and wait for Ctrl-C or SIGTERM (SIGHUP reloads the users)."""
     broker = EmbeddedBroker(
@@ -110,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
         tls_port=args.tls_port or None,
         tls_bind=args.tls_bind,
         tls=_server_tls(args),
+        websockets=args.ws_port is None or args.ws_port >= 0,
+        ws_port=_ws_port(args.ws_port),
     )
     stop = threading.Event()
     reload = threading.Event()
@@ -119,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"shoal broker: {args.profile} profile listening on {broker.settings.url}")
         if broker.tls is not None:
             print(f"  TLS    {broker.tls_settings.url} (clients trust {broker.tls.ca_file})")
+        if broker.websockets:
+            print(f"  WebSockets {broker.ws_url} (the page: shoal view --ws-url {broker.ws_url})")
         if broker.acl_path.exists():
             print(f"  ACL    {broker.acl_path} ({len(broker.users)} user(s))")
         print(f"  config {broker.config_path}\n  log    {broker.log_path}\n  Ctrl-C to stop")

@@ -34,6 +34,14 @@ def register(sub: Any) -> None:
     parser.add_argument("--profile", default="dev", help="broker profile (default dev)")
     parser.add_argument("--run-dir", type=Path, default=None, help="keep logs and state here")
     parser.add_argument(
+        "--view-port",
+        type=int,
+        default=8580,
+        metavar="PORT",
+        help="serve the dashboard page (shoal view) here (default 8580, a free one if taken; "
+        "-1: no page)",
+    )
+    parser.add_argument(
         "--no-control-plane",
         dest="control_plane",
         action="store_false",
@@ -105,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         trace=None if args.trace is None else make_trace(args.trace).scaled(args.time_scale),
         metrics_port=args.metrics_port,
         control_plane=args.control_plane,
+        view_port=None if args.view_port < 0 else args.view_port,
     )
     accounting = Up(config).run()
     return 0 if accounting.exact else 1

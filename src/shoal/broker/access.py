@@ -39,8 +39,8 @@ class Role:
     Attributes:
         kind: gateway, worker, combiner, dashboard, admin or control (the control plane).
         pipeline: the pipeline of a worker or combiner; optional for a worker (None: a pool
-            worker, serving every deployed pipeline) and a dashboard (None: the results of
-            every pipeline).
+            worker, serving every deployed pipeline) and a dashboard (None: what ``shoal
+            view`` shows of every pipeline).
         gateways: the gateway ids a gateway user publishes for (empty: its own user name).
         inputs: a worker's input filters below the topic root (the pipeline's ``inputs``).
     """
@@ -84,7 +84,7 @@ class Role:
 
     @classmethod
     def dashboard(cls, pipeline: str | None = None) -> Role:
-        """A reader of results (of one pipeline, or all)."""
+        """A reader of results, alerts and health (of one pipeline, or all): ``shoal view``."""
         return cls("dashboard", pipeline=pipeline)
 
     @classmethod

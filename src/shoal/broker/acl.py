@@ -14,7 +14,9 @@ Roles (``R`` is the topic root, ``P`` the role's pipeline, ``G`` a gateway id)::
                  write R/results/P, R/results/P/#, R/shoal/late/P, R/shoal/confirm/+/P/+,
                        R/shoal/metrics/combiner/+, R/shoal/alerts/P/#
     dashboard    read  R/results/# (or R/results/P and R/results/P/# for one pipeline), and
-                 the alerts likewise (R/shoal/alerts/# or R/shoal/alerts/P/#)
+                 likewise the alerts (R/shoal/alerts/#), late rows (R/shoal/late/#), dead
+                 letters (R/shoal/deadletter/#) and pipeline documents (R/shoal/pipelines/+);
+                 R/shoal/metrics/# and R/shoal/gateway/+ (what ``shoal view`` shows)
     admin        read  R/shoal/gateway/+, R/shoal/confirm/#, R/results/#, R/shoal/late/#,
                        R/shoal/alerts/#,
                        R/shoal/deadletter/#, R/shoal/pipelines/#, $SYS/#;
@@ -122,16 +124,27 @@ def combiner_rules(pipeline: str, topics: Topics) -> list[Rule]:
 
 
 def dashboard_rules(pipeline: str | None, topics: Topics) -> list[Rule]:
-    """A reader of the results of ``pipeline`` (None: of every pipeline)."""
+    """A reader of the results and health of ``pipeline`` (None: of every pipeline)."""
+    # Heartbeats and gateway statuses name no pipeline in their topics: every dashboard
+    # reads them (lag, workers, watermarks and clock offsets in ``shoal view``).
+    health = [Rule("read", topics.metrics_all()), Rule("read", topics.gateway_status_all())]
     if pipeline is None:
         return [
             Rule("read", _siblings_below(topics.results(_ANY))),
             Rule("read", _every_alert(topics)),
+            Rule("read", _siblings_below(topics.late(_ANY))),
+            Rule("read", _siblings_below(topics.deadletter(_ANY))),
+            Rule("read", topics.pipeline_documents()),
+            *health,
         ]
     return [
         Rule("read", topics.results(pipeline)),
         Rule("read", f"{topics.results(pipeline)}/#"),
         Rule("read", topics.alerts(pipeline)),
+        Rule("read", topics.late(pipeline)),
+        Rule("read", topics.deadletter(pipeline)),
+        Rule("read", topics.pipeline_document(pipeline)),
+        *health,
     ]
 
 

@@ -2,7 +2,9 @@
 
 Used by ``shoal broker``, ``shoal up``, the tests and the benchmarks. The profile's files are
 written by ``shoal.broker.profiles`` (a TLS listener gets a throwaway CA and server
-certificate when none is given); this module runs, restarts and stops the process.
+certificate when none is given); this module runs, restarts and stops the process. With
+``websockets=True`` browsers reach it over MQTT/WebSockets too (``shoal.broker.websocket``):
+Mosquitto's own listener when the binary has one (dev profile), otherwise shoal's bridge.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ from shoal.broker.profiles import (
     tls_values,
     write_acl,
     write_passwords,
+    ws_listener,
 )
 from shoal.broker.settings import BrokerSettings, TlsSettings
+from shoal.broker.websocket import WebSocketBridge, mosquitto_has_websockets, server_tls
 from shoal.errors import BrokerError
 from shoal.schemas.topics import Topics
 
@@ -64,6 +68,10 @@ class EmbeddedBroker:
         startup_timeout_s: how long to wait for the listener.
         overrides: Mosquitto options that replace the profile's (or are added), e.g.
             ``{"max_queued_bytes": "8388608"}`` for a test that needs a small queue.
+        websockets: serve MQTT over WebSockets for browsers (``ws_url``): dev, plain on
+            ``bind``; secure, TLS on ``tls_bind`` with the TLS listener's certificate, for
+            users of the dashboard role only (always shoal's bridge, which checks the role).
+        ws_port: its port; None picks a free one.
 
     Example::
 
@@ -85,8 +93,14 @@ class EmbeddedBroker:
         tls: ServerTls | None = None,
         startup_timeout_s: float = 10.0,
         overrides: Mapping[str, str] | None = None,
+        websockets: bool = False,
+        ws_port: int | None = None,
     ) -> None:
         self.profile = profile
+        self.websockets = websockets
+        self._ws_port = ws_port
+        self._native_ws = False
+        self._bridge: WebSocketBridge | None = None
         self.overrides = dict(overrides or {})
         self.bind = bind
         self._port = port
@@ -146,6 +160,20 @@ class EmbeddedBroker:
         )
 
     @property
+    def ws_url(self) -> str:
+        """``ws://host:port`` (or ``wss://`` in the secure profile) for browsers, once started."""
+        if not self.websockets or self._ws_port is None:
+            raise BrokerError("the broker serves no WebSockets (websockets=False), or is not up")
+        secure = self._secure_ws
+        host = _dial_host(self.tls_bind if secure else self.bind)
+        return f"{'wss' if secure else 'ws'}://{host}:{self._ws_port}"
+
+    @property
+    def ws_bridged(self) -> bool:
+        """Whether browsers go through shoal's bridge (not Mosquitto's own listener)."""
+        return self._bridge is not None
+
+    @property
     def acl_path(self) -> Path:
         """The rendered ACL file (profiles with access control)."""
         return self.data_dir / "acl"
@@ -197,6 +225,11 @@ class EmbeddedBroker:
                 binary, self.config_path, self.data_dir / "mosquitto.stderr", self.log_path
             )
             if process.wait_listening(self.settings_host, self.port, self.startup_timeout_s):
+                try:
+                    self._start_bridge()
+                except BrokerError:
+                    self.stop()  # no mosquitto left behind by a failed start
+                    raise
                 return self
             self._process = None
             stderr = process.reap()
@@ -239,13 +272,18 @@ class EmbeddedBroker:
         if not self.running or self._process is None:
             return
         write_passwords(self.password_path, self.users)
+        if self._bridge is not None and self._bridge.allowed_users is not None:
+            self._bridge.allowed_users = self._dashboard_users()
         if self.acl_path.exists():
             write_acl(self.acl_path, self.profile, self.users, self.topics)
         self._process.reload()
 
     def close(self) -> None:
-        """Stop and, if the data folder was temporary, remove it."""
+        """Stop (the WebSocket bridge too) and, if the data folder was temporary, remove it."""
         self.stop()
+        bridge, self._bridge = self._bridge, None
+        if bridge is not None:
+            bridge.stop()
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
@@ -285,4 +323,37 @@ class EmbeddedBroker:
             if self._tls_port is None:
                 self._tls_port = free_port(self.settings_host)
             values.update(tls_values(self.tls, self._tls_port, self.tls_bind))
-        self.config_path.write_text(override(fill(template, values, source), self.overrides))
+        config = override(fill(template, values, source), self.overrides)
+        if self.websockets:
+            if self._ws_port is None:
+                self._ws_port = free_port(self.settings_host)
+            # Mosquitto's own listener only where no role check is needed (no ACL).
+            self._native_ws = not self._secure_ws and mosquitto_has_websockets(mosquitto_binary())
+            if self._native_ws:
+                config += ws_listener(self._ws_port, self.bind)
+        self.config_path.write_text(config)
+
+    @property
+    def _secure_ws(self) -> bool:
+        return self.tls is not None or "${acl_file}" in profile_template(self.profile)[1]
+
+    def _dashboard_users(self) -> frozenset[str]:
+        return frozenset(
+            u.name for u in self.users if u.role is not None and u.role.kind == "dashboard"
+        )
+
+    def _start_bridge(self) -> None:
+        """Start shoal's WebSocket bridge once (it outlives restarts of mosquitto)."""
+        if not self.websockets or self._native_ws or self._bridge is not None:
+            return
+        assert self._ws_port is not None  # chosen by _render
+        secure = self._secure_ws
+        tls = self.tls if secure else None
+        self._bridge = WebSocketBridge(
+            self.settings_host,
+            self.port,
+            bind=self.tls_bind if secure else self.bind,
+            port=self._ws_port,
+            tls=None if tls is None else server_tls(tls.cert_file, tls.key_file),
+            allowed_users=self._dashboard_users() if secure else None,
+        ).start()

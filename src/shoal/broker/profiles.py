@@ -169,3 +169,14 @@ def tls_values(tls: ServerTls, port: int, bind: str) -> dict[str, str]:
         "tls_key_file": str(tls.key_file),
         "tls_require_certificate": "true" if tls.require_client_certificate else "false",
     }
+
+
+def ws_listener(port: int, bind: str) -> str:
+    """Mosquitto's own MQTT-over-WebSockets listener, to append to a rendered config.
+
+    Appended last, so that no listener option later in the profile lands on it.
+    """
+    return (
+        "\n# MQTT over WebSockets for browsers (shoal view)\n"
+        f"listener {port} {bind}\nprotocol websockets\n"
+    )

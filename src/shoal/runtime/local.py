@@ -244,6 +244,7 @@ class LocalPipeline:
             data_dir=self.run_dir / "broker",
             users=list(self.users.values()),
             overrides=dict(config.broker_overrides),
+            websockets=True,  # for the page of `shoal view` (shoal up serves it)
         )
         self.children: list[ChildProcess] = []
         self.simulators: list[ChildProcess] = []
@@ -533,6 +534,7 @@ def _role_users(config: LocalPipelineConfig) -> dict[str, BrokerUser]:
         "combiner": Role.combiner(spec.name),
         "worker": Role.worker(spec.name, spec.inputs),
         "admin": Role.admin(),
+        "dashboard": Role.dashboard(spec.name),  # the page of `shoal up` (shoal view)
         # The simulator's gateways (``shoal simulate``'s default ids, unless told otherwise).
         "simulator": Role.gateway(*(config.gateway_ids or DEFAULT_SIMULATED_GATEWAYS)),
     }

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from shoal.clock import Clock
+from shoal.errors import ConfigError
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime.loadtrace import GatewayLoad, Trace, TraceDriver
 from shoal.runtime.local import (
@@ -30,6 +31,7 @@ from shoal.runtime.scaler import Scaler, ScalerConfig, ScaleRecord
 from shoal.scaler.http import MetricsServer
 from shoal.scaler.monitor import Snapshot
 from shoal.scaler.policy import Bounds
+from shoal.view.server import PageConfig, ViewServer
 from shoal.view.status import gateway_notes, partition_notes, pipeline_status
 
 
@@ -54,6 +56,7 @@ class UpConfig:
         trace: a load trace the simulated gateways follow (None: the scenario throughout).
         metrics_port: serve the scaler's Prometheus and KEDA endpoints here (None: no).
         control_plane: run the control plane too, for ``shoal pipeline`` (CONTRACT.md §22).
+        view_port: serve the ``shoal view`` page here (0: any free port; None: no page).
     """
 
     spec: PipelineSpec
@@ -72,6 +75,7 @@ class UpConfig:
     trace: Trace | None = None
     metrics_port: int | None = None
     control_plane: bool = True
+    view_port: int | None = None
 
 
 class Up:
@@ -103,10 +107,14 @@ class Up:
 
     def run(self) -> Accounting:
         """Start everything, show the view until the duration ends or Ctrl-C, then settle."""
+        view = None
         try:
             self.local.start()
+            view = self._start_view()
             return asyncio.run(self._main())
         finally:
+            if view is not None:
+                view.close()
             self.local.stop()
 
     async def _main(self) -> Accounting:
@@ -132,6 +140,27 @@ class Up:
             accounting = await self.local.settle(session)
         self._print_summary(accounting, self.local.clock.monotonic() - started)
         return accounting
+
+    def _start_view(self) -> ViewServer | None:
+        """Serve the dashboard page (``shoal view``) and print its address."""
+        if self.config.view_port is None:
+            return None
+        broker = self.local.broker
+        user = self.local.users.get("dashboard")  # profiles with access control only
+        config = PageConfig(
+            ws_url=broker.ws_url, login=user is not None, username=user.name if user else ""
+        )
+        try:
+            view = ViewServer(config, port=self.config.view_port).start()
+        except ConfigError:  # the port is taken: any free one
+            view = ViewServer(config, port=0).start()
+        self._line(f"dashboard: {view.url} (MQTT over WebSockets: {broker.ws_url})")
+        if user is not None:
+            secret = self.local.run_dir / "dashboard-password"
+            secret.touch(0o600)
+            secret.write_text(user.password + "\n")
+            self._line(f"  log in as {user.name}, with the password in {secret}")
+        return view
 
     async def _start_scaler(self) -> MetricsServer | None:
         cfg = self.config

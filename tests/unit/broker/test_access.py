@@ -77,6 +77,19 @@ def test_every_rule_covers_the_topics_the_components_use() -> None:
     assert allowed(Role.dashboard(), "read", ROOT.result_key("q", "k"))
     assert not allowed(Role.dashboard("p"), "read", ROOT.results("q"))
     assert not allowed(Role.dashboard(), "write", ROOT.results("p"))
+    # What `shoal view` shows besides results: read-only, and a pipeline's own for dashboard:P.
+    for topic in (ROOT.late("p"), ROOT.deadletter("p"), ROOT.pipeline_document("p")):
+        assert allowed(Role.dashboard(), "read", topic)
+        assert allowed(Role.dashboard("p"), "read", topic)
+        assert not allowed(Role.dashboard("q"), "read", topic)
+        assert not allowed(Role.dashboard(), "write", topic)
+    for topic in (ROOT.metrics("worker", "w-1"), ROOT.gateway_status("gw")):
+        assert allowed(Role.dashboard("q"), "read", topic)
+        assert not allowed(Role.dashboard(), "write", topic)
+    assert not allowed(Role.dashboard(), "read", ROOT.pipeline_request("c"))
+    assert not allowed(Role.dashboard(), "read", ROOT.pipeline_reply("c"))
+    assert not allowed(Role.dashboard(), "read", ROOT.confirm("gw", "p", 0))
+    assert not allowed(Role.dashboard(), "read", ROOT.partials("p", 0))
     assert allowed(Role.admin(), "write", ROOT.combiner_control("p"))
     assert allowed(Role.admin(), "read", ROOT.deadletter("p"))
     assert not allowed(Role.admin(), "read", ROOT.ingest("s", "gw"))
@@ -96,6 +109,11 @@ def test_no_root_means_top_level_topics() -> None:
     assert [r.line() for r in Role.dashboard().rules("d", Topics())] == [
         "topic read results/#",
         "topic read shoal/alerts/#",
+        "topic read shoal/late/#",
+        "topic read shoal/deadletter/#",
+        "topic read shoal/pipelines/+",
+        "topic read shoal/metrics/#",
+        "topic read shoal/gateway/+",
     ]
 
 
@@ -190,5 +208,8 @@ def test_only_admin_requests_pipelines_and_only_the_control_plane_answers() -> N
         Rule("write", "site/shoal/pipelines/_reply/+"),
         Rule("readwrite", "site/shoal/control/+"),
     ]
-    for role in (Role.worker("p"), Role.combiner("p"), Role.dashboard(), Role.gateway("g")):
+    for role in (Role.worker("p"), Role.combiner("p"), Role.gateway("g")):
         assert not any("pipelines" in r.topic for r in role.rules("u", topics)), role
+    # A dashboard reads the documents (shoal view lists the deployed pipelines), nothing else.
+    dashboard = [r for r in Role.dashboard().rules("u", topics) if "pipelines" in r.topic]
+    assert dashboard == [Rule("read", "site/shoal/pipelines/+")]
