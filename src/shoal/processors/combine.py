@@ -39,6 +39,14 @@ and the counters, the alerts' state (``shoal.rules.alerts``), but not early arri
 re-sent, as they were never confirmed). Confirmations name only seqs covered by a durable
 snapshot.
 
+Close log (``shoal.processors.close_log``): every close and flush is recorded with the applied
+vector it ran at (``close_log``; the runtime persists it before publishing). ``restore`` with
+the log re-takes those closes in order (``replaying``): released batches below the next
+logged close's vector are applied, those above it are held, and the close runs once every
+batch below its vector is back; so a close that depended on timing, and every correction,
+late report and session that followed from it, comes out as before the crash whatever order
+the re-sends arrive in. A replay stuck for ``max_hold_ms`` is given up (counted).
+
 Rules (``shoal.rules``): closed results first feed the alerts (every row), then ``having``
 withholds the rows that fail it (counted as ``results_withheld``/``rows_withheld``); the
 workers' row stage already removed rows before partials (``rows_filtered``, within

@@ -895,7 +895,7 @@ def _without_keys(frame: pl.DataFrame, keys: set[str | None]) -> pl.DataFrame:
 
 def _write_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f"{path.name}.tmp")  # the checkpoint and the close log, side by side
     with tmp.open("wb") as fh:
         fh.write(data)
         fh.flush()
