@@ -590,6 +590,13 @@ class ChaosRun:
                 "republished_identical": self.ledger.republished,
                 "conflicting_copies": self.ledger.conflicts,
                 "corrections": self.ledger.corrections,
+                # closes re-taken from the close log by restored combiners (and given up)
+                "closes_replayed": sum(
+                    int(c.get("closes_replayed", 0)) for c in snap.combiners.values()
+                ),
+                "replays_abandoned": sum(
+                    int(c.get("replays_abandoned", 0)) for c in snap.combiners.values()
+                ),
                 "late_reports": len(self.ledger.late),
                 "unreadable": self.ledger.unreadable,
             },
@@ -783,7 +790,9 @@ def format_record(record: dict[str, Any]) -> str:
         f"  lost {m['lost']}  duplicated {m['duplicated']}  "
         f"(windows re-published identically: {record['results']['republished_identical']}, "
         f"conflicting: {record['results']['conflicting_copies']}; "
-        f"corrections: {record['results']['corrections']}); "
+        f"corrections: {record['results']['corrections']}; closes re-taken after restarts: "
+        f"{record['results'].get('closes_replayed', 0)}, replays given up: "
+        f"{record['results'].get('replays_abandoned', 0)}); "
         f"{'EXACT' if record['exact'] else 'NOT EXACT'}",
         "  memory    peak RSS MB by kind: "
         + ", ".join(f"{k} {v:.0f}" for k, v in record["memory"]["peak_rss_mb_by_kind"].items())
