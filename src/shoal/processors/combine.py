@@ -685,7 +685,9 @@ class Combiner:
     # -- confirmations and checkpoints ---------------------------------------------------------
 
     def confirmable(self) -> dict[str, int]:
-        """Highest contiguous applied seq per gateway."""
+        """Highest contiguous applied seq per gateway (the restored ones while replaying)."""
+        if self._replay:
+            return {g: seq - 1 for g, seq in self._restored.items()}
         return self.tracker.confirmable()
 
     def gaps(self, limit: int) -> dict[str, tuple[int, ...]]:

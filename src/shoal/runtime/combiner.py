@@ -696,10 +696,13 @@ class CombinerRuntime:
     async def _checkpoint(self, session: Session) -> None:
         """Snapshot, wait for the outputs it relies on, persist, then confirm.
 
-        None while logged closes are re-taken: the checkpoint on disk and the close log
-        still describe everything, and the batches held for later must not be confirmed.
+        While logged closes are re-taken no snapshot is taken (the checkpoint on disk and the
+        close log still describe everything, and held batches must not be confirmed): only
+        the restored checkpoint's seqs are confirmed, with the gaps that hold the replay up,
+        so that their gateways re-send them at once.
         """
         if self.core.replaying:
+            await self._confirm(session, self.core.confirmable(), self._lasting_gaps())
             return
         snapshot = self.core.snapshot() if self.config.state_dir is not None else None
         generation = self.core.close_log.generation
