@@ -228,6 +228,7 @@ class Combiner:
             self.counters.foreign_partials += 1
             return Step()
         now = self.clock.now_ms()
+        self._note_life(partial.batch.gateway_id, now)
         ready = self.tracker.offer(partial.batch.gateway_id, partial.batch.seq, partial, now)
         return self._apply_all(ready, now)
 
@@ -244,6 +245,7 @@ class Combiner:
     def receive_status(self, status: GatewayStatus) -> Step:
         """Take a gateway's status (may set its starting seq, unblocking partials)."""
         now = self.clock.now_ms()
+        self._note_life(status.gateway_id, now)
         return self._apply_all(self.tracker.note_status(status, now), now)
 
     def _apply_all(self, ready: list[tuple[int, Partial]], now: int) -> Step:
@@ -401,8 +403,9 @@ class Combiner:
     def tick(self) -> Step:
         """Start gateways that never announced themselves, then close what can close.
 
-        A replay of the close log that has waited ``max_hold_ms`` for a batch it names is
-        given up (counted): the rest of the log is forgotten and the combiner runs freely.
+        A replay of the close log whose gateways have been silent for ``max_hold_ms`` while
+        it waited for their batches is given up (counted): the rest of the log is forgotten
+        and the combiner runs freely.
         """
         now = self.clock.now_ms()
         step = self._apply_all(
@@ -436,6 +439,22 @@ class Combiner:
             for g, p in self.tracker.gateways.items()
             if p.next_seq is not None
         }
+
+    def _note_life(self, gateway_id: str, now: int) -> None:
+        """A replay waiting for this gateway's batches goes on waiting while it sends.
+
+        Any copy counts, a duplicate included: a gateway that sends re-sends its oldest
+        unconfirmed batches first, so the one the logged close waits for comes (after a
+        backlog, under overload, that can take far longer than ``max_hold_ms``). A replay
+        is given up only when the gateways it waits for stay silent that long.
+        """
+        if self._replay:
+            needed = self._replay[0].applied.get(gateway_id)
+            progress = self.tracker.gateways.get(gateway_id)
+            next_seq = None if progress is None else progress.next_seq
+            applied = -1 if next_seq is None else next_seq - len(self._held.get(gateway_id, ()))
+            if needed is not None and applied < needed:
+                self._replay_progress_ms = now
 
     def _run_replay(self, step: Step, now: int) -> None:
         """Re-take every logged close whose batches are all back; hold the later batches."""

@@ -240,3 +240,40 @@ def test_without_the_close_log_the_same_restart_publishes_conflicting_copies() -
     conflicting, kept = _restart_with_resends_in_another_order(with_log=False)
     assert conflicting == ["revision 1"]
     assert kept == {"j": 2, "k": 3}  # the consumer keeps revision 3: b's new row is missing
+
+
+def test_a_replay_waits_while_its_gateway_sends_and_is_given_up_when_it_is_silent() -> None:
+    h = Harness(SPEC)
+    log = bytearray()
+
+    def persist(combiner: Combiner) -> None:
+        write = combiner.take_log()
+        if write is not None:
+            log[:] = write.data if write.replace else bytes(log) + write.data
+
+    for gateway_id, next_seq in (("a", 2), ("b", 1)):
+        h.combiner.receive_status(status(gateway_id, 0, next_seq))
+    h.send("a", 0, [("k", 5_100, 1.0)])
+    h.send("b", 0, [("k", 5_200, 1.0)])
+    checkpoint = h.combiner.snapshot()
+    h.clock.advance(IDLE + 1)
+    h.send("a", 1, [("k", 7_000, 1.0)])
+    assert h.combiner.tick().closed is not None  # b quiet: the window closes without it
+    h.send("b", 1, [("k", 5_400, 1.0)])  # a correction
+    h.combiner.tick()
+    persist(h.combiner)
+
+    restored = Combiner(SPEC, 0, h.clock)
+    restored.restore(checkpoint, bytes(log))
+    restored.receive(h.partial("b", 1, [("k", 5_400, 1.0)]))  # held: a1 comes first
+    bound = SPEC.hold_bound_ms
+    for _ in range(3):  # a re-sends its old batch (a duplicate): it is alive, keep waiting
+        h.clock.advance(bound - 1)
+        restored.receive(h.partial("a", 0, [("k", 5_100, 1.0)]))
+        assert restored.tick().closed is None
+        assert restored.replaying
+    h.clock.advance(bound)  # then a falls silent: the replay is given up
+    step = restored.tick()
+    assert not restored.replaying
+    assert restored.counters.replays_abandoned == 1
+    assert step.applied == 1  # b1, held until then
