@@ -45,7 +45,8 @@ the log re-takes those closes in order (``replaying``): released batches below t
 logged close's vector are applied, those above it are held, and the close runs once every
 batch below its vector is back; so a close that depended on timing, and every correction,
 late report and session that followed from it, comes out as before the crash whatever order
-the re-sends arrive in. A replay stuck for ``max_hold_ms`` is given up (counted).
+the re-sends arrive in. A replay whose gateways stay silent for ``max_hold_ms`` is given up
+(counted).
 
 Rules (``shoal.rules``): closed results first feed the alerts (every row), then ``having``
 withholds the rows that fail it (counted as ``results_withheld``/``rows_withheld``); the

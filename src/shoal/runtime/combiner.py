@@ -659,8 +659,8 @@ class CombinerRuntime:
             self._write_log()
             if self.core.counters.replays_abandoned > abandoned:
                 log.warning(
-                    "combiner %s: gave up re-taking logged closes after %d ms without the "
-                    "batches they name; running freely",
+                    "combiner %s: gave up re-taking logged closes: the gateways they wait "
+                    "for sent nothing for %d ms; running freely",
                     self.config.client_id,
                     self.config.spec.hold_bound_ms,
                 )
