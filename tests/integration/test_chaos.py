@@ -40,6 +40,8 @@ def _check(record: dict, *, kills: int) -> None:
     assert m["applied"] == m["published"]
     assert m["in_results"] + m["late"] == m["published"]
     assert record["results"]["conflicting_copies"] == 0
+    if record["config"]["late_share"] > 0:  # the default: corrections through the kills
+        assert record["results"]["corrections"] > 0
     assert record["batches"]["all_confirmed"]
     assert record["exact"]
     assert f["kills"] >= kills

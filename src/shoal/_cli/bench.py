@@ -364,10 +364,10 @@ def _register_chaos(benches: Any) -> None:
     chaos.add_argument(
         "--late-share",
         type=float,
-        default=0.0,
+        default=0.002,
         metavar="FRACTION",
         help="share of base-load measurements stamped 5 s back, folded in as corrections "
-        "(default 0: none; e.g. 0.002 exercises corrections through the kills)",
+        "through the kills (default 0.002; 0: none, and no allowed lateness)",
     )
     chaos.add_argument(
         "--rss-limit-mb", type=float, default=1500.0, help="peak RSS allowed per component"

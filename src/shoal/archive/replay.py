@@ -184,7 +184,7 @@ class _Run:
         self.clock = clock
         self.report = report
         self.builder = PartialBuilder(spec, REPLAY_WORKER)
-        self.combiners = [Combiner(spec, p, clock) for p in range(spec.partitions)]
+        self.combiners = [Combiner(spec, p, clock, logged=False) for p in range(spec.partitions)]
         self.expected: dict[str, int] = {}
         self.streams: dict[str, str] = {}
         self.messages: list[bytes] = []

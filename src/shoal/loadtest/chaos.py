@@ -106,9 +106,10 @@ class ChaosConfig:
         seed: choice of kill victims.
         late_share: share of base-load measurements stamped ``LATE_BY_MS`` back: late for
             their window, within the pipeline's allowed lateness, so they come back as
-            corrections (revised results). Off by default: with kills, a restored combiner
-            can number a window's revisions differently from before the crash (issue 14's
-            notes), which this ledger reports as conflicts.
+            corrections (revised results) while combiners are killed; a restored combiner
+            re-takes its logged closes, so every copy of a window revision has the same
+            rows (the ledger counts a different one as a conflict). 0: no late rows, and
+            the pipeline allows no lateness.
         rss_limit_mb: peak RSS allowed per component.
         settle_timeout_s: how long draining and flushing may take at the end.
         run_dir: logs, spools, checkpoints (None: a temporary folder, removed afterwards).
@@ -133,7 +134,7 @@ class ChaosConfig:
     scaler: bool = True
     profile: str = "dev"
     seed: int = 0
-    late_share: float = 0.0
+    late_share: float = 0.002
     rss_limit_mb: float = 1_500.0
     settle_timeout_s: float = 240.0
     run_dir: Path | None = None
@@ -589,6 +590,13 @@ class ChaosRun:
                 "republished_identical": self.ledger.republished,
                 "conflicting_copies": self.ledger.conflicts,
                 "corrections": self.ledger.corrections,
+                # closes re-taken from the close log by restored combiners (and given up)
+                "closes_replayed": sum(
+                    int(c.get("closes_replayed", 0)) for c in snap.combiners.values()
+                ),
+                "replays_abandoned": sum(
+                    int(c.get("replays_abandoned", 0)) for c in snap.combiners.values()
+                ),
                 "late_reports": len(self.ledger.late),
                 "unreadable": self.ledger.unreadable,
             },
@@ -782,7 +790,9 @@ def format_record(record: dict[str, Any]) -> str:
         f"  lost {m['lost']}  duplicated {m['duplicated']}  "
         f"(windows re-published identically: {record['results']['republished_identical']}, "
         f"conflicting: {record['results']['conflicting_copies']}; "
-        f"corrections: {record['results']['corrections']}); "
+        f"corrections: {record['results']['corrections']}; closes re-taken after restarts: "
+        f"{record['results'].get('closes_replayed', 0)}, replays given up: "
+        f"{record['results'].get('replays_abandoned', 0)}); "
         f"{'EXACT' if record['exact'] else 'NOT EXACT'}",
         "  memory    peak RSS MB by kind: "
         + ", ".join(f"{k} {v:.0f}" for k, v in record["memory"]["peak_rss_mb_by_kind"].items())

@@ -39,6 +39,15 @@ and the counters, the alerts' state (``shoal.rules.alerts``), but not early arri
 re-sent, as they were never confirmed). Confirmations name only seqs covered by a durable
 snapshot.
 
+Close log (``shoal.processors.close_log``): every close and flush is recorded with the applied
+vector it ran at (``close_log``; the runtime persists it before publishing). ``restore`` with
+the log re-takes those closes in order (``replaying``): released batches below the next
+logged close's vector are applied, those above it are held, and the close runs once every
+batch below its vector is back; so a close that depended on timing, and every correction,
+late report and session that followed from it, comes out as before the crash whatever order
+the re-sends arrive in. A replay whose gateways stay silent for ``max_hold_ms`` is given up
+(counted).
+
 Rules (``shoal.rules``): closed results first feed the alerts (every row), then ``having``
 withholds the rows that fail it (counted as ``results_withheld``/``rows_withheld``); the
 workers' row stage already removed rows before partials (``rows_filtered``, within
@@ -47,6 +56,7 @@ workers' row stage already removed rows before partials (``rows_filtered``, with
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -57,6 +67,7 @@ import polars as pl
 
 from shoal.clock import Clock
 from shoal.errors import SchemaError, UsageError
+from shoal.processors.close_log import CloseLog, Decision, LogWrite
 from shoal.processors.count import CountState
 from shoal.processors.partials import EventRows, Partial, PartialRows, spec_fingerprint
 from shoal.processors.progress import GatewayProgress, ProgressTracker
@@ -96,6 +107,10 @@ class CombinerCounters:
     """Result rows (window, key) that ``having`` kept from being published."""
     rows_withheld: int = 0
     """The ``rows`` of those result rows (measurements counted by no published result)."""
+    closes_replayed: int = 0
+    """Closes and flushes re-taken from the close log after a restore (``close_log``)."""
+    replays_abandoned: int = 0
+    """Replays given up because a batch the close log names was not sent again in time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +140,16 @@ class LateRows:
 
 @dataclass
 class Step:
-    """What one call to the combiner produced."""
+    """What one call to the combiner produced.
+
+    ``replayed``: closes re-taken from the close log after a restore (published before
+    ``closed``, in order).
+    """
 
     applied: int = 0
     late: list[LateRows] = field(default_factory=list)
     closed: ClosedWindows | None = None
+    replayed: list[ClosedWindows] = field(default_factory=list)
 
 
 class Combiner:
@@ -142,7 +162,13 @@ class Combiner:
         clock: Clock,
         *,
         max_pending_bytes: int | None = MAX_PENDING_BYTES,
+        logged: bool = True,
     ) -> None:
+        """Build one partition's core.
+
+        ``logged``: keep the close log (``close_log``); off for a combiner that never takes a
+        snapshot, as entries are only forgotten once a snapshot is durable.
+        """
         if not 0 <= partition < spec.partitions:
             raise UsageError(f"{spec.name}: partition {partition} outside 0..{spec.partitions - 1}")
         self.spec = spec
@@ -176,6 +202,13 @@ class Combiner:
         self.alerts = AlertBook(spec.alerts)
         self.transitions: list[Transition] = []
         """Alert transitions of closed windows, in order, until the runtime takes them."""
+        self.close_log = CloseLog(enabled=logged)
+        """Closes decided since the last snapshot, for the runtime to persist (``close_log``)."""
+        self._replay: deque[Decision] = deque()  # logged closes still to re-take
+        self._replayed: list[Decision] = []  # re-taken so far (kept if the replay is given up)
+        self._restored: dict[str, int] = {}  # the applied vector of the restored snapshot
+        self._held: dict[str, deque[Partial]] = {}  # released batches after the next close
+        self._replay_progress_ms = 0
 
     # -- input -----------------------------------------------------------------------------
 
@@ -196,6 +229,7 @@ class Combiner:
             self.counters.foreign_partials += 1
             return Step()
         now = self.clock.now_ms()
+        self._note_life(partial.batch.gateway_id, now)
         ready = self.tracker.offer(partial.batch.gateway_id, partial.batch.seq, partial, now)
         return self._apply_all(ready, now)
 
@@ -212,19 +246,28 @@ class Combiner:
     def receive_status(self, status: GatewayStatus) -> Step:
         """Take a gateway's status (may set its starting seq, unblocking partials)."""
         now = self.clock.now_ms()
+        self._note_life(status.gateway_id, now)
         return self._apply_all(self.tracker.note_status(status, now), now)
 
     def _apply_all(self, ready: list[tuple[int, Partial]], now: int) -> Step:
         step = Step()
-        for _, partial in ready:
-            late = self._apply(partial, now)
-            step.applied += 1
-            if late is not None:
-                step.late.append(late)
+        if self._replay:
+            for _, partial in ready:
+                self._held.setdefault(partial.batch.gateway_id, deque()).append(partial)
+            self._run_replay(step, now)
+        else:
+            for _, partial in ready:
+                self._apply_into(step, partial, now)
         gateways = self.tracker.gateways.values()
         self.counters.duplicate_batches = sum(g.duplicates for g in gateways)
         self.counters.deferred_batches = sum(g.deferred for g in gateways)
         return step
+
+    def _apply_into(self, step: Step, partial: Partial, now: int) -> None:
+        late = self._apply(partial, now)
+        step.applied += 1
+        if late is not None:
+            step.late.append(late)
 
     def _apply(self, partial: Partial, now: int) -> LateRows | None:
         batch = partial.batch
@@ -359,17 +402,98 @@ class Combiner:
     # -- time --------------------------------------------------------------------------------
 
     def tick(self) -> Step:
-        """Start gateways that never announced themselves, then close what can close."""
+        """Start gateways that never announced themselves, then close what can close.
+
+        A replay of the close log whose gateways have been silent for ``max_hold_ms`` while
+        it waited for their batches is given up (counted): the rest of the log is forgotten
+        and the combiner runs freely.
+        """
         now = self.clock.now_ms()
-        step = Step()
-        for gateway_id, _seq, partial in self.tracker.resolve_starts(now):
-            del gateway_id
-            late = self._apply(partial, now)
-            step.applied += 1
-            if late is not None:
-                step.late.append(late)
+        step = self._apply_all(
+            [(seq, partial) for _, seq, partial in self.tracker.resolve_starts(now)], now
+        )
+        if self._replay and now - self._replay_progress_ms >= self.spec.hold_bound_ms:
+            self._abandon_replay(step, now)
         step.closed = self.close_ready(now)
         return step
+
+    # -- the close log (``close_log``) -------------------------------------------------------
+
+    @property
+    def replaying(self) -> bool:
+        """Whether logged closes are still being re-taken (no snapshot may be taken)."""
+        return bool(self._replay)
+
+    @property
+    def pending_closes(self) -> int:
+        """Logged closes not re-taken yet."""
+        return len(self._replay)
+
+    def take_log(self) -> LogWrite | None:
+        """Close-log bytes to write before publishing what this core decided so far."""
+        return self.close_log.take()
+
+    def _vector(self) -> dict[str, int]:
+        """The applied vector: per gateway, the next seq to apply."""
+        return {
+            g: p.next_seq - len(self._held.get(g, ()))
+            for g, p in self.tracker.gateways.items()
+            if p.next_seq is not None
+        }
+
+    def _note_life(self, gateway_id: str, now: int) -> None:
+        """A replay waiting for this gateway's batches goes on waiting while it sends.
+
+        Any copy counts, a duplicate included: a gateway that sends re-sends its oldest
+        unconfirmed batches first, so the one the logged close waits for comes (after a
+        backlog, under overload, that can take far longer than ``max_hold_ms``). A replay
+        is given up only when the gateways it waits for stay silent that long.
+        """
+        if self._replay:
+            needed = self._replay[0].applied.get(gateway_id)
+            progress = self.tracker.gateways.get(gateway_id)
+            next_seq = None if progress is None else progress.next_seq
+            applied = -1 if next_seq is None else next_seq - len(self._held.get(gateway_id, ()))
+            if needed is not None and applied < needed:
+                self._replay_progress_ms = now
+
+    def _run_replay(self, step: Step, now: int) -> None:
+        """Re-take every logged close whose batches are all back; hold the later batches."""
+        while self._replay:
+            decision = self._replay[0]
+            for gateway_id, held in self._held.items():
+                limit = decision.applied.get(gateway_id)
+                while held and limit is not None and held[0].batch.seq < limit:
+                    self._apply_into(step, held.popleft(), now)
+                    self._replay_progress_ms = now
+            applied = self._vector()
+            if any(applied.get(g, -1) < seq for g, seq in decision.applied.items()):
+                return  # a batch applied before this close has not been sent again yet
+            self._replay.popleft()
+            self._replayed.append(decision)
+            self.counters.closes_replayed += 1
+            self._replay_progress_ms = now
+            closed = self._having(
+                self._flush() if decision.kind == "flush" else self._close_at(decision.threshold)
+            )
+            if closed is not None and not closed.empty:
+                step.replayed.append(closed)
+        self._end_replay(step, now)
+
+    def _abandon_replay(self, step: Step, now: int) -> None:
+        """Forget the logged closes not re-taken yet and run freely (counted)."""
+        self.counters.replays_abandoned += 1
+        self.close_log.keep(self._replayed, self._restored)
+        self._replay.clear()
+        self._end_replay(step, now)
+
+    def _end_replay(self, step: Step, now: int) -> None:
+        """Apply the batches held for after the last logged close, in each gateway's order."""
+        held, self._held = self._held, {}
+        for queue in held.values():
+            for partial in queue:
+                self._apply_into(step, partial, now)
+        self._replayed = []
 
     def close_threshold(self, now_ms: int) -> int | None:
         """Windows ending at or before this may close (pipeline watermark minus lateness)."""
@@ -402,7 +526,23 @@ class Combiner:
         return ClosedWindows(passing, closed.revisions)
 
     def _close_ready(self, now_ms: int) -> ClosedWindows | None:
+        if self._replay:
+            return None  # closes are re-taken from the log, each once its batches are back
         threshold = self.close_threshold(now_ms)
+        decides = bool(self._dirty) or (
+            threshold is not None
+            and (self.closed_through is None or threshold > self.closed_through)
+        )
+        closed = self._close_at(threshold)
+        if decides:
+            # Logged even when nothing is published: the threshold judges later batches.
+            self.close_log.record(
+                Decision("close", threshold, self._vector()),
+                sync=closed is not None and not closed.empty,
+            )
+        return closed
+
+    def _close_at(self, threshold: int | None) -> ClosedWindows | None:
         if self.counts is not None:
             return self._close_counts(threshold)
         if self.spec.allowed_lateness_ms:
@@ -510,9 +650,23 @@ class Combiner:
 
     def flush(self) -> ClosedWindows:
         """Close every open window now, as at the end of the input (``having`` applied)."""
-        closed = self._having(self._flush())
+        closed = self.flush_step().closed
         assert closed is not None
         return closed
+
+    def flush_step(self) -> Step:
+        """``flush``, with the late rows of batches it had to apply first.
+
+        During a replay of the close log, the logged closes still waiting for their batches
+        are given up first (a flush is the operator's end of input) and the held batches are
+        applied.
+        """
+        step = Step()
+        if self._replay:
+            self._abandon_replay(step, self.clock.now_ms())
+        step.closed = self._having(self._flush())
+        self.close_log.record(Decision("flush", None, self._vector()))
+        return step
 
     def _flush(self) -> ClosedWindows:
         """Close every open window now, as at the end of the input.
@@ -551,7 +705,9 @@ class Combiner:
     # -- confirmations and checkpoints ---------------------------------------------------------
 
     def confirmable(self) -> dict[str, int]:
-        """Highest contiguous applied seq per gateway."""
+        """Highest contiguous applied seq per gateway (the restored ones while replaying)."""
+        if self._replay:
+            return {g: seq - 1 for g, seq in self._restored.items()}
         return self.tracker.confirmable()
 
     def gaps(self, limit: int) -> dict[str, tuple[int, ...]]:
@@ -563,7 +719,17 @@ class Combiner:
         return self.tracker.pipeline_watermark(self.clock.now_ms())
 
     def snapshot(self) -> bytes:
-        """Serialise everything needed to resume exactly (see the module docstring)."""
+        """Serialise everything needed to resume exactly (see the module docstring).
+
+        Marks the close log: once this snapshot is durable, ``close_log.settle`` with its
+        generation keeps only the closes decided after it.
+
+        Raises:
+            UsageError: while logged closes are being re-taken (``replaying``).
+        """
+        if self._replay:
+            raise UsageError(f"{self.spec.name}: no snapshot while the close log is replayed")
+        generation = self.close_log.mark(self._vector())
         state = self.state.snapshot_rows()
         sessions = self.sessions.snapshot_rows()
         gateways = [
@@ -590,6 +756,7 @@ class Combiner:
                 "pipeline": self.spec.name,
                 "partition": self.partition,
                 "fingerprint": self.fingerprint,
+                "generation": generation,
                 "closed_through": self.closed_through,
                 "revisions": [[w, s, n] for (w, s), n in sorted(self.revisions.items())],
                 "dirty": [[w, s] for w, s in sorted(self._dirty)],
@@ -606,12 +773,26 @@ class Combiner:
         assert isinstance(packed, bytes)
         return packed
 
-    def restore(self, data: bytes) -> None:
-        """Resume from a snapshot taken by ``snapshot`` (same spec and partition).
+    def restore(self, data: bytes | None, log: bytes | None = None) -> None:
+        """Resume from a snapshot taken by ``snapshot`` (same spec and partition) and the log.
 
-        Gateways count as freshly active: they hold the watermark for ``idle_timeout_ms``
-        after a restart, giving re-sent batches time to arrive before windows close.
+        ``data`` None: no snapshot was ever taken (empty state). ``log``: the close log's file
+        (``close_log``): the closes decided after the snapshot are re-taken, each once the
+        batches applied before it have been sent again (``replaying``), so that what was
+        published before the crash is published again alike. Gateways count as freshly
+        active: they hold the watermark for ``idle_timeout_ms`` after a restart, giving
+        re-sent batches time to arrive before windows close.
         """
+        generation = 0 if data is None else self._restore_snapshot(data)
+        self._restored = {
+            g: p.next_seq for g, p in self.tracker.gateways.items() if p.next_seq is not None
+        }
+        self._replay = deque(self.close_log.load(log, generation, self._restored))
+        self._replayed, self._held = [], {}
+        self._replay_progress_ms = self.clock.now_ms()
+
+    def _restore_snapshot(self, data: bytes) -> int:
+        """Restore a snapshot's state; returns its generation."""
         try:
             obj: dict[str, Any] = msgpack.unpackb(data, raw=False)
         except Exception as exc:
@@ -658,6 +839,8 @@ class Combiner:
             self.counts.restore(obj.get("counts"))
         self.alerts.restore(obj.get("alerts"))
         self.transitions = []
+        generation = obj.get("generation", 0)
+        return generation if isinstance(generation, int) else 0
 
 
 def _partial_bytes(partial: Partial) -> int:

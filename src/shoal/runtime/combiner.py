@@ -16,6 +16,13 @@ After a kill -9 the combiner restarts from the last snapshot; every batch applie
 unconfirmed, so its gateway sends it again and the result is the same. A window closed after
 the snapshot may be published a second time, with the same identity and values.
 
+What makes "the same" hold when a close depended on timing (a gateway idle or released when
+it ran) is the close log (``shoal.processors.close_log``), a file beside the checkpoint: every
+close is appended to it before its results are published (and flushed to disk first when it
+publishes anything), and a restored core re-takes the logged closes, each once the batches
+applied before it are back. No checkpoint is taken while it does; once a checkpoint is
+durable the log keeps only what came after it.
+
 The MQTT session is persistent (stable client id per partition, session expiry), so partials
 published while the combiner restarts wait in the broker; a second combiner started for the
 same partition takes the session over and the first is disconnected.
@@ -84,6 +91,8 @@ from shoal.schemas.topics import Topics, topic_matches
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE: Final = "combiner.ckpt"
+CLOSE_LOG_FILE: Final = "combiner.closes"
+"""The close log beside the checkpoint (``shoal.processors.close_log``)."""
 STATE_ROOT: Final = Path("var") / "combiner"
 """Where partitions keep their checkpoint folders unless told otherwise."""
 KEY_SLICE: Final = 250
@@ -160,7 +169,7 @@ class CombinerRuntime:
         self.config = config
         self.clock = clock or SystemClock()
         self._connect = session_factory or default_session_factory()
-        self.core = Combiner(config.spec, config.partition, self.clock)
+        self.core = self._new_core()
         self._stop = asyncio.Event()
         self._unacked: list[asyncio.Future[None]] = []
         self._key_tasks: set[asyncio.Task[None]] = set()
@@ -273,6 +282,9 @@ class CombinerRuntime:
                 raise
             aside = path.with_name(f"{CHECKPOINT_FILE}.superseded")
             path.replace(aside)
+            closes = path.with_name(CLOSE_LOG_FILE)
+            if closes.exists():
+                closes.replace(closes.with_name(f"{CLOSE_LOG_FILE}.superseded"))
             log.warning(
                 "combiner %s: checkpoint of another spec version set aside as %s; starting "
                 "from empty state (gateways' unconfirmed batches are re-sent)",
@@ -320,9 +332,11 @@ class CombinerRuntime:
             )
         if step.applied and partial.batch.sent_at_ms:
             self.apply_latency.add(now - partial.batch.sent_at_ms)
-        self._publish_step(session, step)
         closing_since = self.clock.monotonic()
-        self._emit(session, self.core.close_ready(now), closing_since)
+        closed = self.core.close_ready(now)
+        self._write_log()  # the closes decided, before anything they decide is published
+        self._publish_step(session, step)
+        self._emit(session, closed, closing_since)
 
     def _on_status(self, session: Session, message: Message) -> None:
         if not message.payload:
@@ -335,7 +349,9 @@ class CombinerRuntime:
         ingest = self.config.topics.ingest(status.stream, status.gateway_id)
         if not any(topic_matches(f, ingest) for f in self._inputs):
             return  # a gateway of a stream this pipeline does not read
-        self._publish_step(session, self.core.receive_status(status))
+        step = self.core.receive_status(status)
+        self._write_log()
+        self._publish_step(session, step)
 
     def _on_control(self, session: Session, message: Message) -> None:
         try:
@@ -344,7 +360,9 @@ class CombinerRuntime:
             command = None
         if command == "flush":
             log.info("combiner %s: flushing every open window", self.config.client_id)
-            self._emit(session, self.core.flush())
+            step = self.core.flush_step()
+            self._write_log()
+            self._publish_step(session, step)
         elif command == "reset_stats":
             # Benchmarks measure steady state: forget the warm-up's latencies.
             self.apply_latency = LatencyHistogram()
@@ -358,11 +376,13 @@ class CombinerRuntime:
 
     # -- output ------------------------------------------------------------------------------
 
-    def _publish_step(self, session: Session, step: Step) -> None:
+    def _publish_step(self, session: Session, step: Step, since: float | None = None) -> None:
         for late in step.late:
             self._publish_late(session, late)
+        for closed in step.replayed:
+            self._emit(session, closed, since)
         if step.closed is not None:
-            self._emit(session, step.closed)
+            self._emit(session, step.closed, since)
 
     def _publish_late(self, session: Session, late: LateRows) -> None:
         payload = late_message(
@@ -634,10 +654,19 @@ class CombinerRuntime:
         while True:
             await asyncio.sleep(self.config.tick_ms / 1000)
             since = self.clock.monotonic()
+            abandoned = self.core.counters.replays_abandoned
             step = self.core.tick()
-            for late in step.late:
-                self._publish_late(session, late)
-            self._emit(session, step.closed, since)
+            self._write_log()
+            if self.core.counters.replays_abandoned > abandoned:
+                log.warning(
+                    "combiner %s: gave up re-taking logged closes: the gateways they wait "
+                    "for sent nothing for %d ms; running freely",
+                    self.config.client_id,
+                    self.config.spec.hold_bound_ms,
+                )
+            self._publish_step(session, step, since)
+            if step.closed is None:
+                self._emit(session, None, since)  # alert transitions, if any
             self._unacked = [f for f in self._unacked if not f.done() or f.exception() is not None]
             # Merge pending state between messages (incrementally, so it is cheap), so that
             # closing a window finds almost nothing left to merge.
@@ -665,8 +694,19 @@ class CombinerRuntime:
             await self._checkpoint(session)
 
     async def _checkpoint(self, session: Session) -> None:
-        """Snapshot, wait for the outputs it relies on, persist, then confirm."""
+        """Snapshot, wait for the outputs it relies on, persist, then confirm.
+
+        While logged closes are re-taken no snapshot is taken (the checkpoint on disk and the
+        close log still describe everything, and held batches must not be confirmed): only
+        the restored checkpoint's seqs are confirmed, with the gaps that hold the replay up,
+        so that their gateways re-send them at once.
+        """
+        if self.core.replaying:
+            await self._confirm(session, self.core.confirmable(), self._lasting_gaps())
+            return
         snapshot = self.core.snapshot() if self.config.state_dir is not None else None
+        generation = self.core.close_log.generation
+        self._write_log()  # the snapshot's mark
         confirmable = self.core.confirmable()
         missing = self._lasting_gaps()
         # The outputs stay listed until acknowledged: a checkpoint cancelled while waiting
@@ -685,6 +725,8 @@ class CombinerRuntime:
             await asyncio.shield(self._writing)
             self.checkpoints += 1
             self.last_checkpoint_ms = self.clock.now_ms()
+            self.core.close_log.settle(generation)
+            self._write_log()
         await self._confirm(session, confirmable, missing)
 
     def _lasting_gaps(self) -> dict[str, tuple[int, ...]]:
@@ -768,6 +810,7 @@ class CombinerRuntime:
             "state_rows": self.core.state.rows + self.core.sessions.open_sessions(),
             # closed windows held for corrections (each for at most allowed_lateness_ms)
             "kept_windows": self.core.kept_windows(),
+            "replaying": self.core.replaying,
             "allowed_lateness_ms": self.config.spec.allowed_lateness_ms,
             "checkpoints": self.checkpoints,
             "gaps_reported": self.gaps_reported,
@@ -780,12 +823,56 @@ class CombinerRuntime:
 
     # -- checkpoints ---------------------------------------------------------------------------
 
+    def _new_core(self) -> Combiner:
+        return Combiner(
+            self.config.spec,
+            self.config.partition,
+            self.clock,
+            logged=self.config.state_dir is not None,
+        )
+
     def _restore(self, path: Path) -> None:
-        if not path.exists():
+        closes = path.with_name(CLOSE_LOG_FILE)
+        snapshot = path.read_bytes() if path.exists() else None
+        logged = closes.read_bytes() if closes.exists() else None
+        if snapshot is None and logged is None:
             return
-        self.core.restore(path.read_bytes())
+        try:
+            self.core.restore(snapshot, logged)
+        except SchemaError as exc:
+            if exc.reason != "bad_log":
+                raise
+            log.warning(
+                "combiner %s: close log %s unreadable (%s); restoring the checkpoint alone",
+                self.config.client_id,
+                closes,
+                exc,
+            )
+            self.core = self._new_core()
+            self.core.restore(snapshot)
         self._confirmed = {}
-        log.info("combiner %s: restored from %s", self.config.client_id, path)
+        self._write_log()  # the log rewritten for the restored checkpoint
+        log.info(
+            "combiner %s: restored from %s, %d logged closes to re-take",
+            self.config.client_id,
+            path,
+            self.core.pending_closes,
+        )
+
+    def _write_log(self) -> None:
+        """Write the close log's new entries (before publishing what they decide)."""
+        write = self.core.take_log()
+        if write is None or self.config.state_dir is None:
+            return
+        path = self.config.state_dir / CLOSE_LOG_FILE
+        if write.replace:
+            _write_atomically(path, write.data)
+            return
+        with path.open("ab") as fh:
+            fh.write(write.data)
+            if write.sync:
+                fh.flush()
+                os.fsync(fh.fileno())
 
     def _reload(self) -> None:
         if self.config.state_dir is None:
@@ -795,7 +882,7 @@ class CombinerRuntime:
                 self.config.client_id,
             )
             return
-        self.core = Combiner(self.config.spec, self.config.partition, self.clock)
+        self.core = self._new_core()
         self._rendered = None
         self._restore(self.config.state_dir / CHECKPOINT_FILE)
 
@@ -811,7 +898,7 @@ def _without_keys(frame: pl.DataFrame, keys: set[str | None]) -> pl.DataFrame:
 
 def _write_atomically(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f"{path.name}.tmp")  # the checkpoint and the close log, side by side
     with tmp.open("wb") as fh:
         fh.write(data)
         fh.flush()

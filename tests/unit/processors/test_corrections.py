@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from shoal.errors import ConfigError
-from tests.unit.processors.test_combiner import LATENESS, Harness, make_spec
+from shoal.processors.combine import Combiner
+from shoal.processors.results import split_windows
+from shoal.processors.state import ClosedWindows
+from tests.unit.processors.test_combiner import IDLE, LATENESS, Harness, make_spec, status
 
 ALLOWED = 3_000
 SPEC = make_spec(allowed_lateness_ms=ALLOWED)
@@ -159,3 +162,118 @@ def test_without_allowed_lateness_nothing_is_kept() -> None:
     assert h.combiner.kept_windows() == 0
     assert h.combiner.close_ready(h.clock.now_ms()) is None
     assert LATENESS == 500
+
+
+def _restart_with_resends_in_another_order(*, with_log: bool) -> tuple[list[str], dict[str, int]]:
+    """Corrections in the timing-dependent case, a crash, re-sends in another order.
+
+    Gateways b and c go quiet, a closes [5_000, 6_000) without them; b's and c's next
+    batches are on time by their own rule but come after the close, so each is a correction
+    (revisions 2 and 3). The combiner then dies and its checkpoint (taken before the close)
+    is restored; the gateways re-send c1, b1, a1 in that order, then b sends a new row for
+    the window. Returns the identities published with two different contents, and the
+    window's rows per key in the copy a consumer keeps (highest revision, then most rows).
+    """
+    h = Harness(SPEC)
+    log = bytearray()
+    copies: dict[tuple[int, int], set[tuple[tuple[str, int], ...]]] = {}
+
+    def persist(combiner: Combiner) -> None:
+        write = combiner.take_log()
+        if write is not None:
+            log[:] = write.data if write.replace else bytes(log) + write.data
+
+    def publish(closed: ClosedWindows | None) -> None:
+        if closed is None:
+            return
+        for result in split_windows(closed.frame, closed.revisions):
+            content = tuple(sorted(result.frame.select("key", "count").rows()))
+            copies.setdefault((result.start, result.revision), set()).add(content)
+
+    def deliver(combiner: Combiner, gateway_id: str, seq: int, row: tuple[str, int]) -> None:
+        key, ts = row
+        step = combiner.receive(h.partial(gateway_id, seq, [(key, ts, 1.0)]))
+        for closed in step.replayed:
+            publish(closed)
+        tick = combiner.tick()
+        persist(combiner)
+        publish(tick.closed)
+
+    for gateway_id, next_seq in (("a", 2), ("b", 1), ("c", 1)):
+        h.combiner.receive_status(status(gateway_id, 0, next_seq))
+    deliver(h.combiner, "a", 0, ("k", 5_100))
+    deliver(h.combiner, "b", 0, ("k", 5_200))
+    deliver(h.combiner, "c", 0, ("j", 5_300))
+    checkpoint = h.combiner.snapshot()
+    persist(h.combiner)
+    h.clock.advance(IDLE + 1)  # b and c go quiet
+    deliver(h.combiner, "a", 1, ("k", 7_000))  # threshold 6_500: [5_000, 6_000) closes
+    deliver(h.combiner, "b", 1, ("k", 5_400))  # after the close: revision 2
+    deliver(h.combiner, "c", 1, ("j", 5_500))  # revision 3
+    assert {r for _, r in copies} == {1, 2, 3}
+
+    restored = Combiner(SPEC, 0, h.clock)
+    restored.restore(checkpoint, bytes(log) if with_log else None)
+    for gateway_id, seq, row in (("c", 1, ("j", 5_500)), ("b", 1, ("k", 5_400))):
+        deliver(restored, gateway_id, seq, row)
+    deliver(restored, "a", 1, ("k", 7_000))
+    deliver(restored, "b", 2, ("k", 5_600))  # new after the crash
+    h.clock.advance(IDLE + 1)
+    publish(restored.tick().closed)
+
+    conflicting = [f"revision {r}" for (_, r), seen in copies.items() if len(seen) > 1]
+    kept = max(
+        (revision, sum(n for _, n in content), content)
+        for (_, revision), seen in copies.items()
+        for content in seen
+    )
+    return conflicting, dict(kept[2])
+
+
+def test_a_restart_re_takes_logged_closes_whatever_the_resend_order() -> None:
+    conflicting, kept = _restart_with_resends_in_another_order(with_log=True)
+    assert conflicting == []  # one content per (window, revision)
+    assert kept == {"j": 2, "k": 4}  # every row, the one sent after the crash included
+
+
+def test_without_the_close_log_the_same_restart_publishes_conflicting_copies() -> None:
+    conflicting, kept = _restart_with_resends_in_another_order(with_log=False)
+    assert conflicting == ["revision 1"]
+    assert kept == {"j": 2, "k": 3}  # the consumer keeps revision 3: b's new row is missing
+
+
+def test_a_replay_waits_while_its_gateway_sends_and_is_given_up_when_it_is_silent() -> None:
+    h = Harness(SPEC)
+    log = bytearray()
+
+    def persist(combiner: Combiner) -> None:
+        write = combiner.take_log()
+        if write is not None:
+            log[:] = write.data if write.replace else bytes(log) + write.data
+
+    for gateway_id, next_seq in (("a", 2), ("b", 1)):
+        h.combiner.receive_status(status(gateway_id, 0, next_seq))
+    h.send("a", 0, [("k", 5_100, 1.0)])
+    h.send("b", 0, [("k", 5_200, 1.0)])
+    checkpoint = h.combiner.snapshot()
+    h.clock.advance(IDLE + 1)
+    h.send("a", 1, [("k", 7_000, 1.0)])
+    assert h.combiner.tick().closed is not None  # b quiet: the window closes without it
+    h.send("b", 1, [("k", 5_400, 1.0)])  # a correction
+    h.combiner.tick()
+    persist(h.combiner)
+
+    restored = Combiner(SPEC, 0, h.clock)
+    restored.restore(checkpoint, bytes(log))
+    restored.receive(h.partial("b", 1, [("k", 5_400, 1.0)]))  # held: a1 comes first
+    bound = SPEC.hold_bound_ms
+    for _ in range(3):  # a re-sends its old batch (a duplicate): it is alive, keep waiting
+        h.clock.advance(bound - 1)
+        restored.receive(h.partial("a", 0, [("k", 5_100, 1.0)]))
+        assert restored.tick().closed is None
+        assert restored.replaying
+    h.clock.advance(bound)  # then a falls silent: the replay is given up
+    step = restored.tick()
+    assert not restored.replaying
+    assert restored.counters.replays_abandoned == 1
+    assert step.applied == 1  # b1, held until then

@@ -15,6 +15,7 @@ from shoal.processors.combine import Combiner
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.results import split_windows
 from shoal.processors.spec import PipelineSpec, parse_pipeline
+from shoal.processors.state import ClosedWindows
 from tests.support.datasets import GeneratedBatch, frame_of, make_batches
 from tests.support.in_memory import check_against_oracle, statuses_for
 
@@ -168,13 +169,13 @@ def test_sessions_sharing_a_start_close_together_in_one_message() -> None:
     assert sorted(message.frame["end"].to_list()) == [t0 + 1_000, t0 + 3_700]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: a combiner restored from a checkpoint taken before a session closed takes "
-    "pieces that were late only by timing (window_closed) on time, and republishes the "
-    "session under an earlier start (docs/guarantees.md, 'Session windows', Restarts)",
-)
 def test_a_restart_in_the_timing_dependent_case_counts_each_row_once() -> None:
+    """A session closed while a gateway was quiet is re-closed alike after a crash.
+
+    Before the crash b's piece came after the close (late, ``window_closed``); the restored
+    combiner, whose gateways count as active again, would take it on time and republish
+    the session with it under an earlier start, unless it re-takes the logged close first.
+    """
     spec = session_spec(1, gap_ms=1_000, lateness_ms=0)
     t0 = 1_700_000_000_000
     a0 = GeneratedBatch("a", 0, frame_of([("t1", t0, 1.0), ("t1", t0 + 200, 1.0)]))
@@ -185,16 +186,29 @@ def test_a_restart_in_the_timing_dependent_case_counts_each_row_once() -> None:
     builder = PartialBuilder(spec, "w0")
     messages: dict[tuple[str, int], int] = {}  # a consumer's view: identity -> rows
     late: dict[tuple[str, int], int] = {}
+    log = bytearray()  # the close log's file, as the runtime writes it
+
+    def persist(combiner: Combiner) -> None:
+        write = combiner.take_log()
+        if write is not None:
+            log[:] = write.data if write.replace else bytes(log) + write.data
+
+    def publish(closed: ClosedWindows | None) -> None:
+        if closed is not None:
+            for result in split_windows(closed.frame, {}, closed.sessions):
+                messages.setdefault((result.window, result.start), result.rows)
 
     def deliver(combiner: Combiner, batch: GeneratedBatch) -> None:
         info = BatchInfo(batch.gateway_id, batch.seq, "s", 0, None, None, 0, 0, "w0")
         for partial in builder.build(batch.frame, info, clock.now_ms()):
-            for report in combiner.receive(Partial.decode(partial.encode())).late:
+            step = combiner.receive(Partial.decode(partial.encode()))
+            for report in step.late:
                 late[(report.gateway_id, report.seq)] = report.rows
-        closed = combiner.tick().closed
-        if closed is not None:
-            for result in split_windows(closed.frame, {}, closed.sessions):
-                messages.setdefault((result.window, result.start), result.rows)
+            for closed in step.replayed:
+                publish(closed)
+        step = combiner.tick()
+        persist(combiner)
+        publish(step.closed)
 
     combiner = Combiner(spec, 0, clock)
     for status in statuses_for([a0, b0], clock.now_ms()):  # b announces seq 0 only
@@ -202,18 +216,65 @@ def test_a_restart_in_the_timing_dependent_case_counts_each_row_once() -> None:
     deliver(combiner, a0)
     deliver(combiner, b0)
     checkpoint = combiner.snapshot()
+    persist(combiner)
     clock.advance(spec.idle_timeout_ms + 1)  # b goes quiet; a goes on and closes t1's session
     deliver(combiner, a1)
     deliver(combiner, b1)  # b comes back: its piece is late (window_closed)
     assert late == {("b", 1): 1}
+    first_copies = dict(messages)
     restored = Combiner(spec, 0, clock)  # a crash: back to the checkpoint, batches re-sent
-    restored.restore(checkpoint)
+    restored.restore(checkpoint, bytes(log))
+    assert restored.replaying
+    deliver(restored, b1)  # b counts as active again, but its piece waits for the close
     deliver(restored, a1)
-    deliver(restored, b1)  # b counts as active again: its piece is on time now
+    assert not restored.replaying
+    assert restored.counters.closes_replayed >= 1
+    assert late == {("b", 1): 1}
     clock.advance(spec.idle_timeout_ms + 1)
-    messages_before = dict(messages)
-    closed = restored.flush()
-    for result in split_windows(closed.frame, {}, closed.sessions):
-        messages.setdefault((result.window, result.start), result.rows)
-    assert len(messages) >= len(messages_before)
+    publish(restored.flush())
+    assert all(messages[k] == v for k, v in first_copies.items())
     assert sum(messages.values()) + sum(late.values()) == 5  # every row once
+
+
+def test_without_the_close_log_the_restart_counts_a_row_twice() -> None:
+    """The same crash restored from the checkpoint alone: the failure the log prevents."""
+    spec = session_spec(1, gap_ms=1_000, lateness_ms=0)
+    t0 = 1_700_000_000_000
+    a0 = GeneratedBatch("a", 0, frame_of([("t1", t0, 1.0), ("t1", t0 + 200, 1.0)]))
+    b0 = GeneratedBatch("b", 0, frame_of([("t2", t0 + 100, 1.0)]))
+    a1 = GeneratedBatch("a", 1, frame_of([("t3", t0 + 5_000, 1.0)]))
+    b1 = GeneratedBatch("b", 1, frame_of([("t1", t0 - 500, 1.0)]))
+    clock = FakeClock(t0)
+    builder = PartialBuilder(spec, "w0")
+    messages: dict[tuple[str, int], int] = {}
+    late = 0
+
+    def deliver(combiner: Combiner, batch: GeneratedBatch) -> None:
+        nonlocal late
+        info = BatchInfo(batch.gateway_id, batch.seq, "s", 0, None, None, 0, 0, "w0")
+        for partial in builder.build(batch.frame, info, clock.now_ms()):
+            late += sum(r.rows for r in combiner.receive(Partial.decode(partial.encode())).late)
+        closed = combiner.tick().closed
+        if closed is not None:
+            for result in split_windows(closed.frame, {}, closed.sessions):
+                messages.setdefault((result.window, result.start), result.rows)
+
+    combiner = Combiner(spec, 0, clock)
+    for status in statuses_for([a0, b0], clock.now_ms()):
+        combiner.receive_status(status)
+    deliver(combiner, a0)
+    deliver(combiner, b0)
+    checkpoint = combiner.snapshot()
+    clock.advance(spec.idle_timeout_ms + 1)
+    deliver(combiner, a1)
+    deliver(combiner, b1)
+    restored = Combiner(spec, 0, clock)
+    restored.restore(checkpoint)
+    assert not restored.replaying
+    deliver(restored, a1)
+    deliver(restored, b1)
+    clock.advance(spec.idle_timeout_ms + 1)
+    flushed = restored.flush()
+    for result in split_windows(flushed.frame, {}, flushed.sessions):
+        messages.setdefault((result.window, result.start), result.rows)
+    assert sum(messages.values()) + late > 5
