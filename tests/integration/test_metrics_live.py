@@ -407,3 +407,14 @@ def test_the_dashboard_check_catches_an_unknown_metric(deployment: Deployment) -
     assert QUERY_NAME.findall("sum(rate(shoal_worker_batchez_total[1m]))") == [
         "shoal_worker_batchez_total"
     ]
+
+
+def test_every_exposed_metric_is_documented(deployment: Deployment) -> None:
+    documented = set(re.findall(r"`(shoal_[a-z0-9_]+)", (REPO / "docs" / "metrics.md").read_text()))
+    exposed = set()
+    for name in deployment.processes:
+        for family, kind in deployment.scrape(name).types.items():
+            if family.startswith("shoal_"):
+                exposed.add(f"{family}_total" if kind == "counter" else family)
+    assert len(exposed) > 50
+    assert exposed <= documented, f"not in docs/metrics.md: {sorted(exposed - documented)}"
