@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import orjson
@@ -51,12 +51,14 @@ def _escape(value: str) -> str:
 class MetricsServer:
     """Serves the endpoints from callables that render the current state.
 
-    ``render_json`` None: no ``/api/v1/scaling`` (404). ``content_type``: of ``/metrics``.
+    ``render_metrics`` may return the bytes or an awaitable of them (a renderer that formats
+    off the event loop). ``render_json`` None: no ``/api/v1/scaling`` (404). ``content_type``:
+    of ``/metrics``.
     """
 
     def __init__(
         self,
-        render_metrics: Callable[[], bytes],
+        render_metrics: Callable[[], bytes | Awaitable[bytes]],
         render_json: Callable[[], dict[str, Any]] | None,
         host: str = "0.0.0.0",  # noqa: S104 - a metrics endpoint is meant to be scraped
         port: int = 9464,
@@ -94,7 +96,9 @@ class MetricsServer:
         if len(parts) < 2 or parts[0] != "GET":
             status, body, ctype = "405 Method Not Allowed", b"only GET\n", "text/plain"
         elif path == "/metrics":
-            status, body, ctype = "200 OK", self.render_metrics(), self.content_type
+            rendered = self.render_metrics()
+            body = rendered if isinstance(rendered, bytes) else await rendered
+            status, ctype = "200 OK", self.content_type
         elif path == "/api/v1/scaling" and self.render_json is not None:
             status, body, ctype = "200 OK", orjson.dumps(self.render_json()), "application/json"
         else:
