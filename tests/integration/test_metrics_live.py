@@ -38,6 +38,7 @@ DEVICES = 12
 STEPS = 8
 PINNED = "metered"
 POOLED = "pooled"
+WATCHED = "watched"  # only the scaler's: it may start a worker of its own for it
 SHOAL = [sys.executable, "-m", "shoal.cli"]
 
 SPEC = """
@@ -249,6 +250,10 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         )
         d.shoal("archive", "archive", "--dir", str(tmp / "archive"))
         d.shoal("sink", "sink", "webhook", "--pipeline", PINNED, "--url", hook)
+        watched = tmp / f"{WATCHED}.toml"
+        watched.write_text(SPEC.format(name=WATCHED, partitions=1))
+        scale = ["scaler", "--pipeline", str(watched), "--min", "0", "--max", "1"]
+        d.shoal("scaler", "-v", *scale, "--log-dir", str(tmp / "scaler-logs"))
         for process in d.processes.values():
             process.wait_url()
         connect = ["--broker", broker.settings.url, "--topic-root", topics.root]
@@ -352,7 +357,9 @@ def test_each_process_counts_what_it_was_sent(deployment: Deployment) -> None:
     labels = {"sink": "webhook", "pipeline": PINNED}
     handled = sink.value("shoal_sink_messages_total", **labels)
     assert handled == sink.value("shoal_sink_deliveries_total", **labels) > 0
-    for scrape in (adapter, combiner, pool, control, archive, sink):
+    scaler = deployment.scrape("scaler")
+    assert scaler.value("shoal_lag_batches", pipeline=WATCHED) >= 0
+    for scrape in (adapter, combiner, pool, control, archive, sink, scaler):
         assert scrape.value("process_resident_memory_bytes") > 0
 
 

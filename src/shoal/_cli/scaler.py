@@ -109,6 +109,11 @@ def run(args: argparse.Namespace) -> int:
         http_port=None if args.port < 0 else args.port,
         http_host=args.bind,
     )
+    from shoal.observe import registry_of, render_async  # noqa: PLC0415
+    from shoal.observe.collectors import ScalerCollector  # noqa: PLC0415
+
     scaler = Scaler(config, backend)
+    registry = registry_of([ScalerCollector(scaler)])
+    scaler.metrics = lambda: render_async(registry)
     run_until_signalled(scaler.run(), scaler.stop)
     return 0

@@ -16,6 +16,7 @@ from shoal.observe._exposition import (
     Families,
     MetricsEndpoint,
     registry_of,
+    render_async,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "Families",
     "MetricsEndpoint",
     "registry_of",
+    "render_async",
 ]

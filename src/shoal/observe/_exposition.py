@@ -130,6 +130,12 @@ def _text(families: list[Metric]) -> bytes:
     return generate_latest(registry)
 
 
+async def render_async(registry: CollectorRegistry) -> bytes:
+    """The text exposition of ``registry``: read on the event loop, formatted in a thread."""
+    families = list(registry.collect())
+    return await asyncio.to_thread(_text, families)
+
+
 def registry_of(collectors: Sequence[Collector], *, process: bool = True) -> CollectorRegistry:
     """A registry with ``collectors`` (and the process's CPU, memory and file descriptors)."""
     registry = CollectorRegistry(auto_describe=False)
@@ -161,8 +167,7 @@ class MetricsEndpoint:
 
     async def render_async(self) -> bytes:
         """``render``, with only the reading on the event loop and the formatting in a thread."""
-        families = list(self.registry.collect())
-        return await asyncio.to_thread(_text, families)
+        return await render_async(self.registry)
 
     async def start(self) -> int:
         """Listen; logs and returns the port."""

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from shoal.control.service import ControlPlane
     from shoal.runtime.combiner import CombinerRuntime
     from shoal.runtime.hosting import CombinerHost
+    from shoal.runtime.scaler import Scaler
     from shoal.runtime.worker import Worker
     from shoal.sinks.follow import Follower
 
@@ -35,6 +36,7 @@ __all__ = [
     "CombinerCollector",
     "CombinerPoolCollector",
     "ControlCollector",
+    "ScalerCollector",
     "SinkCollector",
     "WorkerCollector",
 ]
@@ -546,4 +548,21 @@ class ControlCollector(Collector):
             none,
             c.invalid_documents,
         )
+        yield from f
+
+
+class ScalerCollector(Collector):
+    """``shoal scaler``: the samples of ``Scaler.metric_samples`` (its own ``/metrics``)."""
+
+    def __init__(self, scaler: Scaler) -> None:
+        self.scaler = scaler
+
+    def collect(self) -> Iterator[Metric]:
+        """The scaler's families, now."""
+        f = Families()
+        for name, kind, doc, labels, value in self.scaler.metric_samples():
+            if kind == "counter":
+                f.counter(name, doc, labels, value)
+            else:
+                f.gauge(name, doc, labels, value)
         yield from f
