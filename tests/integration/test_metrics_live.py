@@ -93,7 +93,7 @@ class Process:
                 self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
 
-    def wait_url(self, timeout_s: float = 30) -> str:
+    def wait_url(self, timeout_s: float = 120) -> str:
         deadline = time.monotonic() + timeout_s
         while not self.url:
             found = re.search(r"metrics on (http://\S+/metrics)", self.log.read_text())
@@ -268,7 +268,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         adapt = ["adapt", "--mapping", str(mapping), "--id", "meter-gw"]
         d.shoal("adapter", "-v", *adapt, "--spool-dir", str(tmp / "adapter-spool"))
         d.processes["adapter"].wait_url()
-        _until(lambda: "subscribed" in d.processes["adapter"].log.read_text(), 30, "adapter")
+        _until(lambda: "subscribed" in d.processes["adapter"].log.read_text(), 60, "adapter")
         fleet = DeviceFleet("json", DEVICES, prefix=f"{topics.root}/sensors")
         messages = [
             *fleet.messages(0, STEPS),
@@ -284,7 +284,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 lambda name=name, partitions=partitions: (
                     d.scrape(name).applied() == [rows] * partitions
                 ),
-                60,
+                120,
                 f"{name} to apply every measurement",
             )
         # The last windows close once the gateway is idle; the sink follows the results.
@@ -293,10 +293,16 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 lambda name=name: (
                     d.scrape(name).total("shoal_combiner_result_latency_seconds_count") > 0
                 ),
-                30,
+                60,
                 f"{name} to publish a window",
             )
-        _until(lambda: d.scrape("sink").total("shoal_sink_messages_total") > 0, 30, "the sink")
+        _until(lambda: d.scrape("sink").total("shoal_sink_messages_total") > 0, 60, "the sink")
+        # Every batch confirmed: nothing is re-sent while the tests read the counters.
+        _until(
+            lambda: d.scrape("adapter").total("shoal_gateway_unconfirmed_batches") == 0,
+            60,
+            "every batch to be confirmed",
+        )
         yield d
     except BaseException:
         for process in d.processes.values():
