@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from shoal._cli._run import run_until_signalled  # noqa: PLC0415
     from shoal.adapters import Adapter, AdapterConfig, load_mapping  # noqa: PLC0415
 
+    address = metrics_address(args)
     mapping = load_mapping(args.mapping)
     config = AdapterConfig(
         mapping,
@@ -81,9 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from shoal.observe.collectors import AdapterCollector  # noqa: PLC0415
 
     collector = lambda: AdapterCollector(adapter)  # noqa: E731
-    run_until_signalled(
-        exposed(main(), metrics_address(args), collector, "shoal adapt"), adapter.stop
-    )
+    run_until_signalled(exposed(main(), address, collector, "shoal adapt"), adapter.stop)
     return 0
 
 

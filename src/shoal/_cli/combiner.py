@@ -70,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
         partition_state_dir,
     )
 
+    address = metrics_address(args)
     if args.pipeline is None:
-        return _run_pool(args)
+        return _run_pool(args, address)
     spec = load_spec(args.pipeline)
     if not 0 <= args.partition < spec.partitions:
         from shoal.errors import ConfigError  # noqa: PLC0415
@@ -93,14 +94,12 @@ def run(args: argparse.Namespace) -> int:
     from shoal._cli._metrics import exposed  # noqa: PLC0415
     from shoal.observe.collectors import CombinerCollector  # noqa: PLC0415
 
-    main = exposed(
-        runtime.run(), metrics_address(args), lambda: CombinerCollector(runtime), "shoal combiner"
-    )
+    main = exposed(runtime.run(), address, lambda: CombinerCollector(runtime), "shoal combiner")
     run_until_signalled(main, runtime.stop)
     return 0
 
 
-def _run_pool(args: argparse.Namespace) -> int:
+def _run_pool(args: argparse.Namespace, address: tuple[str, int] | None) -> int:
     from shoal._cli._run import run_until_signalled  # noqa: PLC0415
     from shoal.runtime.hosting import CombinerHost, HostConfig  # noqa: PLC0415
 
@@ -115,8 +114,6 @@ def _run_pool(args: argparse.Namespace) -> int:
     from shoal._cli._metrics import exposed  # noqa: PLC0415
     from shoal.observe.collectors import CombinerPoolCollector  # noqa: PLC0415
 
-    main = exposed(
-        host.run(), metrics_address(args), lambda: CombinerPoolCollector(host), "shoal combiner"
-    )
+    main = exposed(host.run(), address, lambda: CombinerPoolCollector(host), "shoal combiner")
     run_until_signalled(main, host.stop)
     return 0

@@ -38,13 +38,13 @@ def run(args: argparse.Namespace) -> int:
     from shoal.clock import SystemClock  # noqa: PLC0415
     from shoal.control.service import ControlPlane, serve  # noqa: PLC0415
 
+    address = metrics_address(args)
     plane = ControlPlane(broker_settings(args), topics(args), SystemClock())
     stop = asyncio.Event()
     main = serve(plane, stop, lambda: print("shoal control: ready", flush=True))
     from shoal._cli._metrics import exposed  # noqa: PLC0415
     from shoal.observe.collectors import ControlCollector  # noqa: PLC0415
 
-    address = metrics_address(args)
     run_until_signalled(
         exposed(main, address, lambda: ControlCollector(plane), "shoal control"), stop.set
     )

@@ -235,6 +235,7 @@ def _follow(
         handler,
     )
     name = f"shoal sink {args.sink}"
+    address = metrics_address(args)
 
     async def heartbeat() -> None:
         while args.heartbeat > 0:
@@ -246,7 +247,7 @@ def _follow(
         running = asyncio.create_task(
             exposed(
                 follower.run(),
-                metrics_address(args),
+                address,
                 lambda: SinkCollector(args.sink, args.pipeline, follower, stats.to_dict),
                 name,
             )

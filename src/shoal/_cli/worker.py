@@ -51,8 +51,10 @@ def run(args: argparse.Namespace) -> int:
     """Run one worker until signalled."""
     from shoal._cli._metrics import exposed  # noqa: PLC0415
     from shoal._cli._run import run_until_signalled  # noqa: PLC0415
+    from shoal.observe.collectors import WorkerCollector  # noqa: PLC0415
     from shoal.runtime.worker import Worker, WorkerConfig  # noqa: PLC0415
 
+    address = metrics_address(args)
     config = WorkerConfig(
         spec=None if args.pipeline is None else load_spec(args.pipeline),
         broker=broker_settings(args),
@@ -63,13 +65,7 @@ def run(args: argparse.Namespace) -> int:
     worker = Worker(config)
     # SIGTERM/SIGINT drain (leave the group without losing anything); a second one cancels.
     run_until_signalled(
-        exposed(worker.run(), metrics_address(args), lambda: _collector(worker), "shoal worker"),
+        exposed(worker.run(), address, lambda: WorkerCollector(worker), "shoal worker"),
         worker.drain,
     )
     return 0
-
-
-def _collector(worker: Any) -> Any:
-    from shoal.observe.collectors import WorkerCollector  # noqa: PLC0415
-
-    return WorkerCollector(worker)

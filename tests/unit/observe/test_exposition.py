@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -224,3 +225,30 @@ def test_the_webhook_sinks_report_becomes_sink_families() -> None:
         ("shoal_sink_refused_total", {**at, "status": "410"}, 1)
     ]
     assert "shoal_sink_rows" not in families
+
+
+def test_a_taken_metrics_port_is_a_config_error_and_the_process_does_not_start() -> None:
+    from shoal._cli._metrics import exposed  # noqa: PLC0415 - the CLI's seam
+
+    started = []
+
+    async def main() -> None:
+        started.append(True)
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        collector = lambda: _Fixed(LatencyHistogram())  # noqa: E731
+        with pytest.raises(ConfigError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            asyncio.run(exposed(main(), ("127.0.0.1", port), collector, "test"))
+    assert started == []
+
+
+def test_without_an_address_the_process_runs_alone() -> None:
+    from shoal._cli._metrics import exposed  # noqa: PLC0415 - the CLI's seam
+
+    async def main() -> int:
+        return 7
+
+    assert asyncio.run(exposed(main(), None, lambda: _Fixed(LatencyHistogram()), "test")) == 7
