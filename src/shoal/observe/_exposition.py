@@ -78,6 +78,19 @@ class Families:
         assert isinstance(family, CounterMetricFamily)
         family.add_metric(list(labels.values()), value)
 
+    def counter_by(
+        self,
+        name: str,
+        doc: str,
+        labels: Mapping[str, str],
+        by: str,
+        values: Mapping[str, float],
+    ) -> None:
+        """A counter per value of the label ``by`` (declared even without samples yet)."""
+        self.counter(name, doc, {**labels, by: ""}, None)
+        for value, n in sorted(values.items()):
+            self.counter(name, doc, {**labels, by: value}, n)
+
     def gauge(self, name: str, doc: str, labels: Mapping[str, str], value: float | None) -> None:
         """A sample of a gauge (None: no sample, e.g. no watermark yet)."""
         family = self._families.get(name)

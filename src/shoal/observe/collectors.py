@@ -69,18 +69,14 @@ class WorkerCollector(Collector):
             c.rows_clamped,
         )
         f.counter("shoal_worker_partials_total", "Partials published.", none, c.partials)
-        f.counter(
-            "shoal_worker_deadletters_total",
-            "Input messages dead-lettered, by pipeline and reason.",
-            {"pipeline": "", "reason": ""},
-            None,
-        )
-        for (pipeline, reason), n in sorted(w.stats.deadletter_reasons.items()):
-            f.counter(
-                "shoal_worker_deadletters_total",
-                "Input messages dead-lettered, by pipeline and reason.",
-                {"pipeline": pipeline, "reason": reason},
-                n,
+        letters: dict[str, dict[str, float]] = {}
+        for (pipeline, reason), n in w.stats.deadletter_reasons.items():
+            letters.setdefault(pipeline, {})[reason] = n
+        doc = "Input messages dead-lettered, by pipeline and reason."
+        f.counter("shoal_worker_deadletters_total", doc, {"pipeline": "", "reason": ""}, None)
+        for pipeline, reasons in sorted(letters.items()):
+            f.counter_by(
+                "shoal_worker_deadletters_total", doc, {"pipeline": pipeline}, "reason", reasons
             )
         f.counter(
             "shoal_worker_busy_seconds_total", "Seconds spent handling batches.", none, c.busy_s
@@ -309,19 +305,13 @@ class AdapterCollector(Collector):
             "shoal_adapter_measurements_total", "Measurements sealed into the spool.", at, s.rows
         )
         f.counter("shoal_adapter_seals_total", "Seals into the gateway spool.", at, s.seals)
-        f.counter(
+        f.counter_by(
             "shoal_adapter_deadletters_total",
             "Device messages dead-lettered, by reason.",
-            {**at, "reason": ""},
-            None,
+            at,
+            "reason",
+            s.refused,
         )
-        for reason, n in sorted(s.refused.items()):
-            f.counter(
-                "shoal_adapter_deadletters_total",
-                "Device messages dead-lettered, by reason.",
-                {**at, "reason": reason},
-                n,
-            )
         f.counter(
             "shoal_adapter_redeliveries_total",
             "Broker re-sends already in the intake log (dropped).",
@@ -476,19 +466,13 @@ class SinkCollector(Collector):
                 )
         refused = report.get("refused")
         if isinstance(refused, Mapping):
-            f.counter(
+            f.counter_by(
                 "shoal_sink_refused_total",
                 "Deliveries refused for good, by HTTP status.",
-                {**at, "status": ""},
-                None,
+                at,
+                "status",
+                {str(status): n for status, n in refused.items()},
             )
-            for status, n in sorted(refused.items()):
-                f.counter(
-                    "shoal_sink_refused_total",
-                    "Deliveries refused for good, by HTTP status.",
-                    {**at, "status": str(status)},
-                    n,
-                )
         yield from f
 
 
