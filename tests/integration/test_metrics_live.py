@@ -349,6 +349,10 @@ def test_each_process_counts_what_it_was_sent(deployment: Deployment) -> None:
     inf = combiner.value("shoal_combiner_apply_latency_seconds_bucket", le="+Inf", **at)
     assert inf == batches
     assert combiner.value("shoal_combiner_watermark_seconds", **at) >= fleet_start_s()
+    # Everything applied and confirmed (the fixture waited): no lag anywhere.
+    assert combiner.value("shoal_combiner_lag_batches", **at) == 0
+    assert adapter.value("shoal_gateway_unconfirmed_batches", gateway="meter-gw") == 0
+    assert combiner.value("shoal_combiner_gateways", **at) == 1
     pool = deployment.scrape("pool-combiner")
     assert pool.value("shoal_combiner_pool_owned_partitions", pipeline=POOLED) == 2
     assert pool.value("shoal_combiner_pool_pipelines_deployed") == 1

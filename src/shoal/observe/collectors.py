@@ -189,9 +189,9 @@ def _combiner_families(f: Families, runtime: CombinerRuntime) -> None:
         "Batches gateways announced that this partition has not applied yet.",
         at,
         sum(
-            max(0, g.announced_next_seq - (g.next_seq or 0))
+            max(0, g.announced_next_seq - g.next_seq)
             for g in gateways
-            if g.announced_next_seq is not None
+            if g.announced_next_seq is not None and g.next_seq is not None
         ),
     )
     f.gauge(
