@@ -2,10 +2,12 @@
 
 One deployment for the module: a control plane, a pool worker and a pool combiner serving a
 deployed pipeline, a pinned worker and combiner serving another, an adapter acting as the
-gateway of both, an archiver and a web hook sink. Devices publish through the adapter (one
-message unreadable), a gateway-less garbage batch goes to the ingest topic. Every process is
-scraped over HTTP and parsed with ``prometheus_client.parser``; the counters must equal what
-was sent, and every metric the Grafana dashboard queries must be exposed by one of them.
+gateway of both, an archiver, a web hook sink and a PostgreSQL sink (a real server) following
+the pinned pipeline's results, and a scaler watching a third pipeline. Devices publish through
+the adapter (one message unreadable), a gateway-less garbage batch goes to the ingest topic.
+Every process is scraped over HTTP and parsed with ``prometheus_client.parser``; the counters
+must equal what was sent, and every metric the Grafana dashboard queries must be exposed by
+one of them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.loadtest.devices import DeviceFleet, DevicePublisher
+from shoal.loadtest.postgres import EmbeddedPostgres
 from shoal.schemas.topics import Topics
 
 pytestmark = pytest.mark.broker
@@ -233,6 +236,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     broker.start()
     topics = Topics(root="metrics-live")
     server, _ = _hook_server()
+    database = EmbeddedPostgres()
+    database.start()
     hook = f"http://127.0.0.1:{server.server_address[1]}/hook"
     d = Deployment(broker, topics, tmp, hook)
     try:
@@ -250,6 +255,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         )
         d.shoal("archive", "archive", "--dir", str(tmp / "archive"))
         d.shoal("sink", "sink", "webhook", "--pipeline", PINNED, "--url", hook)
+        d.shoal("pg-sink", "sink", "postgres", "--dsn", database.dsn, "--pipeline", PINNED)
         watched = tmp / f"{WATCHED}.toml"
         watched.write_text(SPEC.format(name=WATCHED, partitions=1))
         scale = ["scaler", "--pipeline", str(watched), "--min", "0", "--max", "1"]
@@ -297,6 +303,16 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 f"{name} to publish a window",
             )
         _until(lambda: d.scrape("sink").total("shoal_sink_messages_total") > 0, 60, "the sink")
+        # Both sinks follow the same results: each has handled every one once it is drained.
+        _until(
+            lambda: (
+                d.scrape("pg-sink").total("shoal_sink_messages_total")
+                == d.scrape("sink").total("shoal_sink_messages_total")
+                == d.scrape("sink").total("shoal_sink_deliveries_total")
+            ),
+            60,
+            "both sinks to drain the results",
+        )
         # Every batch confirmed: nothing is re-sent while the tests read the counters.
         _until(
             lambda: d.scrape("adapter").total("shoal_gateway_unconfirmed_batches") == 0,
@@ -312,6 +328,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         d.stop()
         server.shutdown()
         server.server_close()
+        database.cleanup()
         broker.close()
 
 
@@ -369,7 +386,14 @@ def test_each_process_counts_what_it_was_sent(deployment: Deployment) -> None:
     assert handled == sink.value("shoal_sink_deliveries_total", **labels) > 0
     scaler = deployment.scrape("scaler")
     assert scaler.value("shoal_lag_batches", pipeline=WATCHED) >= 0
-    for scrape in (adapter, combiner, pool, control, archive, sink, scaler):
+    database = deployment.scrape("pg-sink")
+    labels = {"sink": "postgres", "pipeline": PINNED}
+    assert database.value("shoal_sink_messages_total", **labels) == handled
+    assert database.value("shoal_sink_acknowledged_total", **labels) == handled
+    changed = database.value("shoal_sink_rows_total", outcome="changed", **labels)
+    assert changed == combiner.value("shoal_combiner_result_rows_total", **at) > 0
+    assert database.value("shoal_sink_unreadable_messages_total", **labels) == 0
+    for scrape in (adapter, combiner, pool, control, archive, sink, scaler, database):
         assert scrape.value("process_resident_memory_bytes") > 0
 
 
