@@ -39,8 +39,11 @@ DASHBOARD = REPO / "deploy" / "grafana" / "shoal.json"
 STREAM = "devices"
 DEVICES = 12
 STEPS = 8
+SIZE_MS = 2_000
+LATENESS_MS = 1_000
 PINNED = "metered"
 POOLED = "pooled"
+SETTINGS = {"size_ms": SIZE_MS, "lateness_ms": LATENESS_MS}
 WATCHED = "watched"  # only the scaler's: it may start a worker of its own for it
 SHOAL = [sys.executable, "-m", "shoal.cli"]
 
@@ -48,7 +51,7 @@ SPEC = """
 name = "{name}"
 inputs = ["ingest/+/+"]
 key = "sensor_id"
-lateness_ms = 1000
+lateness_ms = {lateness_ms}
 idle_timeout_ms = 1500
 partitions = {partitions}
 checkpoint_interval_ms = 500
@@ -56,7 +59,7 @@ aggregates = ["count", "mean", "min", "max"]
 
 [[windows]]
 kind = "tumbling"
-size_ms = 2000
+size_ms = {size_ms}
 
 [limits]
 max_future_ms = false
@@ -242,8 +245,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     d = Deployment(broker, topics, tmp, hook)
     try:
         pinned, pooled = tmp / f"{PINNED}.toml", tmp / f"{POOLED}.toml"
-        pinned.write_text(SPEC.format(name=PINNED, partitions=1))
-        pooled.write_text(SPEC.format(name=POOLED, partitions=2))
+        pinned.write_text(SPEC.format(name=PINNED, partitions=1, **SETTINGS))
+        pooled.write_text(SPEC.format(name=POOLED, partitions=2, **SETTINGS))
         mapping = tmp / "mapping.toml"
         mapping.write_text(MAPPING.format(stream=STREAM, root=topics.root))
         d.shoal("control", "control")
@@ -257,7 +260,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         d.shoal("sink", "sink", "webhook", "--pipeline", PINNED, "--url", hook)
         d.shoal("pg-sink", "sink", "postgres", "--dsn", database.dsn, "--pipeline", PINNED)
         watched = tmp / f"{WATCHED}.toml"
-        watched.write_text(SPEC.format(name=WATCHED, partitions=1))
+        watched.write_text(SPEC.format(name=WATCHED, partitions=1, **SETTINGS))
         scale = ["scaler", "--pipeline", str(watched), "--min", "0", "--max", "1"]
         d.shoal("scaler", "-v", *scale, "--log-dir", str(tmp / "scaler-logs"))
         for process in d.processes.values():
@@ -293,14 +296,16 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
                 120,
                 f"{name} to apply every measurement",
             )
-        # The last windows close once the gateway is idle; the sink follows the results.
+        # The windows ending before the watermark minus the lateness close (the last stays
+        # open: nothing newer comes); the sinks follow their results.
         for name in ("combiner", "pool-combiner"):
             _until(
                 lambda name=name: (
-                    d.scrape(name).total("shoal_combiner_result_latency_seconds_count") > 0
+                    d.scrape(name).total("shoal_combiner_windows_closed_total")
+                    == closable_windows() * (2 if name == "pool-combiner" else 1)
                 ),
                 60,
-                f"{name} to publish a window",
+                f"{name} to close every closable window",
             )
         _until(lambda: d.scrape("sink").total("shoal_sink_messages_total") > 0, 60, "the sink")
         # Both sinks follow the same results: each has handled every one once it is drained.
@@ -361,10 +366,13 @@ def test_each_process_counts_what_it_was_sent(deployment: Deployment) -> None:
     assert combiner.value("shoal_combiner_batches_applied_total", **at) == batches
     assert combiner.value("shoal_combiner_duplicate_batches_total", **at) == resent
     assert combiner.value("shoal_combiner_late_measurements_total", **at) == 0
-    assert combiner.value("shoal_combiner_windows_closed_total", **at) > 0
+    assert combiner.value("shoal_combiner_windows_closed_total", **at) == closable_windows() > 0
     assert combiner.value("shoal_combiner_apply_latency_seconds_count", **at) == batches
     inf = combiner.value("shoal_combiner_apply_latency_seconds_bucket", le="+Inf", **at)
     assert inf == batches
+    # One sample per close that published results (the closable windows closed together).
+    assert combiner.value("shoal_combiner_result_latency_seconds_count", **at) >= 1
+    assert combiner.value("shoal_combiner_result_latency_seconds_sum", **at) > 0
     assert combiner.value("shoal_combiner_watermark_seconds", **at) >= fleet_start_s()
     # Everything applied and confirmed (the fixture waited): no lag anywhere.
     assert combiner.value("shoal_combiner_lag_batches", **at) == 0
@@ -395,6 +403,14 @@ def test_each_process_counts_what_it_was_sent(deployment: Deployment) -> None:
     assert database.value("shoal_sink_unreadable_messages_total", **labels) == 0
     for scrape in (adapter, combiner, pool, control, archive, sink, scaler, database):
         assert scrape.value("process_resident_memory_bytes") > 0
+
+
+def closable_windows() -> int:
+    """Windows (with data) that end at or before the last event time minus the lateness."""
+    fleet = DeviceFleet("json", 1)
+    threshold = fleet.ts(STEPS - 1) - LATENESS_MS
+    starts = {fleet.ts(step) // SIZE_MS * SIZE_MS for step in range(STEPS)}
+    return sum(1 for start in starts if start + SIZE_MS <= threshold)
 
 
 def fleet_start_s() -> float:
