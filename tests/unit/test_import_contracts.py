@@ -64,8 +64,18 @@ def test_the_tree_keeps_every_contract() -> None:
                 "shoal.archive is not allowed to import shoal.client",
             ],
         ),
+        (
+            "runtime/worker.py",
+            "import prometheus_client",
+            ["Only shoal.observe imports prometheus_client"],
+        ),
     ],
-    ids=["processors-imports-loadtest", "gateway-imports-paho", "archive-client-cycle"],
+    ids=[
+        "processors-imports-loadtest",
+        "gateway-imports-paho",
+        "archive-client-cycle",
+        "runtime-imports-prometheus",
+    ],
 )
 def test_a_forbidden_import_breaks_its_contract(
     tmp_path: Path, module: str, added: str, broken: list[str]

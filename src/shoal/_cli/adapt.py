@@ -8,7 +8,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from shoal._cli.common import add_broker_options, broker_settings, topics
+from shoal._cli.common import (
+    add_broker_options,
+    add_metrics_options,
+    broker_settings,
+    metrics_address,
+    topics,
+)
 
 log = logging.getLogger("shoal.adapt")
 
@@ -44,6 +50,7 @@ def register(sub: Any) -> None:
         "--stats-interval", type=float, default=10.0, help="log counters every N s (default 10)"
     )
     add_broker_options(parser)
+    add_metrics_options(parser)
     parser.set_defaults(run=run)
 
 
@@ -52,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from shoal._cli._run import run_until_signalled  # noqa: PLC0415
     from shoal.adapters import Adapter, AdapterConfig, load_mapping  # noqa: PLC0415
 
+    address = metrics_address(args)
     mapping = load_mapping(args.mapping)
     config = AdapterConfig(
         mapping,
@@ -70,7 +78,11 @@ def run(args: argparse.Namespace) -> int:
             reporter.cancel()
             _log_stats(adapter)
 
-    run_until_signalled(main(), adapter.stop)
+    from shoal._cli._metrics import exposed  # noqa: PLC0415
+    from shoal.observe.collectors import AdapterCollector  # noqa: PLC0415
+
+    collector = lambda: AdapterCollector(adapter)  # noqa: E731
+    run_until_signalled(exposed(main(), address, collector, "shoal adapt"), adapter.stop)
     return 0
 
 

@@ -11,7 +11,13 @@ from typing import Any
 
 import orjson
 
-from shoal._cli.common import add_broker_options, broker_settings, topics
+from shoal._cli.common import (
+    add_broker_options,
+    add_metrics_options,
+    broker_settings,
+    metrics_address,
+    topics,
+)
 from shoal.archive.rollover import RolloverPolicy
 from shoal.errors import ConfigError
 
@@ -84,6 +90,7 @@ def register(sub: Any) -> None:
         help="stable client id for a persistent session (the broker queues what a "
         "restarting archive misses); default: a private clean session",
     )
+    add_metrics_options(parser)
     parser.add_argument("--duration", type=float, help="stop after this many seconds")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
     parser.set_defaults(run=run)
@@ -114,6 +121,11 @@ def run(args: argparse.Namespace) -> int:
         client_id=args.client_id,
     )
 
+    from shoal._cli._metrics import exposed  # noqa: PLC0415
+    from shoal.observe.collectors import ArchiveCollector  # noqa: PLC0415
+
+    address = metrics_address(args)
+
     async def main() -> Any:
         archiver = Archiver(config)
         loop = asyncio.get_running_loop()
@@ -121,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, archiver.stop)
         if args.duration:
             loop.call_later(args.duration, archiver.stop)
-        running = asyncio.create_task(archiver.run())
+        running = asyncio.create_task(
+            exposed(archiver.run(), address, lambda: ArchiveCollector(archiver), "shoal archive")
+        )
         connected = asyncio.create_task(archiver.connected.wait())
         await asyncio.wait({running, connected}, return_when=asyncio.FIRST_COMPLETED)
         if connected.done():

@@ -9,8 +9,10 @@ from typing import Any
 
 from shoal._cli.common import (
     add_broker_options,
+    add_metrics_options,
     broker_settings,
     load_spec,
+    metrics_address,
     topics,
 )
 
@@ -54,6 +56,7 @@ def register(sub: Any) -> None:
         action="store_true",
         help="do not publish the retained per-key results/<pipeline>/<key> topics",
     )
+    add_metrics_options(parser)
     parser.set_defaults(run=run)
 
 
@@ -67,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
         partition_state_dir,
     )
 
+    address = metrics_address(args)
     if args.pipeline is None:
-        return _run_pool(args)
+        return _run_pool(args, address)
     spec = load_spec(args.pipeline)
     if not 0 <= args.partition < spec.partitions:
         from shoal.errors import ConfigError  # noqa: PLC0415
@@ -87,11 +91,15 @@ def run(args: argparse.Namespace) -> int:
         per_key_results=not args.no_key_topics,
     )
     runtime = CombinerRuntime(config)
-    run_until_signalled(runtime.run(), runtime.stop)
+    from shoal._cli._metrics import exposed  # noqa: PLC0415
+    from shoal.observe.collectors import CombinerCollector  # noqa: PLC0415
+
+    main = exposed(runtime.run(), address, lambda: CombinerCollector(runtime), "shoal combiner")
+    run_until_signalled(main, runtime.stop)
     return 0
 
 
-def _run_pool(args: argparse.Namespace) -> int:
+def _run_pool(args: argparse.Namespace, address: tuple[str, int] | None) -> int:
     from shoal._cli._run import run_until_signalled  # noqa: PLC0415
     from shoal.runtime.hosting import CombinerHost, HostConfig  # noqa: PLC0415
 
@@ -103,5 +111,9 @@ def _run_pool(args: argparse.Namespace) -> int:
     if args.id:
         config = replace(config, combiner_id=args.id)
     host = CombinerHost(config)
-    run_until_signalled(host.run(), host.stop)
+    from shoal._cli._metrics import exposed  # noqa: PLC0415
+    from shoal.observe.collectors import CombinerPoolCollector  # noqa: PLC0415
+
+    main = exposed(host.run(), address, lambda: CombinerPoolCollector(host), "shoal combiner")
+    run_until_signalled(main, host.stop)
     return 0

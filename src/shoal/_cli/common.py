@@ -55,6 +55,43 @@ def add_broker_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_metrics_options(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-port`` and ``--metrics-host``: Prometheus ``/metrics`` of this process."""
+    group = parser.add_argument_group("metrics")
+    group.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (env SHOAL_METRICS_PORT; "
+        "0: any free port, printed at start; default: off)",
+    )
+    group.add_argument(
+        "--metrics-host",
+        metavar="HOST",
+        help="address of the metrics endpoint (env SHOAL_METRICS_HOST; default 127.0.0.1; "
+        "0.0.0.0 to be scraped from other hosts, e.g. in Kubernetes)",
+    )
+
+
+def metrics_address(
+    args: argparse.Namespace, env: Mapping[str, str] = os.environ
+) -> tuple[str, int] | None:
+    """(host, port) of the metrics endpoint, or None when it is off (no port, or < 0)."""
+    port: int | None = args.metrics_port
+    if port is None and env.get("SHOAL_METRICS_PORT"):
+        try:
+            port = int(env["SHOAL_METRICS_PORT"])
+        except ValueError as exc:
+            raise ConfigError(
+                f"SHOAL_METRICS_PORT={env['SHOAL_METRICS_PORT']!r} is not a port number"
+            ) from exc
+    if port is None or port < 0:
+        return None
+    if port > 65535:
+        raise ConfigError(f"--metrics-port {port} is not a TCP port (0-65535)")
+    return (args.metrics_host or env.get("SHOAL_METRICS_HOST") or "127.0.0.1", port)
+
+
 def broker_settings(
     args: argparse.Namespace, env: Mapping[str, str] = os.environ
 ) -> BrokerSettings:

@@ -6,7 +6,13 @@ import argparse
 import asyncio
 from typing import Any
 
-from shoal._cli.common import add_broker_options, broker_settings, topics
+from shoal._cli.common import (
+    add_broker_options,
+    add_metrics_options,
+    broker_settings,
+    metrics_address,
+    topics,
+)
 
 
 def register(sub: Any) -> None:
@@ -22,6 +28,7 @@ def register(sub: Any) -> None:
         ),
     )
     add_broker_options(parser)
+    add_metrics_options(parser)
     parser.set_defaults(run=run)
 
 
@@ -31,8 +38,14 @@ def run(args: argparse.Namespace) -> int:
     from shoal.clock import SystemClock  # noqa: PLC0415
     from shoal.control.service import ControlPlane, serve  # noqa: PLC0415
 
+    address = metrics_address(args)
     plane = ControlPlane(broker_settings(args), topics(args), SystemClock())
     stop = asyncio.Event()
     main = serve(plane, stop, lambda: print("shoal control: ready", flush=True))
-    run_until_signalled(main, stop.set)
+    from shoal._cli._metrics import exposed  # noqa: PLC0415
+    from shoal.observe.collectors import ControlCollector  # noqa: PLC0415
+
+    run_until_signalled(
+        exposed(main, address, lambda: ControlCollector(plane), "shoal control"), stop.set
+    )
     return 0

@@ -48,8 +48,17 @@ def register(sub: Any) -> None:
     )
     parser.add_argument("--namespace", default="default", help="kubernetes: its namespace")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between decisions")
-    parser.add_argument("--port", type=int, default=9464, help="metrics port (0: any, -1: none)")
-    parser.add_argument("--bind", default="127.0.0.1", help="metrics address")
+    parser.add_argument(
+        "--metrics-port",
+        "--port",
+        dest="port",
+        type=int,
+        default=9464,
+        help="port of /metrics and KEDA's /api/v1/scaling (default 9464; 0: any; -1: none)",
+    )
+    parser.add_argument(
+        "--metrics-host", "--bind", dest="bind", default="127.0.0.1", help="metrics address"
+    )
     parser.add_argument(
         "--log-dir", type=Path, default=Path("var/scaler"), help="local workers' logs"
     )
@@ -100,6 +109,11 @@ def run(args: argparse.Namespace) -> int:
         http_port=None if args.port < 0 else args.port,
         http_host=args.bind,
     )
+    from shoal.observe import registry_of, render_async  # noqa: PLC0415
+    from shoal.observe.collectors import ScalerCollector  # noqa: PLC0415
+
     scaler = Scaler(config, backend)
+    registry = registry_of([ScalerCollector(scaler)])
+    scaler.metrics = lambda: render_async(registry)
     run_until_signalled(scaler.run(), scaler.stop)
     return 0

@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from shoal._cli.common import add_broker_options, broker_settings, topics
+from shoal._cli.common import (
+    add_broker_options,
+    add_metrics_options,
+    broker_settings,
+    metrics_address,
+    topics,
+)
 from shoal.errors import ConfigError
 from shoal.schemas.topics import check_segment
 
@@ -119,6 +125,7 @@ def _common(parser: argparse.ArgumentParser, default_client_id: str) -> None:
     parser.add_argument(
         "--json", type=Path, metavar="FILE", help="write the final counters as JSON to FILE"
     )
+    add_metrics_options(parser)
 
 
 class _Stats(Protocol):
@@ -214,6 +221,8 @@ def _follow(
     stats: _Stats,
     close: Callable[[], Awaitable[None]] | None,
 ) -> int:
+    from shoal._cli._metrics import exposed  # noqa: PLC0415
+    from shoal.observe.collectors import SinkCollector  # noqa: PLC0415
     from shoal.sinks.follow import FollowConfig, Follower  # noqa: PLC0415
 
     follower = Follower(
@@ -226,6 +235,7 @@ def _follow(
         handler,
     )
     name = f"shoal sink {args.sink}"
+    address = metrics_address(args)
 
     async def heartbeat() -> None:
         while args.heartbeat > 0:
@@ -234,7 +244,14 @@ def _follow(
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        running = asyncio.create_task(follower.run())
+        running = asyncio.create_task(
+            exposed(
+                follower.run(),
+                address,
+                lambda: SinkCollector(args.sink, args.pipeline, follower, stats.to_dict),
+                name,
+            )
+        )
 
         def stop() -> None:
             follower.stop()

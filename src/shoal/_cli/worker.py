@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from shoal._cli.common import add_broker_options, broker_settings, load_spec, topics
+from shoal._cli.common import (
+    add_broker_options,
+    add_metrics_options,
+    broker_settings,
+    load_spec,
+    metrics_address,
+    topics,
+)
 
 
 def register(sub: Any) -> None:
@@ -36,14 +43,18 @@ def register(sub: Any) -> None:
         default=8,
         help="batches in flight to this worker (MQTT 5 Receive Maximum; default 8)",
     )
+    add_metrics_options(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run one worker until signalled."""
+    from shoal._cli._metrics import exposed  # noqa: PLC0415
     from shoal._cli._run import run_until_signalled  # noqa: PLC0415
+    from shoal.observe.collectors import WorkerCollector  # noqa: PLC0415
     from shoal.runtime.worker import Worker, WorkerConfig  # noqa: PLC0415
 
+    address = metrics_address(args)
     config = WorkerConfig(
         spec=None if args.pipeline is None else load_spec(args.pipeline),
         broker=broker_settings(args),
@@ -53,5 +64,8 @@ def run(args: argparse.Namespace) -> int:
     )
     worker = Worker(config)
     # SIGTERM/SIGINT drain (leave the group without losing anything); a second one cancels.
-    run_until_signalled(worker.run(), worker.drain)
+    run_until_signalled(
+        exposed(worker.run(), address, lambda: WorkerCollector(worker), "shoal worker"),
+        worker.drain,
+    )
     return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from shoal.broker.session import Message, Session
@@ -54,6 +54,8 @@ class WorkerStats:
     handle_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     recent: deque[tuple[float, int, float]] = field(default_factory=lambda: deque(maxlen=64))
     """(when, rows, CPU seconds) of recent batches: the capacity estimate."""
+    deadletter_reasons: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """Dead letters by (pipeline, reason) (``counters.deadletters`` is their sum)."""
 
 
 class BatchHandler:
@@ -166,6 +168,7 @@ class BatchHandler:
         """Dead-letter a refused message; mark its batch handled if we can name it."""
         self.stats.counters.deadletters += 1
         spec = self.spec
+        self.stats.deadletter_reasons[spec.name, exc.reason] += 1
         log.info("worker %s: dead-lettering %s: %s", self.worker_id, message.topic, exc)
         record = deadletter_message(
             pipeline=spec.name,

@@ -8,6 +8,7 @@ memory however long the run.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Final
 
 _GAMMA: Final = 1.02
@@ -24,6 +25,8 @@ class LatencyHistogram:
         self.counts: dict[int, int] = {}
         self.count = 0
         self.max_ms = 0.0
+        self.total_ms = 0.0
+        """Sum of the samples (as recorded: the ``_sum`` of a Prometheus histogram)."""
 
     def add(self, ms: float) -> None:
         """Record one sample (negative clock skew counts as 0)."""
@@ -32,6 +35,7 @@ class LatencyHistogram:
         self.counts[key] = self.counts.get(key, 0) + 1
         self.count += 1
         self.max_ms = max(self.max_ms, ms)
+        self.total_ms += value
 
     def merge(self, other: LatencyHistogram) -> None:
         """Add another histogram's samples."""
@@ -39,6 +43,7 @@ class LatencyHistogram:
             self.counts[key] = self.counts.get(key, 0) + n
         self.count += other.count
         self.max_ms = max(self.max_ms, other.max_ms)
+        self.total_ms += other.total_ms
 
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile in ms (the bucket's midpoint), None without samples."""
@@ -51,6 +56,23 @@ class LatencyHistogram:
             if seen > rank:
                 return 2.0 * _GAMMA**key / (_GAMMA + 1.0)
         return self.max_ms
+
+    def cumulative(self, bounds_ms: Sequence[float]) -> list[int]:
+        """Samples at or below each bound (ascending bounds): Prometheus ``le`` buckets.
+
+        A 2 %-wide bucket that straddles a bound counts above it, so a count may miss
+        samples up to 2 % below the bound.
+        """
+        keys = sorted(self.counts)
+        out: list[int] = []
+        seen = 0
+        i = 0
+        for bound in bounds_ms:
+            while i < len(keys) and _GAMMA ** keys[i] <= bound:
+                seen += self.counts[keys[i]]
+                i += 1
+            out.append(seen)
+        return out
 
     def summary(self) -> dict[str, object] | None:
         """p50, p95, p99, max, n and ``cdf`` (None without samples).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +85,9 @@ class Scaler:
     ) -> None:
         self.config = config
         self.backend = backend
+        self.metrics: Callable[[], bytes | Awaitable[bytes]] = self.render_metrics
+        """What ``/metrics`` serves (``shoal scaler`` sets ``shoal.observe``'s rendering of
+        ``metric_samples``, with the process's own figures)."""
         self._connect = session_factory or default_session_factory()
         self.clock = clock or SystemClock()
         self.monitor = monitor or PipelineMonitor(config.spec, config.topics, self.clock)
@@ -145,7 +148,7 @@ class Scaler:
         server = None
         if self.config.http_port is not None:
             server = MetricsServer(
-                self.render_metrics, self.render_json, self.config.http_host, self.config.http_port
+                self.metrics, self.render_json, self.config.http_host, self.config.http_port
             )
             self.bound_port = port = await server.start()
             log.info("scaler: metrics on http://%s:%d/metrics", self.config.http_host, port)
@@ -213,6 +216,10 @@ class Scaler:
 
     def render_metrics(self) -> bytes:
         """Prometheus text exposition of the lag, rates, workers and broker counters."""
+        return prometheus_text(self.metric_samples())
+
+    def metric_samples(self) -> list[tuple[str, str, str, dict[str, str], float | int | None]]:
+        """``(name, type, help, labels, value)`` of every figure ``/metrics`` shows."""
         data = self.render_json()
         pipeline = {"pipeline": self.config.spec.name}
         snap = self.monitor.snapshot()
@@ -317,4 +324,4 @@ class Scaler:
             (f"shoal_broker_{name}", "gauge", f"Mosquitto $SYS counter ({name}).", {}, value)
             for name, value in self.broker_counters.values.items()
         )
-        return prometheus_text(samples)
+        return samples

@@ -1,8 +1,10 @@
-"""The scaler's HTTP endpoint: Prometheus metrics, and JSON for KEDA's ``metrics-api`` scaler.
+"""A tiny HTTP endpoint: Prometheus metrics, and JSON for KEDA's ``metrics-api`` scaler.
 
-``GET /metrics``: Prometheus text exposition. ``GET /api/v1/scaling``: a JSON object whose
-``desired_workers`` a KEDA ``ScaledObject`` can target (``valueLocation: desired_workers``,
-``targetValue: "1"``), with the lag figures beside it. Tiny on purpose: stdlib asyncio only.
+``GET /metrics``: Prometheus text exposition. ``GET /api/v1/scaling`` (the scaler only): a
+JSON object whose ``desired_workers`` a KEDA ``ScaledObject`` can target (``valueLocation:
+desired_workers``, ``targetValue: "1"``), with the lag figures beside it. Every other process
+serves ``/metrics`` through it too (``shoal.observe``). Tiny on purpose: stdlib asyncio only,
+rendered on the event loop, so collectors read counters between two steps of the process.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import orjson
@@ -47,19 +49,26 @@ def _escape(value: str) -> str:
 
 
 class MetricsServer:
-    """Serves the two endpoints from callables that render the current state."""
+    """Serves the endpoints from callables that render the current state.
+
+    ``render_metrics`` may return the bytes or an awaitable of them (a renderer that formats
+    off the event loop). ``render_json`` None: no ``/api/v1/scaling`` (404). ``content_type``:
+    of ``/metrics``.
+    """
 
     def __init__(
         self,
-        render_metrics: Callable[[], bytes],
-        render_json: Callable[[], dict[str, Any]],
+        render_metrics: Callable[[], bytes | Awaitable[bytes]],
+        render_json: Callable[[], dict[str, Any]] | None,
         host: str = "0.0.0.0",  # noqa: S104 - a metrics endpoint is meant to be scraped
         port: int = 9464,
+        content_type: str = "text/plain; version=0.0.4",
     ) -> None:
         self.render_metrics = render_metrics
         self.render_json = render_json
         self.host = host
         self.port = port
+        self.content_type = content_type
         self._server: asyncio.Server | None = None
 
     async def start(self) -> int:
@@ -87,13 +96,15 @@ class MetricsServer:
         if len(parts) < 2 or parts[0] != "GET":
             status, body, ctype = "405 Method Not Allowed", b"only GET\n", "text/plain"
         elif path == "/metrics":
-            status, body, ctype = "200 OK", self.render_metrics(), "text/plain; version=0.0.4"
-        elif path == "/api/v1/scaling":
+            rendered = self.render_metrics()
+            body = rendered if isinstance(rendered, bytes) else await rendered
+            status, ctype = "200 OK", self.content_type
+        elif path == "/api/v1/scaling" and self.render_json is not None:
             status, body, ctype = "200 OK", orjson.dumps(self.render_json()), "application/json"
         else:
             status, body, ctype = (
                 "404 Not Found",
-                b"try /metrics or /api/v1/scaling\n",
+                b"try /metrics or /api/v1/scaling\n" if self.render_json else b"try /metrics\n",
                 "text/plain",
             )
         writer.write(

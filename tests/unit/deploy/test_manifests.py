@@ -46,12 +46,16 @@ REPO = Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "deploy" / "kubernetes"
 BASE = DEPLOY / "base"
 KEDA = DEPLOY / "keda"
+MONITORING = DEPLOY / "monitoring"
 
 KUBERNETES_VERSION = "1.30.0"
 """The oldest release the manifests target (the combiner's pod-index label is on by default
 from 1.28; 1.30 is the oldest release still supported by the major cloud providers)."""
 
-CUSTOM_RESOURCES = {("keda.sh/v1alpha1", "ScaledObject")}
+CUSTOM_RESOURCES = {
+    ("keda.sh/v1alpha1", "ScaledObject"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+}
 """Kinds kubernetes-validate has no schema for; each is checked by a test of its own."""
 
 WORKLOADS = ("Deployment", "StatefulSet")
@@ -169,7 +173,7 @@ def test_only_known_custom_resources_escape_the_schema_check() -> None:
 # -- kustomize -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("directory", [DEPLOY, BASE, KEDA], ids=lambda p: p.name)
+@pytest.mark.parametrize("directory", [DEPLOY, BASE, KEDA, MONITORING], ids=lambda p: p.name)
 def test_kustomizations_list_every_manifest_beside_them(directory: Path) -> None:
     listed = kustomization(directory)["resources"]
     for entry in listed:
@@ -182,6 +186,7 @@ def test_manifests_leave_the_namespace_to_kustomize() -> None:
     for path, doc in documents():
         assert "namespace" not in doc["metadata"], f"{path.name}: {doc['metadata']['name']}"
     assert kustomization(KEDA)["namespace"] == namespace()
+    assert kustomization(MONITORING)["namespace"] == namespace()
     assert find("Namespace", namespace())
 
 
@@ -675,3 +680,67 @@ def test_the_value_location_is_a_number_the_scaler_really_serves() -> None:
     assert args.min_workers <= value <= args.max_workers
     # The figure KEDA follows is the policy's decision, not a raw lag figure.
     assert value == scaler.history[-1].decision.desired
+
+
+# -- Prometheus ------------------------------------------------------------------------------------
+
+
+def metrics_flags(workload: dict[str, Any]) -> tuple[str, int]:
+    """(host, port) of the workload's /metrics, as shoal's own parser reads its args."""
+    args = parse_shoal_args(workload)
+    if args.command == "scaler":  # --metrics-host/--metrics-port are aliases of --bind/--port
+        return args.bind, args.port
+    address = common.metrics_address(args, env={})
+    assert address is not None, f"{workload['metadata']['name']}: no --metrics-port"
+    return address
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_COMMAND))
+def test_every_shoal_process_serves_metrics_where_its_annotations_say(name: str) -> None:
+    workload = next(w for w in workloads() if w["metadata"]["name"] == name)
+    host, port = metrics_flags(workload)
+    assert host == "0.0.0.0"  # reachable by Prometheus, not only from inside the pod
+    annotations = workload["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(port)
+    assert annotations["prometheus.io/path"] == "/metrics"
+    ports = {p["name"]: p for p in shoal_container(workload)["ports"]}
+    assert ports["metrics"]["containerPort"] == port
+
+
+def service_monitor() -> dict[str, Any]:
+    (doc,) = [d for p, d in documents() if p.parent == MONITORING]
+    return doc
+
+
+def test_the_service_monitor_scrapes_every_shoal_process_through_a_service() -> None:
+    monitor = service_monitor()
+    assert (monitor["apiVersion"], monitor["kind"]) == (
+        "monitoring.coreos.com/v1",
+        "ServiceMonitor",
+    )
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics"
+    assert endpoint.get("scheme", "http") == "http"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    scraped = set()
+    for service in (d for d in base_docs() if d["kind"] == "Service"):
+        if not labels_match(selector, service["metadata"]["labels"]):
+            continue
+        named = {p["name"]: p for p in service["spec"].get("ports", [])}
+        if endpoint["port"] not in named:
+            continue  # the broker: no metrics port
+        (workload,) = [
+            w for w in workloads() if labels_match(service["spec"]["selector"], pod_labels(w))
+        ]
+        assert named[endpoint["port"]]["port"] == metrics_flags(workload)[1]
+        scraped.add(workload["metadata"]["name"])
+    assert scraped == set(EXPECTED_COMMAND)
+    for label in monitor["spec"].get("targetLabels", []):
+        assert all(label in s["metadata"]["labels"] for s in base_docs() if s["kind"] == "Service")
+
+
+def test_the_monitoring_overlay_builds_in_the_base_namespace() -> None:
+    (monitor,) = kustomize(MONITORING)
+    assert monitor["kind"] == "ServiceMonitor"
+    assert monitor["metadata"]["namespace"] == namespace()
