@@ -48,14 +48,32 @@ class RulesExpectation:
     scale: pl.DataFrame
 
 
+_CURVE: Final = (2.0e-5, -1.5e-3, 1.02, -0.4)
+USER_FUNCTIONS: Final[dict[str, pl.Expr]] = {
+    # processors/examples/udf.toml's functions, written again as plain polars expressions
+    "calibrate(value)": (
+        ((_CURVE[0] * pl.col("value") + _CURVE[1]) * pl.col("value") + _CURVE[2]) * pl.col("value")
+        + _CURVE[3]
+    ),
+    "plausible(value, unit)": pl.when(pl.col("unit") == "F")
+    .then(pl.col("value").is_between(14.0, 104.0))
+    .otherwise(pl.col("value").is_between(-10.0, 40.0)),
+}
+"""UDF calls the tests deploy, by their text in ``derive``/``where``, in plain polars."""
+
+
+def _expression(text: str) -> pl.Expr:
+    return USER_FUNCTIONS[text] if text in USER_FUNCTIONS else pl.sql_expr(text)
+
+
 def row_stage(rows: pl.DataFrame, spec: PipelineSpec) -> tuple[pl.DataFrame, pl.Series]:
     """``rows`` with the derived columns, and per row whether it is kept."""
     out = rows
     for name, text in spec.derive:
-        out = out.with_columns(pl.sql_expr(text).alias(name))
+        out = out.with_columns(_expression(text).alias(name))
     keep = out["value"].is_not_null() & out["value"].cast(pl.Float64).is_finite()
     if spec.where is not None:
-        keep = keep & out.select(pl.sql_expr(spec.where).fill_null(value=False)).to_series()
+        keep = keep & out.select(_expression(spec.where).fill_null(value=False)).to_series()
     return out.with_columns(pl.col("value").cast(pl.Float64)), keep.fill_null(value=False)
 
 

@@ -176,10 +176,14 @@ def _accepted(result: Result) -> str:
 
 
 def _read_spec(file: str) -> str:
+    """The spec's text, with the code of ``[functions.x] file = ...`` inlined (from its folder)."""
+    from shoal.control.canonical import inline_files  # noqa: PLC0415
+
     try:
-        return sys.stdin.read() if file == "-" else Path(file).read_text("utf-8")
+        text = sys.stdin.read() if file == "-" else Path(file).read_text("utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read pipeline spec {file}: {exc}") from exc
+    return inline_files(text, Path.cwd() if file == "-" else Path(file).parent)
 
 
 def _read(client: ControlClient, args: argparse.Namespace) -> int:

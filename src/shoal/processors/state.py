@@ -549,7 +549,7 @@ def result_schema(spec: PipelineSpec) -> dict[str, pl.DataType]:
     """The schema of ``result_columns``."""
     schema: dict[str, pl.DataType] = dict(RESULT_BASE_SCHEMA)
     for aggregate in spec.aggregates:
-        known = None if aggregate.quantile is not None else AGGREGATES[aggregate.name]
+        known = aggregate.entry
         schema[aggregate.name] = pl.Float64() if known is None else known.dtype
     return schema
 
