@@ -1,0 +1,166 @@
+"""Runs a pipeline's batch work that calls user functions: in a thread, under a time budget.
+
+The isolation is in-process, with a watchdog (docs/rules.md, "Isolation and its limits"):
+
+- each guarded call runs in a fresh daemon thread while the worker's event loop waits for
+  it without blocking (other pipelines' batches keep flowing);
+- past the budget the call is abandoned: the batch fails with ``function_timeout`` and the
+  thread is sent an asynchronous ``FunctionInterrupted`` (``PyThreadState_SetAsyncExc``),
+  which stops pure-Python code at its next bytecode. Code blocked in C (``time.sleep``, a
+  long numpy or polars call) cannot be interrupted: until that call returns, the pipeline's
+  further batches fail at once with ``function_stuck`` (one runaway thread per pipeline at
+  most, never a queue of them);
+- failures are counted per reason, and ``consecutive`` of them mark the pipeline
+  ``degraded`` until a batch succeeds again.
+
+What this cannot do, and a subprocess would: bound memory, survive a crash in native code
+(a segfault takes the worker down) or take back the CPU of code stuck in C. Imports
+``shoal.errors`` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ctypes
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from shoal.errors import FunctionError
+
+T = TypeVar("T")
+
+
+class FunctionInterrupted(BaseException):  # noqa: N818 - raised into user code, not an error of ours
+    """Raised asynchronously into a call past its budget (a BaseException: user code's
+    ``except Exception`` does not swallow it)."""
+
+
+@dataclass
+class FunctionHealth:
+    """What one pipeline's functions did in this worker.
+
+    Attributes:
+        batches_ok: guarded batches that succeeded.
+        failures: failed batches by reason (``FUNCTION_REASONS``).
+        consecutive: failures since the last success.
+        last_error: the last failure's message (None: none yet).
+    """
+
+    batches_ok: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+    consecutive: int = 0
+    last_error: str | None = None
+
+    def as_dict(self, degrade_after: int) -> dict[str, Any]:
+        """The heartbeat form (``metrics-worker.schema.json``, ``functions``)."""
+        return {
+            "batches_ok": self.batches_ok,
+            "failures": dict(self.failures),
+            "consecutive_failures": self.consecutive,
+            "degraded": self.consecutive >= degrade_after,
+            "last_error": self.last_error,
+        }
+
+
+class FunctionGuard:
+    """Runs one pipeline's guarded work, one call at a time, each within ``budget_s``.
+
+    Args:
+        budget_s: the per-batch budget (the pipeline's functions' ``budget_ms``, summed).
+        degrade_after: consecutive failures after which ``degraded`` is true.
+    """
+
+    def __init__(self, budget_s: float, degrade_after: int) -> None:
+        self.budget_s = budget_s
+        self.degrade_after = degrade_after
+        self.health = FunctionHealth()
+        self._lock: asyncio.Lock | None = None
+        self._runaway: concurrent.futures.Future[Any] | None = None
+
+    @property
+    def degraded(self) -> bool:
+        """Whether the last ``degrade_after`` guarded batches all failed."""
+        return self.health.consecutive >= self.degrade_after
+
+    async def run(self, work: Callable[[], T]) -> T:
+        """``work()`` in a thread within the budget; failures counted.
+
+        Raises:
+            FunctionError: ``work`` raised one (or anything: user code may make ours
+                fail), ran past the budget (``function_timeout``), or an earlier call that
+                ran past it has not returned yet (``function_stuck``).
+        """
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # one call at a time: a batch's partials keep their order
+            try:
+                result = await self._run(work)
+            except FunctionError as exc:
+                self.health.failures[exc.reason] += 1
+                self.health.consecutive += 1
+                self.health.last_error = str(exc)
+                raise
+            self.health.batches_ok += 1
+            self.health.consecutive = 0
+            return result
+
+    async def _run(self, work: Callable[[], T]) -> T:
+        if self._runaway is not None and not self._runaway.done():
+            raise FunctionError(
+                "an earlier call of this pipeline's functions ran past its budget and has not "
+                "returned yet (blocked outside Python code)",
+                reason="function_stuck",
+            )
+        self._runaway = None
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        thread = threading.Thread(target=_runner, args=(work, done), daemon=True)
+        thread.start()
+        waiter = asyncio.wrap_future(done)
+        try:
+            # shield: a timeout must not cancel ``done``, which the thread still completes
+            return await asyncio.wait_for(asyncio.shield(waiter), self.budget_s)
+        except TimeoutError:
+            waiter.add_done_callback(_retrieve)  # its late outcome is of no interest
+            if not done.done() and thread.ident is not None:
+                _interrupt(thread.ident)
+            self._runaway = done
+            raise FunctionError(
+                f"the pipeline's functions ran past their budget of "
+                f"{round(self.budget_s * 1000)} ms on this batch",
+                reason="function_timeout",
+            ) from None
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _runner(work: Callable[[], T], done: concurrent.futures.Future[T]) -> None:
+    try:
+        done.set_result(work())
+    except FunctionError as exc:
+        done.set_exception(exc)
+    except FunctionInterrupted:
+        done.set_exception(FunctionError("interrupted past its budget", reason="function_timeout"))
+    except Exception as exc:  # user code may make ours fail in any way: the batch fails
+        error = FunctionError(
+            f"the batch failed in the pipeline's functions: {type(exc).__name__}: {exc}",
+            reason="function_error",
+        )
+        error.__cause__ = exc
+        done.set_exception(error)
+    except BaseException:  # noqa: BLE001 - a late interrupt after the work finished: ignore
+        if not done.done():
+            done.set_exception(FunctionError("interrupted", reason="function_timeout"))
+
+
+def _interrupt(ident: int) -> None:
+    """Raise ``FunctionInterrupted`` in the thread ``ident`` at its next Python bytecode."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(ident), ctypes.py_object(FunctionInterrupted)
+    )
