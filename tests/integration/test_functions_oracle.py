@@ -11,7 +11,6 @@ called to compute what the pipeline must publish. Duplicated and reordered deliv
 from __future__ import annotations
 
 import asyncio
-import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -19,29 +18,20 @@ import polars as pl
 import pytest
 
 from shoal.broker.embedded import EmbeddedBroker
-from shoal.processors.spec import inline_function_files
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
 from tests.support.compare import assert_matches_oracle
 from tests.support.datasets import make_batches, two_window_spec
 from tests.support.in_memory import shuffled_with_duplicates
 from tests.support.live import InProcessPipeline, collector, publish_batches
-from tests.support.rules_oracle import expected_with_rules, rows_of, with_attributes
+from tests.support.rules_oracle import (
+    example_functions,
+    expected_with_rules,
+    rows_of,
+    with_attributes,
+)
 
 pytestmark = pytest.mark.broker
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "processors" / "examples"
-
-
-def example_functions() -> dict[str, object]:
-    """``functions``, ``derive`` and ``where`` of the UDF and UDAF examples, merged."""
-    udf = tomllib.loads((EXAMPLES / "udf.toml").read_text())
-    udaf = inline_function_files(tomllib.loads((EXAMPLES / "udaf-ewm.toml").read_text()), EXAMPLES)
-    return {
-        "functions": {**udf["functions"], **udaf["functions"]},
-        "derive": udf["derive"],
-        "where": udf["where"],
-    }
 
 
 @pytest.mark.parametrize(("workers", "partitions"), [(1, 1), (3, 2)])

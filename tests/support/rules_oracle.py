@@ -9,13 +9,15 @@ the results; alerts are a plain loop over each key's results in start order.
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass
-from typing import Final
+from pathlib import Path
+from typing import Any, Final
 
 import numpy as np
 import polars as pl
 
-from shoal.processors.spec import PipelineSpec
+from shoal.processors.spec import PipelineSpec, inline_function_files
 from tests.support.datasets import GeneratedBatch
 from tests.support.oracle import _aggregates, late_flags
 
@@ -60,6 +62,22 @@ USER_FUNCTIONS: Final[dict[str, pl.Expr]] = {
     .otherwise(pl.col("value").is_between(-10.0, 40.0)),
 }
 """UDF calls the tests deploy, by their text in ``derive``/``where``, in plain polars."""
+
+
+EXAMPLES: Final = Path(__file__).resolve().parents[2] / "processors" / "examples"
+
+
+def example_functions() -> dict[str, Any]:
+    """``functions``, ``derive`` and ``where`` of the UDF and UDAF examples, merged: spec keys
+    that calibrate (UDF in derive), drop implausible readings (bool UDF as where) and offer
+    the ``ewm`` aggregate (UDAF)."""
+    udf = tomllib.loads((EXAMPLES / "udf.toml").read_text())
+    udaf = inline_function_files(tomllib.loads((EXAMPLES / "udaf-ewm.toml").read_text()), EXAMPLES)
+    return {
+        "functions": {**udf["functions"], **udaf["functions"]},
+        "derive": udf["derive"],
+        "where": udf["where"],
+    }
 
 
 def _expression(text: str) -> pl.Expr:

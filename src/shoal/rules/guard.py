@@ -22,16 +22,21 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import ctypes
 import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from shoal.errors import FunctionError
 
 T = TypeVar("T")
+
+INTERRUPT_GRACE_S: Final = 0.05
+"""How long a call past its budget may take to stop after the interrupt before the guard
+calls it stuck."""
 
 
 class FunctionInterrupted(BaseException):  # noqa: N818 - raised into user code, not an error of ours
@@ -127,7 +132,11 @@ class FunctionGuard:
             waiter.add_done_callback(_retrieve)  # its late outcome is of no interest
             if not done.done() and thread.ident is not None:
                 _interrupt(thread.ident)
-            self._runaway = done
+                # A moment for Python code to take the interrupt and end: then the next
+                # batch gets a fresh thread instead of ``function_stuck``.
+                with contextlib.suppress(TimeoutError, FunctionError):
+                    await asyncio.wait_for(asyncio.shield(waiter), INTERRUPT_GRACE_S)
+            self._runaway = None if done.done() else done
             raise FunctionError(
                 f"the pipeline's functions ran past their budget of "
                 f"{round(self.budget_s * 1000)} ms on this batch",
