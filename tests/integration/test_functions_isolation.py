@@ -57,10 +57,16 @@ COMMON: dict[str, Any] = {
 }
 # Deploy-time sample values lie in [1, 2]; the data's (about 20) trigger the fault.
 BAD: dict[str, tuple[str, str]] = {
-    "raises": ("if value.max() > 2.5:\n        raise ValueError('calibration table missing')", "function_error"),
+    "raises": (
+        "if value.max() > 2.5:\n        raise ValueError('calibration table missing')",
+        "function_error",
+    ),
     "spins": ("while value.max() > 2.5:\n        pass", "function_timeout"),
     "blocks": ("if value.max() > 2.5:\n        time.sleep(3600)", "function_timeout"),
-    "garbage": ("if value.max() > 2.5:\n        return pl.concat([value, value])", "function_bad_result"),
+    "garbage": (
+        "if value.max() > 2.5:\n        return pl.concat([value, value])",
+        "function_bad_result",
+    ),
 }
 
 
@@ -156,7 +162,9 @@ def test_bad_functions_do_not_harm_a_healthy_pipeline_or_the_worker(
                 *connection_args(settings, topics),
                 timeout=60,
             )
-            assert worker.alive() and worker.pid == pid and worker.starts == 1
+            assert worker.alive()
+            assert worker.pid == pid
+            assert worker.starts == 1
             worker.stop()
             return {
                 "seen": seen,

@@ -6,6 +6,8 @@ weights) relative to that latest time; two states merge by rescaling both to the
 time, so partial states from any workers and any batch split give the same mean.
 """
 
+from typing import ClassVar
+
 import polars as pl
 
 HALF_LIFE_MS = 10_000.0
@@ -14,13 +16,19 @@ EMPTY_TS = -(2**62)
 
 
 class Ewm:
-    state = {"t": "int", "num": "float", "den": "float"}
+    """The aggregate: state fields and the four calls every mergeable aggregate has."""
 
-    def init(self):
+    state: ClassVar[dict[str, str]] = {"t": "int", "num": "float", "den": "float"}
+
+    def init(self) -> dict[str, float]:
+        """The state of no rows."""
         return {"t": EMPTY_TS, "num": 0.0, "den": 0.0}
 
     def update(self, rows: pl.DataFrame) -> pl.DataFrame:
-        # rows: group, ts, value (one batch; groups are (window, key) pairs, numbered 0..n-1)
+        """One batch's rows to one state row per group.
+
+        ``rows`` has group, ts and value; groups are (window, key) pairs numbered 0..n-1.
+        """
         weight = 2.0 ** ((pl.col("ts") - pl.col("ts").max().over("group")) / HALF_LIFE_MS)
         return rows.group_by("group").agg(
             t=pl.col("ts").max(),
@@ -29,7 +37,7 @@ class Ewm:
         )
 
     def merge(self, states: pl.DataFrame) -> pl.DataFrame:
-        # states: group, t, num, den (several rows per group) -> one row per group
+        """State rows (group, t, num, den; several per group) to one per group."""
         scale = 2.0 ** ((pl.col("t") - pl.col("t").max().over("group")) / HALF_LIFE_MS)
         return states.group_by("group").agg(
             t=pl.col("t").max(),
@@ -38,4 +46,5 @@ class Ewm:
         )
 
     def finalize(self, states: pl.DataFrame) -> pl.Series:
+        """Merged state rows to the mean, one per row."""
         return states["num"] / states["den"]

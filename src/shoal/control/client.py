@@ -147,8 +147,11 @@ class ControlClient:
         )
 
     async def function_health(self, listen_s: float) -> dict[str, dict[str, Any]]:
-        """Per pipeline with user functions: each worker's ``functions`` report, and whether
-        any says ``degraded`` (heartbeats heard over ``listen_s``; CONTRACT.md §19.1)."""
+        """Per pipeline with user functions: each worker's report, and whether any is degraded.
+
+        From the ``functions`` of the worker heartbeats heard over ``listen_s`` (CONTRACT.md
+        §19.1).
+        """
         client = unique_client_id("shoal-pipeline")
         latest: dict[str, dict[str, Any]] = {}
         async with self.session_factory(self.settings, client) as session:

@@ -22,7 +22,7 @@ from shoal.processors.user_aggregates import user_aggregate
 from shoal.processors.windows import WINDOW_KINDS, WindowSpec
 from shoal.rules import AlertSpec, Having, RowRules, compile_having, compile_row_rules
 from shoal.rules.alerts import MAX_FOR
-from shoal.rules.functions import FunctionSpec, Functions, load_functions, parse_function
+from shoal.rules.functions import Functions, FunctionSpec, load_functions, parse_function
 from shoal.schemas import ATTRIBUTE_COLUMNS, FUTURE_POLICIES, DecodeLimits
 from shoal.schemas.topics import check_segment
 
@@ -202,8 +202,9 @@ def inline_function_files(raw: Mapping[str, Any], folder: Path) -> dict[str, Any
                     f"functions.{name}.file: cannot read {file}: {exc}",
                     field=f"functions.{name}.file",
                 ) from exc
-            table = {k: v for k, v in table.items() if k != "file"} | {"code": code}
-        inlined[name] = table
+            inlined[name] = {k: v for k, v in table.items() if k != "file"} | {"code": code}
+        else:
+            inlined[name] = table
     return {**raw, "functions": inlined}
 
 

@@ -29,7 +29,7 @@ from shoal.processors._kernels import (
     merge_cells,
     merge_state,
 )
-from shoal.processors.aggregates import AGGREGATES, LAST_TS, QUANTILES, AggregatePlan
+from shoal.processors.aggregates import LAST_TS, QUANTILES, AggregatePlan
 from shoal.processors.partials import PartialRows
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec

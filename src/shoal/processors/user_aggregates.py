@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -41,7 +41,7 @@ def user_aggregate(udaf: Udaf) -> Aggregate:
     names = list(udaf.state)
     fields: list[StateField] = []
     for i, name in enumerate(names):
-        kind = "int" if udaf.state[name] == "int" else "float"
+        kind: Literal["int", "float"] = "int" if udaf.state[name] == "int" else "float"
         column = udaf.column(name)
         last = i == len(names) - 1
         placeholder = pl.lit(None, dtype=STATE_KINDS[udaf.state[name]])

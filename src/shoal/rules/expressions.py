@@ -197,13 +197,9 @@ def compile_row_rules(
             )
         call = parse_call(text, udfs or {})
         if call is not None:
-            dtype = check_udf(call, _sample(pl.Schema(schema), SAMPLE_ROWS), field)
-            if name == "value" and not dtype.is_numeric():
-                raise _wrong_type(field, text, f"a number for value, not {dtype}")
-            if name in FRAME_SCHEMA:
-                dtype = pl.Float64() if name == "value" else FRAME_SCHEMA[name]
-            schema[name] = dtype
-            compiled.append(_UdfStep(name, call, dtype))
+            step = _udf_step(name, text, call, pl.Schema(schema))
+            schema[name] = step.dtype
+            compiled.append(step)
             continue
         expr = _compile(text, field).alias(name)
         dtype = _check(expr, text, field, pl.Schema(schema))
@@ -231,6 +227,17 @@ def compile_row_rules(
         if dtype != pl.Boolean:
             raise _wrong_type("where", where, f"a condition (true/false), not {dtype}")
     return RowRules(where, pairs, tuple(compiled), where_expr)
+
+
+def _udf_step(name: str, text: str, call: UdfCall, schema: pl.Schema) -> _UdfStep:
+    """A derive column computed by ``call``, run once on sample rows of ``schema``."""
+    field = f"derive.{name}"
+    dtype = check_udf(call, _sample(schema, SAMPLE_ROWS), field)
+    if name == "value" and not dtype.is_numeric():
+        raise _wrong_type(field, text, f"a number for value, not {dtype}")
+    if name in FRAME_SCHEMA:  # value is Float64, attributes keep their type
+        dtype = pl.Float64() if name == "value" else FRAME_SCHEMA[name]
+    return _UdfStep(name, call, dtype)
 
 
 def compile_having(

@@ -63,7 +63,9 @@ SAMPLE_ROWS: Final = 64
 """Rows of the sample data functions run on at deploy time."""
 
 _NAME: Final = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
-_CALL: Final = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*\(\s*([a-z_][a-z0-9_]*(?:\s*,\s*[a-z_][a-z0-9_]*)*)?\s*\)\s*$")
+_CALL: Final = re.compile(
+    r"^\s*([a-z_][a-z0-9_]*)\s*\(\s*([a-z_][a-z0-9_]*(?:\s*,\s*[a-z_][a-z0-9_]*)*)?\s*\)\s*$"
+)
 _TRACE_FRAMES: Final = 3
 
 
@@ -342,7 +344,10 @@ class Udaf:
             if not np.array_equal(ids, np.arange(n)):
                 raise _bad_result(self.spec, step, f"groups 0..{n - 1} once each", "others")
         return pl.DataFrame(
-            [_cast(out.get_column(c), STATE_KINDS[k], self.spec, step) for c, k in self.state.items()]
+            [
+                _cast(out.get_column(c), STATE_KINDS[k], self.spec, step)
+                for c, k in self.state.items()
+            ]
         )
 
     # -- the kernels' side (``processors.aggregates.user_aggregate``) -----------------------

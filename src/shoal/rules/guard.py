@@ -39,9 +39,11 @@ INTERRUPT_GRACE_S: Final = 0.05
 calls it stuck."""
 
 
-class FunctionInterrupted(BaseException):  # noqa: N818 - raised into user code, not an error of ours
-    """Raised asynchronously into a call past its budget (a BaseException: user code's
-    ``except Exception`` does not swallow it)."""
+class FunctionInterrupted(BaseException):  # noqa: N818 - raised into user code, not ours
+    """Raised asynchronously into a call past its budget.
+
+    A ``BaseException``: user code's ``except Exception`` does not swallow it.
+    """
 
 
 @dataclass
@@ -156,7 +158,7 @@ def _runner(work: Callable[[], T], done: concurrent.futures.Future[T]) -> None:
         done.set_exception(exc)
     except FunctionInterrupted:
         done.set_exception(FunctionError("interrupted past its budget", reason="function_timeout"))
-    except Exception as exc:  # user code may make ours fail in any way: the batch fails
+    except Exception as exc:  # noqa: BLE001 - user code may make ours fail in any way
         error = FunctionError(
             f"the batch failed in the pipeline's functions: {type(exc).__name__}: {exc}",
             reason="function_error",

@@ -124,7 +124,7 @@ class BatchHandler:
         self._publish(session, partials, futures, (started, cpu_started))
         return futures
 
-    async def _guarded(  # noqa: PLR0913, PLR0917 - private; handle's state, passed on
+    async def _guarded(  # noqa: PLR0917 - private; handle's state, passed on
         self,
         session: Session,
         message: Message,

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 import pytest
 
@@ -22,11 +21,11 @@ from tests.support.in_memory import check_against_oracle
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "processors" / "examples"
 
-SCALE = '''
+SCALE = """
 def scale(value):
     return value * 2
-'''
-SUMS = '''
+"""
+SUMS = """
 class Sums:
     state = {"n": "int", "s": "float"}
     def init(self):
@@ -37,7 +36,7 @@ class Sums:
         return states.group_by("group").agg(n=pl.col("n").sum(), s=pl.col("s").sum())
     def finalize(self, states):
         return states["s"] / states["n"]
-'''
+"""
 
 
 def spec_with(functions: dict[str, Any], **rest: Any) -> dict[str, Any]:
@@ -87,7 +86,10 @@ def test_a_udf_that_fails_at_deploy_is_refused_with_the_traceback(code: str, wor
 
 
 def test_the_traceback_summary_names_the_line_of_user_code() -> None:
-    code = "def helper(v):\n    raise ValueError('bad calibration')\n\ndef scale(value):\n    return helper(value)\n"
+    code = (
+        "def helper(v):\n    raise ValueError('bad calibration')\n\n"
+        "def scale(value):\n    return helper(value)\n"
+    )
     exc = refusal(spec_with({"scale": {"code": code}}, derive={"x": "scale(value)"}))
     assert "ValueError: bad calibration" in str(exc)
     assert "line 2 in helper" in str(exc)
@@ -109,7 +111,7 @@ def test_where_needs_a_bool_udf() -> None:
 @pytest.mark.parametrize(
     ("change", "words"),
     [
-        (("return states[\"s\"] / states[\"n\"]", "return 1 / 0"), "ZeroDivisionError"),
+        (('return states["s"] / states["n"]', "return 1 / 0"), "ZeroDivisionError"),
         (('n=pl.col("n").sum()', 'n=pl.col("n").max()'), "not mergeable"),
         (('"n": 0, "s": 0.0', '"n": 1, "s": 0.0'), "merge(init, x) != x"),
         (('state = {"n": "int", "s": "float"}', 'state = {"n": "text"}'), "state field"),
@@ -168,12 +170,13 @@ def test_a_udaf_matches_its_plain_polars_oracle_with_many_workers() -> None:
     assert sum(c.counters.results_emitted for c in combiners) > 0
 
 
-
-
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
-        ("    if len(value) > 64:\n        raise RuntimeError('boom')\n    return value", "function_error"),
+        (
+            "    if len(value) > 64:\n        raise RuntimeError('boom')\n    return value",
+            "function_error",
+        ),
         ("    return value.head(3) if len(value) > 64 else value", "function_bad_result"),
         ("    return value.cast(pl.String) if len(value) > 64 else value", "function_bad_result"),
     ],
@@ -235,16 +238,8 @@ def test_a_python_loop_past_its_budget_is_interrupted() -> None:
         _run(guard, spin)
     assert info.value.reason == "function_timeout"
     assert time.monotonic() - began < 5
-    deadline = time.monotonic() + 5  # the interrupt stops the loop: the guard is free again
-    while time.monotonic() < deadline:
-        try:
-            assert _run(guard, lambda: 3) == 3
-            break
-        except FunctionError as exc:
-            assert exc.reason == "function_stuck"
-            time.sleep(0.02)
-    else:
-        pytest.fail("the interrupted loop never ended")
+    # The interrupt stopped the loop within the grace: the next call runs at once.
+    assert _run(guard, lambda: 3) == 3
 
 
 def test_a_call_blocked_in_c_makes_later_batches_fail_at_once_until_it_returns() -> None:
