@@ -39,7 +39,7 @@ INTERRUPT_GRACE_S: Final = 0.05
 calls it stuck."""
 
 
-class FunctionInterrupted(BaseException):  # noqa: N818 - raised into user code, not ours
+class FunctionInterrupted(BaseException):
     """Raised asynchronously into a call past its budget.
 
     A ``BaseException``: user code's ``except Exception`` does not swallow it.
