@@ -7,8 +7,9 @@ in partials and checkpoints and merges across workers exactly like a built-in on
 
 Where each call runs and what a failure does:
 
-- ``update`` runs in the worker, inside the pipeline's guarded batch (``rules.guard``): a
-  ``FunctionError`` dead-letters the batch.
+- ``update`` runs in the worker, inside the pipeline's guarded batch (``rules.guard``), and
+  so does ``merge`` where the worker merges hopping windows' panes: a ``FunctionError``
+  there dead-letters the batch.
 - ``merge`` and ``finalize`` run in the combiner. They were checked at deploy on sample data
   (the mergeability laws of ``rules.functions.check_udaf``); if one still fails at run time,
   the affected state becomes NaN (so its windows' results are null) and the failure is
@@ -28,7 +29,7 @@ import polars as pl
 from shoal.errors import FunctionError
 from shoal.processors._kernels import Runs
 from shoal.processors.aggregates import Aggregate, StateField
-from shoal.rules.functions import STATE_KINDS, Udaf
+from shoal.rules.functions import STATE_KINDS, Udaf, in_guarded_batch
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,8 @@ def _kernel(udaf: Udaf, column: str, *, merging: bool, last: bool) -> Any:
         try:
             values = udaf.fields_of(runs, merging=merging)[column]
         except FunctionError as exc:
-            if not merging:
-                raise  # the worker's guard dead-letters the batch
+            if not merging or in_guarded_batch():
+                raise  # in a worker (update, or merging hopping panes): the batch fails
             values = _poisoned(udaf, column, len(runs.starts), exc)
         if last:
             udaf.forget()
@@ -97,7 +98,9 @@ def _finalize(udaf: Udaf, struct: pl.Series) -> pl.Series:
     states = struct.struct.unnest()
     states.columns = list(udaf.state)
     try:
-        return udaf.finalize(states)
+        # NaN (undefined, or state a failed merge poisoned) is published as null, as the
+        # built-in aggregates publish an undefined result.
+        return udaf.finalize(states).fill_nan(None)
     except FunctionError as exc:
         ERRORS[udaf.spec.name] += 1
         log.warning("user aggregate %s: finalize failed, results null: %s", udaf.spec.name, exc)

@@ -189,6 +189,27 @@ def _load(spec: FunctionSpec) -> Any:
     return module.__dict__[spec.entry]
 
 
+_GUARDED = threading.local()
+
+
+@contextmanager
+def guarded() -> Iterator[None]:
+    """Mark this thread's calls as a worker's guarded batch (``rules.guard``).
+
+    There every failure, a UDAF ``merge`` included, fails the batch rather than be absorbed.
+    """
+    _GUARDED.on = True
+    try:
+        yield
+    finally:
+        _GUARDED.on = False
+
+
+def in_guarded_batch() -> bool:
+    """Whether this thread runs a worker's guarded batch (``guarded``)."""
+    return bool(getattr(_GUARDED, "on", False))
+
+
 # -- UDF ------------------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ The isolation is in-process, with a watchdog (docs/rules.md, "Isolation and its 
 
 What this cannot do, and a subprocess would: bound memory, survive a crash in native code
 (a segfault takes the worker down) or take back the CPU of code stuck in C. Imports
-``shoal.errors`` only.
+``shoal.errors`` and ``rules.functions`` only.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
 from shoal.errors import FunctionError
+from shoal.rules.functions import guarded
 
 T = TypeVar("T")
 
@@ -153,7 +154,9 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 
 def _runner(work: Callable[[], T], done: concurrent.futures.Future[T]) -> None:
     try:
-        done.set_result(work())
+        with guarded():
+            result = work()
+        done.set_result(result)
     except FunctionError as exc:
         done.set_exception(exc)
     except FunctionInterrupted:

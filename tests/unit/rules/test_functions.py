@@ -15,9 +15,11 @@ from shoal.control.canonical import SpecRefusal, canonical_mapping, canonicalize
 from shoal.errors import ConfigError, FunctionError
 from shoal.processors.partials import BatchInfo, PartialBuilder, spec_fingerprint
 from shoal.processors.spec import load_pipeline, parse_pipeline
+from shoal.processors.user_aggregates import ERRORS
+from shoal.rules.functions import guarded
 from shoal.rules.guard import FunctionGuard
 from tests.support.datasets import make_batches
-from tests.support.in_memory import check_against_oracle
+from tests.support.in_memory import check_against_oracle, run_in_memory
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "processors" / "examples"
 
@@ -254,3 +256,48 @@ def test_a_call_blocked_in_c_makes_later_batches_fail_at_once_until_it_returns()
     assert time.monotonic() - began < 0.04  # no wait: refused at once
     time.sleep(0.7)
     assert _run(guard, lambda: 2) == 2
+
+
+# -- a UDAF's merge failing at run time -------------------------------------------------------
+
+FRAGILE = SUMS.replace(
+    "    def merge(self, states):\n",
+    "    def merge(self, states):\n        if states.height > 20:\n"
+    "            raise OverflowError('too many states')\n",
+)
+
+
+def test_a_failing_merge_fails_the_batch_in_a_worker() -> None:
+    """Hopping windows merge panes in the worker: under the guard that fails the batch."""
+    spec = parse_pipeline(
+        spec_with(
+            {"mymean": {"kind": "udaf", "code": FRAGILE, "entry": "Sums"}},
+            aggregates=["count", "mymean"],
+            windows=[{"kind": "hopping", "size_ms": 4_000, "slide_ms": 1_000}],
+        )
+    )
+    frame = pl.concat([b.frame for b in make_batches(seed=3, batches_per_gateway=40)])
+    info = BatchInfo("gw0", 0, "s", 0, None, None, 0, 0, "w")
+    with pytest.raises(FunctionError) as raised, guarded():
+        PartialBuilder(spec, "w").build(frame, info, 0)
+    assert raised.value.reason == "function_error"
+    assert "OverflowError: too many states" in str(raised.value)
+
+
+def test_a_failing_merge_in_a_combiner_nulls_its_results_and_is_counted() -> None:
+    spec = parse_pipeline(
+        spec_with(
+            {"mymean": {"kind": "udaf", "code": FRAGILE, "entry": "Sums"}},
+            aggregates=["count", "mymean"],
+            lateness_ms=1_000,
+            idle_timeout_ms=1_500,
+        )
+    )
+    before = ERRORS["mymean"]
+    emitted, _late, _combiners = run_in_memory(
+        spec, make_batches(seed=4, batches_per_gateway=30), seed=4, workers=3
+    )
+    assert ERRORS["mymean"] > before
+    assert emitted.height > 0
+    assert emitted["count"].null_count() == 0  # the other aggregates are whole
+    assert emitted["mymean"].null_count() > 0
