@@ -175,6 +175,8 @@ def test_bad_functions_do_not_harm_a_healthy_pipeline_or_the_worker(
             }
 
     out = asyncio.run(scenario())
+    # The figures of docs/benchmarks.md ("Bad functions beside a healthy pipeline"): pytest -s
+    print(json.dumps({"healthy_done_s": round(out["healthy_done_s"], 2), "health": out["health"]}))
     seen, threshold = out["seen"], out["threshold"]
     # The healthy pipeline: exact, and on time (its windows closed soon after the data).
     want = expected_with_rules(rows_of(batches), healthy)
