@@ -27,7 +27,7 @@ async def _direct() -> None:
 
 def main() -> None:
     """Time both and print the record."""
-    guard = FunctionGuard(1.0, 3)
+    guard = FunctionGuard(1.0, 3, time.monotonic)
     loop = asyncio.new_event_loop()
     for _ in range(100):
         loop.run_until_complete(guard.run(lambda: None))

@@ -86,7 +86,7 @@ def main() -> None:
     times: dict[str, list[float]] = {"plain": [], "rules": []}
     builders = {"plain": PartialBuilder(plain, "w"), "rules": PartialBuilder(ruled, "w")}
     specs: dict[str, PipelineSpec] = {"plain": plain, "rules": ruled}
-    guard = FunctionGuard(10.0, 3) if ruled.calls_functions else None
+    guard = FunctionGuard(10.0, 3, time.monotonic) if ruled.calls_functions else None
     loop = asyncio.new_event_loop()
     for rep in range(REPS):
         for name, builder in builders.items():

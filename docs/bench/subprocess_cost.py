@@ -63,7 +63,7 @@ def main() -> None:
     parent.send_bytes(b"")
     child.join(5)
 
-    guard = FunctionGuard(1.0, 3)
+    guard = FunctionGuard(1.0, 3, time.monotonic)
     loop = asyncio.new_event_loop()
     cpu, wall = time.process_time(), time.perf_counter()
     for _ in range(CALLS):

@@ -149,8 +149,9 @@ class FunctionError(InputError):
     """A user function (``shoal.rules.functions``) failed on a batch: the batch is dead-lettered.
 
     ``reason``: ``function_error`` (it raised), ``function_bad_result`` (wrong length or
-    type), ``function_timeout`` (past its per-batch budget) or ``function_stuck`` (an earlier
-    call has not returned yet).
+    type), ``function_timeout`` (past its per-batch budget), ``function_stuck`` (an earlier
+    call has not returned yet) or ``function_degraded`` (not run: the pipeline's recent
+    batches all ran past the budget; a probe runs now and then).
     """
 
 

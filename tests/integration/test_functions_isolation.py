@@ -8,6 +8,11 @@ garbage (the wrong length). The healthy pipeline's results equal the plain-polar
 and close soon after the data ends; every row of every bad pipeline is in its dead letters,
 with the reason; the bad pipelines are ``degraded`` in the heartbeats and in ``shoal
 pipeline list``; the worker process is the one that started (never restarted).
+
+"On time": the worker acknowledges deliveries in arrival order, so a batch that waits out its
+budget holds back the others' acknowledgements; the guard's fail-fast after ``degrade_after``
+timeouts bounds that, and the healthy pipeline's windows must close within seconds of the
+data's end with no row late (its results equal the oracle's, which counts no row late).
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ pytestmark = pytest.mark.broker
 
 COMMON: dict[str, Any] = {
     "lateness_ms": 1_000,
-    "idle_timeout_ms": 1_500,
+    "idle_timeout_ms": 3_000,  # a loaded 2-core machine: margin against timing-late rows
     "limits": {"max_future_ms": False},
     "windows": [
         {"kind": "tumbling", "size_ms": 2_000},
@@ -184,7 +189,7 @@ def test_bad_functions_do_not_harm_a_healthy_pipeline_or_the_worker(
     assert expected.height > 0
     assert_matches_oracle(seen["healthy"].results_frame(), expected, healthy, want.scale)
     assert not seen["healthy"].deadletters
-    assert out["healthy_done_s"] < 10, out["healthy_done_s"]
+    assert out["healthy_done_s"] < 12, out["healthy_done_s"]  # idle timeout and lateness: 4 s
     # The bad ones: every row in their dead letters, with the reason; degraded.
     total = sum(b.frame.height for b in batches)
     for name, (_, reason) in BAD.items():
@@ -192,12 +197,15 @@ def test_bad_functions_do_not_harm_a_healthy_pipeline_or_the_worker(
         assert ids == _ids(batches), name
         assert rows == total, name
         assert reason in reasons, (name, reasons)
-        assert reasons <= {reason, "function_stuck"}, (name, reasons)
+        assert reasons <= {reason, "function_stuck", "function_degraded"}, (name, reasons)
         assert out["health"][name]["degraded"], name
-    # A Python loop is interrupted (every batch times out); a call blocked in C is not (the
-    # batches behind it fail at once as stuck).
-    assert dead_rows(seen["spins"].deadletters)[2] == {"function_timeout"}
-    assert dead_rows(seen["blocks"].deadletters)[2] == {"function_timeout", "function_stuck"}
+    # A Python loop is interrupted at each budget until the pipeline is degraded by time, then
+    # its batches fail at once; a call blocked in C is not interrupted: the batches behind it
+    # fail at once as stuck (and then as degraded).
+    assert dead_rows(seen["spins"].deadletters)[2] == {"function_timeout", "function_degraded"}
+    assert {"function_timeout", "function_stuck"} <= dead_rows(seen["blocks"].deadletters)[2]
+    # Fast failures (raised, garbage) never stop being tried.
+    assert dead_rows(seen["raises"].deadletters)[2] == {"function_error"}
     assert not out["health"]["healthy"]["degraded"]
     listed = out["listed"]
     assert listed.returncode == 0, listed.stderr

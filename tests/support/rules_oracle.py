@@ -18,7 +18,10 @@ import numpy as np
 import polars as pl
 
 from shoal.processors.spec import PipelineSpec, inline_function_files
+from shoal.schemas import Encoding
+from tests.support.compare import assert_matches_oracle
 from tests.support.datasets import GeneratedBatch
+from tests.support.live import Collected, InProcessPipeline, run_live
 from tests.support.oracle import _aggregates, late_flags
 
 RULES: Final = {
@@ -110,6 +113,37 @@ def expected_with_rules(rows: pl.DataFrame, spec: PipelineSpec) -> RulesExpectat
     published = results if spec.having is None else results.filter(pl.sql_expr(spec.having))
     scale = on_time.group_by("window", "start", "key").agg(abs_sum=pl.col("value").abs().sum())
     return RulesExpectation(results, published, int((~keep).sum()), int(kept["late"].sum()), scale)
+
+
+@dataclass(frozen=True)
+class RulesRun:
+    """What ``run_rules_against_oracle`` saw and expected."""
+
+    pipeline: InProcessPipeline
+    seen: Collected
+    want: RulesExpectation
+    closed: pl.Expr
+    """Windows the run closed (``end`` at or before the common close threshold)."""
+
+
+async def run_rules_against_oracle(
+    spec: PipelineSpec, batches: list[GeneratedBatch], order: list[int], **live: Any
+) -> RulesRun:
+    """``live.run_live`` (``live``: its keywords; binary columnar unless ``encoding`` says
+    otherwise), then: the closed results, late rows and every partition's filtered count are
+    the rules oracle's, and the row stage removed rows."""
+    pipeline, seen, threshold = await run_live(
+        spec, batches, order, **{"encoding": Encoding.BINARY_COLUMNAR, **live}
+    )
+    want = expected_with_rules(rows_of(batches), spec)
+    closed = pl.col("end") <= threshold
+    assert want.filtered > 0
+    assert want.published.filter(closed).height > 0
+    assert_matches_oracle(seen.results_frame(), want.published.filter(closed), spec, want.scale)
+    assert sum(item["rows"] for item in seen.late) == want.late
+    for c in pipeline.combiners:  # every partition sees every batch: each counts all filtered
+        assert c.core.counters.rows_filtered == want.filtered
+    return RulesRun(pipeline, seen, want, closed)
 
 
 def expected_transitions(results: pl.DataFrame, spec: PipelineSpec) -> set[tuple]:

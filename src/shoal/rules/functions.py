@@ -56,7 +56,13 @@ DEFAULT_BUDGET_MS: Final = 200
 """A function's default per-batch time budget."""
 MAX_BUDGET_MS: Final = 60_000
 FUNCTION_REASONS: Final = frozenset(
-    {"function_error", "function_bad_result", "function_timeout", "function_stuck"}
+    {
+        "function_error",
+        "function_bad_result",
+        "function_timeout",
+        "function_stuck",
+        "function_degraded",
+    }
 )
 """Dead-letter reasons of a batch a function failed on (``FunctionError.reason``)."""
 SAMPLE_ROWS: Final = 64

@@ -11,7 +11,8 @@ The isolation is in-process, with a watchdog (docs/rules.md, "Isolation and its 
   further batches fail at once with ``function_stuck`` (one runaway thread per pipeline at
   most, never a queue of them);
 - failures are counted per reason, and ``consecutive`` of them mark the pipeline
-  ``degraded`` until a batch succeeds again.
+  ``degraded`` until a batch succeeds again; one degraded by *time* is not run for a while
+  (``function_degraded``, see ``FunctionGuard``).
 
 What this cannot do, and a subprocess would: bound memory, survive a crash in native code
 (a segfault takes the worker down) or take back the CPU of code stuck in C. Imports
@@ -35,6 +36,8 @@ from shoal.rules.functions import guarded
 
 T = TypeVar("T")
 
+PROBE_S: Final = 5.0
+"""How long a pipeline degraded by time is not run before one batch probes it again."""
 INTERRUPT_GRACE_S: Final = 0.05
 """How long a call past its budget may take to stop after the interrupt before the guard
 calls it stuck."""
@@ -77,15 +80,34 @@ class FunctionHealth:
 class FunctionGuard:
     """Runs one pipeline's guarded work, one call at a time, each within ``budget_s``.
 
+    A pipeline ``degraded`` by time (its last ``degrade_after`` batches all ran past the
+    budget, or were stuck behind one that did) is not run again for ``probe_s``: its batches
+    fail at once as ``function_degraded``, then one batch probes. A worker acknowledges
+    deliveries in arrival order, so every batch that waits out a budget also holds back the
+    acknowledgements (and, through ``receive_maximum``, the deliveries) of the other
+    pipelines it serves; failing fast bounds that to ``degrade_after`` budgets per probe.
+
     Args:
         budget_s: the per-batch budget (the pipeline's functions' ``budget_ms``, summed).
         degrade_after: consecutive failures after which ``degraded`` is true.
+        monotonic: the worker clock's monotonic seconds.
+        probe_s: how long a pipeline degraded by time is not run before a probe.
     """
 
-    def __init__(self, budget_s: float, degrade_after: int) -> None:
+    def __init__(
+        self,
+        budget_s: float,
+        degrade_after: int,
+        monotonic: Callable[[], float],
+        probe_s: float = PROBE_S,
+    ) -> None:
         self.budget_s = budget_s
         self.degrade_after = degrade_after
         self.health = FunctionHealth()
+        self._monotonic = monotonic
+        self._probe_s = probe_s
+        self._slow = 0  # consecutive failures that cost time (timeouts, stuck)
+        self._resting_until: float | None = None
         self._lock: asyncio.Lock | None = None
         self._runaway: concurrent.futures.Future[Any] | None = None
 
@@ -106,15 +128,39 @@ class FunctionGuard:
             self._lock = asyncio.Lock()
         async with self._lock:  # one call at a time: a batch's partials keep their order
             try:
+                self._check_resting()
                 result = await self._run(work)
             except FunctionError as exc:
-                self.health.failures[exc.reason] += 1
-                self.health.consecutive += 1
-                self.health.last_error = str(exc)
+                self._failed(exc)
                 raise
             self.health.batches_ok += 1
-            self.health.consecutive = 0
+            self.health.consecutive = self._slow = 0
+            self._resting_until = None
             return result
+
+    def _check_resting(self) -> None:
+        if self._resting_until is None:
+            return
+        if self._monotonic() < self._resting_until:
+            raise FunctionError(
+                f"the pipeline is degraded: its last {self._slow} batches ran past their "
+                f"budget, so batches are not run until a probe (every {self._probe_s:g} s) "
+                "succeeds",
+                reason="function_degraded",
+            )
+        self._resting_until = None  # this batch is the probe
+
+    def _failed(self, exc: FunctionError) -> None:
+        self.health.failures[exc.reason] += 1
+        self.health.consecutive += 1
+        if exc.reason != "function_degraded":
+            self.health.last_error = str(exc)
+        if exc.reason in {"function_timeout", "function_stuck"}:
+            self._slow += 1
+        elif exc.reason != "function_degraded":
+            self._slow = 0
+        if exc.reason != "function_degraded" and self._slow >= self.degrade_after:
+            self._resting_until = self._monotonic() + self._probe_s
 
     async def _run(self, work: Callable[[], T]) -> T:
         if self._runaway is not None and not self._runaway.done():

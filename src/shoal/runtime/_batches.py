@@ -96,7 +96,9 @@ class BatchHandler:
         self.guard: FunctionGuard | None = None
         """Runs the batch work of a pipeline with user functions (``shoal.rules.guard``)."""
         if spec.calls_functions:
-            self.guard = FunctionGuard(spec.loaded.budget_ms / 1000.0, spec.degrade_after)
+            self.guard = FunctionGuard(
+                spec.loaded.budget_ms / 1000.0, spec.degrade_after, clock.monotonic
+            )
             stats.functions[spec.name] = self.guard
 
     def handle(self, session: Session, message: Message) -> list[asyncio.Future[None]]:

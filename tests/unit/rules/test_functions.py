@@ -11,6 +11,7 @@ from typing import Any
 import polars as pl
 import pytest
 
+from shoal.clock import FakeClock
 from shoal.control.canonical import SpecRefusal, canonical_mapping, canonicalize_toml
 from shoal.errors import ConfigError, FunctionError
 from shoal.processors.partials import BatchInfo, PartialBuilder, spec_fingerprint
@@ -203,7 +204,7 @@ def _run(guard: FunctionGuard, work: Any) -> Any:
 
 
 def test_the_guard_returns_results_and_counts_failures_until_degraded() -> None:
-    guard = FunctionGuard(budget_s=1.0, degrade_after=2)
+    guard = FunctionGuard(budget_s=1.0, degrade_after=2, monotonic=time.monotonic)
     assert _run(guard, lambda: 7) == 7
 
     def boom() -> None:
@@ -220,14 +221,14 @@ def test_the_guard_returns_results_and_counts_failures_until_degraded() -> None:
 
 
 def test_a_bug_surfacing_in_shoal_code_is_a_function_error() -> None:
-    guard = FunctionGuard(budget_s=1.0, degrade_after=3)
+    guard = FunctionGuard(budget_s=1.0, degrade_after=3, monotonic=time.monotonic)
     with pytest.raises(FunctionError) as info:
         _run(guard, lambda: {}["missing"])
     assert info.value.reason == "function_error"
 
 
 def test_a_python_loop_past_its_budget_is_interrupted() -> None:
-    guard = FunctionGuard(budget_s=0.05, degrade_after=3)
+    guard = FunctionGuard(budget_s=0.05, degrade_after=3, monotonic=time.monotonic)
     stop_at = time.monotonic() + 30
 
     def spin() -> int:
@@ -245,7 +246,7 @@ def test_a_python_loop_past_its_budget_is_interrupted() -> None:
 
 
 def test_a_call_blocked_in_c_makes_later_batches_fail_at_once_until_it_returns() -> None:
-    guard = FunctionGuard(budget_s=0.05, degrade_after=3)
+    guard = FunctionGuard(budget_s=0.05, degrade_after=3, monotonic=time.monotonic)
     with pytest.raises(FunctionError) as info:
         _run(guard, lambda: time.sleep(0.6))
     assert info.value.reason == "function_timeout"
@@ -301,3 +302,29 @@ def test_a_failing_merge_in_a_combiner_nulls_its_results_and_is_counted() -> Non
     assert emitted.height > 0
     assert emitted["count"].null_count() == 0  # the other aggregates are whole
     assert emitted["mymean"].null_count() > 0
+
+
+def test_a_pipeline_degraded_by_time_fails_fast_until_a_probe() -> None:
+    """After degrade_after batches past the budget, batches fail at once (no budget waited:
+    the worker's other pipelines are not held back) until the probe interval passed."""
+    clock = FakeClock()
+    guard = FunctionGuard(budget_s=0.02, degrade_after=2, monotonic=clock.monotonic, probe_s=5)
+    stop_at = time.monotonic() + 30
+
+    def spin() -> None:
+        while time.monotonic() < stop_at:
+            pass
+
+    for _ in range(2):
+        with pytest.raises(FunctionError, match="budget"):
+            _run(guard, spin)
+    began = time.monotonic()
+    for _ in range(5):
+        with pytest.raises(FunctionError) as raised:
+            _run(guard, spin)
+        assert raised.value.reason == "function_degraded"
+    assert time.monotonic() - began < 0.02 * 5  # none waited out a budget
+    clock.advance(5_000)
+    assert _run(guard, lambda: 1) == 1  # the probe runs, and heals it
+    assert not guard.degraded
+    assert guard.health.failures == {"function_timeout": 2, "function_degraded": 5}
