@@ -328,3 +328,15 @@ def test_a_pipeline_degraded_by_time_fails_fast_until_a_probe() -> None:
     assert _run(guard, lambda: 1) == 1  # the probe runs, and heals it
     assert not guard.degraded
     assert guard.health.failures == {"function_timeout": 2, "function_degraded": 5}
+
+
+def test_a_udaf_in_a_session_window_is_refused() -> None:
+    exc = refusal(
+        spec_with(
+            {"mymean": {"kind": "udaf", "code": SUMS, "entry": "Sums"}},
+            aggregates=["mymean"],
+            windows=[{"kind": "session", "gap_ms": 1_000}],
+        )
+    )
+    assert exc.field == "aggregates"
+    assert "session" in str(exc)
