@@ -340,3 +340,25 @@ def test_a_udaf_in_a_session_window_is_refused() -> None:
     )
     assert exc.field == "aggregates"
     assert "session" in str(exc)
+
+
+def test_shoal_pipeline_deploy_ships_a_referenced_file_inside_the_spec() -> None:
+    from shoal._cli.pipeline import _read_spec  # noqa: PLC0415 - what `deploy FILE` sends
+
+    text = _read_spec(str(EXAMPLES / "udaf-ewm.toml"))
+    canonical = canonicalize_toml(text)
+    assert not isinstance(canonical, SpecRefusal)
+    assert "class Ewm" in canonical.mapping["functions"]["ewm"]["code"]
+    plain = (EXAMPLES / "filter-derive.toml").read_text()
+    assert _read_spec(str(EXAMPLES / "filter-derive.toml")) == plain  # no file: as it was
+
+
+def test_a_missing_function_file_is_refused_naming_it(tmp_path: Path) -> None:
+    spec = tmp_path / "p.toml"
+    spec.write_text(
+        'name = "p"\naggregates = ["f"]\n[[windows]]\nsize_ms = 1000\n'
+        '[functions.f]\nkind = "udaf"\nfile = "nowhere.py"\n'
+    )
+    with pytest.raises(ConfigError) as raised:
+        load_pipeline(spec)
+    assert raised.value.field == "functions.f.file"
