@@ -5,7 +5,8 @@
     ShoalError
     ├── InputError              bad input from the outside world (dead-lettered, never fatal)
     │   ├── DecodeError         the bytes are not a batch: framing, syntax, encoding, limits
-    │   └── SchemaError         a well-formed batch that breaks the contract: types, fields, rows
+    │   ├── SchemaError         a well-formed batch that breaks the contract: types, fields, rows
+    │   └── FunctionError       a pipeline's user function failed on a batch (raised, garbage, time)
     ├── ConfigError             an invalid pipeline spec, profile, option or flag
     │   ├── TopicError          a name or root that cannot be part of a topic
     │   └── TraceError          a load trace that cannot run, or an unknown one
@@ -33,6 +34,7 @@ __all__ = [
     "ConfigError",
     "ControlError",
     "DecodeError",
+    "FunctionError",
     "InputError",
     "PayloadTooLargeError",
     "ResultTooLargeError",
@@ -141,6 +143,16 @@ class DecodeError(InputError):
 
 class SchemaError(InputError):
     """A readable batch that violates the wire contract (types, missing fields, bad rows)."""
+
+
+class FunctionError(InputError):
+    """A user function (``shoal.rules.functions``) failed on a batch: the batch is dead-lettered.
+
+    ``reason``: ``function_error`` (it raised), ``function_bad_result`` (wrong length or
+    type), ``function_timeout`` (past its per-batch budget), ``function_stuck`` (an earlier
+    call has not returned yet) or ``function_degraded`` (not run: the pipeline's recent
+    batches all ran past the budget; a probe runs now and then).
+    """
 
 
 class ConfigError(ShoalError):

@@ -1,4 +1,4 @@
-"""Rules with a real broker: where/derive/having results and alert transitions equal the oracle.
+"""Rules with a real broker: where/derive/having/UDF/UDAF results and alerts equal the oracle.
 
 The data set's rows carry a unit (``C`` or ``F``); ``derive`` converts Fahrenheit to Celsius
 and flags implausible readings, ``where`` drops those and one sensor; ``having`` keeps keys
@@ -11,74 +11,102 @@ reordered deliveries, 1 and 3 workers, 1 and 2 partitions.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import numpy as np
-import polars as pl
 import pytest
 
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.processors.spec import PipelineSpec
-from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
-from tests.support.compare import assert_matches_oracle
 from tests.support.datasets import make_batches, two_window_spec
 from tests.support.in_memory import shuffled_with_duplicates
-from tests.support.live import InProcessPipeline, collector, publish_batches
 from tests.support.rules_oracle import (
     RULES,
+    RulesRun,
+    example_functions,
     expected_transitions,
-    expected_with_rules,
-    rows_of,
+    run_rules_against_oracle,
     with_attributes,
 )
 
 pytestmark = pytest.mark.broker
 
 
-@pytest.mark.parametrize(("workers", "partitions"), [(1, 1), (3, 2)])
-def test_rules_equal_the_oracle(
-    broker: EmbeddedBroker, topics: Topics, tmp_path, workers: int, partitions: int
-) -> None:
-    spec: PipelineSpec = two_window_spec(
-        "rules", ["count", "mean", "max"], partitions, checkpoint_interval_ms=200, **RULES
-    )
+def _run(
+    broker: EmbeddedBroker, topics: Topics, tmp_path: Path, spec: PipelineSpec, seed: int
+) -> RulesRun:
+    """``spec`` over attribute data from 3 gateways, 20 % duplicated, shuffled; the oracle's."""
+    workers = 1 if spec.partitions == 1 else 3
     batches = with_attributes(
-        make_batches(seed=11 + workers, gateways=3, batches_per_gateway=30, rows_per_batch=(0, 60)),
+        make_batches(
+            seed=seed + workers, gateways=3, batches_per_gateway=30, rows_per_batch=(0, 80)
+        ),
         seed=workers,
     )
     order = shuffled_with_duplicates(len(batches), np.random.default_rng(workers), 0.2)
-
-    async def scenario() -> None:
-        pipeline = InProcessPipeline(
-            spec, broker.settings, topics, workers=workers, state_dir=tmp_path
+    return asyncio.run(
+        run_rules_against_oracle(
+            spec,
+            batches,
+            order,
+            settings=broker.settings,
+            topics=topics,
+            workers=workers,
+            state_dir=tmp_path,
         )
-        async with collector(broker.settings, topics, spec.name) as seen:
-            await pipeline.start()
-            await publish_batches(
-                broker.settings, topics, batches, order, encoding=Encoding.BINARY_COLUMNAR
-            )
-            threshold = await pipeline.finish(batches)
-        want = expected_with_rules(rows_of(batches), spec)
-        closed = pl.col("end") <= threshold
-        assert want.filtered > 0
-        assert 0 < want.published.filter(closed).height < want.results.filter(closed).height
-        assert_matches_oracle(seen.results_frame(), want.published.filter(closed), spec, want.scale)
-        assert sum(item["rows"] for item in seen.late) == want.late
-        counters = [c.core.counters for c in pipeline.combiners]
-        for c in counters:  # every partition sees every batch: each counts all filtered rows
-            assert c.rows_filtered == want.filtered
-        withheld = want.results.filter(closed).join(
-            want.published, on=["window", "start", "key"], how="anti"
-        )
-        assert sum(c.results_withheld for c in counters) == withheld.height
-        assert sum(c.rows_withheld for c in counters) == withheld["rows"].sum()
-        # Workers count per delivery (the data set duplicates some): at least every row once.
-        assert sum(w.counters.rows_filtered for w in pipeline.workers) >= want.filtered
-        # Alerts: exactly the oracle's transitions, each published once.
-        expected = expected_transitions(want.results.filter(closed), spec)
-        got = [(a["alert"], a["key"], a["start"], a["state"]) for a in seen.alerts]
-        assert len(got) == len(set(got)), "a transition was published twice"
-        assert set(got) == expected
-        assert {s for *_, s in expected} == {"firing", "resolved"}
+    )
 
-    asyncio.run(scenario())
+
+@pytest.mark.parametrize(
+    "partitions", [1, 2], ids=["1-worker-1-partition", "3-workers-2-partitions"]
+)
+def test_rules_equal_the_oracle(
+    broker: EmbeddedBroker, topics: Topics, tmp_path: Path, partitions: int
+) -> None:
+    spec = two_window_spec(
+        "rules", ["count", "mean", "max"], partitions, checkpoint_interval_ms=200, **RULES
+    )
+    run = _run(broker, topics, tmp_path, spec, seed=11)
+    want, closed, seen, pipeline = run.want, run.closed, run.seen, run.pipeline
+    assert 0 < want.published.filter(closed).height < want.results.filter(closed).height
+    counters = [c.core.counters for c in pipeline.combiners]
+    withheld = want.results.filter(closed).join(
+        want.published, on=["window", "start", "key"], how="anti"
+    )
+    assert sum(c.results_withheld for c in counters) == withheld.height
+    assert sum(c.rows_withheld for c in counters) == withheld["rows"].sum()
+    # Workers count per delivery (the data set duplicates some): at least every row once.
+    assert sum(w.counters.rows_filtered for w in pipeline.workers) >= want.filtered
+    # Alerts: exactly the oracle's transitions, each published once.
+    expected = expected_transitions(want.results.filter(closed), spec)
+    got = [(a["alert"], a["key"], a["start"], a["state"]) for a in seen.alerts]
+    assert len(got) == len(set(got)), "a transition was published twice"
+    assert set(got) == expected
+    assert {s for *_, s in expected} == {"firing", "resolved"}
+
+
+@pytest.mark.parametrize(
+    "partitions", [1, 2], ids=["1-worker-1-partition", "3-workers-2-partitions"]
+)
+def test_udf_and_udaf_equal_plain_polars(
+    broker: EmbeddedBroker, topics: Topics, tmp_path: Path, partitions: int
+) -> None:
+    """The UDF and UDAF examples together (``example_functions``): a calibration UDF in
+    derive, a plausibility UDF as where, the ewm UDAF. The oracle computes the same in plain
+    polars (``USER_FUNCTIONS``, ``oracle.USER_AGGREGATES``): no user code is called to compute
+    what the pipeline must publish."""
+    spec = two_window_spec(
+        "functions",
+        ["count", "mean", "max", "ewm"],
+        partitions,
+        checkpoint_interval_ms=200,
+        **example_functions(),
+    )
+    assert spec.calls_functions
+    run = _run(broker, topics, tmp_path, spec, seed=21)
+    assert not run.seen.deadletters
+    for worker in run.pipeline.workers:
+        health = worker.stats.functions_health()["functions"]
+        assert health["batches_ok"] > 0
+        assert health["failures"] == {}

@@ -372,7 +372,7 @@ class OracleRun:
     late_count: int
 
 
-async def run_against_oracle(
+async def run_live(
     spec: PipelineSpec,
     batches: list[GeneratedBatch],
     order: list[int],
@@ -383,9 +383,9 @@ async def run_against_oracle(
     state_dir: Path | None,
     encoding: Encoding,
     session_factory: SessionFactory = AsyncSession,
-) -> OracleRun:
-    """Run the pipeline over ``batches`` published in ``order``; its closed windows and late
-    rows must be the oracle's."""
+) -> tuple[InProcessPipeline, Collected, int]:
+    """Run the pipeline over ``batches`` published in ``order`` until every window they fill
+    closed: (the pipeline, what it published, the common close threshold)."""
     pipeline = InProcessPipeline(
         spec,
         settings,
@@ -400,6 +400,15 @@ async def run_against_oracle(
             settings, topics, batches, order, encoding=encoding, session_factory=session_factory
         )
         threshold = await pipeline.finish(batches)
+    return pipeline, seen, threshold
+
+
+async def run_against_oracle(
+    spec: PipelineSpec, batches: list[GeneratedBatch], order: list[int], **live: Any
+) -> OracleRun:
+    """``run_live`` (``live``: its keywords); the closed windows and late rows must be the
+    oracle's."""
+    pipeline, seen, threshold = await run_live(spec, batches, order, **live)
     rows = all_rows(batches)
     expected, late_count = expected_results(rows, spec)
     expected = closed_by(expected, spec, threshold)

@@ -22,6 +22,8 @@ at its time (its kind's ``with_window_starts``); the on-time rows of each key, s
 
 from __future__ import annotations
 
+from typing import Final
+
 import polars as pl
 
 from shoal.processors.aggregates import AGGREGATES
@@ -126,6 +128,15 @@ def closed_by(
     )
 
 
+_EWM_HALF_LIFE_MS: Final = 10_000.0
+_ewm_weight = 2.0 ** ((pl.col("ts") - pl.col("ts").max()) / _EWM_HALF_LIFE_MS)
+USER_AGGREGATES: Final[dict[str, pl.Expr]] = {
+    # processors/examples/functions/ewm.py, written again over one group's raw rows
+    "ewm": (_ewm_weight * pl.col("value")).sum() / _ewm_weight.sum(),
+}
+"""Plain polars over one group's rows for the user aggregates the tests deploy, by name."""
+
+
 def _aggregates(spec: PipelineSpec) -> list[pl.Expr]:
     aggs: list[pl.Expr] = [
         pl.len().cast(pl.Int64).alias("rows"),
@@ -136,6 +147,8 @@ def _aggregates(spec: PipelineSpec) -> list[pl.Expr]:
     for agg in spec.aggregates:
         if agg.quantile is not None:
             aggs.append(pl.col("value").quantile(agg.quantile, "lower").alias(agg.name))
+        elif agg.user is not None:
+            aggs.append(USER_AGGREGATES[agg.name].alias(agg.name))
         else:
             aggs.append(AGGREGATES[agg.name].reference.alias(agg.name))
     return aggs

@@ -9,14 +9,19 @@ the results; alerts are a plain loop over each key's results in start order.
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass
-from typing import Final
+from pathlib import Path
+from typing import Any, Final
 
 import numpy as np
 import polars as pl
 
-from shoal.processors.spec import PipelineSpec
+from shoal.processors.spec import PipelineSpec, inline_function_files
+from shoal.schemas import Encoding
+from tests.support.compare import assert_matches_oracle
 from tests.support.datasets import GeneratedBatch
+from tests.support.live import Collected, InProcessPipeline, run_live
 from tests.support.oracle import _aggregates, late_flags
 
 RULES: Final = {
@@ -48,14 +53,48 @@ class RulesExpectation:
     scale: pl.DataFrame
 
 
+_CURVE: Final = (2.0e-5, -1.5e-3, 1.02, -0.4)
+USER_FUNCTIONS: Final[dict[str, pl.Expr]] = {
+    # processors/examples/udf.toml's functions, written again as plain polars expressions
+    "calibrate(value)": (
+        ((_CURVE[0] * pl.col("value") + _CURVE[1]) * pl.col("value") + _CURVE[2]) * pl.col("value")
+        + _CURVE[3]
+    ),
+    "plausible(value, unit)": pl.when(pl.col("unit") == "F")
+    .then(pl.col("value").is_between(14.0, 104.0))
+    .otherwise(pl.col("value").is_between(-10.0, 40.0)),
+}
+"""UDF calls the tests deploy, by their text in ``derive``/``where``, in plain polars."""
+
+
+EXAMPLES: Final = Path(__file__).resolve().parents[2] / "processors" / "examples"
+
+
+def example_functions() -> dict[str, Any]:
+    """``functions``, ``derive`` and ``where`` of the UDF and UDAF examples, merged: spec keys
+    that calibrate (UDF in derive), drop implausible readings (bool UDF as where) and offer
+    the ``ewm`` aggregate (UDAF)."""
+    udf = tomllib.loads((EXAMPLES / "udf.toml").read_text())
+    udaf = inline_function_files(tomllib.loads((EXAMPLES / "udaf-ewm.toml").read_text()), EXAMPLES)
+    return {
+        "functions": {**udf["functions"], **udaf["functions"]},
+        "derive": udf["derive"],
+        "where": udf["where"],
+    }
+
+
+def _expression(text: str) -> pl.Expr:
+    return USER_FUNCTIONS[text] if text in USER_FUNCTIONS else pl.sql_expr(text)
+
+
 def row_stage(rows: pl.DataFrame, spec: PipelineSpec) -> tuple[pl.DataFrame, pl.Series]:
     """``rows`` with the derived columns, and per row whether it is kept."""
     out = rows
     for name, text in spec.derive:
-        out = out.with_columns(pl.sql_expr(text).alias(name))
+        out = out.with_columns(_expression(text).alias(name))
     keep = out["value"].is_not_null() & out["value"].cast(pl.Float64).is_finite()
     if spec.where is not None:
-        keep = keep & out.select(pl.sql_expr(spec.where).fill_null(value=False)).to_series()
+        keep = keep & out.select(_expression(spec.where).fill_null(value=False)).to_series()
     return out.with_columns(pl.col("value").cast(pl.Float64)), keep.fill_null(value=False)
 
 
@@ -74,6 +113,37 @@ def expected_with_rules(rows: pl.DataFrame, spec: PipelineSpec) -> RulesExpectat
     published = results if spec.having is None else results.filter(pl.sql_expr(spec.having))
     scale = on_time.group_by("window", "start", "key").agg(abs_sum=pl.col("value").abs().sum())
     return RulesExpectation(results, published, int((~keep).sum()), int(kept["late"].sum()), scale)
+
+
+@dataclass(frozen=True)
+class RulesRun:
+    """What ``run_rules_against_oracle`` saw and expected."""
+
+    pipeline: InProcessPipeline
+    seen: Collected
+    want: RulesExpectation
+    closed: pl.Expr
+    """Windows the run closed (``end`` at or before the common close threshold)."""
+
+
+async def run_rules_against_oracle(
+    spec: PipelineSpec, batches: list[GeneratedBatch], order: list[int], **live: Any
+) -> RulesRun:
+    """``live.run_live`` (``live``: its keywords; binary columnar unless ``encoding`` says
+    otherwise), then: the closed results, late rows and every partition's filtered count are
+    the rules oracle's, and the row stage removed rows."""
+    pipeline, seen, threshold = await run_live(
+        spec, batches, order, **{"encoding": Encoding.BINARY_COLUMNAR, **live}
+    )
+    want = expected_with_rules(rows_of(batches), spec)
+    closed = pl.col("end") <= threshold
+    assert want.filtered > 0
+    assert want.published.filter(closed).height > 0
+    assert_matches_oracle(seen.results_frame(), want.published.filter(closed), spec, want.scale)
+    assert sum(item["rows"] for item in seen.late) == want.late
+    for c in pipeline.combiners:  # every partition sees every batch: each counts all filtered
+        assert c.core.counters.rows_filtered == want.filtered
+    return RulesRun(pipeline, seen, want, closed)
 
 
 def expected_transitions(results: pl.DataFrame, spec: PipelineSpec) -> set[tuple]:

@@ -7,7 +7,7 @@ import asyncio
 import sys
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 
@@ -26,6 +26,10 @@ NOT_YET_RUNNING = (
     "--timeout; --no-wait returns once it is stored; --no-combiners does not wait for "
     "combiners (for pipelines run by `shoal combiner --pipeline FILE`)."
 )
+
+
+HEALTH_LISTEN_S: Final = 1.5
+"""How long ``list`` listens to worker heartbeats (sent every second) for functions' health."""
 
 
 def register(sub: Any) -> None:
@@ -176,20 +180,29 @@ def _accepted(result: Result) -> str:
 
 
 def _read_spec(file: str) -> str:
+    """The spec's text, with the code of ``[functions.x] file = ...`` inlined (from its folder)."""
+    from shoal.control.canonical import inline_files  # noqa: PLC0415
+
     try:
-        return sys.stdin.read() if file == "-" else Path(file).read_text("utf-8")
+        text = sys.stdin.read() if file == "-" else Path(file).read_text("utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read pipeline spec {file}: {exc}") from exc
+    return inline_files(text, Path.cwd() if file == "-" else Path(file).parent)
 
 
 def _read(client: ControlClient, args: argparse.Namespace) -> int:
     documents = [d for d in asyncio.run(client.documents()) if d.deployed]
     if args.action == "list":
+        # Pipelines with user functions: listen to one round of worker heartbeats for their
+        # health (a pipeline is degraded after degrade_after consecutive failed batches).
+        with_functions = any(d.spec and d.spec.get("functions") for d in documents)
+        health = asyncio.run(client.function_health(HEALTH_LISTEN_S)) if with_functions else {}
         if args.json:
-            _print_json({"pipelines": [_summary(d) for d in documents]})
+            _print_json({"pipelines": [_summary(d, health) for d in documents]})
         else:
             for d in documents:
-                print(f"{d.name}\tv{d.version}\t{d.spec_hash}")
+                state = "\tdegraded" if health.get(d.name, {}).get("degraded") else ""
+                print(f"{d.name}\tv{d.version}\t{d.spec_hash}{state}")
         return 0
     match = next((d for d in documents if d.name == args.name), None)
     if match is None:
@@ -202,13 +215,18 @@ def _read(client: ControlClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _summary(document: PipelineDocument) -> dict[str, Any]:
-    return {
+def _summary(document: PipelineDocument, health: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    summary: dict[str, Any] = {
         "name": document.name,
         "version": document.version,
         "hash": document.spec_hash,
         "changed_at_ms": document.changed_at_ms,
     }
+    if document.spec and document.spec.get("functions"):
+        mine = health.get(document.name)
+        summary["degraded"] = bool(mine and mine["degraded"])
+        summary["functions"] = None if mine is None else mine["workers"]
+    return summary
 
 
 def _print_json(value: Any) -> None:

@@ -16,12 +16,14 @@ import hashlib
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
+import tomli_w
 
 from shoal.errors import ConfigError
-from shoal.processors.spec import PipelineSpec, parse_pipeline
+from shoal.processors.spec import PipelineSpec, inline_function_files, parse_pipeline
 from shoal.processors.windows import WINDOW_KINDS
 from shoal.rules.expressions import RULE_REASONS
 
@@ -32,7 +34,8 @@ class SpecRefusal:
 
     Attributes:
         reason: ``invalid_toml``, ``unknown_aggregate``, ``invalid_expression`` (a
-            ``where``, ``derive``, ``having`` or alert condition) or ``invalid_spec``.
+            ``where``, ``derive``, ``having`` or alert condition), ``function_failed`` (a
+            user function did not import or failed on sample data) or ``invalid_spec``.
         field: the path of the setting at fault (``windows[0].size_ms``; ``""``: the spec as a
             whole).
         message: the validator's words.
@@ -121,6 +124,18 @@ def _rules(spec: PipelineSpec) -> dict[str, Any]:
             }
             for a in spec.alerts
         ]
+    if spec.functions:
+        out["functions"] = {
+            f.name: {
+                "kind": f.kind,
+                "code": f.code,
+                "entry": f.entry,
+                "returns": f.returns,
+                "budget_ms": f.budget_ms,
+            }
+            for f in spec.functions
+        }
+        out["degrade_after"] = spec.degrade_after
     return out
 
 
@@ -140,6 +155,28 @@ def canonicalize(raw: Mapping[str, Any]) -> CanonicalSpec:
     spec = parse_pipeline(raw)
     mapping = canonical_mapping(spec)
     return CanonicalSpec(spec, mapping, spec_hash(mapping))
+
+
+def inline_files(text: str, folder: Path) -> str:
+    """Spec TOML with each function's ``file`` read into its ``code`` (paths from ``folder``).
+
+    What ``shoal pipeline deploy FILE`` sends: the code travels inside the spec, so the
+    control plane stores and versions it with the document. Text without ``file`` is
+    returned as is.
+
+    Raises:
+        ConfigError: a referenced file cannot be read.
+    """
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        return text  # the control plane answers invalid_toml
+    functions = raw.get("functions")
+    if not isinstance(functions, dict) or not any(
+        isinstance(t, dict) and "file" in t for t in functions.values()
+    ):
+        return text
+    return tomli_w.dumps(inline_function_files(raw, folder), multiline_strings=True)
 
 
 def canonicalize_toml(text: str) -> CanonicalSpec | SpecRefusal:

@@ -146,6 +146,30 @@ class ControlClient:
             reason="not_served",
         )
 
+    async def function_health(self, listen_s: float) -> dict[str, dict[str, Any]]:
+        """Per pipeline with user functions: each worker's report, and whether any is degraded.
+
+        From the ``functions`` of the worker heartbeats heard over ``listen_s`` (CONTRACT.md
+        §19.1).
+        """
+        client = unique_client_id("shoal-pipeline")
+        latest: dict[str, dict[str, Any]] = {}
+        async with self.session_factory(self.settings, client) as session:
+            await session.subscribe([self.topics.metrics("worker", "+")], qos=0)
+            with _deadline(listen_s) as stop:
+                async for message in session.messages_until(stop):
+                    with contextlib.suppress(orjson.JSONDecodeError):
+                        body = orjson.loads(message.payload)
+                        if isinstance(body, dict) and isinstance(body.get("functions"), dict):
+                            latest[str(body.get("id"))] = body["functions"]
+        out: dict[str, dict[str, Any]] = {}
+        for worker, functions in sorted(latest.items()):
+            for pipeline, health in functions.items():
+                entry = out.setdefault(pipeline, {"degraded": False, "workers": {}})
+                entry["workers"][worker] = health
+                entry["degraded"] = entry["degraded"] or bool(health.get("degraded"))
+        return out
+
     async def owned(
         self, name: str, version: int, *, timeout_s: float | None = None
     ) -> dict[int, str]:

@@ -329,12 +329,21 @@ ALIASES: Final[dict[str, str]] = {
 class AggregateSpec:
     """One requested aggregate: its output name and, for quantiles, the quantile in (0, 1).
 
-    The name is one of ``AGGREGATES``, or a quantile name (``QUANTILES``); pipeline specs
+    The name is one of ``AGGREGATES``, a quantile name (``QUANTILES``) or a user aggregate
+    (``user``: its registry entry, ``user_aggregates.user_aggregate``); pipeline specs
     (``spec.parse_pipeline``) resolve aliases and refuse other names.
     """
 
     name: str
     quantile: float | None = None
+    user: Aggregate | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def entry(self) -> Aggregate | None:
+        """Its registry entry (None: a quantile)."""
+        if self.quantile is not None:
+            return None
+        return self.user or AGGREGATES[self.name]
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,18 +370,19 @@ class AggregatePlan:
         (a window kind's trigger reads it: ``PipelineSpec.plan``).
         """
         wanted: list[StateField] = [*ALWAYS, *((LAST_TS,) if last_ts else ())]
+        user: list[StateField] = []  # user aggregates' fields follow the registry's
         outputs: dict[str, pl.Expr] = {}
         quantiles: dict[str, float] = {}
         for requested in aggregates:
             if requested.quantile is not None:
                 quantiles[requested.name] = requested.quantile
                 continue
-            aggregate = AGGREGATES[requested.name]
-            wanted.extend(aggregate.state)
+            aggregate = requested.user or AGGREGATES[requested.name]
+            (wanted if requested.user is None else user).extend(aggregate.state)
             outputs[requested.name] = aggregate.finalize.alias(requested.name)
         needed = set(_with_needs(wanted))
         fields = tuple(f for f in STATE_FIELDS.values() if f in needed)
-        return cls(fields, outputs, quantiles)
+        return cls((*fields, *user), outputs, quantiles)
 
     @property
     def field_names(self) -> tuple[str, ...]:

@@ -60,6 +60,12 @@ def spec_fingerprint(spec: PipelineSpec) -> str:
             spec.partitions,
             # The row stage shapes partials too; absent, fingerprints stay as they were.
             *((spec.where, spec.derive) if spec.row_rules is not None else ()),
+            # So do user functions' code (absent: as before).
+            *(
+                (tuple((f.name, f.kind, f.entry, f.returns, f.code_hash) for f in spec.functions),)
+                if spec.functions
+                else ()
+            ),
         )
     )
     return hashlib.sha256(text.encode()).hexdigest()[:12]
@@ -217,7 +223,9 @@ class PartialRows:
             "start": _pack_int(self.start),
             "keys": self.keys,
             "fields": {
-                name: _pack_int(v) if name in _INT_FIELDS else v.astype("<f8").tobytes()
+                name: _pack_int(v)
+                if name in _INT_FIELDS or v.dtype.kind in "iu"  # user aggregates' int fields
+                else v.astype("<f8").tobytes()
                 for name, v in self.fields.items()
             },
         }
@@ -249,7 +257,10 @@ class PartialRows:
             start=_unpack_int(obj["start"], n),
             keys=keys,
             fields={
-                name: _unpack_int(data, n) if name in _INT_FIELDS else _buffer(data, "<f8", n)
+                # int fields are packed as [base, dtype, bytes], float ones as bytes
+                name: _unpack_int(data, n)
+                if name in _INT_FIELDS or isinstance(data, list)
+                else _buffer(data, "<f8", n)
                 for name, data in obj["fields"].items()
             },
             sketch_row=sketch_row,

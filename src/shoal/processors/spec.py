@@ -18,9 +18,11 @@ import polars as pl
 from shoal.errors import ConfigError, UsageError
 from shoal.processors.aggregates import AGGREGATES, ALIASES, QUANTILES, AggregatePlan, AggregateSpec
 from shoal.processors.sessions import SESSION_KIND
+from shoal.processors.user_aggregates import user_aggregate
 from shoal.processors.windows import WINDOW_KINDS, WindowSpec
 from shoal.rules import AlertSpec, Having, RowRules, compile_having, compile_row_rules
 from shoal.rules.alerts import MAX_FOR
+from shoal.rules.functions import Functions, FunctionSpec, load_functions, parse_function
 from shoal.schemas import ATTRIBUTE_COLUMNS, FUTURE_POLICIES, DecodeLimits
 from shoal.schemas.topics import check_segment
 
@@ -33,6 +35,10 @@ STEPS_PER_WINDOW: Final = 10
 """A sliding window's default ``step_ms`` is ``size_ms`` / this (when it divides)."""
 ALERT_WINDOW_KINDS: Final = ("tumbling", "hopping")
 """Window kinds alerts may watch: aligned windows, which close in start order."""
+DEFAULT_DEGRADE_AFTER: Final = 3
+"""Consecutive failed batches after which a pipeline with functions is ``degraded``."""
+UDAF_WINDOW_KINDS: Final = ("tumbling", "hopping", "sliding")
+"""Window kinds a user aggregate may run in (their state is per-batch partials)."""
 MAX_COUNT_ROWS: Final = 1_000_000
 """Largest ``n`` of a count window: a combiner keeps up to ``n - 1`` rows per key and window."""
 
@@ -79,6 +85,10 @@ class PipelineSpec:
         row_rules: ``where`` and ``derive`` compiled (None: no row stage).
         having_rule: ``having`` compiled (None: every result row is published).
         alerts: ``[[alerts]]``, compiled (``shoal.rules.alerts``).
+        functions: ``[functions.<name>]``: Python UDFs and UDAFs (``shoal.rules.functions``).
+        loaded: the functions, imported and checked on sample data.
+        degrade_after: consecutive batches a function fails on before the pipeline is
+            reported ``degraded`` (worker heartbeats, ``shoal status``, ``pipeline list``).
     """
 
     name: str
@@ -102,6 +112,16 @@ class PipelineSpec:
     row_rules: RowRules | None = field(default=None, compare=False, repr=False)
     having_rule: Having | None = field(default=None, compare=False, repr=False)
     alerts: tuple[AlertSpec, ...] = ()
+    functions: tuple[FunctionSpec, ...] = ()
+    loaded: Functions = field(default_factory=Functions, compare=False, repr=False)
+    degrade_after: int = DEFAULT_DEGRADE_AFTER
+
+    @property
+    def calls_functions(self) -> bool:
+        """Whether the worker runs user code on this pipeline's batches (under a budget)."""
+        return bool(self.loaded.udafs) or (
+            self.row_rules is not None and self.row_rules.calls_functions
+        )
 
     @property
     def hold_bound_ms(self) -> int:
@@ -156,7 +176,36 @@ def load_pipeline(path: Path) -> PipelineSpec:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read pipeline spec: {exc}") from exc
-    return parse_pipeline(raw, source=path)
+    return parse_pipeline(inline_function_files(raw, path.parent), source=path)
+
+
+def inline_function_files(raw: Mapping[str, Any], folder: Path) -> dict[str, Any]:
+    """``raw`` with each ``[functions.<name>] file = "x.py"`` read into its ``code``.
+
+    Paths are relative to ``folder`` (the spec file's). The code then travels inside the
+    spec: the control plane stores and versions it with the rest of the document.
+
+    Raises:
+        ConfigError: a file cannot be read (``field`` ``functions.<name>.file``).
+    """
+    functions = raw.get("functions")
+    if not isinstance(functions, Mapping):
+        return dict(raw)
+    inlined: dict[str, Any] = {}
+    for name, table in functions.items():
+        if isinstance(table, Mapping) and isinstance(table.get("file"), str):
+            file = folder / table["file"]
+            try:
+                code = file.read_text("utf-8")
+            except OSError as exc:
+                raise ConfigError(
+                    f"functions.{name}.file: cannot read {file}: {exc}",
+                    field=f"functions.{name}.file",
+                ) from exc
+            inlined[name] = {k: v for k, v in table.items() if k != "file"} | {"code": code}
+        else:
+            inlined[name] = table
+    return {**raw, "functions": inlined}
 
 
 def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> PipelineSpec:
@@ -180,10 +229,18 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
     if len({w.name for w in windows}) != len(windows):
         raise reader.error("windows", f"window names must be unique: {[w.name for w in windows]}")
     _check_count_windows(windows, reader)
+    functions = _functions(reader)
     aggregates = tuple(
-        _aggregate(a, reader)
+        _aggregate(a, reader, functions)
         for a in reader.strings("aggregates", default=("count", "mean", "min", "max"))
     )
+    if any(a.user is not None for a in aggregates):
+        odd = [w.kind for w in windows if w.kind not in UDAF_WINDOW_KINDS]
+        if odd:
+            raise reader.error(
+                "aggregates",
+                f"user aggregates run in {', '.join(UDAF_WINDOW_KINDS)} windows, not {odd[0]}",
+            )
     if len({a.name for a in aggregates}) != len(aggregates):
         raise reader.error(
             "aggregates", f"an aggregate is listed twice: {[a.name for a in aggregates]}"
@@ -198,7 +255,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
     accuracy = sketch.number("relative_accuracy", default=0.01, low=1e-4, high=0.2)
     sketch.finish()
     limits = _limits(_Reader(reader.table("limits"), f"{where}: [limits]", "limits"))
-    rules = _rules(reader, aggregates)
+    rules = _rules(reader, aggregates, functions)
     rules["alerts"] = tuple(
         _alert(_Reader(a, f"{where}: alerts[{i}]", f"alerts[{i}]"), aggregates, windows)
         for i, a in enumerate(reader.tables("alerts"))
@@ -225,6 +282,11 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
         ),
         limits=limits,
         source=source,
+        functions=functions.specs,
+        loaded=functions,
+        degrade_after=reader.integer(
+            "degrade_after", default=DEFAULT_DEGRADE_AFTER, low=1, high=1_000_000
+        ),
         **rules,
     )
     reader.finish()
@@ -237,7 +299,29 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
     return spec
 
 
-def _rules(reader: _Reader, aggregates: tuple[AggregateSpec, ...]) -> dict[str, Any]:
+def _functions(reader: _Reader) -> Functions:
+    """``[functions.<name>]`` tables, imported and run on sample data (``rules.functions``)."""
+    table = reader.table("functions")
+    specs = []
+    for name, body in table.items():
+        if not isinstance(body, Mapping):
+            raise reader.error(f"functions.{name}", f"[functions.{name}] must be a table")
+        try:
+            specs.append(parse_function(str(name), body))
+        except ConfigError as exc:
+            raise ConfigError(f"{reader.where}: {exc}", field=exc.field, reason=exc.reason) from exc
+    clash = [s.name for s in specs if s.name in AGGREGATES or s.name in ALIASES]
+    if clash:
+        raise reader.error(f"functions.{clash[0]}", f"{clash[0]!r} is a built-in aggregate")
+    try:
+        return load_functions(tuple(specs))
+    except ConfigError as exc:
+        raise ConfigError(f"{reader.where}: {exc}", field=exc.field, reason=exc.reason) from exc
+
+
+def _rules(
+    reader: _Reader, aggregates: tuple[AggregateSpec, ...], functions: Functions
+) -> dict[str, Any]:
     """``where``, ``[derive]`` and ``having``, compiled and checked (``shoal.rules``)."""
     where = reader._get("where")
     if where is not None and not isinstance(where, str):
@@ -251,7 +335,7 @@ def _rules(reader: _Reader, aggregates: tuple[AggregateSpec, ...]) -> dict[str, 
         raise reader.error("having", "having must be a string (a SQL condition)")
     derive = tuple((str(k), str(v)) for k, v in derive_table.items())
     try:
-        row_rules = compile_row_rules(where, derive)
+        row_rules = compile_row_rules(where, derive, functions.udfs)
         having_rule = (
             None
             if having is None
@@ -308,7 +392,7 @@ def _alert(
 
 def _result_dtype(aggregate: AggregateSpec) -> Any:
     """The polars type of an aggregate's result column (quantiles: Float64)."""
-    known = None if aggregate.quantile is not None else AGGREGATES[aggregate.name]
+    known = aggregate.entry
     return pl.Float64() if known is None else known.dtype
 
 
@@ -516,18 +600,20 @@ def _session_window(reader: _Reader) -> WindowSpec:
     )
 
 
-def _aggregate(text: str, reader: _Reader) -> AggregateSpec:
+def _aggregate(text: str, reader: _Reader, functions: Functions) -> AggregateSpec:
     name = text.strip().lower()
     name = ALIASES.get(name, name)
     if name in AGGREGATES:
         return AggregateSpec(name)
+    if name in functions.udafs:
+        return AggregateSpec(name, user=user_aggregate(functions.udafs[name]))
     q = QUANTILES.parse(name)
     if q is not None:
         return AggregateSpec(name, quantile=q)
     raise reader.error(
         "aggregates",
-        f"unknown aggregate {text!r}; use {', '.join(AGGREGATES)} or a quantile "
-        "like p50, p95, p99, p99.9",
+        f"unknown aggregate {text!r}; use {', '.join(AGGREGATES)}, a quantile "
+        "like p50, p95, p99, p99.9, or a UDAF of [functions]",
         reason="unknown_aggregate",
     )
 

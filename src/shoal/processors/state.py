@@ -29,7 +29,7 @@ from shoal.processors._kernels import (
     merge_cells,
     merge_state,
 )
-from shoal.processors.aggregates import AGGREGATES, LAST_TS, QUANTILES, AggregatePlan
+from shoal.processors.aggregates import LAST_TS, QUANTILES, AggregatePlan
 from shoal.processors.partials import PartialRows
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
@@ -549,7 +549,7 @@ def result_schema(spec: PipelineSpec) -> dict[str, pl.DataType]:
     """The schema of ``result_columns``."""
     schema: dict[str, pl.DataType] = dict(RESULT_BASE_SCHEMA)
     for aggregate in spec.aggregates:
-        known = None if aggregate.quantile is not None else AGGREGATES[aggregate.name]
+        known = aggregate.entry
         schema[aggregate.name] = pl.Float64() if known is None else known.dtype
     return schema
 

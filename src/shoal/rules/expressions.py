@@ -19,7 +19,8 @@ from typing import Final
 import numpy as np
 import polars as pl
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, FunctionError
+from shoal.rules.functions import SAMPLE_ROWS, Udf, UdfCall, check_udf, parse_call
 from shoal.schemas import FRAME_SCHEMA
 
 PROTECTED_COLUMNS: Final = frozenset({"sensor_id", "ts"})
@@ -82,8 +83,15 @@ class RowRules:
 
     where: str | None
     derive: tuple[tuple[str, str], ...]
-    _derive: tuple[pl.Expr, ...] = field(compare=False, repr=False)
-    _where: pl.Expr | None = field(compare=False, repr=False)
+    _derive: tuple[pl.Expr | _UdfStep, ...] = field(compare=False, repr=False)
+    _where: pl.Expr | UdfCall | None = field(compare=False, repr=False)
+
+    @property
+    def calls_functions(self) -> bool:
+        """Whether a step calls a user function (the worker runs it under a budget)."""
+        return isinstance(self._where, UdfCall) or any(
+            isinstance(step, _UdfStep) for step in self._derive
+        )
 
     def derives(self, column: str) -> bool:
         """Whether ``derive`` computes ``column``."""
@@ -92,8 +100,8 @@ class RowRules:
     def apply(self, frame: pl.DataFrame) -> RowsKept:
         """The rows that pass, with derived columns; vectorised over the whole batch."""
         out = frame
-        for expr in self._derive:
-            out = out.with_columns(expr)
+        for step in self._derive:
+            out = out.with_columns(step.evaluate(out) if isinstance(step, _UdfStep) else step)
         keep: pl.Series | None = None
         invalid = 0
         if self.derives("value"):  # a derived value is checked finite per row
@@ -102,13 +110,39 @@ class RowRules:
             invalid = out.height - int(keep.sum())
         filtered = 0
         if self._where is not None:
-            passing = out.select(self._where.fill_null(value=False)).to_series()
+            passing = (
+                self._where.evaluate(out).fill_null(value=False)
+                if isinstance(self._where, UdfCall)
+                else out.select(self._where.fill_null(value=False)).to_series()
+            )
             both = passing if keep is None else keep & passing
             filtered = out.height - invalid - int(both.sum())
             keep = both
         if keep is None or filtered + invalid == 0:
             return RowsKept(out, filtered, invalid, None)
         return RowsKept(out.filter(keep), filtered, invalid, keep)
+
+
+@dataclass(frozen=True, slots=True)
+class _UdfStep:
+    """A ``derive`` column computed by a UDF call, cast to the column's type."""
+
+    name: str
+    call: UdfCall
+    dtype: pl.DataType
+
+    def evaluate(self, frame: pl.DataFrame) -> pl.Series:
+        out = self.call.evaluate(frame)
+        try:
+            return out.cast(self.dtype).alias(self.name)
+        except pl.exceptions.PolarsError as exc:  # e.g. a string UDF into a numeric column
+            raise FunctionError(
+                f"function {self.call.udf.spec.name!r}: its result cannot be {self.name}",
+                reason="function_bad_result",
+                field=f"derive.{self.name}",
+                expected=str(self.dtype),
+                found=str(out.dtype),
+            ) from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +160,14 @@ class Having:
 
 
 def compile_row_rules(
-    where: str | None, derive: Mapping[str, str] | tuple[tuple[str, str], ...]
+    where: str | None,
+    derive: Mapping[str, str] | tuple[tuple[str, str], ...],
+    udfs: Mapping[str, Udf] | None = None,
 ) -> RowRules | None:
     """Compile and check a row stage against the decoded batch schema (None: no rules).
+
+    An expression that is one call of a UDF in ``udfs`` on columns (``f(value, ts)``) runs
+    the function instead of SQL; it is run once on sample rows here.
 
     Raises:
         ConfigError: ``field`` is ``derive.<name>`` or ``where``; ``reason`` is
@@ -138,7 +177,7 @@ def compile_row_rules(
     if where is None and not pairs:
         return None
     schema = dict(FRAME_SCHEMA)
-    compiled: list[pl.Expr] = []
+    compiled: list[pl.Expr | _UdfStep] = []
     for name, text in pairs:
         field = f"derive.{name}"
         if not _NAME.match(name):
@@ -156,6 +195,12 @@ def compile_row_rules(
                 field=field,
                 reason="protected_column",
             )
+        call = parse_call(text, udfs or {})
+        if call is not None:
+            step = _udf_step(name, text, call, pl.Schema(schema))
+            schema[name] = step.dtype
+            compiled.append(step)
+            continue
         expr = _compile(text, field).alias(name)
         dtype = _check(expr, text, field, pl.Schema(schema))
         if name == "value" and not dtype.is_numeric():
@@ -168,13 +213,31 @@ def compile_row_rules(
             dtype = pl.Float64()
         schema[name] = dtype
         compiled.append(expr)
-    where_expr = None
-    if where is not None:
+    where_expr: pl.Expr | UdfCall | None = None
+    where_call = None if where is None else parse_call(where, udfs or {})
+    if where_call is not None:
+        assert where is not None
+        dtype = check_udf(where_call, _sample(pl.Schema(schema), SAMPLE_ROWS), "where")
+        if dtype != pl.Boolean:
+            raise _wrong_type("where", where, f"a condition (returns = 'bool'), not {dtype}")
+        where_expr = where_call
+    elif where is not None:
         where_expr = _compile(where, "where")
         dtype = _check(where_expr, where, "where", pl.Schema(schema))
         if dtype != pl.Boolean:
             raise _wrong_type("where", where, f"a condition (true/false), not {dtype}")
     return RowRules(where, pairs, tuple(compiled), where_expr)
+
+
+def _udf_step(name: str, text: str, call: UdfCall, schema: pl.Schema) -> _UdfStep:
+    """A derive column computed by ``call``, run once on sample rows of ``schema``."""
+    field = f"derive.{name}"
+    dtype = check_udf(call, _sample(schema, SAMPLE_ROWS), field)
+    if name == "value" and not dtype.is_numeric():
+        raise _wrong_type(field, text, f"a number for value, not {dtype}")
+    if name in FRAME_SCHEMA:  # value is Float64, attributes keep their type
+        dtype = pl.Float64() if name == "value" else FRAME_SCHEMA[name]
+    return _UdfStep(name, call, dtype)
 
 
 def compile_having(
@@ -239,18 +302,18 @@ def _check(expr: pl.Expr, text: str, field: str, schema: pl.Schema) -> pl.DataTy
     return empty.to_series().dtype
 
 
-def _sample(schema: pl.Schema) -> pl.DataFrame:
+def _sample(schema: pl.Schema, rows: int = _SAMPLE_ROWS) -> pl.DataFrame:
     """A few rows of ``schema`` with distinct values (an aggregate collapses them)."""
     columns: dict[str, pl.Series] = {}
     for name, dtype in schema.items():
         if dtype == pl.String:
-            values: list[object] = [f"{name}-{i}" for i in range(_SAMPLE_ROWS)]
+            values: list[object] = [f"{name}-{i}" for i in range(rows)]
         elif dtype.is_float():
-            values = [float(v) for v in np.linspace(1.0, 2.0, _SAMPLE_ROWS)]
+            values = [float(v) for v in np.linspace(1.0, 2.0, rows)]
         elif dtype == pl.Boolean:
-            values = [i % 2 == 0 for i in range(_SAMPLE_ROWS)]
+            values = [i % 2 == 0 for i in range(rows)]
         else:
-            values = list(range(1, _SAMPLE_ROWS + 1))
+            values = list(range(1, rows + 1))
         columns[name] = pl.Series(name, values, dtype=dtype)
     return pl.DataFrame(columns)
 

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 
 from shoal.broker.session import Message, Session
 from shoal.clock import Clock
-from shoal.errors import InputError
+from shoal.errors import FunctionError, InputError
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.results import DEADLETTER_HEADROOM, deadletter_message
 from shoal.processors.spec import PipelineSpec
+from shoal.rules.guard import FunctionGuard
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas import Batch, decode_batch, peek_envelope
 from shoal.schemas.topics import Topics
@@ -56,6 +57,15 @@ class WorkerStats:
     """(when, rows, CPU seconds) of recent batches: the capacity estimate."""
     deadletter_reasons: Counter[tuple[str, str]] = field(default_factory=Counter)
     """Dead letters by (pipeline, reason) (``counters.deadletters`` is their sum)."""
+    functions: dict[str, FunctionGuard] = field(default_factory=dict)
+    """Per pipeline with user functions, its guard (the heartbeat's ``functions``)."""
+
+    def functions_health(self) -> dict[str, dict[str, object]]:
+        """The heartbeat's ``functions``: per pipeline, what its functions did here."""
+        return {
+            name: guard.health.as_dict(guard.degrade_after)
+            for name, guard in sorted(self.functions.items())
+        }
 
 
 class BatchHandler:
@@ -85,10 +95,21 @@ class BatchHandler:
         self.builder = PartialBuilder(spec, worker_id)
         self.filters = tuple(topics.shared(spec.name, topics.under_root(f)) for f in spec.inputs)
         """The pipeline's shared subscriptions: ``$share/<pipeline>/<input>``."""
+        self.guard: FunctionGuard | None = None
+        """Runs the batch work of a pipeline with user functions (``shoal.rules.guard``)."""
+        if spec.calls_functions:
+            self.guard = FunctionGuard(
+                spec.loaded.budget_ms / 1000.0, spec.degrade_after, clock.monotonic
+            )
+            stats.functions[spec.name] = self.guard
 
     def handle(self, session: Session, message: Message) -> list[asyncio.Future[None]]:
-        """Decode, compute, start publishing; returns the PUBACK futures to wait for."""
-        counters = self.stats.counters
+        """Decode, compute, start publishing; returns the PUBACK futures to wait for.
+
+        A pipeline with user functions computes in its guard's thread, under its budget:
+        the one future returned then completes once the partials (or the dead letter) are
+        published, and the worker's loop goes on reading meanwhile.
+        """
         started = self.clock.monotonic()
         cpu_started = time.process_time()
         now = self.clock.now_ms()
@@ -96,14 +117,58 @@ class BatchHandler:
         partials: list[Partial]
         try:
             batch, info = self._decode(message, now)
+            if self.guard is not None:
+                work = self._guarded(session, message, batch, info, now, (started, cpu_started))
+                return [asyncio.ensure_future(work)]
             # The row stage (where/derive) runs inside the builder, on the decoded frame.
             partials = self.builder.build_batch(batch, info, now)
-            counters.rows_filtered += partials[0].batch.filtered if partials else 0
-            counters.batches += 1
-            counters.rows += batch.rows
-            counters.rows_clamped += batch.clamped
+            self._count(batch, partials)
         except InputError as exc:
             partials = self._refuse(session, message, exc, now=now, futures=futures)
+        self._publish(session, partials, futures, (started, cpu_started))
+        return futures
+
+    async def _guarded(  # noqa: PLR0917 - private; handle's state, passed on
+        self,
+        session: Session,
+        message: Message,
+        batch: Batch,
+        info: BatchInfo,
+        now: int,
+        began: tuple[float, float],
+    ) -> None:
+        """``handle`` for a pipeline with functions: compute under the guard, publish, wait.
+
+        A function's failure dead-letters the batch (raw payload and reason) and marks it
+        handled with empty rejected partials, as a refused batch is.
+        """
+        assert self.guard is not None
+        futures: list[asyncio.Future[None]] = []
+        try:
+            partials = await self.guard.run(lambda: self.builder.build_batch(batch, info, now))
+            self._count(batch, partials)
+        except FunctionError as exc:
+            partials = self._refuse(session, message, exc, now=now, futures=futures)
+        self._publish(session, partials, futures, began)
+        await session.wait_published(futures)
+
+    def _count(self, batch: Batch, partials: list[Partial]) -> None:
+        counters = self.stats.counters
+        counters.rows_filtered += partials[0].batch.filtered if partials else 0
+        counters.batches += 1
+        counters.rows += batch.rows
+        counters.rows_clamped += batch.clamped
+
+    def _publish(
+        self,
+        session: Session,
+        partials: list[Partial],
+        futures: list[asyncio.Future[None]],
+        began: tuple[float, float],
+    ) -> None:
+        """Start publishing ``partials`` (their futures join ``futures``); record timings."""
+        counters = self.stats.counters
+        started, cpu_started = began
         futures.extend(
             session.publish_started(
                 self.topics.partials(self.spec.name, partial.partition), partial.encode()
@@ -118,7 +183,6 @@ class BatchHandler:
         # core, and that says nothing about what one more worker with its own core would do.
         self.stats.recent.append((self.clock.monotonic(), rows, time.process_time() - cpu_started))
         self.stats.handle_latency.add(elapsed * 1000.0)
-        return futures
 
     def _decode(self, message: Message, now: int) -> tuple[Batch, BatchInfo]:
         """The batch's frame and identity, or an ``InputError`` saying why not."""

@@ -277,6 +277,7 @@ class Worker:
             "handle_ms": self.stats.handle_latency.summary(),
             "reconnects": self.counters.reconnects,
             "unrouted": self.counters.unrouted,
+            **({"functions": functions} if (functions := self.stats.functions_health()) else {}),
         }
 
     async def _heartbeat(self, session: Session) -> None:

@@ -53,6 +53,26 @@ def pipeline_status(pipeline: str, snap: Snapshot, listened_s: float) -> dict[st
         "listened_s": listened_s,
         "late_measurements_while_listening": snap.late_rows,
         "dead_letters_while_listening": snap.deadletters,
+        **_functions(pipeline, snap),
+    }
+
+
+def _functions(pipeline: str, snap: Snapshot) -> dict[str, Any]:
+    """``functions`` and ``degraded``, for a pipeline whose workers report user functions."""
+    reports = {
+        wid: body["functions"][pipeline]
+        for wid, body in sorted(snap.worker_metrics.items())
+        if isinstance(body.get("functions"), dict) and pipeline in body["functions"]
+    }
+    if not reports:
+        return {}
+    failures: dict[str, int] = {}
+    for report in reports.values():
+        for reason, count in (report.get("failures") or {}).items():
+            failures[reason] = failures.get(reason, 0) + int(count)
+    return {
+        "degraded": any(bool(r.get("degraded")) for r in reports.values()),
+        "functions": {"failed_batches": failures, "workers": reports},
     }
 
 
@@ -192,6 +212,13 @@ def format_status(status: dict[str, Any]) -> str:
         f"{status['dead_letters_while_listening']:,} dead letters in the "
         f"{status['listened_s']:g} s listened",
     ]
+    if "degraded" in status:
+        failed = status["functions"]["failed_batches"]
+        why = ", ".join(f"{n:,} {reason}" for reason, n in sorted(failed.items())) or "none"
+        lines.append(
+            f"  functions {'DEGRADED' if status['degraded'] else 'ok'}; failed batches "
+            f"(dead-lettered): {why}"
+        )
     if status["clamped_measurements"]:
         lines.append(
             f"  clamped   {status['clamped_measurements']:,} measurements had timestamps beyond "

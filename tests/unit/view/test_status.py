@@ -191,3 +191,34 @@ def test_a_partition_hosted_by_a_pool_combiner_names_its_owner() -> None:
     text = format_status(status)
     assert "partition 0 (pool combiner edge-7-4242): windows closed" in text
     assert "partition 1: windows closed" in text
+
+
+def test_a_pipeline_whose_functions_fail_is_degraded_with_its_failures_summed() -> None:
+    snap = snapshot({0: beat({"a": view(NOW)})})
+    plain = pipeline_status("p", snap, 1.0)
+    assert "degraded" not in plain
+    assert "functions" not in format_status(plain)
+
+    def report(failures: dict[str, int], consecutive: int, degraded: bool) -> dict[str, Any]:
+        return {
+            "batches_ok": 3,
+            "failures": failures,
+            "consecutive_failures": consecutive,
+            "degraded": degraded,
+            "last_error": "boom" if failures else None,
+        }
+
+    workers = {
+        "w1": {"state": "running", "functions": {"p": report({"function_error": 4}, 4, True)}},
+        "w2": {"state": "running", "functions": {"p": report({"function_error": 1}, 0, False)}},
+        "w3": {"state": "running", "functions": {"other": report({}, 0, False)}},
+    }
+    status = pipeline_status("p", replace(snap, worker_metrics=workers), 1.0)
+    assert status["degraded"] is True
+    assert status["functions"]["failed_batches"] == {"function_error": 5}
+    assert set(status["functions"]["workers"]) == {"w1", "w2"}
+    line = next(x for x in format_status(status).splitlines() if "functions" in x)
+    assert "DEGRADED" in line
+    assert "5 function_error" in line
+    healthy = {"w2": workers["w2"]}
+    assert pipeline_status("p", replace(snap, worker_metrics=healthy), 1.0)["degraded"] is False
