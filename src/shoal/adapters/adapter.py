@@ -248,7 +248,8 @@ class Adapter:
                     )
                     self._pending = _Pending()  # unacknowledged: the broker sends them again
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), delay)
+                        async with asyncio.timeout(delay):
+                            await self._stop.wait()
         finally:
             await asyncio.to_thread(gateway.close, 10.0)
             self._intake.close()

@@ -225,7 +225,8 @@ class Archiver:
                 self.reconnects += 1
                 log.warning("archive: %s; reconnecting", exc)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), 0.5)
+                    async with asyncio.timeout(0.5):
+                        await self._stop.wait()
 
     def _on_message(self, message: Message) -> None:
         now = self.clock.now_ms()

@@ -83,7 +83,8 @@ class SessionBase(Session):
         if not futures:
             return
         try:
-            await asyncio.wait_for(asyncio.gather(*futures), timeout=self._publish_timeout_s)
+            async with asyncio.timeout(self._publish_timeout_s):
+                await asyncio.gather(*futures)
         except TimeoutError as exc:
             raise BrokerError(f"no PUBACK within {self._publish_timeout_s} s") from exc
 

@@ -144,7 +144,8 @@ class Sink:
                 if not ready.is_set():
                     raise  # never subscribed: a wrong address or credentials, not a restart
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), _RECONNECT_S)
+                    async with asyncio.timeout(_RECONNECT_S):
+                        await stop.wait()
 
     async def _run_once(self, stop: asyncio.Event, ready: asyncio.Event) -> None:
         session = AsyncSession(self.config.settings(), unique_client_id("sim-sink"))

@@ -259,7 +259,8 @@ class Up:
                 self.scaler.tick()
             self._draw(self.local.monitor.snapshot(), elapsed)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self.config.refresh_s)
+                async with asyncio.timeout(self.config.refresh_s):
+                    await self._stop.wait()
 
     def _line(self, text: str) -> None:
         print(text, file=self.out, flush=True)

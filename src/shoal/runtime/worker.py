@@ -289,6 +289,9 @@ class Worker:
                 return
             self._beat_now.clear()
             # Next beat after heartbeat_ms, or at once when what the worker serves changed
-            # (`shoal pipeline deploy` waits for that beat).
+            # (`shoal pipeline deploy` waits for that beat). asyncio.timeout, never wait_for:
+            # Python 3.11's wait_for drops a cancellation that lands as the event is set
+            # (CPython gh-86296), and this loop then outlives its session: a stopped worker hung.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._beat_now.wait(), self.config.heartbeat_ms / 1000)
+                async with asyncio.timeout(self.config.heartbeat_ms / 1000):
+                    await self._beat_now.wait()

@@ -152,7 +152,8 @@ class Follower:
                 self.stats.broker_reconnects += 1
                 log.warning("sink: broker: %s; reconnecting", exc)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), config.reconnect.delay_s(failures))
+                    async with asyncio.timeout(config.reconnect.delay_s(failures)):
+                        await self._stop.wait()
         return self.stats
 
     async def _one(self, message: Message) -> None:
