@@ -36,6 +36,7 @@ instead of reconnecting, and the pool decides whether to start another.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from dataclasses import asdict, dataclass, field, replace
@@ -717,6 +718,12 @@ class CombinerRuntime:
         awaited = {id(f) for f in outputs}
         self._unacked = [f for f in self._unacked if id(f) not in awaited]
         if snapshot is not None and self.config.state_dir is not None:
+            if self._writing is not None and not self._writing.done():
+                # One write at a time: a periodic checkpoint cancelled at stop leaves its thread
+                # writing the same temporary file, and two writers would interleave into it
+                # (and the second rename fail). Ours is the newer snapshot: it goes last.
+                with contextlib.suppress(OSError):
+                    await asyncio.shield(self._writing)
             self._writing = asyncio.ensure_future(
                 asyncio.to_thread(
                     _write_atomically, self.config.state_dir / CHECKPOINT_FILE, snapshot
