@@ -284,59 +284,21 @@ class WindowState:
         return self.empty_result() if frame is None else frame
 
     def _finish_slots(self, slots: npt.NDArray[np.int64]) -> pl.DataFrame | None:
-        """Final results of the windows of ``slots`` (sorted), left in place (None: no state).
-
-        Merges only these windows' rows (their run of the merged base and their rows of the
-        pending chunks), never the whole state: with many windows open (sliding and hopping
-        windows hold ``size/slide`` of them), a finalisation per step costs what the closing
-        windows hold, not a merge of every open window.
-        """
+        """Final results of the windows of ``slots`` (sorted), left in place (None: no state)."""
         if len(slots) == 0:
             return None
-        taken = self._slot_rows(slots, remove=False)
-        return None if taken is None else self._merged_result(taken)
-
-    def _slot_rows(self, slots: npt.NDArray[np.int64], *, remove: bool) -> _Taken | None:
-        """The state rows and sketch cells of ``slots`` (sorted), removed if ``remove``."""
-        taken, groups_from = _take_slots(
-            self._groups,
-            self._columns,
-            KEY_BITS,
-            slots,
-            first_sorted=self._groups_merged,
-            remove=remove,
-        )
-        counts = [{"count": c} for c in self._counts]
-        cells, cells_from = _take_slots(
-            self._cells,
-            counts,
-            KEY_BITS + BUCKET_BITS,
-            slots,
-            first_sorted=self._cells_merged,
-            remove=remove,
-        )
-        self._counts = [c["count"] for c in counts]
-        if taken is None:
+        self.compact()  # one sorted chunk each: the windows' rows are runs of it
+        if not self._groups:
             return None
-        # Rows from the merged base alone (the usual case for a close: the window was
-        # finalised when the watermark passed its end) are merged already.
-        empty = np.empty(0, dtype=np.int64)
-        return _Taken(
-            *taken,
-            groups_merged=groups_from == {0} and self._groups_merged,
-            cells=empty if cells is None else cells[0],
-            counts=empty if cells is None else cells[1]["count"],
-            cells_merged=cells is None or (cells_from == {0} and self._cells_merged),
-        )
-
-    def _merged_result(self, taken: _Taken) -> pl.DataFrame:
-        """Final results of taken rows: merged where they are not yet, sorted by group."""
-        groups, state = taken.groups, taken.state
-        if not taken.groups_merged:
-            groups, state = merge_state(groups, state, self.plan.fields)
-        cells, counts = taken.cells, taken.counts
-        if not taken.cells_merged:
-            cells, counts = merge_cells(cells, counts, KEY_BITS)
+        rows = _slot_runs(self._groups[0], slots, KEY_BITS)
+        groups = self._groups[0][rows]
+        if len(groups) == 0:
+            return None
+        state = {f: c[rows] for f, c in self._columns[0].items()}
+        cells, counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        if self._cells:
+            runs = _slot_runs(self._cells[0], slots, KEY_BITS + BUCKET_BITS)
+            cells, counts = self._cells[0][runs], self._counts[0][runs]
         return self._finish(groups, state, cells, counts)
 
     def drop(self, through_ms: int) -> int:
@@ -391,15 +353,37 @@ class WindowState:
         if not closing:
             return ClosedWindows(self.empty_result())
         closing_arr = np.array(sorted(closing), dtype=np.int64)
-        taken = self._slot_rows(closing_arr, remove=True)
+        taken, groups_from = _take_slots(
+            self._groups, self._columns, KEY_BITS, closing_arr, first_sorted=self._groups_merged
+        )
+        counts = [{"count": c} for c in self._counts]
+        cells, cells_from = _take_slots(
+            self._cells,
+            counts,
+            KEY_BITS + BUCKET_BITS,
+            closing_arr,
+            first_sorted=self._cells_merged,
+        )
+        self._counts = [c["count"] for c in counts]
         if taken is None:
-            frame = self.empty_result()
-        elif prepared is not None and np.array_equal(prepared.slots, closing_arr):
-            frame = prepared.frame
-        else:
-            frame = self._merged_result(taken)  # reads the slots' windows: release after
+            self._release(closing)
+            return ClosedWindows(self.empty_result())
+        if prepared is not None and np.array_equal(prepared.slots, closing_arr):
+            self._release(closing)
+            return ClosedWindows(prepared.frame)
+        # Rows taken from the merged base alone (the usual case: the window was merged when
+        # the watermark passed its end) are merged already. Either way sorted by group.
+        merged = groups_from == {0} and self._groups_merged
+        done_groups, done = taken if merged else merge_state(*taken, self.plan.fields)
+        done_cells, done_counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        if cells is not None:
+            if cells_from == {0} and self._cells_merged:
+                done_cells, done_counts = cells[0], cells[1]["count"]
+            else:
+                done_cells, done_counts = merge_cells(cells[0], cells[1]["count"], KEY_BITS)
+        result = self._finish(done_groups, done, done_cells, done_counts)
         self._release(closing)
-        return ClosedWindows(frame)
+        return ClosedWindows(result)
 
     def _finish(
         self,
@@ -571,18 +555,6 @@ def result_schema(spec: PipelineSpec) -> dict[str, pl.DataType]:
 
 
 @dataclass(frozen=True, slots=True)
-class _Taken:
-    """The rows of some windows taken from the state (``WindowState._slot_rows``)."""
-
-    groups: npt.NDArray[np.int64]
-    state: dict[str, npt.NDArray[Any]]
-    groups_merged: bool
-    cells: npt.NDArray[np.int64]
-    counts: npt.NDArray[np.int64]
-    cells_merged: bool
-
-
-@dataclass(frozen=True, slots=True)
 class _Prepared:
     """Results finalised ahead of a close (``WindowState.prepare``), and their slots."""
 
@@ -597,7 +569,6 @@ def _take_slots(
     slots: npt.NDArray[np.int64],
     *,
     first_sorted: bool,
-    remove: bool = True,
 ) -> tuple[tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[Any]]] | None, set[int]]:
     """Remove the rows of ``slots`` (sorted) from every chunk (in place); return them unmerged.
 
@@ -605,8 +576,7 @@ def _take_slots(
     with its parallel ``columns[i]``. Also returns the indices of the chunks the rows came
     from. Chunks keep their places, even when emptied: the first one may be the merged base.
     When it is (``first_sorted``), each slot's rows are one run of it, found by binary search
-    instead of a pass over every row; taken in slot order, they stay sorted. ``remove=False``
-    leaves the chunks as they are (a copy of the rows, to finalise windows kept open).
+    instead of a pass over every row; taken in slot order, they stay sorted.
     """
     taken_ids: list[npt.NDArray[np.int64]] = []
     taken_columns: list[dict[str, npt.NDArray[Any]]] = []
@@ -617,21 +587,17 @@ def _take_slots(
             if not (hi > lo).any():
                 continue
             take = _runs(lo, hi)
-            if remove:
-                keep = _runs(np.concatenate(([0], hi)), np.concatenate((lo, [len(chunk)])))
+            keep = _runs(np.concatenate(([0], hi)), np.concatenate((lo, [len(chunk)])))
         else:
             mask = np.isin(chunk >> shift, slots)
             if not mask.any():
                 continue
-            take = np.flatnonzero(mask)
-            if remove:
-                keep = np.flatnonzero(~mask)
+            take, keep = np.flatnonzero(mask), np.flatnonzero(~mask)
         chunks.add(i)
         taken_ids.append(chunk[take])
         taken_columns.append({f: c[take] for f, c in columns[i].items()})
-        if remove:
-            ids[i] = chunk[keep]
-            columns[i] = {f: c[keep] for f, c in columns[i].items()}
+        ids[i] = chunk[keep]
+        columns[i] = {f: c[keep] for f, c in columns[i].items()}
     if not taken_ids:
         return None, chunks
     names = taken_columns[0].keys()
@@ -646,6 +612,13 @@ def _slot_bounds(
 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
     """Where each of ``slots`` (sorted) starts and ends in a sorted chunk (slot: id >> shift)."""
     return np.searchsorted(chunk, slots << shift), np.searchsorted(chunk, (slots + 1) << shift)
+
+
+def _slot_runs(
+    chunk: npt.NDArray[np.int64], slots: npt.NDArray[np.int64], shift: int
+) -> slice | npt.NDArray[np.int64]:
+    """The indices of the rows of ``slots`` (sorted) in a sorted chunk of ids."""
+    return _runs(*_slot_bounds(chunk, slots, shift))
 
 
 def _runs(lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]) -> slice | npt.NDArray[np.int64]:

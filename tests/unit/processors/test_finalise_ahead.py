@@ -1,12 +1,13 @@
-"""Finalising windows ahead of their close merges only their rows, and stays exact.
+"""Windows finalised ahead of their close, peeked for corrections and closed stay exact.
 
-``WindowState.prepare`` (and ``peek``, for corrections) finalises the windows ending at or
-before a threshold from their run of the merged base plus their rows of the pending chunks,
-without merging the other open windows (with sliding and hopping windows ``size/slide`` of
-them are open per key). Property: whatever the order of the partials, the compactions in
-between and the batches that arrive after the finalisation (a row may reach a prepared
-window: it must be finalised again), the prepared results, a ``peek`` and the close equal
-the polars reference over every row, window by window (``test_registry.reference``).
+``WindowState.prepare`` finalises the windows ending at or before a threshold once the
+watermark has passed their end, ``peek`` finalises closed windows kept for corrections, and
+``close`` hands out the prepared results unless a row reached a prepared window meanwhile.
+With sliding and hopping windows ``size/slide`` windows are open per key, so these paths
+run at every step. Property: whatever the order of the partials, the compactions in between
+and the batches that arrive after the finalisation (a row may reach a prepared window: it
+must be finalised again), the prepared results, a ``peek`` and the close equal the polars
+reference over every row, window by window (``test_registry.reference``).
 """
 
 from __future__ import annotations
@@ -95,17 +96,3 @@ def test_prepared_peeked_and_closed_windows_equal_the_reference(
         assert got.height == expected.height
         if got.height:
             assert_same(got, expected, spec)
-
-
-def test_preparing_a_window_leaves_the_other_windows_rows_pending() -> None:
-    spec = spec_of({"size_ms": 10}, ["count", "p50"])
-    state = WindowState(spec, spec.plan())
-    for rows in partial_rows(spec, [[("a", 1, 1.0), ("b", 5, 2.0)], [("a", 12, 3.0)]]):
-        state.add(rows)
-    pending = state.pending_rows
-    state.prepare(10)
-    prepared = state.prepared_frame
-    assert prepared is not None
-    assert sorted(prepared.select("start", "key", "rows").rows()) == [(0, "a", 1), (0, "b", 1)]
-    assert state.pending_rows == pending  # [10, 20)'s row was not merged to finalise [0, 10)
-    assert state.close(10).frame.equals(prepared)
