@@ -5,8 +5,10 @@ pipeline with its window replaced by a ``shoal bench pipeline --window`` preset 
 window of another step) over scenario B's data (10 gateways, 16,000-row binary batches) in
 one process per configuration: a worker's decode + partials + encode, and a combiner's
 decode + merge + close + result messages (window JSON and per-key payloads), each timed in
-CPU seconds, so the figures hold on a busy machine where ``shoal bench pipeline --max`` does
-not; and the process's peak RSS. Figures: docs/benchmarks.md, "Window kinds".
+CPU seconds (the combiner's also by phase: ``apply`` decode and merge of partials,
+``close`` the ticks that close windows, ``emit`` the result messages), so the figures hold
+on a busy machine where ``shoal bench pipeline --max`` does not; and the process's peak RSS.
+Figures: docs/benchmarks.md, "Window kinds".
 ``python -m tests.unit.processors.test_bench_window_kinds KIND SENSORS RATE SECONDS [STEP]``
 runs one configuration (100,000 keys: ``sliding 10000 1 40``).
 """
@@ -51,7 +53,8 @@ def measure(kind: str, sensors: int, rate_hz: float, seconds: float, step_ms: in
     builder, clock = PartialBuilder(spec, "w"), FakeClock()
     combiner = Combiner(spec, 0, clock)
     tick_ms = int(BATCH / (sensors * rate_hz) * 1000)
-    worker_s = combiner_s = 0.0
+    worker_s = 0.0
+    phases = dict.fromkeys(("apply", "close", "emit"), 0.0)  # the combiner's CPU seconds
     rows = results = 0
     now = 1_700_000_000_000
     for seq in range(int(seconds * 1000 / tick_ms)):
@@ -69,17 +72,20 @@ def measure(kind: str, sensors: int, rate_hz: float, seconds: float, step_ms: in
             began = time.process_time()
             for partial in partials:
                 combiner.receive(Partial.decode(partial))
-            combiner_s += time.process_time() - began
+            phases["apply"] += time.process_time() - began
             rows += len(block.ts)
         clock.advance(tick_ms)
         began = time.process_time()
         closed = combiner.tick().closed
+        phases["close"] += time.process_time() - began
+        began = time.process_time()
         if closed is not None and not closed.empty:
             ctx = Emission(spec.name, 0, 1, combiner.closed_through, 0)
             for result in split_windows(closed.frame, closed.revisions):
                 window_json(result, ctx)
                 results += sum(1 for _ in key_messages(result, spec.name, 0))
-        combiner_s += time.process_time() - began
+        phases["emit"] += time.process_time() - began
+    combiner_s = sum(phases.values())
     return {
         "window": spec.windows[0].name,
         "keys": GATEWAYS * sensors,
@@ -87,6 +93,7 @@ def measure(kind: str, sensors: int, rate_hz: float, seconds: float, step_ms: in
         "worker_meas_per_cpu_s": round(rows / worker_s),
         "combiner_meas_per_cpu_s": round(rows / combiner_s),
         "results": results,
+        "combiner_cpu_s": {name: round(seconds, 2) for name, seconds in phases.items()},
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
 
