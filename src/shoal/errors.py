@@ -16,6 +16,7 @@
     ├── ControlError            the control plane refused a request, or none answered
     ├── SpoolError              the gateway's on-disk spool cannot be read or written
     │   └── NotStoredError      sealed rows the spool refused (``shoal.gateway._sealer``)
+    ├── StateCapError           a partial would grow a combiner's open state past its cap
     ├── SinkError               a sink's destination refused a write for good (needs an operator)
     └── UsageError              code called shoal with a value it cannot use (a bug in the caller)
 
