@@ -89,6 +89,37 @@ def test_a_partial_over_the_cap_is_refused_whole_and_its_seq_moves_on() -> None:
     assert core.counters.partials_over_cap == 1
 
 
+def test_a_batch_refused_after_the_checkpoint_is_refused_again_after_a_restore() -> None:
+    spec = parse_pipeline(
+        {
+            "name": "c",
+            "windows": [{"kind": "tumbling", "size_ms": 1_000}],
+            "aggregates": ["count", "p50"],
+            "limits": {"max_state_cells": 1_500},
+        }
+    )
+    clock = FakeClock()
+    builder = PartialBuilder(spec, "w1")
+
+    def partial(seq: int, keys: int) -> Partial:
+        names = [f"k{seq}-{i}" for i in range(keys)]
+        frame = keyed_frame(names, np.full(keys, 100 + seq, np.int64), np.ones(keys))
+        batch = BatchInfo("g", seq, "s", 0, None, None, 0, 0, "w1")
+        return builder.build(frame, batch, clock.now_ms())[0]
+
+    first = Combiner(spec, 0, clock)
+    first.receive_status(GatewayStatus("g", "s", 10, 0, 10, 0, None, 0, 0, 0))
+    assert first.receive(partial(0, 500)).applied == 1  # 500 rows + 500 sketch buckets
+    snapshot = first.snapshot()
+    [(_, before)] = first.receive(partial(1, 500)).over_cap
+    again = Combiner(spec, 0, clock)
+    again.restore(snapshot)
+    assert again.counters.partials_over_cap == 0  # the refusal came after the checkpoint
+    [(_, after)] = again.receive(partial(1, 500)).over_cap
+    assert after.as_record() == before.as_record()
+    assert again.state_cells == first.state_cells == 1_000
+
+
 def test_a_million_keys_past_a_low_cap(tmp_path, caplog) -> None:
     """1M distinct keys in 10 batches through worker and combiner, cap 250,000 cells: the
     batches that would pass it are dead-lettered whole (every row in the record), counted in
