@@ -44,7 +44,7 @@ from shoal.clock import FakeClock
 from shoal.control.assignment import Announcement, Owned
 from shoal.control.messages import Request
 from shoal.control.registry import Registry, refuse_unreadable
-from shoal.errors import ControlError, InputError
+from shoal.errors import ControlError, InputError, StateCapError
 from shoal.processors.combine import Combiner, LateRows
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.result_parts import json_body_size, msgpack_body_size, split_result
@@ -147,6 +147,7 @@ NOTES: Final = {
     "late-window-closed": "rows of one batch for a window already emitted",
     "deadletter-unreadable": "bytes that are no batch at all: no field, no row, no seq to mark",
     "deadletter-truncated": "a record cut to the broker's packet limit (payload_truncated)",
+    "deadletter-state-cap": "a partial a combiner refused at its state cap (max_state_cells)",
     "result-window-null-key": "a pipeline keyed by an attribute: rows without it have key null",
     "result-key-null-key": "the latest result of the null key, on the topic segment _",
     "result-window-correction": "a window re-published with a late row folded in (revision 2)",
@@ -454,6 +455,19 @@ def _deadletters(s: _Scenario) -> None:
         max_bytes=DEADLETTER_HEADROOM // 4,
     )
     s.add("deadletter-truncated", "deadletter", TOPICS.deadletter(TEMPS.name), record)
+    # A combiner at its cap: the partial as the worker published it, refused whole.
+    [partial], _ = _work(s, TEMPS, builder, "gw-01", _batch("gw-01", 10, [("t9", 1, 2.0, None)]))
+    capped = StateCapError(gateway_id="gw-01", seq=10, cells=3_999_999, incoming=2, cap=4_000_000)
+    record = deadletter_message(
+        pipeline=TEMPS.name,
+        topic=TOPICS.partials(TEMPS.name, 0),
+        content_type=None,
+        payload=partial.encode(),
+        error=capped.as_record(),
+        worker=f"shoal-combiner-{TEMPS.name}-0",
+        at_ms=s.clock.now_ms(),
+    )
+    s.add("deadletter-state-cap", "deadletter", TOPICS.deadletter(TEMPS.name), record)
 
 
 def _parts(s: _Scenario) -> None:

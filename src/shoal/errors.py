@@ -17,6 +17,7 @@
     ├── ControlError            the control plane refused a request, or none answered
     ├── SpoolError              the gateway's on-disk spool cannot be read or written
     │   └── NotStoredError      sealed rows the spool refused (``shoal.gateway._sealer``)
+    ├── StateCapError           a partial would grow a combiner's open state past its cap
     ├── SinkError               a sink's destination refused a write for good (needs an operator)
     └── UsageError              code called shoal with a value it cannot use (a bug in the caller)
 
@@ -42,6 +43,7 @@ __all__ = [
     "ShoalError",
     "SinkError",
     "SpoolError",
+    "StateCapError",
     "TopicError",
     "TraceError",
     "UsageError",
@@ -233,6 +235,50 @@ class ResultTooLargeError(PayloadTooLargeError):
             "field": "results",
             "found": f"{self.size} bytes",
             "expected": f"at most {self.limit} bytes",
+            "message": str(self),
+        }
+
+
+class StateCapError(ShoalError):
+    """Applying a partial would grow a combiner's open window state beyond its cap.
+
+    The cap (``[limits] max_state_cells``) counts state cells: merged (window, key) rows and
+    quantile-sketch buckets. The partial is refused whole: dead-lettered (``reason``
+    ``state_cap_exceeded``, its rows in the record), counted (``partials_over_cap``) and its
+    seq treated as handled, so the watermark moves on (docs/guarantees.md "Bounded memory").
+
+    Attributes:
+        gateway_id: the batch's gateway.
+        seq: the batch's seq.
+        cells: state cells held when the partial arrived (merged).
+        incoming: cells the partial could add at most (its rows and sketch buckets).
+        cap: the configured ``max_state_cells``.
+    """
+
+    reason = "state_cap_exceeded"
+
+    def __init__(self, *, gateway_id: str, seq: int, cells: int, incoming: int, cap: int) -> None:
+        self.gateway_id = gateway_id
+        self.seq = seq
+        self.cells = cells
+        self.incoming = incoming
+        self.cap = cap
+        super().__init__(
+            f"partial of batch {gateway_id}/{seq} refused: the combiner holds {cells} state "
+            f"cells and the partial could add {incoming}, beyond max_state_cells = {cap}; it "
+            "was dead-lettered, not applied. Raise [limits] max_state_cells, add partitions, "
+            "or use fewer keys or shorter windows."
+        )
+
+    def as_record(self) -> dict[str, str | int]:
+        """The error as a flat record, for dead-letter messages and logs."""
+        return {
+            "error": type(self).__name__,
+            "reason": self.reason,
+            "code": self.reason,
+            "field": "state",
+            "found": f"{self.cells} + {self.incoming} cells",
+            "expected": f"at most {self.cap} cells",
             "message": str(self),
         }
 

@@ -15,6 +15,7 @@ import orjson
 
 from shoal._cli.bench_adapt import register_adapt
 from shoal._cli.bench_matrix import register_matrix
+from shoal._cli.bench_memory import register_memory
 from shoal._cli.bench_pool import register_pool
 from shoal._cli.bench_sink import register_sink
 from shoal.errors import ConfigError
@@ -60,6 +61,7 @@ def register(sub: Any) -> None:
     register_sink(benches)
     register_adapt(benches)
     register_pool(benches)
+    register_memory(benches)
 
 
 def _register_pipeline(benches: Any) -> None:

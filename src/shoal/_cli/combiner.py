@@ -27,7 +27,10 @@ def register(sub: Any) -> None:
         "Without --pipeline, join the combiner pool: host the partitions of every pipeline "
         "deployed with `shoal pipeline deploy` that this member owns (exactly one live "
         "member owns each; a dead member's partitions are taken over by the others, which "
-        "must share --state-dir).",
+        "must share --state-dir). Open state is capped by the spec's [limits] "
+        "max_state_cells (default 4,000,000 cells; `shoal bench memory` gives the bytes a "
+        "cell costs): a partial that would pass it is refused whole, dead-lettered with "
+        "reason state_cap_exceeded and counted in partials_over_cap.",
     )
     parser.add_argument(
         "--pipeline",

@@ -66,7 +66,7 @@ import numpy.typing as npt
 import polars as pl
 
 from shoal.clock import Clock
-from shoal.errors import SchemaError, UsageError
+from shoal.errors import SchemaError, StateCapError, UsageError
 from shoal.processors.close_log import CloseLog, Decision, LogWrite
 from shoal.processors.count import CountState
 from shoal.processors.partials import EventRows, Partial, PartialRows, spec_fingerprint
@@ -111,6 +111,8 @@ class CombinerCounters:
     """Closes and flushes re-taken from the close log after a restore (``close_log``)."""
     replays_abandoned: int = 0
     """Replays given up because a batch the close log names was not sent again in time."""
+    partials_over_cap: int = 0
+    """Partials refused whole because they could grow the state beyond ``max_state_cells``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,13 +145,15 @@ class Step:
     """What one call to the combiner produced.
 
     ``replayed``: closes re-taken from the close log after a restore (published before
-    ``closed``, in order).
+    ``closed``, in order). ``over_cap``: partials refused because applying them could grow
+    the state beyond ``max_state_cells``, each with its error (the runtime dead-letters them).
     """
 
     applied: int = 0
     late: list[LateRows] = field(default_factory=list)
     closed: ClosedWindows | None = None
     replayed: list[ClosedWindows] = field(default_factory=list)
+    over_cap: list[tuple[Partial, StateCapError]] = field(default_factory=list)
 
 
 class Combiner:
@@ -264,10 +268,49 @@ class Combiner:
         return step
 
     def _apply_into(self, step: Step, partial: Partial, now: int) -> None:
+        refusal = self._over_cap(partial)
+        if refusal is not None:
+            # Refused whole, never applied in part: the runtime dead-letters it with its rows
+            # (docs/guarantees.md "Bounded memory"). Its seq is handled and, unlike a batch a
+            # worker rejected, its event times count as progress: windows keep closing and
+            # freeing state, so a gateway whose batches are all refused cannot freeze them.
+            batch = partial.batch
+            self.counters.partials_over_cap += 1
+            self.tracker.applied(batch.gateway_id, batch.max_ts, now)
+            step.over_cap.append((partial, refusal))
+            return
         late = self._apply(partial, now)
         step.applied += 1
         if late is not None:
             step.late.append(late)
+
+    @property
+    def state_cells(self) -> int:
+        """Cells of open state that ``max_state_cells`` bounds (unmerged pieces included)."""
+        return self.state.rows + self.sessions.open_sessions()
+
+    def _over_cap(self, partial: Partial) -> StateCapError | None:
+        """The error if applying ``partial`` could grow the state beyond ``max_state_cells``.
+
+        The partial's rows and sketch buckets count in full (an upper bound: some may merge
+        into cells already held). Past the cap the state is merged first, so the decision
+        depends only on which batches were applied, never on when merging happened to run.
+        """
+        rows = partial.rows
+        if rows is None or partial.batch.status != "ok":
+            return None
+        cap = self.spec.max_state_cells
+        incoming = len(rows) + (0 if rows.sketch_bucket is None else len(rows.sketch_bucket))
+        if self.state_cells + incoming <= cap:
+            return None
+        self.state.compact()
+        held = self.state_cells
+        if held + incoming <= cap:
+            return None
+        batch = partial.batch
+        return StateCapError(
+            gateway_id=batch.gateway_id, seq=batch.seq, cells=held, incoming=incoming, cap=cap
+        )
 
     def _apply(self, partial: Partial, now: int) -> LateRows | None:
         batch = partial.batch

@@ -41,6 +41,8 @@ UDAF_WINDOW_KINDS: Final = ("tumbling", "hopping", "sliding")
 """Window kinds a user aggregate may run in (their state is per-batch partials)."""
 MAX_COUNT_ROWS: Final = 1_000_000
 """Largest ``n`` of a count window: a combiner keeps up to ``n - 1`` rows per key and window."""
+DEFAULT_MAX_STATE_CELLS: Final = 4_000_000
+"""Default cap on a combiner partition's open state cells (``PipelineSpec.max_state_cells``)."""
 
 
 def default_max_hold_ms(lateness_ms: int, idle_timeout_ms: int) -> int:
@@ -78,6 +80,10 @@ class PipelineSpec:
         sketch_accuracy: relative error bound of quantile estimates.
         checkpoint_interval_ms: how often combiners persist state and confirm.
         limits: decode limits applied by workers.
+        max_state_cells: the most state cells (merged (window, key) rows and quantile-sketch
+            buckets) one combiner partition holds open; a partial that could grow it beyond
+            is refused and dead-lettered (``StateCapError``, docs/guarantees.md
+            "Bounded memory"). Set in ``[limits]``.
         source: the file the spec came from, if any.
         where: row condition (SQL, ``shoal.rules``); rows it rejects are counted, not kept.
         derive: (column, SQL expression) computed on each batch before ``where``.
@@ -105,6 +111,7 @@ class PipelineSpec:
     sketch_accuracy: float = 0.01
     checkpoint_interval_ms: int = 1_000
     limits: DecodeLimits = field(default_factory=DecodeLimits)
+    max_state_cells: int = DEFAULT_MAX_STATE_CELLS
     source: Path | None = None
     where: str | None = None
     derive: tuple[tuple[str, str], ...] = ()
@@ -254,7 +261,11 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
     sketch = _Reader(reader.table("sketch"), f"{where}: [sketch]", "sketch")
     accuracy = sketch.number("relative_accuracy", default=0.01, low=1e-4, high=0.2)
     sketch.finish()
-    limits = _limits(_Reader(reader.table("limits"), f"{where}: [limits]", "limits"))
+    limits_reader = _Reader(reader.table("limits"), f"{where}: [limits]", "limits")
+    max_state_cells = limits_reader.integer(
+        "max_state_cells", default=DEFAULT_MAX_STATE_CELLS, low=1_000, high=2**40
+    )
+    limits = _limits(limits_reader)
     rules = _rules(reader, aggregates, functions)
     rules["alerts"] = tuple(
         _alert(_Reader(a, f"{where}: alerts[{i}]", f"alerts[{i}]"), aggregates, windows)
@@ -281,6 +292,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
             "checkpoint_interval_ms", default=1_000, low=50, high=60_000
         ),
         limits=limits,
+        max_state_cells=max_state_cells,
         source=source,
         functions=functions.specs,
         loaded=functions,

@@ -56,6 +56,7 @@ from shoal.errors import (
     PayloadTooLargeError,
     ResultTooLargeError,
     SchemaError,
+    StateCapError,
 )
 from shoal.processors.combine import Combiner, LateRows, Step
 from shoal.processors.partials import Partial
@@ -179,6 +180,7 @@ class CombinerRuntime:
         self.gaps_reported = 0  # missing seqs named in confirmations (re-send hints)
         self.partials_unreadable = 0  # partials that did not decode (dropped, see _on_message)
         self.results_refused = 0  # result rows or messages no packet can carry (dead-lettered)
+        self._over_cap_since: int | None = None  # partials refused in this over-cap episode
         # JSON rows of the windows the core finalised ahead of their close, by (window, start)
         self._rendered: tuple[pl.DataFrame, dict[tuple[str, int], bytes]] | None = None
         self.apply_latency = LatencyHistogram()
@@ -378,12 +380,45 @@ class CombinerRuntime:
     # -- output ------------------------------------------------------------------------------
 
     def _publish_step(self, session: Session, step: Step, since: float | None = None) -> None:
+        self._refuse_over_cap(session, step)
         for late in step.late:
             self._publish_late(session, late)
         for closed in step.replayed:
             self._emit(session, closed, since)
         if step.closed is not None:
             self._emit(session, step.closed, since)
+
+    def _refuse_over_cap(self, session: Session, step: Step) -> None:
+        """Dead-letter the partials the core refused at the state cap; log once per episode.
+
+        An episode begins with the first refusal and ends when a partial is applied again
+        with none refused; its end is logged with how many it refused.
+        """
+        for partial, error in step.over_cap:
+            if self._over_cap_since is None:
+                self._over_cap_since = self.core.counters.partials_over_cap - 1
+                log.error("combiner %s: %s", self.config.client_id, error)
+            else:
+                log.debug("combiner %s: %s", self.config.client_id, error)
+            self._deadletter(
+                session,
+                self.config.topics.partials(self.config.spec.name, self.config.partition),
+                None,
+                partial.encode(),
+                error.as_record(),
+                reason=StateCapError.reason,
+            )
+        if step.applied and not step.over_cap and self._over_cap_since is not None:
+            refused = self.core.counters.partials_over_cap - self._over_cap_since
+            self._over_cap_since = None
+            log.warning(
+                "combiner %s: applying partials again (%d state cells held, max_state_cells "
+                "%d) after refusing %d at the cap",
+                self.config.client_id,
+                self.core.state_cells,
+                self.config.spec.max_state_cells,
+                refused,
+            )
 
     def _publish_late(self, session: Session, late: LateRows) -> None:
         payload = late_message(
@@ -585,6 +620,8 @@ class CombinerRuntime:
         content_type: str | None,
         payload: bytes,
         error: dict[str, Any],
+        *,
+        reason: str = ResultTooLargeError.reason,
     ) -> None:
         limit = session.max_packet_size
         record = deadletter_message(
@@ -601,7 +638,7 @@ class CombinerRuntime:
             session.publish_started(
                 self.config.topics.deadletter(self.config.spec.name),
                 record,
-                user_properties=[("reason", "result_too_large"), ("code", "result_too_large")],
+                user_properties=[("reason", reason), ("code", reason)],
             )
         )
 
@@ -814,7 +851,8 @@ class CombinerRuntime:
             "max_hold_ms": self.config.spec.hold_bound_ms,
             "pending_batches": sum(len(p.pending) for p in gateways.values()),
             "pending_bytes": self.core.tracker.pending_weight,
-            "state_rows": self.core.state.rows + self.core.sessions.open_sessions(),
+            "state_rows": self.core.state_cells,
+            "max_state_cells": self.config.spec.max_state_cells,
             # closed windows held for corrections (each for at most allowed_lateness_ms)
             "kept_windows": self.core.kept_windows(),
             "replaying": self.core.replaying,

@@ -55,6 +55,18 @@ def test_the_canonical_form_keeps_the_future_policy() -> None:
     assert canonicalize(raw).spec_hash != default.spec_hash
 
 
+def test_the_canonical_form_keeps_the_state_cap() -> None:
+    raw = {"name": "p", "windows": [{"size_ms": 1_000}], "limits": {"max_state_cells": 5_000}}
+    spec = parse_pipeline(raw)
+    assert canonical_mapping(spec)["limits"]["max_state_cells"] == 5_000
+    assert parse_pipeline(canonical_mapping(spec)) == spec
+    default = canonicalize({**raw, "limits": {}})
+    assert (
+        "max_state_cells" not in canonical_mapping(parse_pipeline({**raw, "limits": {}}))["limits"]
+    )
+    assert canonicalize(raw).spec_hash != default.spec_hash
+
+
 def test_the_hash_leaves_the_name_out_and_sees_every_setting() -> None:
     one, two = canonicalize_toml(SPEC), canonicalize_toml(SAME_ELSEWHERE)
     changed = canonicalize_toml(CHANGED)
