@@ -16,6 +16,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
+from shoal.broker._mochi import MochiProcess, mochi_binary, mochi_config, write_mochi_config
 from shoal.broker._mosquitto import MosquittoProcess, mosquitto_binary
 from shoal.broker.access import BrokerUser
 from shoal.broker.probe import free_port
@@ -31,10 +32,32 @@ from shoal.broker.profiles import (
     write_passwords,
 )
 from shoal.broker.settings import BrokerSettings, TlsSettings
-from shoal.errors import BrokerError
+from shoal.errors import BrokerError, ConfigError
 from shoal.schemas.topics import Topics
 
 _START_ATTEMPTS: Final = 3
+BROKERS: Final = ("mosquitto", "mochi")
+BROKER_ENV: Final = "SHOAL_BROKER"
+
+
+def default_broker() -> str:
+    """The broker implementation ``EmbeddedBroker`` runs: ``$SHOAL_BROKER``, else mosquitto.
+
+    Raises:
+        ConfigError: the variable names another.
+    """
+    return check_broker(os.environ.get(BROKER_ENV) or "mosquitto")
+
+
+def check_broker(name: str) -> str:
+    """``name`` if it is a broker shoal can embed (``BROKERS``).
+
+    Raises:
+        ConfigError: it is not.
+    """
+    if name not in BROKERS:
+        raise ConfigError(f"unknown broker {name!r}; shoal embeds {' or '.join(BROKERS)}")
+    return name
 _ANY_ADDRESS: Final = frozenset({"0.0.0.0", "", "::"})  # noqa: S104 - recognised, not bound
 
 
@@ -64,6 +87,8 @@ class EmbeddedBroker:
         startup_timeout_s: how long to wait for the listener.
         overrides: Mosquitto options that replace the profile's (or are added), e.g.
             ``{"max_queued_bytes": "8388608"}`` for a test that needs a small queue.
+        broker: ``mosquitto`` or ``mochi`` (Mochi MQTT, ``shoal.broker._mochi``: the profile is
+            translated); None: ``$SHOAL_BROKER``, else mosquitto. See docs/brokers.md.
 
     Example::
 
@@ -85,7 +110,9 @@ class EmbeddedBroker:
         tls: ServerTls | None = None,
         startup_timeout_s: float = 10.0,
         overrides: Mapping[str, str] | None = None,
+        broker: str | None = None,
     ) -> None:
+        self.broker = default_broker() if broker is None else check_broker(broker)
         self.profile = profile
         self.overrides = dict(overrides or {})
         self.bind = bind
@@ -172,8 +199,13 @@ class EmbeddedBroker:
 
     @property
     def log_path(self) -> Path:
-        """Mosquitto's log file."""
-        return self.data_dir / "mosquitto.log"
+        """The broker's log file."""
+        return self.data_dir / f"{self.broker}.log"
+
+    @property
+    def mochi_config_path(self) -> Path:
+        """The Mochi configuration translated from ``config_path`` (``broker="mochi"``)."""
+        return self.data_dir / "mochi.json"
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -186,28 +218,26 @@ class EmbeddedBroker:
         """
         if self.running:
             return self
-        binary = mosquitto_binary()
+        binary = mochi_binary() if self.broker == "mochi" else mosquitto_binary()
         for attempt in range(_START_ATTEMPTS):
             if self._port is None or (attempt and not self._fixed_port):
                 self._port = free_port(self.settings_host)
             if attempt and not self._fixed_tls_port:
                 self._tls_port = None  # _render picks another one if the profile has TLS
             self._render()
-            process = self._process = MosquittoProcess(
-                binary, self.config_path, self.data_dir / "mosquitto.stderr", self.log_path
-            )
+            process = self._process = self._spawn(binary)
             if process.wait_listening(self.settings_host, self.port, self.startup_timeout_s):
                 return self
             self._process = None
             stderr = process.reap()
             tail = process.log_tail() + stderr
-            if "Address already in use" in tail and not self._fixed_port:
+            if "address already in use" in tail.lower() and not self._fixed_port:
                 continue
             raise BrokerError(
-                f"mosquitto ({self.profile} profile) did not start on {self.bind}:{self._port}; "
+                f"{self.broker} ({self.profile} profile) did not start on {self.bind}:{self._port}; "
                 f"config {self.config_path}; last log lines:\n{tail.strip()}"
             )
-        raise BrokerError(f"mosquitto could not find a free port after {_START_ATTEMPTS} attempts")
+        raise BrokerError(f"{self.broker} could not find a free port after {_START_ATTEMPTS} attempts")
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop mosquitto gracefully (SIGTERM: it saves its state), then SIGKILL if needed."""
@@ -241,6 +271,8 @@ class EmbeddedBroker:
         write_passwords(self.password_path, self.users)
         if self.acl_path.exists():
             write_acl(self.acl_path, self.profile, self.users, self.topics)
+        if self.broker == "mochi":
+            self._write_mochi_config()
         self._process.reload()
 
     def close(self) -> None:
@@ -261,6 +293,22 @@ class EmbeddedBroker:
         self.close()
 
     # -- internals -------------------------------------------------------------------------
+
+    def _spawn(self, binary: str) -> MosquittoProcess:
+        if self.broker == "mochi":
+            self._write_mochi_config()
+            return MochiProcess(
+                binary, self.mochi_config_path, self.data_dir / "mochi.stderr", self.log_path
+            )
+        return MosquittoProcess(
+            binary, self.config_path, self.data_dir / "mosquitto.stderr", self.log_path
+        )
+
+    def _write_mochi_config(self) -> None:
+        config = mochi_config(
+            self.config_path.read_text(), self.users, self.topics, self.data_dir, self.log_path
+        )
+        write_mochi_config(self.mochi_config_path, config)
 
     def _render(self) -> None:
         source, template = profile_template(self.profile)
