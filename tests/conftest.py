@@ -1,7 +1,7 @@
 """Shared fixtures: a real broker per test, a private topic namespace per test.
 
 ``SHOAL_TEST_BROKER=mosquitto|mochi`` (default mosquitto) picks the broker every test starts:
-it becomes ``SHOAL_BROKER`` for this run, which ``EmbeddedBroker`` (the ``broker`` fixture,
+it becomes ``SHOAL_EMBEDDED_BROKER`` for this run, which ``EmbeddedBroker`` (the ``broker`` fixture,
 the tests that build their own, and the shoal processes the tests spawn) reads. A test that
 depends on one broker's documented behaviour says so with
 ``@pytest.mark.broker_quirk("mosquitto", reason=...)``: on another broker it runs as a strict
@@ -28,8 +28,6 @@ TEST_BROKER_ENV = "SHOAL_TEST_BROKER"
 def selected_broker() -> str:
     """The broker this run tests against (``SHOAL_TEST_BROKER``, default mosquitto)."""
     return check_broker(os.environ.get(TEST_BROKER_ENV) or "mosquitto")
-
-
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -250,6 +250,92 @@ func (h *announceHook) OnPacketEncode(cl *mqtt.Client, pk packets.Packet) packet
 	return pk
 }
 
+// publishMosquittoCounters publishes, retained, the $SYS counters shoal reads under the names
+// Mosquitto gives them (shoal.broker.sysmon): Mochi's own tree has no per-client queue drops
+// in $SYS/broker/messages/dropped (it keeps them in Info.InflightDropped) and calls its
+// store "messages/inflight".
+func publishMosquittoCounters(server *mqtt.Server, every time.Duration) {
+	ticker := time.NewTicker(every)
+	defer ticker.Stop()
+	for range ticker.C {
+		info := server.Info.Clone()
+		counters := map[string]int64{
+			"$SYS/broker/publish/messages/dropped": info.MessagesDropped + info.InflightDropped,
+			"$SYS/broker/store/messages/count":     info.Inflight,
+		}
+		for topic, value := range counters {
+			if err := server.Publish(topic, []byte(fmt.Sprint(value)), true, 0); err != nil {
+				return // closed
+			}
+		}
+	}
+}
+
+// flowHook repairs Mochi 2.7.9's flow control towards clients that set a Receive Maximum
+// (shoal's workers do, for back-pressure). When a client's send quota is used up Mochi keeps
+// further QoS 1 messages in its inflight store (Expiry -1); after each acknowledgement it
+// sends the oldest one and then deletes it from the store. Its PUBACK then finds nothing, so
+// the quota is never given back (after Receive-Maximum such sends the client gets nothing
+// more until it reconnects), and should the connection drop first the message is lost to
+// it. This hook remembers those sends: their PUBACK returns the quota (and clears the
+// store), and a disconnect puts the unacknowledged ones back for redelivery.
+type flowHook struct {
+	mqtt.HookBase
+	mu    sync.Mutex
+	sent  map[string]map[uint16]packets.Packet // client id -> packet id -> deferred send
+	store *bolt.Hook                           // nil without persistence
+}
+
+func (h *flowHook) ID() string { return "shoal-flow" }
+
+func (h *flowHook) Provides(b byte) bool {
+	return bytes.Contains([]byte{mqtt.OnPacketSent, mqtt.OnPacketRead, mqtt.OnDisconnect}, []byte{b})
+}
+
+func (h *flowHook) OnPacketSent(cl *mqtt.Client, pk packets.Packet, _ []byte) {
+	if pk.FixedHeader.Type != packets.Publish || pk.FixedHeader.Qos == 0 || pk.Expiry >= 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.sent[cl.ID] == nil {
+		h.sent[cl.ID] = make(map[uint16]packets.Packet)
+	}
+	h.sent[cl.ID][pk.PacketID] = pk
+}
+
+func (h *flowHook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets.Packet, error) {
+	if pk.FixedHeader.Type != packets.Puback {
+		return pk, nil
+	}
+	h.mu.Lock()
+	_, ours := h.sent[cl.ID][pk.PacketID]
+	delete(h.sent[cl.ID], pk.PacketID)
+	h.mu.Unlock()
+	if _, stored := cl.State.Inflight.Get(pk.PacketID); ours && !stored {
+		cl.State.Inflight.IncreaseSendQuota()
+		if h.store != nil {
+			h.store.OnQosComplete(cl, pk)
+		}
+	}
+	return pk, nil
+}
+
+func (h *flowHook) OnDisconnect(cl *mqtt.Client, _ error, expire bool) {
+	h.mu.Lock()
+	pending := h.sent[cl.ID]
+	delete(h.sent, cl.ID)
+	h.mu.Unlock()
+	if expire {
+		return
+	}
+	for id, pk := range pending {
+		if _, stored := cl.State.Inflight.Get(id); !stored {
+			cl.State.Inflight.Set(pk) // resent (DUP) when the session resumes
+		}
+	}
+}
+
 func newLogger(cfg *Config) (*slog.Logger, *os.File, error) {
 	level := slog.LevelWarn
 	if err := level.UnmarshalText([]byte(cfg.LogLevel)); cfg.LogLevel != "" && err != nil {
@@ -326,6 +412,7 @@ func run(configPath string) error {
 		sysInterval = 1
 	}
 	server := mqtt.New(&mqtt.Options{
+		InlineClient:             true, // for the Mosquitto-named $SYS counters below
 		Capabilities:             caps,
 		Logger:                   logger,
 		SysTopicResendInterval:   sysInterval,
@@ -344,16 +431,21 @@ func run(configPath string) error {
 			return err
 		}
 	}
+	flow := &flowHook{sent: make(map[string]map[uint16]packets.Packet)}
 	if cfg.StoreFile != "" {
+		flow.store = new(bolt.Hook)
 		// NoSync: every change is written to the file (the page cache) at once, so a killed
 		// broker loses nothing; only a machine crash can lose the last writes.
-		err := server.AddHook(new(bolt.Hook), &bolt.Options{
+		err := server.AddHook(flow.store, &bolt.Options{
 			Path:    cfg.StoreFile,
 			Options: &bbolt.Options{Timeout: 2 * time.Second, NoSync: true},
 		})
 		if err != nil {
 			return fmt.Errorf("store %s: %w", cfg.StoreFile, err)
 		}
+	}
+	if err := server.AddHook(flow, nil); err != nil {
+		return err
 	}
 	for i, address := range cfg.Listen {
 		l := listeners.NewTCP(listeners.Config{ID: fmt.Sprintf("tcp%d", i), Address: address})
@@ -377,6 +469,7 @@ func run(configPath string) error {
 	if err := server.Serve(); err != nil {
 		return err
 	}
+	go publishMosquittoCounters(server, time.Duration(sysInterval)*time.Second)
 	logger.Warn("shoal-mochi listening", "version", mqtt.Version, "listen", cfg.Listen)
 	for sig := range signals {
 		if sig == syscall.SIGHUP {

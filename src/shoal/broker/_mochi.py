@@ -119,7 +119,7 @@ def mochi_config(
         "users": [],
         "store_file": "",
         "log_file": str(log_path),
-        "log_level": "WARN",
+        "log_level": os.environ.get("SHOAL_MOCHI_LOG_LEVEL", "WARN"),  # DEBUG: every packet
         "sys_interval": 10,
         "maximum_packet_size": 0,
         "maximum_inflight": MAXIMUM_INFLIGHT,

@@ -37,11 +37,11 @@ from shoal.schemas.topics import Topics
 
 _START_ATTEMPTS: Final = 3
 BROKERS: Final = ("mosquitto", "mochi")
-BROKER_ENV: Final = "SHOAL_BROKER"
+BROKER_ENV: Final = "SHOAL_EMBEDDED_BROKER"
 
 
 def default_broker() -> str:
-    """The broker implementation ``EmbeddedBroker`` runs: ``$SHOAL_BROKER``, else mosquitto.
+    """The broker ``EmbeddedBroker`` runs: ``$SHOAL_EMBEDDED_BROKER``, else mosquitto.
 
     Raises:
         ConfigError: the variable names another.
@@ -58,6 +58,8 @@ def check_broker(name: str) -> str:
     if name not in BROKERS:
         raise ConfigError(f"unknown broker {name!r}; shoal embeds {' or '.join(BROKERS)}")
     return name
+
+
 _ANY_ADDRESS: Final = frozenset({"0.0.0.0", "", "::"})  # noqa: S104 - recognised, not bound
 
 
@@ -88,7 +90,7 @@ class EmbeddedBroker:
         overrides: Mosquitto options that replace the profile's (or are added), e.g.
             ``{"max_queued_bytes": "8388608"}`` for a test that needs a small queue.
         broker: ``mosquitto`` or ``mochi`` (Mochi MQTT, ``shoal.broker._mochi``: the profile is
-            translated); None: ``$SHOAL_BROKER``, else mosquitto. See docs/brokers.md.
+            translated); None: ``$SHOAL_EMBEDDED_BROKER``, else mosquitto. See docs/brokers.md.
 
     Example::
 
@@ -234,10 +236,13 @@ class EmbeddedBroker:
             if "address already in use" in tail.lower() and not self._fixed_port:
                 continue
             raise BrokerError(
-                f"{self.broker} ({self.profile} profile) did not start on {self.bind}:{self._port}; "
-                f"config {self.config_path}; last log lines:\n{tail.strip()}"
+                f"{self.broker} ({self.profile} profile) did not start on "
+                f"{self.bind}:{self._port}; config {self.config_path}; "
+                f"last log lines:\n{tail.strip()}"
             )
-        raise BrokerError(f"{self.broker} could not find a free port after {_START_ATTEMPTS} attempts")
+        raise BrokerError(
+            f"{self.broker} could not find a free port after {_START_ATTEMPTS} attempts"
+        )
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop mosquitto gracefully (SIGTERM: it saves its state), then SIGKILL if needed."""
