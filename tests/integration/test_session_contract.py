@@ -150,6 +150,11 @@ def test_a_shared_group_delivers_each_message_to_exactly_one_member(
     asyncio.run(scenario())
 
 
+@pytest.mark.broker_quirk(
+    "mosquitto",
+    reason="shoal-mochi gives sessions no send quota: Mochi 2.7.9's Receive-Maximum flow "
+    "control loses parked messages (docs/brokers.md), so on Mochi back-pressure is TCP's",
+)
 def test_manual_ack_and_receive_maximum_hold_back_deliveries(connect: Open, topics: Topics) -> None:
     topic = topics.under_root("work")
 
