@@ -432,8 +432,13 @@ func run(configPath string) error {
 	if err := server.AddHook(flow, nil); err != nil {
 		return err
 	}
+	will := &willHook{empty: make(map[string]bool)}
+	if err := server.AddHook(will, nil); err != nil {
+		return err
+	}
 	for i, address := range cfg.Listen {
-		l := listeners.NewTCP(listeners.Config{ID: fmt.Sprintf("tcp%d", i), Address: address})
+		tcp := listeners.NewTCP(listeners.Config{ID: fmt.Sprintf("tcp%d", i), Address: address})
+		l := &emptyWillListener{Listener: tcp, hook: will}
 		if err := server.AddListener(l); err != nil {
 			return fmt.Errorf("listener %s: %w", address, err)
 		}
@@ -443,7 +448,8 @@ func run(configPath string) error {
 		if err != nil {
 			return fmt.Errorf("TLS listener %s: %w", tl.Address, err)
 		}
-		l := listeners.NewTCP(listeners.Config{ID: fmt.Sprintf("tls%d", i), Address: tl.Address, TLSConfig: conf})
+		tcp := listeners.NewTCP(listeners.Config{ID: fmt.Sprintf("tls%d", i), Address: tl.Address, TLSConfig: conf})
+		l := &emptyWillListener{Listener: tcp, hook: will}
 		if err := server.AddListener(l); err != nil {
 			return fmt.Errorf("TLS listener %s: %w", tl.Address, err)
 		}
