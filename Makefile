@@ -93,6 +93,7 @@ test-brokers: bootstrap mochi
 # tests, the fault and session tests and a short chaos run. Budget: 4 minutes.
 MOCHI_CI_TESTS := $(shell cat tests/mochi-ci.txt 2>/dev/null)
 test-mochi-ci: bootstrap mochi
+	cd broker/mochi && GOFLAGS=-mod=mod GOTOOLCHAIN=local $(GO) test ./...
 	SHOAL_TEST_BROKER=mochi $(BIN)/pytest $(MOCHI_CI_TESTS) $(PYTEST_ARGS)
 
 # `shoal sink postgres` tests and `shoal bench sink` run a throwaway server from these binaries

@@ -106,7 +106,9 @@ def test_retained_messages_reach_later_subscribers_until_cleared(
 @pytest.mark.broker_quirk(
     "mosquitto",
     reason="Mosquitto deals a shared group round robin; Mochi picks a member at random per "
-    "message (shoal relies only on each message going to one member: next test)",
+    "message, which is round robin by chance often enough that a strict xfail would flicker "
+    "(shoal relies only on each message going to one member: next test)",
+    run=False,
 )
 def test_a_shared_subscription_deals_round_robin_and_no_local_skips_our_own(
     connect: Open, topics: Topics
