@@ -84,7 +84,7 @@ $(MOCHI_BIN): $(MOCHI_SRC)
 
 # Tests that start a broker (the `broker` marker: integration, oracle, fault, session and
 # chaos tests), once per broker. SHOAL_TEST_BROKER picks the broker every fixture starts.
-BROKER_TESTS ?= -m broker
+BROKER_TESTS ?= -m "broker and not slow and not benchmark"
 test-brokers: bootstrap mochi
 	SHOAL_TEST_BROKER=mosquitto $(BIN)/pytest $(BROKER_TESTS) $(PYTEST_ARGS)
 	SHOAL_TEST_BROKER=mochi $(BIN)/pytest $(BROKER_TESTS) $(PYTEST_ARGS)
