@@ -82,9 +82,10 @@ $(MOCHI_BIN): $(MOCHI_SRC)
 	cd broker/mochi && GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0 $(GO) build -trimpath -o $(CURDIR)/$@ .
 	@$@ -version | sed 's/^/built shoal-mochi on Mochi MQTT /'
 
-# Tests that start a broker (the `broker` marker: integration, oracle, fault, session and
-# chaos tests), once per broker. SHOAL_TEST_BROKER picks the broker every fixture starts.
-BROKER_TESTS ?= -m "broker and not slow and not benchmark"
+# The integration tests (every real-broker test: oracle, fault, session, pool, security, CLI
+# and a short chaos run; not `slow` or `benchmark`), once per broker. SHOAL_TEST_BROKER picks
+# the broker every fixture and every EmbeddedBroker the tests start.
+BROKER_TESTS ?= tests/integration
 test-brokers: bootstrap mochi
 	SHOAL_TEST_BROKER=mosquitto $(BIN)/pytest $(BROKER_TESTS) $(PYTEST_ARGS)
 	SHOAL_TEST_BROKER=mochi $(BIN)/pytest $(BROKER_TESTS) $(PYTEST_ARGS)
