@@ -1,6 +1,10 @@
 # shoal: the two commands of the README, and a few more for developers.
 #   make demo [DURATION=20]   bootstrap, then the embedded broker + pipeline + live view
 #   make test                 bootstrap, then ruff, mypy, the import contracts and the whole pytest suite
+#   make test-brokers         the real-broker integration, oracle and fault tests and a short
+#                             chaos run on Mosquitto and on Mochi MQTT (docs/brokers.md)
+#   make test-mochi-ci        the CI subset on Mochi: oracle + fault tests + a short chaos run
+#   make mochi                build the Mochi MQTT broker (needs Go >= 1.21) into var/bin
 # Bootstrap = a virtualenv in .venv with shoal installed (editable), Mosquitto on PATH and a
 # PostgreSQL server installed (the sink tests start their own from its binaries).
 
@@ -13,7 +17,7 @@ PYTEST_ARGS ?=
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DEBIAN_FRONTEND := noninteractive
 
-.PHONY: demo test bootstrap mosquitto postgres chromium view-assets lint test-slow bench clean
+.PHONY: demo test bootstrap mosquitto postgres chromium view-assets lint test-slow bench clean mochi test-brokers test-mochi-ci
 
 demo: bootstrap
 	$(BIN)/shoal up $(if $(DURATION),--duration $(DURATION))
@@ -61,6 +65,37 @@ mosquitto:
 	  else \
 	    echo "mosquitto is missing: run 'sudo apt-get install -y mosquitto mosquitto-clients' (or put mosquitto on PATH) and try again" >&2; exit 1; \
 	  fi; }
+
+# The second broker (issue 19): broker/mochi/main.go on Mochi MQTT, pinned by broker/mochi/go.sum,
+# built once into var/bin/shoal-mochi (rebuilt when its sources change). Modules come from the
+# Go module proxy into Go's module cache; -mod=mod reads go.mod/go.sum as committed.
+GO ?= $(shell command -v go 2>/dev/null || { test -x /usr/local/go/bin/go && echo /usr/local/go/bin/go; })
+MOCHI_BIN := var/bin/shoal-mochi
+MOCHI_SRC := broker/mochi/main.go broker/mochi/go.mod broker/mochi/go.sum
+
+mochi: $(MOCHI_BIN)
+
+$(MOCHI_BIN): $(MOCHI_SRC)
+	@test -n "$(GO)" || { \
+	  echo "Go is missing: the Mochi MQTT broker is built from broker/mochi with Go >= 1.21 (https://go.dev/doc/install, or 'apt-get install golang-go' if new enough); or set GO=/path/to/go" >&2; exit 1; }
+	@mkdir -p $(@D)
+	cd broker/mochi && GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=0 $(GO) build -trimpath -o $(CURDIR)/$@ .
+	@$@ -version | sed 's/^/built shoal-mochi on Mochi MQTT /'
+
+# The integration tests (every real-broker test: oracle, fault, session, pool, security, CLI
+# and a short chaos run; not `slow` or `benchmark`), once per broker. SHOAL_TEST_BROKER picks
+# the broker every fixture and every EmbeddedBroker the tests start.
+BROKER_TESTS ?= tests/integration
+test-brokers: bootstrap mochi
+	SHOAL_TEST_BROKER=mosquitto $(BIN)/pytest $(BROKER_TESTS) $(PYTEST_ARGS)
+	SHOAL_TEST_BROKER=mochi $(BIN)/pytest $(BROKER_TESTS) $(PYTEST_ARGS)
+
+# The part of test-brokers CI runs on Mochi (Mosquitto is covered by `make test`): the oracle
+# tests, the fault and session tests and a short chaos run. Budget: 4 minutes.
+MOCHI_CI_TESTS := $(shell cat tests/mochi-ci.txt 2>/dev/null)
+test-mochi-ci: bootstrap mochi
+	cd broker/mochi && GOFLAGS=-mod=mod GOTOOLCHAIN=local $(GO) test ./...
+	SHOAL_TEST_BROKER=mochi $(BIN)/pytest $(MOCHI_CI_TESTS) $(PYTEST_ARGS)
 
 # `shoal sink postgres` tests and `shoal bench sink` run a throwaway server from these binaries
 # (initdb into a temporary folder); nothing is configured or started system-wide by shoal.

@@ -1,26 +1,74 @@
-"""Shared fixtures: a real Mosquitto per test, a private topic namespace per test."""
+"""Shared fixtures: a real broker per test, a private topic namespace per test.
+
+``SHOAL_TEST_BROKER=mosquitto|mochi`` (default mosquitto) picks the broker every test starts:
+it becomes ``SHOAL_EMBEDDED_BROKER`` for this run, which ``EmbeddedBroker`` (the ``broker`` fixture,
+the tests that build their own, and the shoal processes the tests spawn) reads. A test that
+depends on one broker's documented behaviour says so with
+``@pytest.mark.broker_quirk("mosquitto", reason=...)``: on another broker it runs as a strict
+xfail (it must fail there; if it starts passing, the marker is stale), or with
+``run=False`` it is skipped, reason shown, when running it there makes no sense.
+"""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from shoal.broker.embedded import EmbeddedBroker
+from shoal.broker._mochi import mochi_binary, mochi_version
+from shoal.broker.embedded import BROKER_ENV, EmbeddedBroker, check_broker
+from shoal.errors import ShoalError
 from shoal.schemas.topics import Topics
+
+TEST_BROKER_ENV = "SHOAL_TEST_BROKER"
+
+
+def selected_broker() -> str:
+    """The broker this run tests against (``SHOAL_TEST_BROKER``, default mosquitto)."""
+    return check_broker(os.environ.get(TEST_BROKER_ENV) or "mosquitto")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        broker = selected_broker()
+        if broker == "mochi":
+            mochi_binary()
+    except ShoalError as exc:
+        raise pytest.UsageError(f"{TEST_BROKER_ENV}: {exc}") from exc
+    os.environ[BROKER_ENV] = broker
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    broker = selected_broker()
+    if broker == "mochi":
+        binary = mochi_binary()
+        return f"broker: mochi (Mochi MQTT {mochi_version(binary)}, {binary})"
+    return f"broker: {broker}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Any test that starts a broker is a `broker` test, whether or not it says so.
+    broker = selected_broker()
     for item in items:
+        # Any test that starts a broker is a `broker` test, whether or not it says so.
         if "broker" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.broker)
+        for quirk in item.iter_markers("broker_quirk"):
+            (owner,) = quirk.args
+            check_broker(owner)
+            if owner == broker or item.get_closest_marker("broker") is None:
+                continue  # its broker, or a variant on the in-memory broker
+            reason = f"relies on {owner}'s behaviour, not {broker}'s: {quirk.kwargs['reason']}"
+            if quirk.kwargs.get("run", True):
+                item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+            else:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
-    """A running Mosquitto (dev profile) on a free port; stopped (then killed) after the test."""
+    """A running broker (dev profile) on a free port; stopped (then killed) after the test."""
     data_dir = tmp_path_factory.mktemp("broker")
     embedded = EmbeddedBroker("dev", data_dir=data_dir)
     embedded.start()

@@ -69,6 +69,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(args_list)
     setup_logging(args.verbose)
+    if getattr(args, "embedded_broker", None):
+        # Read by EmbeddedBroker here and in the processes this command starts.
+        os.environ["SHOAL_EMBEDDED_BROKER"] = args.embedded_broker
     try:
         code: int = args.run(args)
     except KeyboardInterrupt:

@@ -88,10 +88,28 @@ def test_edge_profile_refuses_anonymous_and_accepts_users(tmp_path) -> None:
 def test_missing_binary_is_one_actionable_sentence(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(BrokerNotFoundError) as info:
-        EmbeddedBroker(data_dir=tmp_path).start()
+        EmbeddedBroker(data_dir=tmp_path, broker="mosquitto").start()
     message = str(info.value)
     assert "apt-get install -y mosquitto" in message
     assert "\n" not in message
+
+
+def test_missing_mochi_binary_is_one_actionable_sentence(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("SHOAL_MOCHI_BINARY", str(tmp_path / "shoal-mochi"))
+    with pytest.raises(BrokerNotFoundError, match="is not an executable file"):
+        EmbeddedBroker(data_dir=tmp_path, broker="mochi").start()
+    monkeypatch.delenv("SHOAL_MOCHI_BINARY")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr("shoal.broker._mochi.resource_dir", lambda name: tmp_path / name)
+    with pytest.raises(BrokerNotFoundError) as info:
+        EmbeddedBroker(data_dir=tmp_path, broker="mochi").start()
+    assert "make mochi" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_an_unknown_broker_is_a_config_error(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="unknown broker 'emqx'"):
+        EmbeddedBroker(data_dir=tmp_path, broker="emqx")
 
 
 def test_unknown_profile_is_a_config_error(tmp_path) -> None:
@@ -107,4 +125,4 @@ def test_taken_port_is_reported_with_the_log(tmp_path) -> None:
         broker = EmbeddedBroker(data_dir=tmp_path, port=port, startup_timeout_s=3)
         with pytest.raises(BrokerError, match="did not start") as info:
             broker.start()
-    assert "Address already in use" in str(info.value)
+    assert "address already in use" in str(info.value).lower()  # Mosquitto and Mochi alike

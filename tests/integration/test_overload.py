@@ -91,6 +91,12 @@ def _run(
 @pytest.mark.parametrize(
     "queue_mib", [48, 4], ids=["window-smaller-than-the-queue", "queue-smaller-than-the-window"]
 )
+@pytest.mark.broker_quirk(
+    "mosquitto",
+    reason="bounds the worker's queue with Mosquitto's max_queued_bytes; Mochi bounds "
+    "queues by count only (docs/brokers.md, difference 12)",
+    run=False,
+)
 def test_a_burst_into_one_worker_drains_with_every_batch_confirmed(
     tmp_path: Path, queue_mib: int
 ) -> None:

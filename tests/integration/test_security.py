@@ -34,6 +34,12 @@ from shoal.runtime.worker import Worker, WorkerConfig
 from shoal.schemas.topics import Topics
 from tests.support.secure import secure_broker
 
+GRANTS_FORBIDDEN_SUBSCRIBE = (
+    "Mosquitto 2.0.11 grants a forbidden SUBSCRIBE and filters each delivery; shoal-mochi "
+    "refuses it (0x87), which AsyncSession.subscribe reports as a BrokerError "
+    "(docs/brokers.md, difference 6)"
+)
+
 pytestmark = pytest.mark.broker
 
 P, Q = "default", "other"
@@ -243,6 +249,10 @@ def _writer_of(name: str) -> str:
     return next(user for user, names in sorted(WRITES.items()) if name in names)
 
 
+@pytest.mark.broker_quirk(
+    "mosquitto",
+    reason=GRANTS_FORBIDDEN_SUBSCRIBE,
+)
 def test_each_role_reads_exactly_its_topics(secure: EmbeddedBroker) -> None:
     """Everyone subscribes to everything; each receives only what its role may read."""
     published = {name for name in TOPICS if any(name in w for w in WRITES.values())}
@@ -310,6 +320,10 @@ def test_retained_messages_are_filtered_too(secure: EmbeddedBroker) -> None:
     assert got["worker-p"] == []
 
 
+@pytest.mark.broker_quirk(
+    "mosquitto",
+    reason=GRANTS_FORBIDDEN_SUBSCRIBE,
+)
 def test_only_admin_reads_sys(secure: EmbeddedBroker) -> None:
     async def scenario() -> dict[str, int]:
         counts = {"ops": 0, "dash": 0, "gw-1": 0}
@@ -392,6 +406,10 @@ SHARE_SPEC = parse_pipeline(
 )
 
 
+@pytest.mark.broker_quirk(
+    "mosquitto",
+    reason=GRANTS_FORBIDDEN_SUBSCRIBE,
+)
 def test_a_share_member_without_read_access_delays_but_loses_nothing(
     secure: EmbeddedBroker, tmp_path: Path
 ) -> None:

@@ -103,6 +103,13 @@ def test_retained_messages_reach_later_subscribers_until_cleared(
     asyncio.run(scenario())
 
 
+@pytest.mark.broker_quirk(
+    "mosquitto",
+    reason="Mosquitto deals a shared group round robin; Mochi picks a member at random per "
+    "message, which is round robin by chance often enough that a strict xfail would flicker "
+    "(shoal relies only on each message going to one member: next test)",
+    run=False,
+)
 def test_a_shared_subscription_deals_round_robin_and_no_local_skips_our_own(
     connect: Open, topics: Topics
 ) -> None:
@@ -125,6 +132,31 @@ def test_a_shared_subscription_deals_round_robin_and_no_local_skips_our_own(
     asyncio.run(scenario())
 
 
+def test_a_shared_group_delivers_each_message_to_exactly_one_member(
+    connect: Open, topics: Topics
+) -> None:
+    """What shoal relies on from every broker: one copy per group, whatever the strategy."""
+    topic = topics.ingest("s", "gw")
+    shared = topics.shared("p", topic)
+
+    async def scenario() -> None:
+        async with connect("w1") as w1, connect("w2") as w2, connect("pub") as pub:
+            await w1.subscribe([shared])
+            await w2.subscribe([shared])
+            async with _receiving(w1) as q1, _receiving(w2) as q2:
+                for i in range(20):
+                    await pub.publish(topic, bytes([i]))
+                got = await _drain(q1) + await _drain(q2)
+        assert sorted(m.payload[0] for m in got) == list(range(20))
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.broker_quirk(
+    "mosquitto",
+    reason="shoal-mochi gives sessions no send quota: Mochi 2.7.9's Receive-Maximum flow "
+    "control loses parked messages (docs/brokers.md), so on Mochi back-pressure is TCP's",
+)
 def test_manual_ack_and_receive_maximum_hold_back_deliveries(connect: Open, topics: Topics) -> None:
     topic = topics.under_root("work")
 
@@ -182,7 +214,13 @@ def test_subscription_identifiers_route_each_shared_delivery(connect: Open, topi
                 await pool.subscribe([second], qos=1, subscription_id=8)  # replaces 300000
                 await pub.publish(topics.under_root("ingest/s/g9"), b"9")
                 again = await _drain(queue)
-        routed = sorted((m.payload, m.subscription_ids) for m in got)
+        # One copy per (message, group). Mosquitto sends one PUBLISH per subscription; Mochi
+        # 2.7.9 merges the groups a session was chosen in into one PUBLISH naming every
+        # identifier (the pool routes it to each, and acknowledges once all are done).
+        routed = sorted(
+            [(m.payload, (sid,)) for m in got for sid in m.subscription_ids]
+            + [(m.payload, ()) for m in got if not m.subscription_ids]
+        )
         assert routed == [
             (b"0", (7,)),
             (b"0", (300_000,)),
@@ -192,7 +230,7 @@ def test_subscription_identifiers_route_each_shared_delivery(connect: Open, topi
             (b"2", (300_000,)),
             (b"p", ()),
         ]
-        assert sorted((m.payload, m.subscription_ids) for m in again) == [
+        assert sorted((m.payload, (sid,)) for m in again for sid in m.subscription_ids) == [
             (b"9", (7,)),
             (b"9", (8,)),
         ]

@@ -18,6 +18,7 @@ from shoal._cli.bench_matrix import register_matrix
 from shoal._cli.bench_memory import register_memory
 from shoal._cli.bench_pool import register_pool
 from shoal._cli.bench_sink import register_sink
+from shoal._cli.common import add_embedded_broker_option
 from shoal.errors import ConfigError
 from shoal.loadtest.bench_windows import WINDOW_PRESETS, write_variant
 
@@ -72,6 +73,7 @@ def _register_pipeline(benches: Any) -> None:
         "rate and report achieved rate, loss and duplication (count oracle), latencies, and "
         "CPU and peak memory per component. --max steps the rate up to the highest sustained.",
     )
+    add_embedded_broker_option(pipeline)
     pipeline.add_argument(
         "--pipeline", default="default", metavar="NAME|FILE", help="pipeline spec"
     )
@@ -289,6 +291,7 @@ def _register_floor(benches: Any) -> None:
         "message through Mosquitto between two shoal sessions, and a worker's handling of a "
         "batch (warm and after idling). Prints p50/p95/p99/max in ms.",
     )
+    add_embedded_broker_option(floor)
     floor.add_argument(
         "--pipeline", default="baseline-equivalent", metavar="NAME|FILE", help="pipeline spec"
     )
@@ -337,6 +340,7 @@ def _register_chaos(benches: Any) -> None:
         "applied, in results, late, lost, duplicated) and reports peak memory per component. "
         "Exit status 0 only if nothing was lost or duplicated and memory stayed bounded.",
     )
+    add_embedded_broker_option(chaos)
     chaos.add_argument("--duration", type=float, default=120.0, help="seconds (default 120)")
     chaos.add_argument("--min-workers", type=int, default=2, help="scaler minimum (default 2)")
     chaos.add_argument("--max-workers", type=int, default=4, help="scaler maximum (default 4)")

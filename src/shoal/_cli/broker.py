@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from shoal._cli.common import add_embedded_broker_option
 from shoal.broker.access import BrokerUser, Role, users_from_config
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.profiles import ServerTls, broker_profiles
@@ -36,6 +37,7 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--data-dir", type=Path, help="persistence folder (default: a temporary folder)"
     )
+    add_embedded_broker_option(parser)
     access = parser.add_argument_group("users and access (edge and secure profiles)")
     access.add_argument(
         "--users-file",

@@ -92,6 +92,17 @@ def metrics_address(
     return (args.metrics_host or env.get("SHOAL_METRICS_HOST") or "127.0.0.1", port)
 
 
+def add_embedded_broker_option(parser: argparse.ArgumentParser) -> None:
+    """``--embedded-broker mosquitto|mochi``: which broker this command starts."""
+    parser.add_argument(
+        "--embedded-broker",
+        choices=("mosquitto", "mochi"),
+        default=None,
+        help="the broker shoal starts: mosquitto, or mochi (Mochi MQTT, `make mochi`; "
+        "docs/brokers.md) (env SHOAL_EMBEDDED_BROKER; default mosquitto)",
+    )
+
+
 def broker_settings(
     args: argparse.Namespace, env: Mapping[str, str] = os.environ
 ) -> BrokerSettings:

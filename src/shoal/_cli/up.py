@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from shoal._cli.common import add_pipeline_option, load_spec
+from shoal._cli.common import add_embedded_broker_option, add_pipeline_option, load_spec
 
 
 def register(sub: Any) -> None:
@@ -32,6 +32,7 @@ def register(sub: Any) -> None:
     parser.add_argument("--encoding", default="binary", help="batch encoding (default binary)")
     parser.add_argument("--duration", type=float, default=None, help="stop after N seconds")
     parser.add_argument("--profile", default="dev", help="broker profile (default dev)")
+    add_embedded_broker_option(parser)
     parser.add_argument("--run-dir", type=Path, default=None, help="keep logs and state here")
     parser.add_argument(
         "--view-port",

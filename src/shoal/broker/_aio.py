@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Final, Self
 
 import aiomqtt
 import paho.mqtt.client as paho
@@ -21,6 +21,7 @@ from shoal.broker._paho_glue import (
     NO_DELAY,
     connect_properties,
     message_properties,
+    only_packet_id_in_use,
     payload_format,
     publish_error,
     publish_properties,
@@ -32,6 +33,8 @@ from shoal.broker._shared import SessionBase, check_size, check_subscription_id
 from shoal.broker.session import Message, Will
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
+
+_SUBSCRIBE_ATTEMPTS: Final = 3
 
 
 def paho_client_of(client: aiomqtt.Client) -> paho.Client:
@@ -185,12 +188,18 @@ class AsyncSession(SessionBase):
         """
         check_subscription_id(subscription_id)
         options = SubscribeOptions(qos=qos, noLocal=no_local)
-        try:
-            result = await self._client.subscribe(
-                [(f, options) for f in filters], properties=subscribe_properties(subscription_id)
-            )
-        except aiomqtt.MqttError as exc:
-            raise BrokerError(f"subscribe to {list(filters)} failed: {exc}") from exc
+        for attempt in range(_SUBSCRIBE_ATTEMPTS):
+            try:
+                result = await self._client.subscribe(
+                    [(f, options) for f in filters],
+                    properties=subscribe_properties(subscription_id),
+                )
+            except aiomqtt.MqttError as exc:
+                raise BrokerError(f"subscribe to {list(filters)} failed: {exc}") from exc
+            # Mochi 2.7.9 refuses a SUBSCRIBE whose packet id a queued message holds; the
+            # next SUBSCRIBE has another id (``only_packet_id_in_use``).
+            if attempt + 1 == _SUBSCRIBE_ATTEMPTS or not only_packet_id_in_use(list(result)):
+                break
         failed = [
             f
             for f, code in zip(filters, result, strict=False)

@@ -51,12 +51,15 @@ class MosquittoProcess:
         self.log_offset = log_path.stat().st_size
         with stderr_path.open("wb") as stderr_file:
             self._popen = subprocess.Popen(
-                [binary, "-c", str(config_path)],
+                self._argv(binary, config_path),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr_file,
                 start_new_session=True,  # a Ctrl-C in the terminal is ours to forward
             )
+
+    def _argv(self, binary: str, config_path: Path) -> list[str]:
+        return [binary, "-c", str(config_path)]
 
     @property
     def pid(self) -> int:

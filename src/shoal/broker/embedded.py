@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, Self
 
+from shoal.broker._mochi import MochiProcess, mochi_binary, mochi_config, write_mochi_config
 from shoal.broker._mosquitto import MosquittoProcess, mosquitto_binary
 from shoal.broker.access import BrokerUser
 from shoal.broker.probe import free_port
@@ -35,10 +36,34 @@ from shoal.broker.profiles import (
 )
 from shoal.broker.settings import BrokerSettings, TlsSettings
 from shoal.broker.websocket import WebSocketBridge, mosquitto_has_websockets, server_tls
-from shoal.errors import BrokerError
+from shoal.errors import BrokerError, ConfigError
 from shoal.schemas.topics import Topics
 
 _START_ATTEMPTS: Final = 3
+BROKERS: Final = ("mosquitto", "mochi")
+BROKER_ENV: Final = "SHOAL_EMBEDDED_BROKER"
+
+
+def default_broker() -> str:
+    """The broker ``EmbeddedBroker`` runs: ``$SHOAL_EMBEDDED_BROKER``, else mosquitto.
+
+    Raises:
+        ConfigError: the variable names another.
+    """
+    return check_broker(os.environ.get(BROKER_ENV) or "mosquitto")
+
+
+def check_broker(name: str) -> str:
+    """``name`` if it is a broker shoal can embed (``BROKERS``).
+
+    Raises:
+        ConfigError: it is not.
+    """
+    if name not in BROKERS:
+        raise ConfigError(f"unknown broker {name!r}; shoal embeds {' or '.join(BROKERS)}")
+    return name
+
+
 _ANY_ADDRESS: Final = frozenset({"0.0.0.0", "", "::"})  # noqa: S104 - recognised, not bound
 
 
@@ -72,6 +97,8 @@ class EmbeddedBroker:
             ``bind``; secure, TLS on ``tls_bind`` with the TLS listener's certificate, for
             users of the dashboard role only (always shoal's bridge, which checks the role).
         ws_port: its port; None picks a free one.
+        broker: ``mosquitto`` or ``mochi`` (Mochi MQTT, ``shoal.broker._mochi``: the profile is
+            translated); None: ``$SHOAL_EMBEDDED_BROKER``, else mosquitto. See docs/brokers.md.
 
     Example::
 
@@ -95,7 +122,9 @@ class EmbeddedBroker:
         overrides: Mapping[str, str] | None = None,
         websockets: bool = False,
         ws_port: int | None = None,
+        broker: str | None = None,
     ) -> None:
+        self.broker = default_broker() if broker is None else check_broker(broker)
         self.profile = profile
         self.websockets = websockets
         self._ws_port = ws_port
@@ -200,8 +229,13 @@ class EmbeddedBroker:
 
     @property
     def log_path(self) -> Path:
-        """Mosquitto's log file."""
-        return self.data_dir / "mosquitto.log"
+        """The broker's log file."""
+        return self.data_dir / f"{self.broker}.log"
+
+    @property
+    def mochi_config_path(self) -> Path:
+        """The Mochi configuration translated from ``config_path`` (``broker="mochi"``)."""
+        return self.data_dir / "mochi.json"
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -214,16 +248,14 @@ class EmbeddedBroker:
         """
         if self.running:
             return self
-        binary = mosquitto_binary()
+        binary = mochi_binary() if self.broker == "mochi" else mosquitto_binary()
         for attempt in range(_START_ATTEMPTS):
             if self._port is None or (attempt and not self._fixed_port):
                 self._port = free_port(self.settings_host)
             if attempt and not self._fixed_tls_port:
                 self._tls_port = None  # _render picks another one if the profile has TLS
             self._render()
-            process = self._process = MosquittoProcess(
-                binary, self.config_path, self.data_dir / "mosquitto.stderr", self.log_path
-            )
+            process = self._process = self._spawn(binary)
             if process.wait_listening(self.settings_host, self.port, self.startup_timeout_s):
                 try:
                     self._start_bridge()
@@ -234,13 +266,16 @@ class EmbeddedBroker:
             self._process = None
             stderr = process.reap()
             tail = process.log_tail() + stderr
-            if "Address already in use" in tail and not self._fixed_port:
+            if "address already in use" in tail.lower() and not self._fixed_port:
                 continue
             raise BrokerError(
-                f"mosquitto ({self.profile} profile) did not start on {self.bind}:{self._port}; "
-                f"config {self.config_path}; last log lines:\n{tail.strip()}"
+                f"{self.broker} ({self.profile} profile) did not start on "
+                f"{self.bind}:{self._port}; config {self.config_path}; "
+                f"last log lines:\n{tail.strip()}"
             )
-        raise BrokerError(f"mosquitto could not find a free port after {_START_ATTEMPTS} attempts")
+        raise BrokerError(
+            f"{self.broker} could not find a free port after {_START_ATTEMPTS} attempts"
+        )
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop mosquitto gracefully (SIGTERM: it saves its state), then SIGKILL if needed."""
@@ -276,6 +311,8 @@ class EmbeddedBroker:
             self._bridge.allowed_users = self._dashboard_users()
         if self.acl_path.exists():
             write_acl(self.acl_path, self.profile, self.users, self.topics)
+        if self.broker == "mochi":
+            self._write_mochi_config()
         self._process.reload()
 
     def close(self) -> None:
@@ -299,6 +336,22 @@ class EmbeddedBroker:
         self.close()
 
     # -- internals -------------------------------------------------------------------------
+
+    def _spawn(self, binary: str) -> MosquittoProcess:
+        if self.broker == "mochi":
+            self._write_mochi_config()
+            return MochiProcess(
+                binary, self.mochi_config_path, self.data_dir / "mochi.stderr", self.log_path
+            )
+        return MosquittoProcess(
+            binary, self.config_path, self.data_dir / "mosquitto.stderr", self.log_path
+        )
+
+    def _write_mochi_config(self) -> None:
+        config = mochi_config(
+            self.config_path.read_text(), self.users, self.topics, self.data_dir, self.log_path
+        )
+        write_mochi_config(self.mochi_config_path, config)
 
     def _render(self) -> None:
         source, template = profile_template(self.profile)
@@ -328,7 +381,11 @@ class EmbeddedBroker:
             if self._ws_port is None:
                 self._ws_port = free_port(self.settings_host)
             # Mosquitto's own listener only where no role check is needed (no ACL).
-            self._native_ws = not self._secure_ws and mosquitto_has_websockets(mosquitto_binary())
+            self._native_ws = (
+                self.broker == "mosquitto"
+                and not self._secure_ws
+                and mosquitto_has_websockets(mosquitto_binary())
+            )
             if self._native_ws:
                 config += ws_listener(self._ws_port, self.bind)
         self.config_path.write_text(config)

@@ -89,6 +89,8 @@ class Floor:
     hop: Spread
     handle_warm: Spread
     handle_idle: Spread
+    broker: str = "mosquitto"
+    """The broker of the hop (``EmbeddedBroker.broker``)."""
 
     @property
     def one_hop_path_ms(self) -> dict[str, float]:
@@ -129,12 +131,14 @@ def run(
     )
     progress(f"wakeup: {samples} socket writes, one every {period_ms:g} ms")
     wakeup = Spread.of(_wakeups(period_ms, samples, len(payload)))
-    progress(f"hop: {samples} messages of {len(payload):,} bytes through Mosquitto")
     with EmbeddedBroker() as broker:
+        progress(f"hop: {samples} messages of {len(payload):,} bytes through {broker.broker}")
         hop = Spread.of(_hops(broker.settings, period_ms, samples, len(payload)))
     progress(f"handle: {samples} batches of {rows:,} rows, warm and after {period_ms:g} ms idle")
     warm, idle = _handles(spec, payload, period_ms, samples)
-    return Floor(period_ms, rows, len(payload), wakeup, hop, Spread.of(warm), Spread.of(idle))
+    return Floor(
+        period_ms, rows, len(payload), wakeup, hop, Spread.of(warm), Spread.of(idle), broker.broker
+    )
 
 
 # -- wakeup and hop: a receiving child process -------------------------------------------
@@ -251,7 +255,7 @@ def format_report(floor: Floor) -> str:
     ]
     rows = [
         ("wakeup (socketpair, 2 processes)", floor.wakeup),
-        ("hop (session -> Mosquitto -> session)", floor.hop),
+        (f"hop (session -> {floor.broker} -> session)", floor.hop),
         ("handle, warm (back to back)", floor.handle_warm),
         ("handle, idle (after the period)", floor.handle_idle),
     ]
