@@ -105,6 +105,7 @@ def main() -> int:
                 "simulator_meas_per_s": record["simulator_meas_per_s"],
                 "lost": record["lost_measurements"],
                 "duplicated": record["duplicated_measurements"],
+                "deadletters": record["deadletters"],
                 "worker_cpu_s_per_million": worker_cpu_per_million(record),
                 "window_components": record["window_components"],
                 "duration_s": record["duration_s"],

@@ -222,6 +222,7 @@ async def _measure(
         "lost_measurements": accounting.lost,
         "duplicated_measurements": accounting.duplicated,
         "late_measurements": accounting.late,
+        "deadletters": accounting.deadletters,
         "unconfirmed_batches": accounting.unconfirmed_batches,
         "unconfirmed_measurements": accounting.unconfirmed_rows,
         "drain_s": accounting.drain_s,
