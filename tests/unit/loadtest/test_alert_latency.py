@@ -2,42 +2,10 @@
 
 from __future__ import annotations
 
-import orjson
-
 from shoal.loadtest.alert_latency import alert_after_result
 from shoal.loadtest.bench_pipeline import alert_lines
-
-
-def _result(start: int, emitted_at: int, partition: int = 0, part: int | None = None) -> bytes:
-    body = {
-        "shoal": 1,
-        "pipeline": "p",
-        "window": "tumbling-1s",
-        "start": start,
-        "end": start + 1000,
-        "partition": partition,
-        "partitions": 2,
-        "emitted_at": emitted_at,
-        "results": [],
-    }
-    if part is not None:
-        body["part"], body["parts"] = part, 2
-    return orjson.dumps(body)
-
-
-def _alert(start: int, at: int, state: str = "firing", partition: int = 0) -> bytes:
-    return orjson.dumps(
-        {
-            "alert": "spike",
-            "key": "s1",
-            "state": state,
-            "window": "tumbling-1s",
-            "start": start,
-            "end": start + 1000,
-            "partition": partition,
-            "at": at,
-        }
-    )
+from tests.support.alert_messages import alert_message as _alert
+from tests.support.alert_messages import result_message as _result
 
 
 def test_each_transition_is_timed_from_its_own_partitions_first_result() -> None:
