@@ -71,7 +71,9 @@ def _register_pipeline(benches: Any) -> None:
         help="simulator -> broker -> workers -> combiners on this machine",
         description="Run the whole pipeline as processes on this machine at a fixed offered "
         "rate and report achieved rate, loss and duplication (count oracle), latencies, and "
-        "CPU and peak memory per component. --max steps the rate up to the highest sustained.",
+        "CPU and peak memory per component; with alerts in the spec, also how long after each "
+        "window's result its alert transitions come (alert_after_result_ms). --max steps the "
+        "rate up to the highest sustained.",
     )
     add_embedded_broker_option(pipeline)
     pipeline.add_argument(

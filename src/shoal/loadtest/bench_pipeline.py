@@ -14,6 +14,7 @@ was offered, lag stayed under two seconds of data, and nothing was lost or dupli
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import platform
 import time
@@ -26,7 +27,9 @@ import orjson
 import polars as pl
 import psutil
 
-from shoal.broker.session import Session
+from shoal.broker import AsyncSession
+from shoal.broker.session import Session, unique_client_id
+from shoal.loadtest.alert_latency import AlertProbe, alert_after_result, stop
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime.local import SIMULATOR_CONFIRM_WAIT_S, LocalPipeline, LocalPipelineConfig
 from shoal.scaler.monitor import Snapshot
@@ -106,7 +109,14 @@ async def _measure(
 ) -> dict[str, Any]:
     offered = offered_rate(config)
     summary_path = local.run_dir / "simulator.json"
-    async with local.watching() as session:
+    probe = AlertProbe(config.spec.name, local.topics) if config.spec.alerts else None
+    async with contextlib.AsyncExitStack() as stack:
+        session = await stack.enter_async_context(local.watching())
+        if probe is not None:
+            probe_session = await stack.enter_async_context(
+                AsyncSession(local.credentials("admin"), unique_client_id("shoal-bench-alerts"))
+            )
+            stack.push_async_callback(stop, asyncio.create_task(probe.run(probe_session)))
         await asyncio.sleep(1.5)
         local.start_simulator(
             [
@@ -159,6 +169,7 @@ async def _measure(
             if dead:
                 raise RuntimeError(f"components exited: {dead}; logs in {local.logs}")
         elapsed = time.monotonic() - start
+        measured = (start, start + elapsed)
         last = _applied_mark(local)
         window_cpu = _window_cpu(cpu_first, local.sampler.cpu_seconds(), elapsed)
         handle = _worst(local.monitor.snapshot().worker_metrics, "handle_ms")
@@ -171,6 +182,14 @@ async def _measure(
         )
         combiners = local.monitor.snapshot().combiners
     simulator = _read_json(summary_path)
+    alert_latency = (
+        None
+        if probe is None
+        else {
+            **alert_after_result(probe.results, probe.alerts, since=measured[0], until=measured[1]),
+            "retained_ignored": probe.retained_alerts,
+        }
+    )
     apply_latency = _worst(combiners, "apply_latency_ms")
     result_latency = _worst(combiners, "result_latency_ms")
     sustained = (
@@ -203,6 +222,7 @@ async def _measure(
         "lost_measurements": accounting.lost,
         "duplicated_measurements": accounting.duplicated,
         "late_measurements": accounting.late,
+        "deadletters": accounting.deadletters,
         "unconfirmed_batches": accounting.unconfirmed_batches,
         "unconfirmed_measurements": accounting.unconfirmed_rows,
         "drain_s": accounting.drain_s,
@@ -216,6 +236,7 @@ async def _measure(
             if result_latency is None
             else {k: result_latency[k] for k in ("p50", "p99", "max", "n")}
         ),
+        "alert_after_result_ms": alert_latency,
         "worker_handle_ms": handle,
         "components": local.sampler.report(),
         "window_components": window_cpu,
@@ -425,12 +446,34 @@ def format_record(record: dict[str, Any]) -> str:
             f"  window close -> result     p50 {result['p50']:.1f} ms  p99 {result['p99']:.1f} ms"
             f"  (n={result['n']})"
         )
+    lines.extend(alert_lines(record.get("alert_after_result_ms")))
     lines.append("  component          CPU %   peak RSS MB")
     lines.extend(
         f"  {c['name']:<16} {c['cpu_percent']:>7.1f}   {c['rss_mb']:>10.1f}"
         for c in record["components"]
     )
     return "\n".join(lines)
+
+
+def alert_lines(alerts: dict[str, Any] | None) -> list[str]:
+    """The alert latency lines of a record (none for a pipeline without alerts)."""
+    if alerts is None:
+        return []
+    lines = []
+    for name, label in (("received", "at the subscriber"), ("emitted", "combiner clock")):
+        figure = alerts.get(name)
+        if figure:
+            lines.append(
+                f"  result -> alert ({label:<17}) p50 {figure['p50']:.1f} ms  "
+                f"p99 {figure['p99']:.1f} ms  max {figure['max']:.1f} ms  (n={figure['count']})"
+            )
+    states = alerts.get("transitions", {})
+    lines.append(
+        f"  alert transitions: {states.get('firing', 0):,} firing, "
+        f"{states.get('resolved', 0):,} resolved; {alerts.get('outside_window', 0):,} outside "
+        f"the measured window, {alerts.get('unmatched', 0):,} without their result"
+    )
+    return lines
 
 
 def settle_text(record: dict[str, Any]) -> str:

@@ -1,0 +1,128 @@
+"""``shoal bench pipeline`` with alerts: how long after its window's result an alert comes.
+
+A probe subscribes to the pipeline's window results (``results/<pipeline>``, CONTRACT §14)
+and its alerts (``shoal/alerts/<pipeline>/#``, §24.1) and keeps each message with the time
+it came out of the session (one clock, one subscriber). It only stores while the run goes
+on; the messages are parsed afterwards (``alert_after_result``), so a large window message
+being parsed never delays the receive time of the alert behind it.
+
+Each alert transition names its window (``window``, ``start``) and combiner ``partition``;
+its result is that partition's window message (the first part received, for a split
+window). Two figures per transition:
+
+- ``received``: alert received minus result received, at the probe (what a dashboard
+  subscribed to both sees);
+- ``emitted``: the alert's ``at`` minus the result's ``emitted_at``, both the combiner's
+  clock: from the start of emitting the window (before the result message is rendered)
+  to the alert being handed to the connection, so it is an upper bound of "after the
+  result" on the combiner's side.
+
+Retained alerts (from before the probe subscribed) and transitions whose result was not
+received are counted, not timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from shoal.broker.session import Session
+from shoal.schemas.topics import Topics
+
+Received = tuple[float, bytes]
+"""(monotonic seconds when received, payload)."""
+
+
+@dataclass
+class AlertProbe:
+    """Stores the window results and alert transitions of one pipeline as they arrive."""
+
+    pipeline: str
+    topics: Topics
+    results: list[Received] = field(default_factory=list)
+    alerts: list[Received] = field(default_factory=list)
+    retained_alerts: int = 0
+
+    def filters(self) -> list[str]:
+        """What to subscribe to."""
+        return [self.topics.results(self.pipeline), self.topics.alerts(self.pipeline)]
+
+    async def run(self, session: Session) -> None:
+        """Subscribe and store until cancelled."""
+        results_topic = self.topics.results(self.pipeline)
+        await session.subscribe(self.filters(), qos=1)
+        async for message in session.messages():
+            now = time.monotonic()
+            if message.topic == results_topic:
+                self.results.append((now, message.payload))
+            elif message.retain:
+                self.retained_alerts += 1
+            else:
+                self.alerts.append((now, message.payload))
+
+
+def _summary(values_ms: list[float]) -> dict[str, Any] | None:
+    if not values_ms:
+        return None
+    ordered = sorted(values_ms)
+
+    def q(p: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))], 2)
+
+    return {"p50": q(0.50), "p99": q(0.99), "max": round(ordered[-1], 2), "count": len(ordered)}
+
+
+def alert_after_result(
+    results: Iterable[Received],
+    alerts: Iterable[Received],
+    *,
+    since: float | None = None,
+    until: float | None = None,
+) -> dict[str, Any]:
+    """Per alert transition, the time after its window's result; p50, p99, max, count.
+
+    ``since``/``until`` (monotonic s): time only the transitions whose result was received
+    in that span (the measured window of a run); the others are counted in ``outside``.
+    """
+    first: dict[tuple[str, int, int], tuple[float, int]] = {}
+    for received, payload in results:
+        head = orjson.loads(payload)
+        ident = (str(head["window"]), int(head["start"]), int(head.get("partition", 0)))
+        if ident not in first or received < first[ident][0]:
+            first[ident] = (received, int(head["emitted_at"]))
+    by_receipt: list[float] = []
+    by_clock: list[float] = []
+    states = {"firing": 0, "resolved": 0}
+    unmatched = outside = 0
+    for received, payload in alerts:
+        alert = orjson.loads(payload)
+        states[str(alert["state"])] = states.get(str(alert["state"]), 0) + 1
+        ident = (str(alert["window"]), int(alert["start"]), int(alert.get("partition", 0)))
+        result = first.get(ident)
+        if result is None:
+            unmatched += 1
+            continue
+        if (since is not None and result[0] < since) or (until is not None and result[0] > until):
+            outside += 1
+            continue
+        by_receipt.append((received - result[0]) * 1000.0)
+        by_clock.append(float(int(alert["at"]) - result[1]))
+    return {
+        "received": _summary(by_receipt),
+        "emitted": _summary(by_clock),
+        "transitions": states,
+        "unmatched": unmatched,
+        "outside_window": outside,
+        "windows_received": len(first),
+    }
+
+
+async def stop(task: asyncio.Task[None]) -> None:
+    """Cancel the probe's task and wait for it."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
