@@ -23,7 +23,7 @@ from shoal.processors.results import DEADLETTER_HEADROOM, deadletter_message
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas import Batch, decode_batch, peek_envelope
-from shoal.schemas.topics import Topics
+from shoal.schemas.topics import Topics, topic_matches
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,11 @@ class BatchHandler:
         self.builder = PartialBuilder(spec, worker_id)
         self.filters = tuple(topics.shared(spec.name, topics.under_root(f)) for f in spec.inputs)
         """The pipeline's shared subscriptions: ``$share/<pipeline>/<input>``."""
+        self._inputs = tuple(topics.under_root(f) for f in spec.inputs)
+
+    def reads(self, topic: str) -> bool:
+        """Whether ``topic`` is one of this spec's inputs."""
+        return any(topic_matches(f, topic) for f in self._inputs)
 
     def handle(self, session: Session, message: Message) -> list[asyncio.Future[None]]:
         """Decode, compute, start publishing; returns the PUBACK futures to wait for."""

@@ -42,12 +42,14 @@ from shoal.broker import default_session_factory
 from shoal.broker.session import Message, Session, SessionFactory
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
+from shoal.control.canonical import canonical_mapping, canonicalize
 from shoal.errors import (
     BrokerError,
     ConfigError,
     PayloadTooLargeError,
     ResultTooLargeError,
     SchemaError,
+    UsageError,
 )
 from shoal.processors.combine import Combiner, LateRows, Step
 from shoal.processors.partials import Partial
@@ -74,6 +76,7 @@ from shoal.processors.results import (
 )
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows
+from shoal.processors.versions import Chain, Stage
 from shoal.rules import alert_payload
 from shoal.runtime._fence import CheckpointLock
 from shoal.runtime._tasks import supervised
@@ -110,6 +113,10 @@ class CombinerConfig:
         hosted: run one ownership term for a combiner pool (see the module docstring);
             needs ``state_dir``.
         owner: the pool member hosting it (its heartbeat says so; None: pinned).
+        version: the spec version (a pipeline deployed at run time; results name it).
+        version_at_ms: when that version was made (the control plane's clock): an update
+            switches at the first window boundary after it, or after what the partition
+            has already applied (``shoal.processors.versions``).
     """
 
     spec: PipelineSpec
@@ -123,6 +130,8 @@ class CombinerConfig:
     per_key_results: bool = True
     hosted: bool = False
     owner: str | None = None
+    version: int | None = None
+    version_at_ms: int = 0
 
     @property
     def client_id(self) -> str:
@@ -160,7 +169,7 @@ class CombinerRuntime:
         self.config = config
         self.clock = clock or SystemClock()
         self._connect = session_factory or default_session_factory()
-        self.core = Combiner(config.spec, config.partition, self.clock)
+        self.chain = self._new_chain()
         self._stop = asyncio.Event()
         self._unacked: list[asyncio.Future[None]] = []
         self._key_tasks: set[asyncio.Task[None]] = set()
@@ -176,7 +185,7 @@ class CombinerRuntime:
         self.checkpoints = 0
         self.last_checkpoint_ms: float | None = None
         self.started_at = self.clock.monotonic()
-        self._inputs = [config.topics.under_root(f) for f in config.spec.inputs]
+        self._inputs = self._stage_inputs()
         self._writing: asyncio.Future[None] | None = None
         self.serving = False
         """Hosted: the session is ours, the checkpoint restored and the partials subscribed."""
@@ -184,6 +193,46 @@ class CombinerRuntime:
         """Hosted: the term ended with the connection (taken over, or the broker went away)."""
         if config.state_dir is not None and not config.hosted:
             self._restore(config.state_dir / CHECKPOINT_FILE)
+
+    @property
+    def core(self) -> Combiner:
+        """The current version's core (older versions finishing their windows: ``chain``)."""
+        return self.chain.current.core
+
+    def _new_chain(self) -> Chain:
+        config = self.config
+        doc = canonical_mapping(config.spec) if config.hosted else None
+        core = Combiner(config.spec, config.partition, self.clock)
+        return Chain(Stage(config.version, core, spec_doc=doc))
+
+    def update(self, version: int, spec: PipelineSpec, at_ms: int) -> None:
+        """Open a new spec version: it takes the windows from the next boundary on.
+
+        The windows before the cut finish under the versions open now (``Chain.update``).
+        """
+        if spec.partitions != self.config.spec.partitions:
+            raise UsageError("a new partition count cannot switch in place")
+        stage = self.chain.update(
+            version,
+            spec,
+            self.clock,
+            not_before_ms=at_ms,
+            spec_doc=canonical_mapping(spec) if self.config.hosted else None,
+        )
+        self.config = replace(self.config, spec=spec, version=version, version_at_ms=at_ms)
+        self._inputs = self._stage_inputs()
+        self._rendered = None
+        log.info(
+            "combiner %s: v%d from window start %d on; earlier windows finish under v%s",
+            self.config.client_id,
+            version,
+            stage.from_ms,
+            ", v".join(str(v) for v in self.chain.versions[:-1]),
+        )
+
+    def _stage_inputs(self) -> list[str]:
+        topics = self.config.topics
+        return sorted({topics.under_root(f) for s in self.chain.stages for f in s.core.spec.inputs})
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -306,7 +355,7 @@ class CombinerRuntime:
             self.partials_unreadable += 1
             log.warning("combiner %s: unreadable partial dropped: %s", self.config.client_id, exc)
             return
-        step = self.core.receive(partial)
+        steps = self.chain.receive(partial)
         now = self.clock.now_ms()
         if log.isEnabledFor(logging.DEBUG):
             b = partial.batch
@@ -318,11 +367,13 @@ class CombinerRuntime:
                 received_ms - partial.produced_at_ms,
                 now - received_ms,
             )
-        if step.applied and partial.batch.sent_at_ms:
+        if any(step.applied for _, step in steps) and partial.batch.sent_at_ms:
             self.apply_latency.add(now - partial.batch.sent_at_ms)
-        self._publish_step(session, step)
+        for stage, step in steps:
+            self._publish_step(session, stage, step)
         closing_since = self.clock.monotonic()
-        self._emit(session, self.core.close_ready(now), closing_since)
+        for stage, closed in self.chain.close_ready(now):
+            self._emit(session, stage, closed, closing_since)
 
     def _on_status(self, session: Session, message: Message) -> None:
         if not message.payload:
@@ -335,7 +386,8 @@ class CombinerRuntime:
         ingest = self.config.topics.ingest(status.stream, status.gateway_id)
         if not any(topic_matches(f, ingest) for f in self._inputs):
             return  # a gateway of a stream this pipeline does not read
-        self._publish_step(session, self.core.receive_status(status))
+        for stage, step in self.chain.receive_status(status):
+            self._publish_step(session, stage, step)
 
     def _on_control(self, session: Session, message: Message) -> None:
         try:
@@ -344,7 +396,8 @@ class CombinerRuntime:
             command = None
         if command == "flush":
             log.info("combiner %s: flushing every open window", self.config.client_id)
-            self._emit(session, self.core.flush())
+            for stage, closed in self.chain.flush():
+                self._emit(session, stage, closed)
         elif command == "reset_stats":
             # Benchmarks measure steady state: forget the warm-up's latencies.
             self.apply_latency = LatencyHistogram()
@@ -358,11 +411,11 @@ class CombinerRuntime:
 
     # -- output ------------------------------------------------------------------------------
 
-    def _publish_step(self, session: Session, step: Step) -> None:
+    def _publish_step(self, session: Session, stage: Stage, step: Step) -> None:
         for late in step.late:
             self._publish_late(session, late)
         if step.closed is not None:
-            self._emit(session, step.closed)
+            self._emit(session, stage, step.closed)
 
     def _publish_late(self, session: Session, late: LateRows) -> None:
         payload = late_message(
@@ -377,13 +430,17 @@ class CombinerRuntime:
         )
 
     def _emit(
-        self, session: Session, closed: ClosedWindows | None, since: float | None = None
+        self,
+        session: Session,
+        stage: Stage,
+        closed: ClosedWindows | None,
+        since: float | None = None,
     ) -> None:
-        """Publish closed windows; ``since`` (clock monotonic s) is when closing them began."""
+        """Publish one version's closed windows; ``since``: when closing began (monotonic s)."""
         if closed is None or closed.empty:
-            self._publish_alerts(session)
+            self._publish_alerts(session, stage)
             return
-        spec = self.config.spec
+        spec = stage.core.spec
         topics = self.config.topics
         started = self.clock.now_ms()
         since = self.clock.monotonic() if since is None else since
@@ -394,7 +451,12 @@ class CombinerRuntime:
             (self.clock.monotonic() - since) * 1000.0,
         )
         ctx = Emission(
-            spec.name, self.config.partition, spec.partitions, self.core.closed_through, started
+            spec.name,
+            self.config.partition,
+            spec.partitions,
+            stage.core.closed_through,
+            started,
+            stage.version,
         )
         rendered = {}
         if self._rendered is not None and self._rendered[0] is closed.frame:
@@ -443,18 +505,18 @@ class CombinerRuntime:
                         self._publish_keys(session, result, started, window_futures)
                     )
                 )
-        self._publish_alerts(session)
+        self._publish_alerts(session, stage)
 
-    def _publish_alerts(self, session: Session) -> None:
+    def _publish_alerts(self, session: Session, stage: Stage) -> None:
         """Publish the alert transitions of the windows just closed (retained, QoS 1).
 
         Started in the same synchronous step as the window results, so the checkpoint that
         forgets those windows waits for their PUBACKs too (see the module docstring).
         """
-        transitions = self.core.take_transitions()
+        transitions = stage.core.take_transitions()
         if not transitions:
             return
-        spec = self.config.spec
+        spec = stage.core.spec
         by_name = {a.name: a for a in spec.alerts}
         now = self.clock.now_ms()
         for transition in transitions:
@@ -463,7 +525,7 @@ class CombinerRuntime:
                 by_name[transition.alert],
                 pipeline=spec.name,
                 partition=self.config.partition,
-                spec=self.core.fingerprint,
+                spec=stage.core.fingerprint,
                 at_ms=now,
             )
             self._unacked.append(
@@ -634,15 +696,24 @@ class CombinerRuntime:
         while True:
             await asyncio.sleep(self.config.tick_ms / 1000)
             since = self.clock.monotonic()
-            step = self.core.tick()
-            for late in step.late:
-                self._publish_late(session, late)
-            self._emit(session, step.closed, since)
+            for stage, step in self.chain.tick():
+                for late in step.late:
+                    self._publish_late(session, late)
+                self._emit(session, stage, step.closed, since)
+            for stage, closed in self.chain.retire():
+                self._emit(session, stage, closed, since)
+                log.info(
+                    "combiner %s: v%s closed its last window (before %s)",
+                    self.config.client_id,
+                    stage.version,
+                    stage.until_ms,
+                )
             self._unacked = [f for f in self._unacked if not f.done() or f.exception() is not None]
             # Merge pending state between messages (incrementally, so it is cheap), so that
             # closing a window finds almost nothing left to merge.
-            if self.core.state.pending_rows:
-                self.core.state.compact()
+            for stage in self.chain.stages:
+                if stage.core.state.pending_rows:
+                    stage.core.state.compact()
             self._render_ahead()
 
     def _render_ahead(self) -> None:
@@ -666,8 +737,11 @@ class CombinerRuntime:
 
     async def _checkpoint(self, session: Session) -> None:
         """Snapshot, wait for the outputs it relies on, persist, then confirm."""
-        snapshot = self.core.snapshot() if self.config.state_dir is not None else None
-        confirmable = self.core.confirmable()
+        snapshot = None
+        if self.config.state_dir is not None:
+            # Hosted: the chain, with each version's spec (it can outlive its document).
+            snapshot = self.chain.snapshot() if self.config.hosted else self.core.snapshot()
+        confirmable = self.chain.confirmable()
         missing = self._lasting_gaps()
         # The outputs stay listed until acknowledged: a checkpoint cancelled while waiting
         # (the periodic one, when the runtime stops) leaves them to the next, which must not
@@ -695,7 +769,7 @@ class CombinerRuntime:
         (a broker queue overflowed, a worker died with the batch), and naming it lets the
         gateway re-send at once instead of after its stall timer.
         """
-        now = self.core.gaps(MAX_MISSING)
+        now = self.chain.gaps(MAX_MISSING)
         before, self._gaps = self._gaps, {g: set(seqs) for g, seqs in now.items()}
         lasting = {}
         for gateway_id, seqs in now.items():
@@ -753,6 +827,9 @@ class CombinerRuntime:
             "pipeline": self.config.spec.name,
             "partition": self.config.partition,
             "owner": self.config.owner,
+            "version": self.config.version,
+            # every version still open: the windows it owns (older ones finishing theirs)
+            "versions": [s.describe() for s in self.chain.stages],
             "at": self.clock.now_ms(),
             "uptime_s": round(self.clock.monotonic() - self.started_at, 3),
             "watermark": self.core.watermark(),
@@ -783,9 +860,40 @@ class CombinerRuntime:
     def _restore(self, path: Path) -> None:
         if not path.exists():
             return
-        self.core.restore(path.read_bytes())
+        data = path.read_bytes()
+        chain = Chain.restore(data, self.config.partition, self.clock, _parse_canonical)
+        if chain is None:
+            self.core.restore(data)
+        else:
+            self.chain = chain
+            self._catch_up()
+        self._inputs = self._stage_inputs()
         self._confirmed = {}
         log.info("combiner %s: restored from %s", self.config.client_id, path)
+
+    def _catch_up(self) -> None:
+        """A restored chain older than the deployed version switches to it (``update``).
+
+        One whose partition count differs cannot: it is refused like a checkpoint of another
+        spec (``checkpoint_mismatch``), and the partition starts afresh.
+        """
+        current, config = self.chain.current, self.config
+        if config.version is None or current.version is None or current.version >= config.version:
+            return
+        if current.core.spec.partitions != config.spec.partitions:
+            raise SchemaError(
+                "checkpoint was written for another partition count",
+                reason="checkpoint_mismatch",
+                expected=str(config.spec.partitions),
+                found=str(current.core.spec.partitions),
+            )
+        self.chain.update(
+            config.version,
+            config.spec,
+            self.clock,
+            not_before_ms=config.version_at_ms,
+            spec_doc=canonical_mapping(config.spec),
+        )
 
     def _reload(self) -> None:
         if self.config.state_dir is None:
@@ -795,9 +903,13 @@ class CombinerRuntime:
                 self.config.client_id,
             )
             return
-        self.core = Combiner(self.config.spec, self.config.partition, self.clock)
+        self.chain = self._new_chain()
         self._rendered = None
         self._restore(self.config.state_dir / CHECKPOINT_FILE)
+
+
+def _parse_canonical(mapping: dict[str, Any]) -> PipelineSpec:
+    return canonicalize(mapping).spec
 
 
 def _without_keys(frame: pl.DataFrame, keys: set[str | None]) -> pl.DataFrame:
