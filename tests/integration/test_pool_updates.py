@@ -27,12 +27,12 @@ from shoal.control.client import ControlClient
 from shoal.control.messages import Request
 from shoal.processors.partials import KeyRouter
 from shoal.processors.spec import PipelineSpec, parse_pipeline
-from shoal.runtime.hosting import CombinerHost, HostConfig
-from shoal.runtime.worker import Worker, WorkerConfig
+from shoal.runtime.hosting import CombinerHost
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
 from tests.support.compare import assert_matches_oracle, dedupe_identical, scale_of
-from tests.support.control import pool_running, running_plane
+from tests.support.control import pool_members, pool_running, running_plane
+from tests.support.control import unconfirmed as confirmed_by
 from tests.support.datasets import GeneratedBatch, all_rows, make_batches
 from tests.support.live import Collected, collector, publish_batches, resending, until
 from tests.support.oracle import expected_results
@@ -58,11 +58,7 @@ def _terms(host: CombinerHost) -> dict[int, object]:
 
 def unconfirmed(batches: list[GeneratedBatch], host: CombinerHost) -> list[int] | None:
     """Indexes of batches some partition has not confirmed (every open version applied)."""
-    runtimes = _terms(host)
-    if len(runtimes) < 2:
-        return None
-    done = [r.chain.confirmable() for r in runtimes.values()]  # type: ignore[attr-defined]
-    return [i for i, b in enumerate(batches) if any(d.get(b.gateway_id, -1) < b.seq for d in done)]
+    return confirmed_by(batches, host, 2)
 
 
 def by_version(seen: Collected) -> dict[int, pl.DataFrame]:
@@ -86,13 +82,7 @@ async def _scenario(broker: EmbeddedBroker, topics: Topics, tmp: Path) -> dict[s
     rest = [b for b in batches if b.seq >= 8]
     rest.sort(key=lambda b: (b.seq, b.gateway_id))
     control = ControlClient(settings, topics, timeout_s=15)
-    workers = [
-        Worker(WorkerConfig(None, settings, topics, worker_id=f"pool{i}", heartbeat_ms=200))
-        for i in range(2)
-    ]
-    host = CombinerHost(
-        HostConfig(settings, topics, tmp / "state", "c0", tick_ms=50, per_key_results=False)
-    )
+    workers, host = pool_members(settings, topics, tmp / "state")
     sent: list[GeneratedBatch] = []
     async with (
         running_plane(settings, topics, SystemClock()),

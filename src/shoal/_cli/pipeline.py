@@ -135,12 +135,16 @@ def _wait_served(client: ControlClient, args: argparse.Namespace, result: Result
     """
     assert result.name is not None  # an accepted deploy or update names its pipeline
     assert result.version is not None
+    # An alias runs nothing of its own: it is running once the computation it shares is.
+    name, version = result.name, result.version
+    if result.alias_of is not None:
+        name, version = result.alias_of, 1
     workers: list[str] = []
     owners: dict[int, str] | None = None if args.no_combiners else {}
     try:
-        workers = asyncio.run(client.served(result.name, result.version))
+        workers = asyncio.run(client.served(name, version))
         if owners is not None:
-            owners = asyncio.run(client.owned(result.name, result.version))
+            owners = asyncio.run(client.owned(name, version))
     except ControlError as exc:
         if args.json:
             failed = {**result.as_dict(), "confirmed": _confirmed(workers, owners)}
@@ -186,12 +190,12 @@ def _read(client: ControlClient, args: argparse.Namespace) -> int:
     documents = [d for d in asyncio.run(client.documents()) if d.deployed]
     if args.action == "list":
         if args.json:
-            _print_json({"pipelines": [_summary(d) for d in documents]})
+            _print_json({"pipelines": [_summary(d, documents) for d in documents]})
         else:
             for d in documents:
-                print(f"{d.name}\tv{d.version}\t{d.spec_hash}")
+                print(f"{d.name}\tv{d.version}\t{d.spec_hash}\t{_sharing(d, documents)}")
         return 0
-    match = next((d for d in documents if d.name == args.name), None)
+    match = next((d for d in documents if d.name == args.name and d.named), None)
     if match is None:
         raise ControlError(f"pipeline {args.name!r} is not deployed", reason="unknown_pipeline")
     if args.json:
@@ -202,13 +206,35 @@ def _read(client: ControlClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _summary(document: PipelineDocument) -> dict[str, Any]:
+def _summary(document: PipelineDocument, documents: list[PipelineDocument]) -> dict[str, Any]:
+    """One entry of ``list --json``: the document and how its computation is shared.
+
+    ``computation``: the pipeline that computes its results (itself, or the one it is an alias
+    of); ``names``: every name the computation's results are published under; ``refs``: how
+    many (the reference count); ``released``: the name was deleted, it computes for aliases.
+    """
+    computation = document.alias_of or document.name
+    names = sorted(d.name for d in documents if computation in (d.alias_of, d.name) and d.named)
     return {
         "name": document.name,
         "version": document.version,
         "hash": document.spec_hash,
         "changed_at_ms": document.changed_at_ms,
+        "alias_of": document.alias_of,
+        "released": document.released,
+        "computation": computation,
+        "names": names,
+        "refs": len(names),
     }
+
+
+def _sharing(document: PipelineDocument, documents: list[PipelineDocument]) -> str:
+    summary = _summary(document, documents)
+    if document.released:
+        return f"deleted; computes for {', '.join(summary['names'])}"
+    if summary["refs"] > 1:
+        return f"shared by {', '.join(summary['names'])} (computed as {summary['computation']})"
+    return ""
 
 
 def _print_json(value: Any) -> None:

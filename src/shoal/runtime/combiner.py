@@ -189,6 +189,9 @@ class CombinerRuntime:
         self._writing: asyncio.Future[None] | None = None
         self.serving = False
         """Hosted: the session is ours, the checkpoint restored and the partials subscribed."""
+        self.result_names: tuple[str, ...] = (config.spec.name,)
+        """The names whose result topics get the window messages: the pipeline's own (unless
+        its name was deleted while aliases share it) and its aliases' (set by the pool)."""
         self.deposed = False
         """Hosted: the term ended with the connection (taken over, or the broker went away)."""
         if config.state_dir is not None and not config.hosted:
@@ -212,6 +215,9 @@ class CombinerRuntime:
         """
         if spec.partitions != self.config.spec.partitions:
             raise UsageError("a new partition count cannot switch in place")
+        if spec == self.config.spec:  # a new document version, not a new spec
+            self.config = replace(self.config, version=version, version_at_ms=at_ms)
+            return
         stage = self.chain.update(
             version,
             spec,
@@ -467,11 +473,12 @@ class CombinerRuntime:
             window_futures: list[asyncio.Future[None]] = []
             refused: set[str | None] = set()
             for index, encoding in enumerate(spec.output_encodings):
-                topic = (
-                    topics.results(spec.name)
-                    if index == 0
-                    else topics.results_encoded(spec.name, encoding)
-                )
+                # The same message on every name of the computation (aliases share it).
+                names = self.result_names
+                here = [
+                    topics.results(n) if index == 0 else topics.results_encoded(n, encoding)
+                    for n in names
+                ]
                 encoding_since = self.clock.monotonic()
                 rows = rendered.get((result.window, result.start)) if encoding == "json" else None
                 for payload, content_type in self._window_payloads(
@@ -489,9 +496,10 @@ class CombinerRuntime:
                             (self.clock.monotonic() - encoding_since) * 1000.0,
                             (self.clock.monotonic() - since) * 1000.0,
                         )
-                    future = self._publish_result(session, topic, payload, content_type, result)
-                    if future is not None:
-                        window_futures.append(future)
+                    for topic in here:
+                        future = self._publish_result(session, topic, payload, content_type, result)
+                        if future is not None:
+                            window_futures.append(future)
             if refused:  # the per-key messages would not fit either
                 result = replace(result, frame=_without_keys(result.frame, refused))
             self._unacked.extend(window_futures)

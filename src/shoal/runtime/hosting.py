@@ -135,6 +135,8 @@ class CombinerHost:
         self.follower = DocumentFollower(config.topics)
         self.deployed: dict[str, tuple[int, PipelineSpec]] = {}
         self._made_at: dict[str, int] = {}  # name -> when its current version was made
+        self.names: dict[str, tuple[str, ...]] = {}
+        """Computation -> the names its results are published under (its own, aliases)."""
         self.members: dict[str, Announcement] = {}
         self.terms: dict[Slot, _Term] = {}
         self.counters = HostCounters()
@@ -244,6 +246,8 @@ class CombinerHost:
                 self._made_at[change.name] = 0 if document is None else document.changed_at_ms
             elif isinstance(change, Dropped):
                 self.deployed.pop(change.name, None)
+            if change is not None:
+                self.names = self._result_names()
         elif message.topic.startswith(topics.pool_combiners()[:-1]):
             member = message.topic.rsplit("/", 1)[-1]
             if not message.payload:
@@ -279,6 +283,7 @@ class CombinerHost:
                 self._ended(slot, term, now)
                 continue
             current = self.deployed.get(slot[0])
+            term.runtime.result_names = self.names.get(slot[0], (slot[0],))
             if not term.stopping and current is not None and current[0] > term.version:
                 self._update(slot, term, *current)
             if not term.stopping and (
@@ -295,6 +300,15 @@ class CombinerHost:
             if held_by and now - self._wanted_since[slot] < self.config.handover_ms / 1000:
                 continue  # the previous owner is stopping it with a last checkpoint
             self._start(slot)
+
+    def _result_names(self) -> dict[str, tuple[str, ...]]:
+        registry = self.follower.registry
+        out = {}
+        for document in registry.deployed():
+            if document.computes:
+                own = () if document.released else (document.name,)
+                out[document.name] = (*own, *registry.aliases_of(document.name))
+        return out
 
     def _update(self, slot: Slot, term: _Term, version: int, spec: PipelineSpec) -> None:
         """Switch a running partition to a new version at its next window boundary.

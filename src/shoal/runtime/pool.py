@@ -166,9 +166,13 @@ class PoolRoutes:
         return []
 
     async def _serve(self, session: Session, change: Served) -> None:
+        old = self.pipelines.get(change.name)
+        if old is not None and old.handler.spec == change.spec:
+            # A new version of the document, not of the spec (released, or a name back).
+            self.pipelines[change.name] = replace(old, version=change.version)
+            return
         handler = BatchHandler(change.spec, self.topics, self.worker_id, self.stats, self.clock)
         sid = next(self._ids)
-        old = self.pipelines.get(change.name)
         older = () if old is None else ((old.version, old.handler), *old.older)
         served = _Pipeline(change.version, handler, sid, older)
         # Recorded before the SUBSCRIBE: should the connection fail meanwhile, `join` on the
