@@ -66,6 +66,23 @@ def register(sub: Any) -> None:
     show.add_argument("name", metavar="NAME")
     _common(show)
     _common(actions.add_parser("list", help="list the deployed pipelines"))
+    flush = actions.add_parser(
+        "flush",
+        help="close every open window of a pipeline now (its combiner partitions emit them)",
+    )
+    flush.add_argument("name", metavar="NAME")
+    _common(flush)
+    drain = actions.add_parser(
+        "drain",
+        help="drain pool workers without losing a batch (all of them, or --worker ID)",
+        description="Each pool worker leaves every subscription group, handles what the broker "
+        "had queued for it, acknowledges and exits. Exit 0 once every one is gone, 2 if not "
+        "within --timeout (not_drained) or if no pool worker is seen (no_workers).",
+    )
+    drain.add_argument(
+        "--worker", action="append", metavar="ID", help="this pool worker only (repeatable)"
+    )
+    _common(drain)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -90,6 +107,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action in ("list", "show"):
             return _read(client, args)
+        if args.action == "flush":
+            return _flush(client, args)
+        if args.action == "drain":
+            return _drain(client, args)
         return _request(client, args)
     except ControlError as exc:
         if args.json:
@@ -160,6 +181,34 @@ def _wait_served(client: ControlClient, args: argparse.Namespace, result: Result
         else:
             named = ", ".join(f"{p}: {m}" for p, m in sorted(owners.items()))
             print(f"partitions owned by pool combiner(s): {named}")
+    return 0
+
+
+def _flush(client: ControlClient, args: argparse.Namespace) -> int:
+    """Exit 0 once the command is published (QoS 1); 1: not deployed; 2: broker trouble."""
+    try:
+        document = asyncio.run(client.flush(args.name))
+    except ControlError as exc:
+        if exc.reason != "unknown_pipeline":
+            raise
+        if args.json:
+            _print_json({"ok": False, "reason": exc.reason, "field": "name", "message": str(exc)})
+        print(f"shoal pipeline flush: refused: {exc.reason}: {exc}", file=sys.stderr)
+        return 1
+    computation = document.alias_of or document.name
+    if args.json:
+        _print_json({"ok": True, "name": document.name, "computation": computation})
+    else:
+        print(f"flush sent to the combiner partitions of {computation!r}")
+    return 0
+
+
+def _drain(client: ControlClient, args: argparse.Namespace) -> int:
+    drained = asyncio.run(client.drain(args.worker))
+    if args.json:
+        _print_json({"ok": True, "workers": drained})
+    else:
+        print(f"drained pool worker(s): {', '.join(sorted(drained))}")
     return 0
 
 
