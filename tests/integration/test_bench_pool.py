@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal.loadtest.bench_pipelines import KEYS
 from tests.support.processes import assert_ran, run_shoal
 
 pytestmark = pytest.mark.broker
@@ -50,17 +51,7 @@ def test_pipelines_command_deploys_feeds_and_counts_every_pipeline(tmp_path: Pat
     result = run_shoal(*argv, "--json", str(out), timeout=240)
     assert_ran(result)
     record = json.loads(out.read_text())
-    keys = {
-        "pipelines",
-        "deployed_s",
-        "first_result_s",
-        "worker_rss_mb",
-        "combiner_rss_mb",
-        "achieved_meas_per_s",
-        "lost_measurements",
-        "duplicated_measurements",
-    }
-    assert keys <= set(record)
+    assert set(KEYS) <= set(record)
     assert record["pipelines"] == 4
     assert (record["lost_measurements"], record["duplicated_measurements"]) == (0, 0)
     assert record["achieved_meas_per_s"] > 0

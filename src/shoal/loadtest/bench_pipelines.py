@@ -55,6 +55,17 @@ from shoal.schemas.topics import Topics
 
 WINDOW_MS = 10_000
 COMBINER_ID = "bench-pipelines"
+KEYS = (
+    "pipelines",
+    "deployed_s",
+    "first_result_s",
+    "worker_rss_mb",
+    "combiner_rss_mb",
+    "achieved_meas_per_s",
+    "lost_measurements",
+    "duplicated_measurements",
+)
+"""The figures of the record (issue 15's names), in the order the report prints them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,16 +350,6 @@ def _p99(values: list[float]) -> float:
 
 def format_report(record: dict[str, Any]) -> str:
     """One line per figure."""
-    keys = (
-        "pipelines",
-        "deployed_s",
-        "first_result_s",
-        "worker_rss_mb",
-        "combiner_rss_mb",
-        "achieved_meas_per_s",
-        "lost_measurements",
-        "duplicated_measurements",
-    )
-    lines = [f"{key:<24} {record[key]}" for key in keys]
+    lines = [f"{key:<24} {record[key]}" for key in KEYS]
     lines.append(f"{'load average':<24} {record['machine']['load_average']}")
     return "\n".join(lines)
