@@ -148,6 +148,7 @@ NOTES: Final = {
     "deadletter-unreadable": "bytes that are no batch at all: no field, no row, no seq to mark",
     "deadletter-truncated": "a record cut to the broker's packet limit (payload_truncated)",
     "deadletter-state-cap": "a partial a combiner refused at its state cap (max_state_cells)",
+    "result-window-versioned": "a window of a pipeline deployed at run time: its spec version",
     "result-window-null-key": "a pipeline keyed by an attribute: rows without it have key null",
     "result-key-null-key": "the latest result of the null key, on the topic segment _",
     "result-window-correction": "a window re-published with a late row folded in (revision 2)",
@@ -177,7 +178,9 @@ NOTES: Final = {
     "pipeline-result-unreadable": "refused: a request that is not JSON (no id to carry back)",
     "pipeline-document": "the retained registry entry of temps: version, hash, canonical spec",
     "pipeline-document-deleted": "after delete: a tombstone keeps the version number",
-    "combiner-announcement": "a pool combiner owning both partitions of temps at version 1",
+    "combiner-announcement": (
+        "a pool combiner owning both partitions of temps at version 2, one still finishing v1"
+    ),
     "partial-count": "internal: count windows ship a batch's rows (events), not state",
     "result-window-count": "count windows completed in one close step: index, first/last ts",
     "result-window-columnar-count": "the same count windows in MsgPack",
@@ -338,6 +341,11 @@ def _temps(s: _Scenario) -> CombinerRuntime:
     s.clock.advance(100)
     closed += _combine(s, core, _work(s, spec, builder, "gw-01", seq1)[0])
     _emit(s, spec, core, closed)
+    # A pipeline deployed at run time: the message names the spec version that computed it.
+    versioned = Emission(spec.name, 0, spec.partitions, core.closed_through, s.clock.now_ms(), 2)
+    first = split_windows(closed[0].frame, closed[0].revisions, closed[0].sessions)[0]
+    topic = TOPICS.results(spec.name)
+    s.add("result-window-versioned", "result-window", topic, window_json(first, versioned))
     s.clock.advance(100)
     _combine(s, core, _work(s, spec, builder, "gw-01", seq2)[0])
     s.clock.advance(100)
@@ -621,7 +629,8 @@ def _pipelines(s: _Scenario) -> None:
 
 def _announcement(s: _Scenario) -> None:
     """What a pool combiner retains on ``shoal/combiners/<id>`` (``CombinerHost._announce``)."""
-    owns = (Owned("temps", 0, 2, 1), Owned("temps", 1, 2, 1))
+    # Updated to v2: partition 1 still finishes the windows before its cut under v1.
+    owns = (Owned("temps", 0, 2, 2), Owned("temps", 1, 2, 2, (1, 2)))
     announcement = Announcement("edge-7-4242", s.clock.now_ms(), owns)
     topic = TOPICS.pool_combiner(announcement.id)
     s.add("combiner-announcement", "combiner-announcement", topic, announcement.to_json())

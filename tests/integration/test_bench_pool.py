@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal.loadtest.bench_pipelines import KEYS
 from tests.support.processes import assert_ran, run_shoal
 
 pytestmark = pytest.mark.broker
@@ -42,3 +43,17 @@ def test_pool_combiner_command_owns_every_step_and_reports_memory(tmp_path: Path
     assert record["bench"] == "pool-combiner"
     assert [s["pipelines"] for s in record["steps"]] == [1, 5]
     assert all(s["rss_mb"] > 10 for s in record["steps"])
+
+
+def test_pipelines_command_deploys_feeds_and_counts_every_pipeline(tmp_path: Path) -> None:
+    out = tmp_path / "pipelines.json"
+    argv = ("bench", "pipelines", "--count", "4", "--workers", "2", "--batches", "5")
+    result = run_shoal(*argv, "--json", str(out), timeout=240)
+    assert_ran(result)
+    record = json.loads(out.read_text())
+    assert set(KEYS) <= set(record)
+    assert record["pipelines"] == 4
+    assert (record["lost_measurements"], record["duplicated_measurements"]) == (0, 0)
+    assert record["achieved_meas_per_s"] > 0
+    assert record["worker_rss_mb"] > 10
+    assert "load_average" in record["machine"]

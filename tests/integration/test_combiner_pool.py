@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import time
 import tomllib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import polars as pl
@@ -49,6 +48,7 @@ from tests.support.compare import assert_matches_oracle, dedupe_identical, scale
 from tests.support.control import pool_running, running_plane
 from tests.support.datasets import GeneratedBatch, all_rows, make_batches
 from tests.support.live import Collected, collector, publish_batches, until
+from tests.support.live import resending as resend_loop
 from tests.support.oracle import expected_results
 
 pytestmark = pytest.mark.broker
@@ -99,34 +99,14 @@ def applied(batches: list[GeneratedBatch], *hosts: CombinerHost) -> list[int] | 
     ]
 
 
-@contextlib.asynccontextmanager
-async def resending(
+def resending(
     broker: EmbeddedBroker, topics: Topics, sent: list[GeneratedBatch], *hosts: CombinerHost
-) -> AsyncIterator[None]:
+) -> contextlib.AbstractAsyncContextManager[None]:
     """Re-send, as a gateway's spool does every second, what the partitions' current owners
     have not applied (applied by a member after its last checkpoint, or taken with it)."""
-
-    async def loop() -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            batches = list(sent)
-            if missing := applied(batches, *hosts):
-                await publish_batches(
-                    broker.settings,
-                    topics,
-                    batches,
-                    missing,
-                    encoding=ENCODING,
-                    first_unconfirmed=0,
-                )
-
-    task = asyncio.create_task(loop())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    return resend_loop(
+        broker.settings, topics, sent, lambda b: applied(b, *hosts), encoding=ENCODING
+    )
 
 
 def closed_through(host: CombinerHost, name: str) -> int:

@@ -363,6 +363,36 @@ async def publish_batches(
         await session.wait_published(futures)
 
 
+@contextlib.asynccontextmanager
+async def resending(
+    settings: BrokerSettings,
+    topics: Topics,
+    sent: list[GeneratedBatch],
+    unapplied: Callable[[list[GeneratedBatch]], list[int] | None],
+    *,
+    encoding: Encoding,
+) -> AsyncIterator[None]:
+    """Re-send every second, as a gateway's spool does, the batches of ``sent`` that
+    ``unapplied`` names (None: nothing to say now, e.g. in a handover)."""
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            batches = list(sent)
+            if missing := unapplied(batches):
+                await publish_batches(
+                    settings, topics, batches, missing, encoding=encoding, first_unconfirmed=0
+                )
+
+    task = asyncio.create_task(loop())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 @dataclass
 class OracleRun:
     """What ``run_against_oracle`` saw: the pipeline, its outputs, the oracle's late rows."""

@@ -12,7 +12,8 @@ from shoal.errors import ConfigError
 
 
 def register_pool(benches: Any) -> None:
-    """Add the ``pool`` benchmark."""
+    """Add the ``pool`` and ``pipelines`` benchmarks."""
+    _register_pipelines(benches)
     pool: argparse.ArgumentParser = benches.add_parser(
         "pool",
         help="a pool worker's RSS with 1, 100, 1000 deployed pipelines",
@@ -63,3 +64,37 @@ def run_pool(args: argparse.Namespace) -> int:
         args.json.write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
         print(f"wrote {args.json}")
     return 0
+
+
+def _register_pipelines(benches: Any) -> None:
+    parser: argparse.ArgumentParser = benches.add_parser(
+        "pipelines",
+        help="many small pipelines on the pools: deploy time, first result, RSS, exactness",
+        description="Start a broker, --workers pool workers and one pool combiner, deploy "
+        "--count small pipelines while a gateway publishes, then count a known set of rows "
+        "through every pipeline: deployed_s, first_result_s (p99, minus the window), "
+        "worker_rss_mb, combiner_rss_mb, achieved_meas_per_s, lost_measurements, "
+        "duplicated_measurements (shoal.loadtest.bench_pipelines).",
+    )
+    parser.add_argument("--count", type=int, default=1_000, help="pipelines (default 1000)")
+    parser.add_argument("--workers", type=int, default=2, help="pool workers (default 2)")
+    parser.add_argument("--batches", type=int, default=20, help="counted batches (default 20)")
+    parser.add_argument("--rows", type=int, default=100, help="rows per batch (default 100)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the record here")
+    parser.set_defaults(run=_run_pipelines)
+
+
+def _run_pipelines(args: argparse.Namespace) -> int:
+    from shoal.loadtest import bench_pipelines as bench  # noqa: PLC0415 - run-time only
+
+    if args.count < 1 or args.workers < 1 or args.batches < 1 or args.rows < 1:
+        raise ConfigError("--count, --workers, --batches and --rows must be positive")
+    config = bench.BenchConfig(args.count, args.workers, args.batches, args.rows)
+    print(f"shoal bench pipelines --count {args.count} --workers {args.workers}", flush=True)
+    record = bench.run(config)
+    print(bench.format_report(record))
+    if args.json is not None:
+        args.json.write_bytes(orjson.dumps(record, option=orjson.OPT_INDENT_2))
+        print(f"wrote {args.json}")
+    ok = record["lost_measurements"] == 0 and record["duplicated_measurements"] == 0
+    return 0 if ok else 1

@@ -70,6 +70,23 @@ def register(sub: Any) -> None:
     show.add_argument("name", metavar="NAME")
     _common(show)
     _common(actions.add_parser("list", help="list the deployed pipelines"))
+    flush = actions.add_parser(
+        "flush",
+        help="close every open window of a pipeline now (its combiner partitions emit them)",
+    )
+    flush.add_argument("name", metavar="NAME")
+    _common(flush)
+    drain = actions.add_parser(
+        "drain",
+        help="drain pool workers without losing a batch (all of them, or --worker ID)",
+        description="Each pool worker leaves every subscription group, handles what the broker "
+        "had queued for it, acknowledges and exits. Exit 0 once every one is gone, 2 if not "
+        "within --timeout (not_drained) or if no pool worker is seen (no_workers).",
+    )
+    drain.add_argument(
+        "--worker", action="append", metavar="ID", help="this pool worker only (repeatable)"
+    )
+    _common(drain)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -94,6 +111,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.action in ("list", "show"):
             return _read(client, args)
+        if args.action == "flush":
+            return _flush(client, args)
+        if args.action == "drain":
+            return _drain(client, args)
         return _request(client, args)
     except ControlError as exc:
         if args.json:
@@ -139,12 +160,16 @@ def _wait_served(client: ControlClient, args: argparse.Namespace, result: Result
     """
     assert result.name is not None  # an accepted deploy or update names its pipeline
     assert result.version is not None
+    # An alias runs nothing of its own: it is running once the computation it shares is.
+    name, version = result.name, result.version
+    if result.alias_of is not None:
+        name, version = result.alias_of, 1
     workers: list[str] = []
     owners: dict[int, str] | None = None if args.no_combiners else {}
     try:
-        workers = asyncio.run(client.served(result.name, result.version))
+        workers = asyncio.run(client.served(name, version))
         if owners is not None:
-            owners = asyncio.run(client.owned(result.name, result.version))
+            owners = asyncio.run(client.owned(name, version))
     except ControlError as exc:
         if args.json:
             failed = {**result.as_dict(), "confirmed": _confirmed(workers, owners)}
@@ -160,6 +185,34 @@ def _wait_served(client: ControlClient, args: argparse.Namespace, result: Result
         else:
             named = ", ".join(f"{p}: {m}" for p, m in sorted(owners.items()))
             print(f"partitions owned by pool combiner(s): {named}")
+    return 0
+
+
+def _flush(client: ControlClient, args: argparse.Namespace) -> int:
+    """Exit 0 once the command is published (QoS 1); 1: not deployed; 2: broker trouble."""
+    try:
+        document = asyncio.run(client.flush(args.name))
+    except ControlError as exc:
+        if exc.reason != "unknown_pipeline":
+            raise
+        if args.json:
+            _print_json({"ok": False, "reason": exc.reason, "field": "name", "message": str(exc)})
+        print(f"shoal pipeline flush: refused: {exc.reason}: {exc}", file=sys.stderr)
+        return 1
+    computation = document.alias_of or document.name
+    if args.json:
+        _print_json({"ok": True, "name": document.name, "computation": computation})
+    else:
+        print(f"flush sent to the combiner partitions of {computation!r}")
+    return 0
+
+
+def _drain(client: ControlClient, args: argparse.Namespace) -> int:
+    drained = asyncio.run(client.drain(args.worker))
+    if args.json:
+        _print_json({"ok": True, "workers": drained})
+    else:
+        print(f"drained pool worker(s): {', '.join(sorted(drained))}")
     return 0
 
 
@@ -198,13 +251,13 @@ def _read(client: ControlClient, args: argparse.Namespace) -> int:
         with_functions = any(d.spec and d.spec.get("functions") for d in documents)
         health = asyncio.run(client.function_health(HEALTH_LISTEN_S)) if with_functions else {}
         if args.json:
-            _print_json({"pipelines": [_summary(d, health) for d in documents]})
+            _print_json({"pipelines": [_summary(d, documents, health) for d in documents]})
         else:
             for d in documents:
                 state = "\tdegraded" if health.get(d.name, {}).get("degraded") else ""
-                print(f"{d.name}\tv{d.version}\t{d.spec_hash}{state}")
+                print(f"{d.name}\tv{d.version}\t{d.spec_hash}\t{_sharing(d, documents)}{state}")
         return 0
-    match = next((d for d in documents if d.name == args.name), None)
+    match = next((d for d in documents if d.name == args.name and d.named), None)
     if match is None:
         raise ControlError(f"pipeline {args.name!r} is not deployed", reason="unknown_pipeline")
     if args.json:
@@ -215,18 +268,45 @@ def _read(client: ControlClient, args: argparse.Namespace) -> int:
     return 0
 
 
-def _summary(document: PipelineDocument, health: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _summary(
+    document: PipelineDocument,
+    documents: list[PipelineDocument],
+    health: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One entry of ``list --json``: the document and how its computation is shared.
+
+    ``computation``: the pipeline that computes its results (itself, or the one it is an alias
+    of); ``names``: every name the computation's results are published under; ``refs``: how
+    many (the reference count); ``released``: the name was deleted, it computes for aliases.
+    With user functions: ``degraded`` and the workers' ``functions`` health.
+    """
+    computation = document.alias_of or document.name
+    names = sorted(d.name for d in documents if computation in (d.alias_of, d.name) and d.named)
     summary: dict[str, Any] = {
         "name": document.name,
         "version": document.version,
         "hash": document.spec_hash,
         "changed_at_ms": document.changed_at_ms,
+        "alias_of": document.alias_of,
+        "released": document.released,
+        "computation": computation,
+        "names": names,
+        "refs": len(names),
     }
-    if document.spec and document.spec.get("functions"):
+    if health is not None and document.spec and document.spec.get("functions"):
         mine = health.get(document.name)
         summary["degraded"] = bool(mine and mine["degraded"])
         summary["functions"] = None if mine is None else mine["workers"]
     return summary
+
+
+def _sharing(document: PipelineDocument, documents: list[PipelineDocument]) -> str:
+    summary = _summary(document, documents)
+    if document.released:
+        return f"deleted; computes for {', '.join(summary['names'])}"
+    if summary["refs"] > 1:
+        return f"shared by {', '.join(summary['names'])} (computed as {summary['computation']})"
+    return ""
 
 
 def _print_json(value: Any) -> None:

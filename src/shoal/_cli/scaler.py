@@ -26,6 +26,12 @@ def register(sub: Any) -> None:
         "Serves Prometheus metrics on /metrics and KEDA metrics-api JSON on /api/v1/scaling.",
     )
     add_pipeline_option(parser)
+    parser.add_argument(
+        "--pool",
+        action="store_true",
+        help="scale the worker pool (`shoal worker` without --pipeline) on the sum of the lags "
+        "of every pipeline deployed at run time (`shoal pipeline deploy`), not one pipeline",
+    )
     add_broker_options(parser)
     parser.add_argument(
         "--policy", default="lag", choices=["lag", "cpu", "rps"], help="default lag"
@@ -73,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     from shoal.scaler.backends import Backend, KubernetesBackend, LocalBackend  # noqa: PLC0415
     from shoal.scaler.policy import Bounds  # noqa: PLC0415
 
-    spec = load_spec(args.pipeline)
+    spec = None if args.pool else load_spec(args.pipeline)
+    # The pool: `shoal worker` without --pipeline serves whatever is deployed.
+    pinned = [] if args.pool else ["--pipeline", args.pipeline]
     settings = broker_settings(args)
     names = topics(args)
     bounds = Bounds(args.min_workers, args.max_workers)
@@ -89,9 +97,7 @@ def run(args: argparse.Namespace) -> int:
             index = next(counter)
             child = ChildProcess(
                 f"worker-{index}",
-                shoal_argv(
-                    "worker", "--pipeline", args.pipeline, *connection_args(settings, names)
-                ),
+                shoal_argv("worker", *pinned, *connection_args(settings, names)),
                 args.log_dir / f"worker-{index}.log",
                 {"POLARS_MAX_THREADS": "1"},
             )

@@ -54,12 +54,23 @@ def owned_by(me: str, members: Iterable[str], partitions: Mapping[str, int]) -> 
 
 @dataclass(frozen=True, slots=True)
 class Owned:
-    """A partition a pool combiner serves now: which pipeline version, of how many partitions."""
+    """A partition a pool combiner serves now: which pipeline version, of how many partitions.
+
+    ``open`` lists every version whose windows it still computes, oldest first (older ones
+    finish the windows before an update's cut): a pool worker keeps computing partials of a
+    version while a partition lists it (``shoal.runtime.pool``). Empty: just ``version``.
+    """
 
     pipeline: str
     partition: int
     partitions: int
     version: int
+    open: tuple[int, ...] = ()
+
+    @property
+    def oldest(self) -> int:
+        """The oldest version this partition still computes windows of."""
+        return min(self.open, default=self.version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +99,7 @@ class Announcement:
                         "partition": o.partition,
                         "partitions": o.partitions,
                         "version": o.version,
+                        **({"open": list(o.open)} if o.open else {}),
                     }
                     for o in self.owns
                 ],
@@ -105,7 +117,11 @@ class Announcement:
             body: Any = orjson.loads(payload)
             owns = tuple(
                 Owned(
-                    str(o["pipeline"]), int(o["partition"]), int(o["partitions"]), int(o["version"])
+                    str(o["pipeline"]),
+                    int(o["partition"]),
+                    int(o["partitions"]),
+                    int(o["version"]),
+                    tuple(int(v) for v in o.get("open", ())),
                 )
                 for o in body["owns"]
             )

@@ -205,6 +205,94 @@ class ControlClient:
             reason="not_owned",
         )
 
+    async def flush(self, name: str) -> PipelineDocument:
+        """Ask every combiner partition of ``name`` to close its open windows now.
+
+        An alias flushes the computation it shares. The command is the combiners' own
+        (``shoal/control/combiner/<pipeline>``, ``{"cmd": "flush"}``, CONTRACT.md §21),
+        published with QoS 1; the partitions act on it when it arrives (a partition without an
+        owner at that moment does not: its session is clean of commands).
+
+        Raises:
+            ControlError: ``name`` is not deployed (``unknown_pipeline``), or ``timeout``.
+        """
+        documents = {d.name: d for d in await self.documents() if d.named}
+        document = documents.get(name)
+        if document is None:
+            raise ControlError(f"pipeline {name!r} is not deployed", reason="unknown_pipeline")
+        computation = document.alias_of or name
+        client = unique_client_id("shoal-pipeline")
+        async with self.session_factory(self.settings, client) as session:
+            command = orjson.dumps({"cmd": "flush"})
+            await session.publish(self.topics.combiner_control(computation), command, qos=1)
+        return document
+
+    async def drain(
+        self, workers: list[str] | None = None, *, quiet_s: float = 2.0
+    ) -> dict[str, str]:
+        """Drain pool workers (all those seen, or ``workers``): each leaves without losing a batch.
+
+        Sends each the ``drain`` command (its own control topic, CONTRACT.md §21): it leaves
+        every group, handles what the broker had queued for it, acknowledges and disconnects.
+        Done for a worker once it has not beaten for ``quiet_s`` since the command (a worker
+        beats every ``heartbeat_ms``, 1 s by default, until it leaves; a draining one says
+        ``draining``), or its Will said ``gone``. Returns worker -> ``drained``.
+
+        Raises:
+            ControlError: no pool worker seen (``no_workers``), or not every one finished
+                within the timeout (``not_drained``).
+        """
+        client = unique_client_id("shoal-pipeline")
+        loop = asyncio.get_running_loop()
+        last: dict[str, tuple[str, float]] = {}  # worker -> (state, when)
+        async with self.session_factory(self.settings, client) as session:
+            await session.subscribe([self.topics.metrics("worker", "+")], qos=0)
+            with _deadline(min(self.timeout_s, 2.5)) as stop:  # a beat of every worker
+                async for message in session.messages_until(stop):
+                    beat = _beat(message.payload)
+                    if beat is not None:
+                        last[beat[0]] = (beat[1], loop.time())
+            pool = sorted(w for w, (state, _) in last.items() if state != "gone")
+            targets = pool if workers is None else workers
+            if not targets:
+                raise ControlError("no pool worker seen", reason="no_workers")
+            for worker in targets:
+                command = orjson.dumps({"cmd": "drain"})
+                await session.publish(self.topics.control(worker), command, qos=1)
+            drained: dict[str, str] = {}
+            asked = loop.time()
+            while loop.time() - asked < self.timeout_s:
+                with _deadline(0.2) as tick:  # a drained worker is known by its silence
+                    async for message in session.messages_until(tick):
+                        if (beat := _beat(message.payload)) is not None:
+                            last[beat[0]] = (beat[1], loop.time())
+                now = loop.time()
+                for worker in targets:
+                    state, at = last.get(worker, ("", asked))
+                    if state == "gone" or now - max(at, asked) >= quiet_s:
+                        drained[worker] = "drained"
+                if len(drained) == len(targets):
+                    return drained
+        left = sorted(set(targets) - set(drained))
+        raise ControlError(
+            f"pool worker(s) {left} did not finish draining within {self.timeout_s:g} s "
+            f"(last heartbeat states: { {w: last.get(w, ('none', 0.0))[0] for w in left} })",
+            reason="not_drained",
+        )
+
+
+def _beat(payload: bytes) -> tuple[str, str] | None:
+    """(worker id, state) of a pool worker's heartbeat or Will; None for anything else."""
+    try:
+        body: Any = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(body, dict) or body.get("component") != "worker":
+        return None
+    if body.get("state") != "gone" and not isinstance(body.get("serving"), dict):
+        return None  # a pinned worker
+    return str(body.get("id")), str(body.get("state"))
+
 
 @contextlib.contextmanager
 def _deadline(timeout_s: float) -> Iterator[asyncio.Event]:

@@ -3,10 +3,11 @@
 A reader of ``shoal/pipelines/+`` (the control plane restoring its registry, a pool worker
 picking pipelines up) feeds every message to ``DocumentFollower.take`` and gets back what
 changed: ``Served`` (a pipeline deployed, or a new version of it, with its validated spec)
-or ``Dropped`` (deleted, or its document became unreadable). Documents are validated by
-``Registry.restore``, the same code the control plane restores with, so a worker serves
-exactly the specs the control plane accepted. An unreadable document is counted and logged,
-never silently skipped.
+or ``Dropped`` (deleted, become an alias of another pipeline's computation, or its document
+became unreadable); a released pipeline (deleted while aliases share it) is still ``Served``.
+Documents are validated by ``Registry.restore``, the same code the control plane restores
+with, so a worker serves exactly the specs the control plane accepted. An unreadable
+document is counted and logged, never silently skipped.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ class DocumentFollower:
         after = self.registry.get(document.name)
         if after is before or after is None:
             return None
-        if canonical is not None:
+        if canonical is not None and after.alias_of is None:
             return Served(after.name, after.version, canonical.spec)
+        # An alias computes nothing of its own (it shares another pipeline's computation).
         return Dropped(after.name, after.version)
 
     def _read(self, message: Message) -> PipelineDocument:

@@ -129,6 +129,8 @@ class Result:
         reason: why it was refused (a stable code; None when accepted).
         field: the path of the spec or request field at fault (``""``: the whole spec).
         message: one line for people.
+        alias_of: accepted as an alias: the pipeline whose computation it shares (the key
+            is absent otherwise).
     """
 
     id: str | None
@@ -141,9 +143,10 @@ class Result:
     change: Change | None = None
     reason: str | None = None
     field: str | None = None
+    alias_of: str | None = None
 
     def to_json(self) -> bytes:
-        """The result's payload (every key present; absent values are null)."""
+        """The result's payload (every key present but ``alias_of``; absent values are null)."""
         return orjson.dumps(self.as_dict())
 
     def as_dict(self) -> dict[str, Any]:
@@ -160,6 +163,7 @@ class Result:
             "reason": self.reason,
             "field": self.field,
             "message": self.message,
+            **({} if self.alias_of is None else {"alias_of": self.alias_of}),
         }
 
     @classmethod
@@ -182,6 +186,7 @@ class Result:
                 change=body["change"],
                 reason=body["reason"],
                 field=body["field"],
+                alias_of=body.get("alias_of"),
             )
         except (KeyError, ControlError) as exc:
             raise ControlError(f"not a control result: {exc}", reason="invalid_result") from exc
@@ -201,6 +206,11 @@ class PipelineDocument:
         spec_hash: the content hash of the canonical spec (``canonical.spec_hash``).
         spec: the canonical spec mapping (None once deleted).
         changed_at_ms: when this version was made (the control plane's clock).
+        alias_of: this name shares the computation of that pipeline (the same spec, name
+            aside): no workers, partitions or state of its own; its results are the
+            computation's, published on its topics too (docs/architecture.md, "Sharing").
+        released: the name was deleted while aliases still share its computation: it goes on
+            computing for them, under this name's topics, without results on this name.
     """
 
     name: str
@@ -209,6 +219,18 @@ class PipelineDocument:
     spec_hash: str | None
     spec: dict[str, Any] | None
     changed_at_ms: int
+    alias_of: str | None = None
+    released: bool = False
+
+    @property
+    def computes(self) -> bool:
+        """Whether workers and combiners run this document's pipeline (not an alias)."""
+        return self.deployed and self.alias_of is None
+
+    @property
+    def named(self) -> bool:
+        """Whether the name is deployed for its users (not deleted, not released)."""
+        return self.deployed and not self.released
 
     @property
     def deployed(self) -> bool:
@@ -225,6 +247,8 @@ class PipelineDocument:
             "hash": self.spec_hash,
             "spec": self.spec,
             "changed_at_ms": self.changed_at_ms,
+            **({} if self.alias_of is None else {"alias_of": self.alias_of}),
+            **({"released": True} if self.released else {}),
         }
 
     def to_json(self) -> bytes:
@@ -251,8 +275,11 @@ class PipelineDocument:
             raise ControlError(
                 f"not a pipeline document: {exc}", reason="invalid_document"
             ) from exc
+        alias_of, released = body.get("alias_of"), body.get("released", False)
         ok = (
-            isinstance(name, str)
+            (alias_of is None or (isinstance(alias_of, str) and alias_of != name))
+            and type(released) is bool
+            and isinstance(name, str)
             and state in ("deployed", "deleted")
             and type(version) is int
             and version >= 1
@@ -265,7 +292,7 @@ class PipelineDocument:
                 "not a pipeline document: bad name, state, version, spec or time",
                 reason="invalid_document",
             )
-        return cls(name, version, state, body.get("hash"), spec, changed)
+        return cls(name, version, state, body.get("hash"), spec, changed, alias_of, released)
 
 
 @dataclass(frozen=True, slots=True)

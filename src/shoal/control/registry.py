@@ -16,6 +16,16 @@ Rules (issue 15, item 7: bad input changes nothing):
   deleted name is refused ``unknown_pipeline``.
 * An invalid spec is refused with ``invalid_toml``, ``invalid_spec`` or
   ``unknown_aggregate`` and the field path (``ConfigError.field``, as the validator names it).
+
+Sharing (identical specs, name aside): a deploy (or an update) whose content hash equals a
+running computation under another name becomes an **alias** of it (``alias_of``): no second
+subscription group, no second state; its results are the computation's, published on the
+alias's topics too. The reference count of a computation is its own name (unless released)
+plus its aliases. Updating a shared computation is refused ``shared`` (its aliases asked for
+the spec it runs: deploy the new spec under another name). Deleting an alias tombstones it;
+deleting a shared computation's name *releases* it (``released``: it goes on computing for
+its aliases, no results under its name); once the last alias of a released computation is
+deleted, the computation is tombstoned too (``follow_ups``).
 """
 
 from __future__ import annotations
@@ -43,6 +53,29 @@ class Registry:
     def deployed(self) -> list[PipelineDocument]:
         """The deployed pipelines, by name."""
         return sorted((d for d in self._documents.values() if d.deployed), key=lambda d: d.name)
+
+    def aliases_of(self, name: str) -> list[str]:
+        """The deployed aliases sharing the computation of ``name``, by name."""
+        return sorted(d.name for d in self._documents.values() if d.deployed and d.alias_of == name)
+
+    def _computation(self, spec_hash: str, name: str) -> PipelineDocument | None:
+        """A running computation of ``spec_hash`` under another name, if any."""
+        for document in self._documents.values():
+            if document.computes and document.spec_hash == spec_hash and document.name != name:
+                return document
+        return None
+
+    def follow_ups(self, previous: PipelineDocument | None, now_ms: int) -> list[PipelineDocument]:
+        """Documents to retain after a change to the pipeline ``previous`` documented.
+
+        A released computation whose last alias went away is tombstoned.
+        """
+        if previous is None or previous.alias_of is None:
+            return []
+        target = self._documents.get(previous.alias_of)
+        if target is None or not target.released or self.aliases_of(target.name):
+            return []
+        return [PipelineDocument(target.name, target.version + 1, "deleted", None, None, now_ms)]
 
     def restore(self, document: PipelineDocument) -> CanonicalSpec | None:
         """Take a retained document (read back after a restart, or followed by a worker).
@@ -99,9 +132,19 @@ class Registry:
             ), None
         name = canonical.spec.name
         current = self._documents.get(name)
-        live = current if current is not None and current.deployed else None
+        live = current if current is not None and current.named else None
         if live is not None and live.spec_hash == canonical.spec_hash:
             return self._accept(request, live, "unchanged"), None
+        if current is not None and current.released and current.spec_hash != canonical.spec_hash:
+            return self._refuse(
+                request,
+                "name_clash",
+                f"pipeline {name!r} was deleted but still computes for its aliases "
+                f"{self.aliases_of(name)}; deploy this spec under another name",
+                field="name",
+                name=name,
+                version=current.version,
+            ), None
         if request.op == "deploy" and live is not None:
             return self._refuse(
                 request,
@@ -120,16 +163,37 @@ class Registry:
                 field="name",
                 name=name,
             ), None
+        shared_by = self.aliases_of(name) if live is not None else []
+        if request.op == "update" and shared_by:
+            return self._refuse(
+                request,
+                "shared",
+                f"pipeline {name!r} is shared by {shared_by} (the same spec): deploy the new "
+                "spec under another name, or delete the aliases first",
+                field="name",
+                name=name,
+                version=live.version if live is not None else None,
+            ), None
         version = 1 if current is None else current.version + 1
+        target = self._computation(canonical.spec_hash, name)
+        if current is not None and current.released:
+            target = None  # the name comes back to the computation it kept running
         document = PipelineDocument(
-            name, version, "deployed", canonical.spec_hash, canonical.mapping, now_ms
+            name,
+            version,
+            "deployed",
+            canonical.spec_hash,
+            canonical.mapping,
+            now_ms,
+            alias_of=None if target is None else target.name,
         )
-        return self._accept(request, document, "created" if live is None else "updated"), document
+        change: Change = "created" if live is None else "updated"
+        return self._accept(request, document, change), document
 
     def _delete(self, request: Request, now_ms: int) -> tuple[Result, PipelineDocument | None]:
         name = request.name or ""
         current = self._documents.get(name)
-        if current is None or not current.deployed:
+        if current is None or not current.named:
             return self._refuse(
                 request,
                 "unknown_pipeline",
@@ -137,6 +201,18 @@ class Registry:
                 field="name",
                 name=name,
             ), None
+        shared_by = self.aliases_of(name)
+        if shared_by:  # its aliases keep the computation running
+            document = PipelineDocument(
+                name,
+                current.version + 1,
+                "deployed",
+                current.spec_hash,
+                current.spec,
+                now_ms,
+                released=True,
+            )
+            return self._accept(request, document, "deleted"), document
         document = PipelineDocument(name, current.version + 1, "deleted", None, None, now_ms)
         return self._accept(request, document, "deleted"), document
 
@@ -148,15 +224,21 @@ class Registry:
             "unchanged": "unchanged at",
             "deleted": "deleted at",
         }[change]
+        shared = ""
+        if document.alias_of is not None:
+            shared = f", sharing the computation of {document.alias_of!r}"
+        elif document.released:
+            shared = " (its computation goes on for its aliases)"
         return Result(
             id=request.id,
             ok=True,
-            message=f"pipeline {document.name!r} {words} v{document.version}",
+            message=f"pipeline {document.name!r} {words} v{document.version}{shared}",
             op=request.op,
             name=document.name,
             version=document.version,
             spec_hash=document.spec_hash,
             change=change,
+            alias_of=document.alias_of,
         )
 
     @staticmethod

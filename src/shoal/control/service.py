@@ -31,7 +31,7 @@ from shoal.broker.session import Message, Session, SessionFactory, unique_client
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock
 from shoal.control.follower import DocumentFollower
-from shoal.control.messages import Marker, Request, Result
+from shoal.control.messages import Marker, PipelineDocument, Request, Result
 from shoal.control.registry import Registry, refuse_unreadable
 from shoal.errors import ControlError
 from shoal.schemas.topics import Topics, topic_matches
@@ -169,16 +169,21 @@ class ControlPlane:
             request = Request.from_json(payload)
         except ControlError as exc:
             return refuse_unreadable(exc)
-        result, document = self.registry.decide(request, self.clock.now_ms())
+        now = self.clock.now_ms()
+        result, document = self.registry.decide(request, now)
         if document is not None:
-            await session.publish(
-                self.topics.pipeline_document(document.name),
-                document.to_json(),
-                qos=1,
-                retain=True,
-            )
-            self.registry.commit(document)
+            previous = self.registry.get(document.name)
+            await self._store(session, document)
+            for follow_up in self.registry.follow_ups(previous, now):
+                await self._store(session, follow_up)
         return result
+
+    async def _store(self, session: Session, document: PipelineDocument) -> None:
+        """Retain a document (QoS 1, PUBACK awaited), then commit it to the registry."""
+        await session.publish(
+            self.topics.pipeline_document(document.name), document.to_json(), qos=1, retain=True
+        )
+        self.registry.commit(document)
 
 
 async def serve(plane: ControlPlane, stop: asyncio.Event, on_ready: Callable[[], None]) -> None:

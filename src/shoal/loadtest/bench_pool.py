@@ -58,8 +58,16 @@ class PoolStep:
 
 
 def spec_toml(index: int) -> str:
-    """A small pipeline; every one reads the same input, so one batch reaches them all."""
-    return f'name = "p{index:05d}"\naggregates = ["count", "mean"]\n[[windows]]\nsize_ms = 10000\n'
+    """A small pipeline; every one reads the same input, so one batch reaches them all.
+
+    Each has its own limit on key lengths (256 bytes and up, never reached): otherwise they
+    would be the same spec under other names, and the control plane would make every one
+    after the first an alias of it, computed once (CONTRACT.md §22.4).
+    """
+    return (
+        f'name = "p{index:05d}"\naggregates = ["count", "mean"]\n'
+        f"limits = {{ max_string_bytes = {256 + index} }}\n[[windows]]\nsize_ms = 10000\n"
+    )
 
 
 @contextlib.contextmanager

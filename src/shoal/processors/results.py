@@ -112,6 +112,8 @@ class Emission:
     partitions: int
     watermark: int | None
     emitted_at_ms: int
+    version: int | None = None
+    """The spec version that computed the results (None: a pipeline from a file)."""
 
 
 def _header(result: WindowResult, ctx: Emission) -> dict[str, Any]:
@@ -129,6 +131,8 @@ def _header(result: WindowResult, ctx: Emission) -> dict[str, Any]:
         "keys": result.frame.height,
         "rows": result.rows,
     }
+    if ctx.version is not None:  # a pipeline deployed at run time: which version computed it
+        header["version"] = ctx.version
     if result.correction:
         header["correction"] = True
     if result.parts > 1:  # absent on a whole window, so old consumers read it as before

@@ -24,7 +24,7 @@ from shoal.processors.spec import PipelineSpec
 from shoal.rules.guard import FunctionGuard
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas import Batch, decode_batch, peek_envelope
-from shoal.schemas.topics import Topics
+from shoal.schemas.topics import Topics, topic_matches
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,11 @@ class BatchHandler:
                 spec.loaded.budget_ms / 1000.0, spec.degrade_after, clock.monotonic
             )
             stats.functions[spec.name] = self.guard
+        self._inputs = tuple(topics.under_root(f) for f in spec.inputs)
+
+    def reads(self, topic: str) -> bool:
+        """Whether ``topic`` is one of this spec's inputs."""
+        return any(topic_matches(f, topic) for f in self._inputs)
 
     def handle(self, session: Session, message: Message) -> list[asyncio.Future[None]]:
         """Decode, compute, start publishing; returns the PUBACK futures to wait for.

@@ -50,6 +50,7 @@ from shoal.broker import default_session_factory
 from shoal.broker.session import Message, Session, SessionFactory
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
+from shoal.control.canonical import canonical_mapping, canonicalize
 from shoal.errors import (
     BrokerError,
     ConfigError,
@@ -57,6 +58,7 @@ from shoal.errors import (
     ResultTooLargeError,
     SchemaError,
     StateCapError,
+    UsageError,
 )
 from shoal.processors.combine import Combiner, LateRows, Step
 from shoal.processors.partials import Partial
@@ -83,6 +85,7 @@ from shoal.processors.results import (
 )
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows
+from shoal.processors.versions import Chain, Stage
 from shoal.rules import alert_payload
 from shoal.runtime._fence import CheckpointLock
 from shoal.runtime._tasks import supervised
@@ -121,6 +124,10 @@ class CombinerConfig:
         hosted: run one ownership term for a combiner pool (see the module docstring);
             needs ``state_dir``.
         owner: the pool member hosting it (its heartbeat says so; None: pinned).
+        version: the spec version (a pipeline deployed at run time; results name it).
+        version_at_ms: when that version was made (the control plane's clock): an update
+            switches at the first window boundary after it, or after what the partition
+            has already applied (``shoal.processors.versions``).
     """
 
     spec: PipelineSpec
@@ -134,6 +141,8 @@ class CombinerConfig:
     per_key_results: bool = True
     hosted: bool = False
     owner: str | None = None
+    version: int | None = None
+    version_at_ms: int = 0
 
     @property
     def client_id(self) -> str:
@@ -171,7 +180,7 @@ class CombinerRuntime:
         self.config = config
         self.clock = clock or SystemClock()
         self._connect = session_factory or default_session_factory()
-        self.core = self._new_core()
+        self.chain = self._new_chain()
         self._stop = asyncio.Event()
         self._unacked: list[asyncio.Future[None]] = []
         self._key_tasks: set[asyncio.Task[None]] = set()
@@ -188,14 +197,70 @@ class CombinerRuntime:
         self.checkpoints = 0
         self.last_checkpoint_ms: float | None = None
         self.started_at = self.clock.monotonic()
-        self._inputs = [config.topics.under_root(f) for f in config.spec.inputs]
+        self._inputs = self._stage_inputs()
         self._writing: asyncio.Future[None] | None = None
         self.serving = False
         """Hosted: the session is ours, the checkpoint restored and the partials subscribed."""
+        self.result_names: tuple[str, ...] = (config.spec.name,)
+        """The names whose result topics get the window messages: the pipeline's own (unless
+        its name was deleted while aliases share it) and its aliases' (set by the pool)."""
         self.deposed = False
         """Hosted: the term ended with the connection (taken over, or the broker went away)."""
         if config.state_dir is not None and not config.hosted:
             self._restore(config.state_dir / CHECKPOINT_FILE)
+
+    @property
+    def core(self) -> Combiner:
+        """The current version's core (older versions finishing their windows: ``chain``)."""
+        return self.chain.current.core
+
+    def _new_chain(self) -> Chain:
+        config = self.config
+        doc = canonical_mapping(config.spec) if config.hosted else None
+        core = Combiner(config.spec, config.partition, self.clock, logged=self._logged)
+        return Chain(Stage(config.version, core, spec_doc=doc))
+
+    @property
+    def _logged(self) -> bool:
+        """Whether closes go to the close log: a pinned partition with a state folder.
+
+        A hosted partition's checkpoint is a chain of spec versions; its closes are not
+        logged yet (docs/guarantees.md, "Restarts": a pool takeover in the timing-dependent
+        case may renumber a correction, as before the close log).
+        """
+        return self.config.state_dir is not None and not self.config.hosted
+
+    def update(self, version: int, spec: PipelineSpec, at_ms: int) -> None:
+        """Open a new spec version: it takes the windows from the next boundary on.
+
+        The windows before the cut finish under the versions open now (``Chain.update``).
+        """
+        if spec.partitions != self.config.spec.partitions:
+            raise UsageError("a new partition count cannot switch in place")
+        if spec == self.config.spec:  # a new document version, not a new spec
+            self.config = replace(self.config, version=version, version_at_ms=at_ms)
+            return
+        stage = self.chain.update(
+            version,
+            spec,
+            self.clock,
+            not_before_ms=at_ms,
+            spec_doc=canonical_mapping(spec) if self.config.hosted else None,
+        )
+        self.config = replace(self.config, spec=spec, version=version, version_at_ms=at_ms)
+        self._inputs = self._stage_inputs()
+        self._rendered = None
+        log.info(
+            "combiner %s: v%d from window start %d on; earlier windows finish under v%s",
+            self.config.client_id,
+            version,
+            stage.from_ms,
+            ", v".join(str(v) for v in self.chain.versions[:-1]),
+        )
+
+    def _stage_inputs(self) -> list[str]:
+        topics = self.config.topics
+        return sorted({topics.under_root(f) for s in self.chain.stages for f in s.core.spec.inputs})
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -321,7 +386,7 @@ class CombinerRuntime:
             self.partials_unreadable += 1
             log.warning("combiner %s: unreadable partial dropped: %s", self.config.client_id, exc)
             return
-        step = self.core.receive(partial)
+        steps = self.chain.receive(partial)
         now = self.clock.now_ms()
         if log.isEnabledFor(logging.DEBUG):
             b = partial.batch
@@ -333,13 +398,15 @@ class CombinerRuntime:
                 received_ms - partial.produced_at_ms,
                 now - received_ms,
             )
-        if step.applied and partial.batch.sent_at_ms:
+        if any(step.applied for _, step in steps) and partial.batch.sent_at_ms:
             self.apply_latency.add(now - partial.batch.sent_at_ms)
         closing_since = self.clock.monotonic()
-        closed = self.core.close_ready(now)
+        closes = self.chain.close_ready(now)
         self._write_log()  # the closes decided, before anything they decide is published
-        self._publish_step(session, step)
-        self._emit(session, closed, closing_since)
+        for stage, step in steps:
+            self._publish_step(session, stage, step)
+        for stage, closed in closes:
+            self._emit(session, stage, closed, closing_since)
 
     def _on_status(self, session: Session, message: Message) -> None:
         if not message.payload:
@@ -352,9 +419,10 @@ class CombinerRuntime:
         ingest = self.config.topics.ingest(status.stream, status.gateway_id)
         if not any(topic_matches(f, ingest) for f in self._inputs):
             return  # a gateway of a stream this pipeline does not read
-        step = self.core.receive_status(status)
+        steps = self.chain.receive_status(status)
         self._write_log()
-        self._publish_step(session, step)
+        for stage, step in steps:
+            self._publish_step(session, stage, step)
 
     def _on_control(self, session: Session, message: Message) -> None:
         try:
@@ -363,9 +431,10 @@ class CombinerRuntime:
             command = None
         if command == "flush":
             log.info("combiner %s: flushing every open window", self.config.client_id)
-            step = self.core.flush_step()
+            flushed = [(stage, stage.core.flush_step()) for stage in self.chain.stages]
             self._write_log()
-            self._publish_step(session, step)
+            for stage, step in flushed:
+                self._publish_step(session, stage, step)
         elif command == "reset_stats":
             # Benchmarks measure steady state: forget the warm-up's latencies.
             self.apply_latency = LatencyHistogram()
@@ -379,16 +448,18 @@ class CombinerRuntime:
 
     # -- output ------------------------------------------------------------------------------
 
-    def _publish_step(self, session: Session, step: Step, since: float | None = None) -> None:
-        self._refuse_over_cap(session, step)
+    def _publish_step(
+        self, session: Session, stage: Stage, step: Step, since: float | None = None
+    ) -> None:
+        self._refuse_over_cap(session, stage, step)
         for late in step.late:
             self._publish_late(session, late)
         for closed in step.replayed:
-            self._emit(session, closed, since)
+            self._emit(session, stage, closed, since)
         if step.closed is not None:
-            self._emit(session, step.closed, since)
+            self._emit(session, stage, step.closed, since)
 
-    def _refuse_over_cap(self, session: Session, step: Step) -> None:
+    def _refuse_over_cap(self, session: Session, stage: Stage, step: Step) -> None:
         """Dead-letter the partials the core refused at the state cap; log once per episode.
 
         An episode begins with the first refusal and ends when a partial is applied again
@@ -396,7 +467,7 @@ class CombinerRuntime:
         """
         for partial, error in step.over_cap:
             if self._over_cap_since is None:
-                self._over_cap_since = self.core.counters.partials_over_cap - 1
+                self._over_cap_since = stage.core.counters.partials_over_cap - 1
                 log.error("combiner %s: %s", self.config.client_id, error)
             else:
                 log.debug("combiner %s: %s", self.config.client_id, error)
@@ -409,13 +480,13 @@ class CombinerRuntime:
                 reason=StateCapError.reason,
             )
         if step.applied and not step.over_cap and self._over_cap_since is not None:
-            refused = self.core.counters.partials_over_cap - self._over_cap_since
+            refused = stage.core.counters.partials_over_cap - self._over_cap_since
             self._over_cap_since = None
             log.warning(
                 "combiner %s: applying partials again (%d state cells held, max_state_cells "
                 "%d) after refusing %d at the cap",
                 self.config.client_id,
-                self.core.state_cells,
+                stage.core.state_cells,
                 self.config.spec.max_state_cells,
                 refused,
             )
@@ -433,13 +504,17 @@ class CombinerRuntime:
         )
 
     def _emit(
-        self, session: Session, closed: ClosedWindows | None, since: float | None = None
+        self,
+        session: Session,
+        stage: Stage,
+        closed: ClosedWindows | None,
+        since: float | None = None,
     ) -> None:
-        """Publish closed windows; ``since`` (clock monotonic s) is when closing them began."""
+        """Publish one version's closed windows; ``since``: when closing began (monotonic s)."""
         if closed is None or closed.empty:
-            self._publish_alerts(session)
+            self._publish_alerts(session, stage)
             return
-        spec = self.config.spec
+        spec = stage.core.spec
         topics = self.config.topics
         started = self.clock.now_ms()
         since = self.clock.monotonic() if since is None else since
@@ -450,7 +525,12 @@ class CombinerRuntime:
             (self.clock.monotonic() - since) * 1000.0,
         )
         ctx = Emission(
-            spec.name, self.config.partition, spec.partitions, self.core.closed_through, started
+            spec.name,
+            self.config.partition,
+            spec.partitions,
+            stage.core.closed_through,
+            started,
+            stage.version,
         )
         rendered = {}
         if self._rendered is not None and self._rendered[0] is closed.frame:
@@ -461,11 +541,12 @@ class CombinerRuntime:
             window_futures: list[asyncio.Future[None]] = []
             refused: set[str | None] = set()
             for index, encoding in enumerate(spec.output_encodings):
-                topic = (
-                    topics.results(spec.name)
-                    if index == 0
-                    else topics.results_encoded(spec.name, encoding)
-                )
+                # The same message on every name of the computation (aliases share it).
+                names = self.result_names
+                here = [
+                    topics.results(n) if index == 0 else topics.results_encoded(n, encoding)
+                    for n in names
+                ]
                 encoding_since = self.clock.monotonic()
                 rows = rendered.get((result.window, result.start)) if encoding == "json" else None
                 for payload, content_type in self._window_payloads(
@@ -483,9 +564,10 @@ class CombinerRuntime:
                             (self.clock.monotonic() - encoding_since) * 1000.0,
                             (self.clock.monotonic() - since) * 1000.0,
                         )
-                    future = self._publish_result(session, topic, payload, content_type, result)
-                    if future is not None:
-                        window_futures.append(future)
+                    for topic in here:
+                        future = self._publish_result(session, topic, payload, content_type, result)
+                        if future is not None:
+                            window_futures.append(future)
             if refused:  # the per-key messages would not fit either
                 result = replace(result, frame=_without_keys(result.frame, refused))
             self._unacked.extend(window_futures)
@@ -499,18 +581,18 @@ class CombinerRuntime:
                         self._publish_keys(session, result, started, window_futures)
                     )
                 )
-        self._publish_alerts(session)
+        self._publish_alerts(session, stage)
 
-    def _publish_alerts(self, session: Session) -> None:
+    def _publish_alerts(self, session: Session, stage: Stage) -> None:
         """Publish the alert transitions of the windows just closed (retained, QoS 1).
 
         Started in the same synchronous step as the window results, so the checkpoint that
         forgets those windows waits for their PUBACKs too (see the module docstring).
         """
-        transitions = self.core.take_transitions()
+        transitions = stage.core.take_transitions()
         if not transitions:
             return
-        spec = self.config.spec
+        spec = stage.core.spec
         by_name = {a.name: a for a in spec.alerts}
         now = self.clock.now_ms()
         for transition in transitions:
@@ -519,7 +601,7 @@ class CombinerRuntime:
                 by_name[transition.alert],
                 pipeline=spec.name,
                 partition=self.config.partition,
-                spec=self.core.fingerprint,
+                spec=stage.core.fingerprint,
                 at_ms=now,
             )
             self._unacked.append(
@@ -693,7 +775,7 @@ class CombinerRuntime:
             await asyncio.sleep(self.config.tick_ms / 1000)
             since = self.clock.monotonic()
             abandoned = self.core.counters.replays_abandoned
-            step = self.core.tick()
+            steps = self.chain.tick()
             self._write_log()
             if self.core.counters.replays_abandoned > abandoned:
                 log.warning(
@@ -702,14 +784,24 @@ class CombinerRuntime:
                     self.config.client_id,
                     self.config.spec.hold_bound_ms,
                 )
-            self._publish_step(session, step, since)
-            if step.closed is None:
-                self._emit(session, None, since)  # alert transitions, if any
+            for stage, step in steps:
+                self._publish_step(session, stage, step, since)
+                if step.closed is None:
+                    self._emit(session, stage, None, since)  # alert transitions, if any
+            for stage, closed in self.chain.retire():
+                self._emit(session, stage, closed, since)
+                log.info(
+                    "combiner %s: v%s closed its last window (before %s)",
+                    self.config.client_id,
+                    stage.version,
+                    stage.until_ms,
+                )
             self._unacked = [f for f in self._unacked if not f.done() or f.exception() is not None]
             # Merge pending state between messages (incrementally, so it is cheap), so that
             # closing a window finds almost nothing left to merge.
-            if self.core.state.pending_rows:
-                self.core.state.compact()
+            for stage in self.chain.stages:
+                if stage.core.state.pending_rows:
+                    stage.core.state.compact()
             self._render_ahead()
 
     def _render_ahead(self) -> None:
@@ -740,12 +832,15 @@ class CombinerRuntime:
         so that their gateways re-send them at once.
         """
         if self.core.replaying:
-            await self._confirm(session, self.core.confirmable(), self._lasting_gaps())
+            await self._confirm(session, self.chain.confirmable(), self._lasting_gaps())
             return
-        snapshot = self.core.snapshot() if self.config.state_dir is not None else None
+        snapshot = None
+        if self.config.state_dir is not None:
+            # Hosted: the chain, with each version's spec (it can outlive its document).
+            snapshot = self.chain.snapshot() if self.config.hosted else self.core.snapshot()
         generation = self.core.close_log.generation
         self._write_log()  # the snapshot's mark
-        confirmable = self.core.confirmable()
+        confirmable = self.chain.confirmable()
         missing = self._lasting_gaps()
         # The outputs stay listed until acknowledged: a checkpoint cancelled while waiting
         # (the periodic one, when the runtime stops) leaves them to the next, which must not
@@ -781,7 +876,7 @@ class CombinerRuntime:
         (a broker queue overflowed, a worker died with the batch), and naming it lets the
         gateway re-send at once instead of after its stall timer.
         """
-        now = self.core.gaps(MAX_MISSING)
+        now = self.chain.gaps(MAX_MISSING)
         before, self._gaps = self._gaps, {g: set(seqs) for g, seqs in now.items()}
         lasting = {}
         for gateway_id, seqs in now.items():
@@ -839,6 +934,9 @@ class CombinerRuntime:
             "pipeline": self.config.spec.name,
             "partition": self.config.partition,
             "owner": self.config.owner,
+            "version": self.config.version,
+            # every version still open: the windows it owns (older ones finishing theirs)
+            "versions": [s.describe() for s in self.chain.stages],
             "at": self.clock.now_ms(),
             "uptime_s": round(self.clock.monotonic() - self.started_at, 3),
             "watermark": self.core.watermark(),
@@ -868,33 +966,33 @@ class CombinerRuntime:
 
     # -- checkpoints ---------------------------------------------------------------------------
 
-    def _new_core(self) -> Combiner:
-        return Combiner(
-            self.config.spec,
-            self.config.partition,
-            self.clock,
-            logged=self.config.state_dir is not None,
-        )
-
     def _restore(self, path: Path) -> None:
         closes = path.with_name(CLOSE_LOG_FILE)
         snapshot = path.read_bytes() if path.exists() else None
-        logged = closes.read_bytes() if closes.exists() else None
+        logged = closes.read_bytes() if closes.exists() and self._logged else None
         if snapshot is None and logged is None:
             return
-        try:
-            self.core.restore(snapshot, logged)
-        except SchemaError as exc:
-            if exc.reason != "bad_log":
-                raise
-            log.warning(
-                "combiner %s: close log %s unreadable (%s); restoring the checkpoint alone",
-                self.config.client_id,
-                closes,
-                exc,
-            )
-            self.core = self._new_core()
-            self.core.restore(snapshot)
+        chain = None
+        if snapshot is not None:
+            chain = Chain.restore(snapshot, self.config.partition, self.clock, _parse_canonical)
+        if chain is not None:
+            self.chain = chain
+            self._catch_up()
+        else:
+            try:
+                self.core.restore(snapshot, logged)
+            except SchemaError as exc:
+                if exc.reason != "bad_log":
+                    raise
+                log.warning(
+                    "combiner %s: close log %s unreadable (%s); restoring the checkpoint alone",
+                    self.config.client_id,
+                    closes,
+                    exc,
+                )
+                self.chain = self._new_chain()
+                self.core.restore(snapshot)
+        self._inputs = self._stage_inputs()
         self._confirmed = {}
         self._write_log()  # the log rewritten for the restored checkpoint
         log.info(
@@ -919,6 +1017,30 @@ class CombinerRuntime:
                 fh.flush()
                 os.fsync(fh.fileno())
 
+    def _catch_up(self) -> None:
+        """A restored chain older than the deployed version switches to it (``update``).
+
+        One whose partition count differs cannot: it is refused like a checkpoint of another
+        spec (``checkpoint_mismatch``), and the partition starts afresh.
+        """
+        current, config = self.chain.current, self.config
+        if config.version is None or current.version is None or current.version >= config.version:
+            return
+        if current.core.spec.partitions != config.spec.partitions:
+            raise SchemaError(
+                "checkpoint was written for another partition count",
+                reason="checkpoint_mismatch",
+                expected=str(config.spec.partitions),
+                found=str(current.core.spec.partitions),
+            )
+        self.chain.update(
+            config.version,
+            config.spec,
+            self.clock,
+            not_before_ms=config.version_at_ms,
+            spec_doc=canonical_mapping(config.spec),
+        )
+
     def _reload(self) -> None:
         if self.config.state_dir is None:
             log.warning(
@@ -927,9 +1049,13 @@ class CombinerRuntime:
                 self.config.client_id,
             )
             return
-        self.core = self._new_core()
+        self.chain = self._new_chain()
         self._rendered = None
         self._restore(self.config.state_dir / CHECKPOINT_FILE)
+
+
+def _parse_canonical(mapping: dict[str, Any]) -> PipelineSpec:
+    return canonicalize(mapping).spec
 
 
 def _without_keys(frame: pl.DataFrame, keys: set[str | None]) -> pl.DataFrame:

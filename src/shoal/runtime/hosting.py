@@ -134,6 +134,9 @@ class CombinerHost:
         self._connect = session_factory or default_session_factory()
         self.follower = DocumentFollower(config.topics)
         self.deployed: dict[str, tuple[int, PipelineSpec]] = {}
+        self._made_at: dict[str, int] = {}  # name -> when its current version was made
+        self.names: dict[str, tuple[str, ...]] = {}
+        """Computation -> the names its results are published under (its own, aliases)."""
         self.members: dict[str, Announcement] = {}
         self.terms: dict[Slot, _Term] = {}
         self.counters = HostCounters()
@@ -163,7 +166,13 @@ class CombinerHost:
         ``handover_ms``) instead of taking the session in the middle of it.
         """
         return tuple(
-            Owned(name, partition, term.runtime.config.spec.partitions, term.version)
+            Owned(
+                name,
+                partition,
+                term.runtime.config.spec.partitions,
+                term.version,
+                term.runtime.chain.versions,
+            )
             for (name, partition), term in sorted(self.terms.items())
             if term.runtime.serving
         )
@@ -233,8 +242,12 @@ class CombinerHost:
             change = self.follower.take(message)
             if isinstance(change, Served):
                 self.deployed[change.name] = (change.version, change.spec)
+                document = self.follower.registry.get(change.name)
+                self._made_at[change.name] = 0 if document is None else document.changed_at_ms
             elif isinstance(change, Dropped):
                 self.deployed.pop(change.name, None)
+            if change is not None:
+                self.names = self._result_names()
         elif message.topic.startswith(topics.pool_combiners()[:-1]):
             member = message.topic.rsplit("/", 1)[-1]
             if not message.payload:
@@ -270,6 +283,9 @@ class CombinerHost:
                 self._ended(slot, term, now)
                 continue
             current = self.deployed.get(slot[0])
+            term.runtime.result_names = self.names.get(slot[0], (slot[0],))
+            if not term.stopping and current is not None and current[0] > term.version:
+                self._update(slot, term, *current)
             if not term.stopping and (
                 slot not in wanted or current is None or current[0] != term.version
             ):
@@ -284,6 +300,27 @@ class CombinerHost:
             if held_by and now - self._wanted_since[slot] < self.config.handover_ms / 1000:
                 continue  # the previous owner is stopping it with a last checkpoint
             self._start(slot)
+
+    def _result_names(self) -> dict[str, tuple[str, ...]]:
+        registry = self.follower.registry
+        out = {}
+        for document in registry.deployed():
+            if document.computes:
+                own = () if document.released else (document.name,)
+                out[document.name] = (*own, *registry.aliases_of(document.name))
+        return out
+
+    def _update(self, slot: Slot, term: _Term, version: int, spec: PipelineSpec) -> None:
+        """Switch a running partition to a new version at its next window boundary.
+
+        Its windows before the cut finish under the old version, in the same term. A new
+        partition count cannot switch in place: the term is let go of, and the next one
+        starts afresh (docs/architecture.md, "Updates").
+        """
+        if not term.runtime.serving or spec.partitions != term.runtime.config.spec.partitions:
+            return
+        term.runtime.update(version, spec, self._made_at.get(slot[0], 0))
+        term.version = version
 
     def _ended(self, slot: Slot, term: _Term, now: float) -> None:
         del self.terms[slot]
@@ -313,6 +350,8 @@ class CombinerHost:
             per_key_results=self.config.per_key_results,
             hosted=True,
             owner=self.me,
+            version=version,
+            version_at_ms=self._made_at.get(name, 0),
         )
         runtime = CombinerRuntime(config, self.clock, session_factory=self._connect)
         self.terms[slot] = _Term(runtime, asyncio.create_task(runtime.run()), version)

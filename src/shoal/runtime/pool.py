@@ -12,9 +12,14 @@ Changes, in the order they take effect (docs/architecture.md, "The worker pool")
 
 * **deploy**: build the handler, SUBSCRIBE with a new identifier; from then on the broker
   deals the pipeline's batches to this worker too.
-* **update** (a new version): build the new handler and SUBSCRIBE the new version's inputs
-  with a new identifier (the same filter again replaces the subscription), UNSUBSCRIBE the
-  inputs it no longer reads, then *retire* the old identifier.
+* **update** (a new version): build the new handler and SUBSCRIBE the inputs of every version
+  still computed with a new identifier (the same filter again replaces the subscription),
+  then *retire* the old identifier. The old version's handler is kept: from then on each
+  batch is computed with both versions (each partial names its spec's fingerprint), because
+  the combiners finish the windows before the update's cut under the old version
+  (``shoal.processors.versions``). It is dropped once every partition of the pipeline is
+  announced by the pool combiners (``shoal/combiners/+``) without that version among the
+  ones it still computes (``Owned.open``); then the inputs only it read are UNSUBSCRIBEd.
 * **delete**: UNSUBSCRIBE, then retire.
 * **retire**: publish a marker to the worker's own control topic. UNSUBSCRIBE (or a
   replacing SUBSCRIBE) does not flush what the broker already queued for us, and those
@@ -38,26 +43,37 @@ from dataclasses import dataclass, replace
 
 from shoal.broker.session import MAX_SUBSCRIPTION_ID, Message, Session
 from shoal.clock import Clock
+from shoal.control.assignment import Announcement
 from shoal.control.follower import DocumentFollower, Dropped, Served
 from shoal.control.messages import Marker
+from shoal.errors import ControlError
 from shoal.runtime._batches import BatchHandler, WorkerStats
-from shoal.schemas.topics import Topics
+from shoal.schemas.topics import Topics, topic_matches
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class _Pipeline:
-    """One served pipeline: its current version, handler and subscription id."""
+    """One served pipeline: its current version, handler and subscription id.
+
+    ``older``: (version, handler) of older versions whose windows combiners still compute.
+    """
 
     version: int
     handler: BatchHandler
     sid: int
+    older: tuple[tuple[int, BatchHandler], ...] = ()
+
+    @property
+    def handlers(self) -> list[BatchHandler]:
+        """Every version's handler, newest first."""
+        return [self.handler, *(h for _, h in self.older)]
 
     @property
     def filters(self) -> tuple[str, ...]:
-        """Its inputs' shared subscriptions (the handler's)."""
-        return self.handler.filters
+        """The shared subscriptions of every version's inputs."""
+        return tuple(dict.fromkeys(f for h in self.handlers for f in h.filters))
 
 
 class PoolRoutes:
@@ -91,7 +107,8 @@ class PoolRoutes:
         self.on_change = on_change or (lambda: None)
         self.follower = DocumentFollower(topics)
         self.pipelines: dict[str, _Pipeline] = {}
-        self._handlers: dict[int, BatchHandler] = {}  # subscription id -> handler (+ retiring)
+        self._handlers: dict[int, list[BatchHandler]] = {}  # subscription id -> handlers
+        self._combiners: dict[str, Announcement] = {}  # pool combiners, by member id
         self._retiring: dict[str, int] = {}  # marker token -> subscription id
         self._pending: set[str] = set()  # recorded, SUBSCRIBE not granted yet
         self._ids = itertools.cycle(range(1, MAX_SUBSCRIPTION_ID + 1))
@@ -107,22 +124,29 @@ class PoolRoutes:
         for name, served in list(self.pipelines.items()):
             sid = next(self._ids)
             await session.subscribe(served.filters, qos=1, subscription_id=sid)
-            self._handlers[sid] = served.handler
+            self._handlers[sid] = served.handlers
             self.pipelines[name] = replace(served, sid=sid)
-        await session.subscribe([self.topics.pipeline_documents()], qos=1)
+        await session.subscribe(
+            [self.topics.pipeline_documents(), self.topics.pool_combiners()], qos=1
+        )
 
     async def leave(self, session: Session) -> None:
         """Stop following documents and leave every pipeline's group (draining)."""
-        await session.unsubscribe([self.topics.pipeline_documents()])
+        await session.unsubscribe([self.topics.pipeline_documents(), self.topics.pool_combiners()])
         filters = sorted({f for served in self.pipelines.values() for f in served.filters})
         if filters:
             await session.unsubscribe(filters)
 
     async def route(self, session: Session, message: Message) -> list[asyncio.Future[None]]:
         """A batch to the handlers its subscription identifiers name; a document applied."""
-        handlers = [self._handlers[i] for i in message.subscription_ids if i in self._handlers]
+        handlers = [h for i in message.subscription_ids for h in self._handlers.get(i, ())]
+        if len(handlers) > 1:  # versions of one pipeline may read different inputs
+            handlers = [h for h in handlers if h.reads(message.topic)]
         if handlers:
             return [f for h in handlers for f in h.handle(session, message)]
+        if topic_matches(self.topics.pool_combiners(), message.topic):
+            await self._on_announcement(session, message)
+            return []
         if self.follower.is_document(message.topic):
             change = self.follower.take(message)
             if isinstance(change, Served):
@@ -142,23 +166,69 @@ class PoolRoutes:
         return []
 
     async def _serve(self, session: Session, change: Served) -> None:
+        old = self.pipelines.get(change.name)
+        if old is not None and old.handler.spec == change.spec:
+            # A new version of the document, not of the spec (released, or a name back).
+            self.pipelines[change.name] = replace(old, version=change.version)
+            return
         handler = BatchHandler(change.spec, self.topics, self.worker_id, self.stats, self.clock)
         sid = next(self._ids)
-        old = self.pipelines.get(change.name)
+        older = () if old is None else ((old.version, old.handler), *old.older)
+        served = _Pipeline(change.version, handler, sid, older)
         # Recorded before the SUBSCRIBE: should the connection fail meanwhile, `join` on the
         # next one subscribes it (the document will not come back as a change). Not listed
         # in `serving` until the broker granted it.
-        self.pipelines[change.name] = _Pipeline(change.version, handler, sid)
-        self._handlers[sid] = handler
+        self.pipelines[change.name] = served
+        self._handlers[sid] = served.handlers
         self._pending.add(change.name)
-        await session.subscribe(handler.filters, qos=1, subscription_id=sid)
+        await session.subscribe(served.filters, qos=1, subscription_id=sid)
         self._pending.discard(change.name)
         log.info("worker %s: serving %s v%d", self.worker_id, change.name, change.version)
         if old is not None:
-            gone = [f for f in old.filters if f not in handler.filters]
-            if gone:
-                await session.unsubscribe(gone)
             await self._retire(session, old.sid)
+            await self._prune(session, change.name)
+
+    async def _on_announcement(self, session: Session, message: Message) -> None:
+        """A pool combiner's presence: older versions no partition computes are dropped."""
+        member = message.topic.rsplit("/", 1)[-1]
+        try:
+            self._combiners[member] = Announcement.from_json(message.payload)
+        except ControlError:
+            self._combiners.pop(member, None)  # gone (cleared), or not an announcement
+        for name in [n for n, p in self.pipelines.items() if p.older]:
+            await self._prune(session, name)
+
+    async def _prune(self, session: Session, name: str) -> None:
+        """Drop the older versions of ``name`` that no partition still computes.
+
+        Only once every partition of the current version is announced: a partition without
+        an owner right now may be restored with an older version still open.
+        """
+        served = self.pipelines[name]
+        oldest: dict[int, int] = {}
+        for announcement in self._combiners.values():
+            for owned in announcement.owns:
+                if owned.pipeline == name and owned.version >= served.version:
+                    oldest[owned.partition] = owned.oldest
+        if len(oldest) < served.handler.spec.partitions:
+            return
+        floor = min(oldest.values())
+        kept = tuple((v, h) for v, h in served.older if v >= floor)
+        if kept == served.older:
+            return
+        pruned = replace(served, older=kept)
+        self.pipelines[name] = pruned
+        self._handlers[served.sid] = pruned.handlers
+        gone = [f for f in served.filters if f not in pruned.filters]
+        if gone:
+            await session.unsubscribe(gone)
+        log.info(
+            "worker %s: %s: no partition computes v%s any more",
+            self.worker_id,
+            name,
+            ", v".join(str(v) for v, _ in served.older if v < floor),
+        )
+        self.on_change()
 
     async def _drop(self, session: Session, name: str) -> None:
         old = self.pipelines.pop(name, None)

@@ -15,15 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shoal.broker import default_session_factory
-from shoal.broker.session import SessionFactory, unique_client_id
+from shoal.broker.session import Message, SessionFactory, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.broker.sysmon import SYS_TOPICS, BrokerCounters
 from shoal.clock import Clock, SystemClock
+from shoal.control.follower import DocumentFollower, Dropped, Served
 from shoal.errors import BrokerError, ShoalError
 from shoal.processors.spec import PipelineSpec
 from shoal.scaler.backends import Backend
 from shoal.scaler.http import MetricsServer, prometheus_text
-from shoal.scaler.monitor import PipelineMonitor
+from shoal.scaler.monitor import PipelineMonitor, Snapshot
 from shoal.scaler.policy import Bounds, Decision, Signals, make_policy
 from shoal.scaler.signals import signals_from
 from shoal.schemas.topics import Topics
@@ -31,12 +32,83 @@ from shoal.schemas.topics import Topics
 log = logging.getLogger(__name__)
 
 
+class PoolMonitor:
+    """The worker pool seen from outside: a ``PipelineMonitor`` per deployed computation.
+
+    The computations are followed from the retained pipeline documents.
+
+    A pool worker does every pipeline's work for each batch it takes, so the pool's backlog is
+    the **sum of the pipelines' lags** (each exact, design §4), its arrival rate the sum of
+    theirs, and a worker's capacity (rows per CPU second over all its handlers) is measured
+    on the same scale. Aliases compute nothing and are not counted.
+    """
+
+    def __init__(self, topics: Topics, clock: Clock) -> None:
+        self.topics = topics
+        self.clock = clock
+        self.follower = DocumentFollower(topics)
+        self.monitors: dict[str, PipelineMonitor] = {}
+
+    def filters(self) -> list[str]:
+        """Gateways' status, confirmations, heartbeats and the pipeline documents."""
+        t = self.topics
+        return [t.gateway_status_all(), t.confirm_all(), t.metrics_all(), t.pipeline_documents()]
+
+    def on_message(self, message: Message) -> None:
+        """A document changes what is monitored; anything else goes to every monitor."""
+        if self.follower.is_document(message.topic):
+            change = self.follower.take(message)
+            if isinstance(change, Served):
+                current = self.monitors.get(change.name)
+                if current is None or current.spec.partitions != change.spec.partitions:
+                    self.monitors[change.name] = PipelineMonitor(
+                        change.spec, self.topics, self.clock
+                    )
+                else:
+                    current.spec = change.spec
+            elif isinstance(change, Dropped):
+                self.monitors.pop(change.name, None)
+            return
+        for monitor in self.monitors.values():
+            monitor.on_message(message)
+
+    def snapshot(self) -> Snapshot:
+        """The sum over the deployed computations (zero lag when none is deployed)."""
+        snaps = [m.snapshot() for m in self.monitors.values()]
+        workers: dict[str, dict[str, Any]] = {}
+        for snap in snaps:
+            workers.update(snap.worker_metrics)
+        ages = [s.oldest_unconfirmed_age_ms for s in snaps if s.oldest_unconfirmed_age_ms]
+        return Snapshot(
+            at_ms=self.clock.now_ms(),
+            rows_in_per_s=sum(s.rows_in_per_s for s in snaps),
+            rows_out_per_s=sum(s.rows_out_per_s for s in snaps),
+            workers=tuple(sorted(workers)),
+            lag=tuple(g for s in snaps for g in s.lag),
+            lag_batches=sum(s.lag_batches for s in snaps),
+            lag_rows=sum(s.lag_rows for s in snaps),
+            oldest_unconfirmed_age_ms=max(ages) if ages else None,
+            rows_generated=sum(s.rows_generated for s in snaps),
+            batch_rows_applied=sum(s.batch_rows_applied for s in snaps),
+            windows_emitted=sum(s.windows_emitted for s in snaps),
+            rows_in_results=sum(s.rows_in_results for s in snaps),
+            deadletters=sum(s.deadletters for s in snaps),
+            late_rows=sum(s.late_rows for s in snaps),
+            window_memberships=sum(s.window_memberships for s in snaps),
+            windows_per_row=1,
+            latest=(),
+            combiners={},
+            worker_metrics=workers,
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class ScalerConfig:
     """How the scaler runs.
 
     Attributes:
-        spec: the pipeline whose workers it scales.
+        spec: the pipeline whose workers it scales (None: the worker pool, on the sum of the
+            lags of every pipeline deployed at run time, ``PoolMonitor``).
         broker: where the broker is.
         topics: topic namespace.
         policy: ``lag`` (default), ``cpu`` or ``rps``.
@@ -46,7 +118,7 @@ class ScalerConfig:
         http_host: address it listens on.
     """
 
-    spec: PipelineSpec
+    spec: PipelineSpec | None
     broker: BrokerSettings
     topics: Topics = field(default_factory=Topics)
     policy: str = "lag"
@@ -79,7 +151,7 @@ class Scaler:
         backend: Backend,
         *,
         clock: Clock | None = None,
-        monitor: PipelineMonitor | None = None,
+        monitor: PipelineMonitor | PoolMonitor | None = None,
         on_decision: Callable[[ScaleRecord], None] | None = None,
         session_factory: SessionFactory | None = None,
     ) -> None:
@@ -90,7 +162,13 @@ class Scaler:
         ``metric_samples``, with the process's own figures)."""
         self._connect = session_factory or default_session_factory()
         self.clock = clock or SystemClock()
-        self.monitor = monitor or PipelineMonitor(config.spec, config.topics, self.clock)
+        if monitor is None:
+            monitor = (
+                PoolMonitor(config.topics, self.clock)
+                if config.spec is None
+                else PipelineMonitor(config.spec, config.topics, self.clock)
+            )
+        self.monitor = monitor
         self.policy = make_policy(config.policy, config.bounds)
         self.broker_counters = BrokerCounters()
         self.history: list[ScaleRecord] = []
@@ -192,12 +270,17 @@ class Scaler:
 
     # -- what the endpoint serves --------------------------------------------------------------
 
+    @property
+    def _label(self) -> str:
+        """The ``pipeline`` label of its figures (``*``: the pool, every deployed pipeline)."""
+        return "*" if self.config.spec is None else self.config.spec.name
+
     def render_json(self) -> dict[str, Any]:
         """The JSON KEDA's ``metrics-api`` scaler reads."""
         last = self.history[-1] if self.history else None
         snap = self.monitor.snapshot()
         return {
-            "pipeline": self.config.spec.name,
+            "pipeline": self._label,
             "policy": self.policy.name,
             "desired_workers": None if last is None else last.decision.desired,
             "workers": None if last is None else last.signals.workers,
@@ -221,7 +304,7 @@ class Scaler:
     def metric_samples(self) -> list[tuple[str, str, str, dict[str, str], float | int | None]]:
         """``(name, type, help, labels, value)`` of every figure ``/metrics`` shows."""
         data = self.render_json()
-        pipeline = {"pipeline": self.config.spec.name}
+        pipeline = {"pipeline": self._label}
         snap = self.monitor.snapshot()
         samples: list[tuple[str, str, str, dict[str, str], float | int | None]] = [
             (

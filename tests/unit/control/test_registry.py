@@ -237,3 +237,58 @@ def test_the_canonical_form_of_a_sliding_window_names_its_step() -> None:
     assert mapping["windows"][0]["step_ms"] == 1_000
     assert "slide_ms" not in mapping["windows"][0]
     assert parse_pipeline(mapping) == spec
+
+
+def _commit(registry: Registry, request: Request, now: int = 0) -> Result:
+    """Decide, then commit as the service does (follow-ups included)."""
+    result, document = registry.decide(request, now)
+    if document is not None:
+        previous = registry.get(document.name)
+        registry.commit(document)
+        for follow_up in registry.follow_ups(previous, now):
+            registry.commit(follow_up)
+    return result
+
+
+def test_an_identical_spec_under_another_name_is_an_alias_counted_by_reference() -> None:
+    registry = Registry()
+    assert _commit(registry, Request("deploy", "1", spec_toml=SPEC)).alias_of is None
+    shared = _commit(registry, Request("deploy", "2", spec_toml=SAME_ELSEWHERE))
+    assert shared.ok
+    assert shared.alias_of == "temps"
+    alias = registry.get("temps-2")
+    assert alias is not None
+    assert alias.alias_of == "temps"
+    assert not alias.computes
+    assert registry.aliases_of("temps") == ["temps-2"]
+    assert PipelineDocument.from_json(alias.to_json()) == alias
+    # A shared computation cannot change under its aliases.
+    refused = _commit(registry, Request("update", "3", spec_toml=CHANGED))
+    assert (refused.ok, refused.reason) == (False, "shared")
+    # Deleting its name releases it: it goes on computing for the alias.
+    assert _commit(registry, Request("delete", "4", name="temps")).ok
+    released = registry.get("temps")
+    assert released is not None
+    assert released.computes
+    assert released.released
+    assert not released.named
+    assert _commit(registry, Request("delete", "5", name="temps")).reason == "unknown_pipeline"
+    # The last alias gone, the released computation is tombstoned too.
+    assert _commit(registry, Request("delete", "6", name="temps-2")).ok
+    gone = registry.get("temps")
+    assert gone is not None
+    assert not gone.deployed
+    assert registry.deployed() == []
+
+
+def test_deleting_an_alias_keeps_the_computation() -> None:
+    registry = Registry()
+    _commit(registry, Request("deploy", "1", spec_toml=SPEC))
+    _commit(registry, Request("deploy", "2", spec_toml=SAME_ELSEWHERE))
+    assert _commit(registry, Request("delete", "3", name="temps-2")).ok
+    temps = registry.get("temps")
+    assert temps is not None
+    assert temps.named
+    assert registry.aliases_of("temps") == []
+    # Unshared now: it may be updated.
+    assert _commit(registry, Request("update", "4", spec_toml=CHANGED)).change == "updated"

@@ -17,6 +17,7 @@ import polars as pl
 
 from shoal.broker.memory import MemoryBroker
 from shoal.broker.session import Message, Session
+from shoal.control.assignment import Announcement, Owned
 from shoal.control.messages import PipelineDocument, Request
 from shoal.control.registry import Registry
 from shoal.runtime.pool import PoolRoutes
@@ -108,6 +109,16 @@ def serving(messages: list[Message]) -> dict[str, int]:
     return beats[-1]["serving"]
 
 
+async def announce(
+    session: Session, member: str, owns: list[tuple[str, int, tuple[int, ...]]]
+) -> None:
+    """A pool combiner's retained announcement: (pipeline, partition, open versions)."""
+    owned = tuple(Owned(name, k, 2, max(versions), versions) for name, k, versions in owns)
+    await session.publish(
+        TOPICS.pool_combiner(member), Announcement(member, 0, owned).to_json(), retain=True
+    )
+
+
 def routes(worker: Worker) -> PoolRoutes:
     assert isinstance(worker.routes, PoolRoutes)
     return worker.routes
@@ -134,9 +145,18 @@ def test_a_pool_worker_follows_deploy_update_and_delete() -> None:
                 assert await admin.send("update", spec("temps", 5_000)) == 2
                 await session.publish(TOPICS.ingest("s", "g1"), batch(1))
                 got = await settle(seen)
-                assert partial_pipelines(got) == ["temps", "temps", "twin", "twin"]
+                # Both versions compute the batch until the combiners close v1's windows.
+                assert partial_pipelines(got) == ["temps"] * 4 + ["twin", "twin"]
                 assert routes(worker).pipelines["temps"].handler.spec.windows[0].size_ms == 5_000
+                assert [v for v, _ in routes(worker).pipelines["temps"].older] == [1]
                 assert serving(got) == {"other": 1, "temps": 2, "twin": 1}
+                # A pool combiner announces v1 closed on one partition: not yet enough.
+                await announce(session, "c1", [("temps", 0, (2,)), ("temps", 1, (1, 2))])
+                await settle(seen)
+                assert [v for v, _ in routes(worker).pipelines["temps"].older] == [1]
+                await announce(session, "c1", [("temps", 0, (2,)), ("temps", 1, (2,))])
+                await settle(seen)
+                assert routes(worker).pipelines["temps"].older == ()
 
                 await admin.send("delete", name="twin")
                 # Documents and batches are different topics: nothing orders a batch published
@@ -149,7 +169,7 @@ def test_a_pool_worker_follows_deploy_update_and_delete() -> None:
                 # The retire markers came back: the old handlers of temps v1 and twin are gone.
                 assert len(routes(worker)._handlers) == 2
                 assert worker.counters.unrouted == 0
-                assert worker.counters.batches == 5
+                assert worker.counters.batches == 6
 
     asyncio.run(scenario())
 
