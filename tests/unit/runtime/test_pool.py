@@ -143,6 +143,7 @@ def test_a_pool_worker_follows_deploy_update_and_delete() -> None:
                 assert partial_pipelines(got) == ["temps", "temps", "twin", "twin"]
 
                 assert await admin.send("update", spec("temps", 5_000)) == 2
+                assert serving(await settle(seen))["temps"] == 2  # as for the delete below
                 await session.publish(TOPICS.ingest("s", "g1"), batch(1))
                 got = await settle(seen)
                 # Both versions compute the batch until the combiners close v1's windows.
