@@ -3,7 +3,7 @@
 #   make test                 bootstrap, then ruff, mypy, the import contracts and the whole pytest suite
 #   make test-brokers         the real-broker integration, oracle and fault tests and a short
 #                             chaos run on Mosquitto and on Mochi MQTT (docs/brokers.md)
-#   make test-mochi-ci        the CI subset on Mochi: oracle + fault tests + a short chaos run
+#   make test-mochi-ci        a subset on Mochi: oracle + fault tests + a short chaos run (not in CI yet)
 #   make mochi                build the Mochi MQTT broker (needs Go >= 1.21) into var/bin
 # Bootstrap = a virtualenv in .venv with shoal installed (editable), Mosquitto on PATH and a
 # PostgreSQL server installed (the sink tests start their own from its binaries).

@@ -15,7 +15,7 @@ import msgpack
 from shoal.errors import DecodeError
 from shoal.schemas._checks import describe
 
-_MAP_KEY: Final = re.compile(r"^(\w+) is not allowed for map key")
+_MAP_KEY: Final = re.compile(r"^([\w.]+) is not allowed for map key")
 _MAP_LEN: Final = re.compile(r"^(\d+) exceeds max_map_len\((\d+)\)")
 _OTHER_LEN: Final = re.compile(r"^(\d+) exceeds max_(array|str|bin|ext)_len\((\d+)\)")
 _KINDS: Final = {
@@ -115,6 +115,13 @@ def msgpack_error(data: bytes, exc: Exception, what: str) -> DecodeError:
             "msgpack_bad_extension",
             expected="no extension types in a batch",
             found="an extension with a reserved negative type code",
+        )
+    if "nanoseconds" in said:  # msgpack.Timestamp: a 12-byte timestamp's nanoseconds field
+        return refuse(
+            "a timestamp extension (type -1) whose nanoseconds are out of range",
+            "msgpack_bad_extension",
+            expected="nanoseconds in 0..999999999 (better: no timestamp extension at all)",
+            found=said,
         )
     if "timestamp" in said:
         return refuse(

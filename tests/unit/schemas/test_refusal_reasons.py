@@ -226,3 +226,22 @@ def test_random_bytes_are_refused_with_a_known_code(
     payload: bytes, content_type: str | None
 ) -> None:
     check_total(payload, content_type=content_type)
+
+
+def test_a_timestamp_extension_with_nanoseconds_out_of_range_is_named() -> None:
+    # Found by the mutation fuzz in CI: msgpack's Timestamp refuses nanoseconds > 999999999
+    # with a ValueError of its own, which fell through to the unspecific msgpack_invalid.
+    ts = b"\xc7\x0c\xff" + (2_000_000_000).to_bytes(4, "big") + bytes(8)  # ext8, 12 bytes, -1
+    with pytest.raises(InputError) as refused:
+        decode_batch(b"\x81\xa2ts" + ts)
+    assert refused.value.code == "msgpack_bad_extension"
+    assert "nanoseconds" in str(refused.value)
+
+
+def test_a_timestamp_as_a_map_key_is_named() -> None:
+    # Found by `python -m shoal.loadtest.fuzz_decode`: msgpack names the key's type with its
+    # module ("datetime.datetime is not allowed for map key"), which the pattern missed.
+    key = b"\xd7\xff" + bytes(8)  # fixext8, type -1: a timestamp
+    with pytest.raises(InputError) as refused:
+        decode_batch(b"\x81" + key + b"\x01")
+    assert refused.value.code == "msgpack_map_key"
