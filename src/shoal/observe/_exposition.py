@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Final
+from typing import Final, TypeVar
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -29,6 +29,7 @@ from shoal.runtime.latency import LatencyHistogram
 from shoal.scaler.http import MetricsServer
 
 log = logging.getLogger(__name__)
+_F = TypeVar("_F", CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily)
 
 LATENCY_BUCKETS_S: Final = (
     0.0005,
@@ -69,14 +70,9 @@ class Families:
 
         None: only declare the family, so a labelled counter without samples is still listed.
         """
-        family = self._families.get(name)
-        if family is None:
-            family = CounterMetricFamily(name, doc, labels=list(labels))
-            self._families[name] = family
-        if value is None:
-            return
-        assert isinstance(family, CounterMetricFamily)
-        family.add_metric(list(labels.values()), value)
+        family = self._family(CounterMetricFamily, name, doc, labels)
+        if value is not None:
+            family.add_metric(list(labels.values()), value)
 
     def counter_by(
         self,
@@ -93,24 +89,15 @@ class Families:
 
     def gauge(self, name: str, doc: str, labels: Mapping[str, str], value: float | None) -> None:
         """A sample of a gauge (None: no sample, e.g. no watermark yet)."""
-        family = self._families.get(name)
-        if family is None:
-            family = GaugeMetricFamily(name, doc, labels=list(labels))
-            self._families[name] = family
-        if value is None:
-            return
-        assert isinstance(family, GaugeMetricFamily)
-        family.add_metric(list(labels.values()), value)
+        family = self._family(GaugeMetricFamily, name, doc, labels)
+        if value is not None:
+            family.add_metric(list(labels.values()), value)
 
     def histogram(
         self, name: str, doc: str, labels: Mapping[str, str], latency: LatencyHistogram
     ) -> None:
         """A latency histogram in seconds, from a process's millisecond ``LatencyHistogram``."""
-        family = self._families.get(name)
-        if family is None:
-            family = HistogramMetricFamily(name, doc, labels=list(labels))
-            self._families[name] = family
-        assert isinstance(family, HistogramMetricFamily)
+        family = self._family(HistogramMetricFamily, name, doc, labels)
         counts = latency.cumulative(_BOUNDS_MS)
         buckets: list[tuple[str, float]] = [
             (_le(bound), float(n)) for bound, n in zip(LATENCY_BUCKETS_S, counts, strict=True)
@@ -120,6 +107,14 @@ class Families:
 
     def __iter__(self) -> Iterator[Metric]:
         return iter(self._families.values())
+
+    def _family(self, kind: type[_F], name: str, doc: str, labels: Mapping[str, str]) -> _F:
+        """The family ``name``, created on its first sample with that sample's label names."""
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = kind(name, doc, labels=list(labels))
+        assert isinstance(family, kind), f"{name} is not a {kind.__name__}"
+        return family
 
 
 def _le(bound: float) -> str:
