@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from shoal._spawn import spawn_tied
 from shoal.broker.settings import BrokerSettings
 from shoal.schemas.topics import Topics
 
@@ -52,13 +53,14 @@ class ChildProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
+            self.process = spawn_tied(
                 self.argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                start_new_session=True,  # Ctrl-C in the terminal reaches us, not the children
+                # Ctrl-C in the terminal reaches us, not the children; they die with us.
+                start_new_session=True,
             )
 
     def alive(self) -> bool:

@@ -34,7 +34,10 @@ class Received:
 class Confirmer:
     """Subscribes to a stream's ingest topics, decodes every batch, and publishes a retained
     ``Confirm`` (one pipeline, ``partitions`` partitions) for the highest contiguous seq of
-    each gateway, like the real combiner will."""
+    each gateway, like the real combiner will.
+
+    ``holding``: while True, nothing is confirmed (the gateways keep their batches spooled);
+    the next connect confirms what arrived meanwhile."""
 
     def __init__(
         self,
@@ -54,6 +57,7 @@ class Confirmer:
         self.payload_sizes: list[int] = []
         self.content_types: set[str | None] = set()
         self.errors: list[str] = []
+        self.holding = False
         self.session = ThreadedSession(
             settings,
             unique_client_id("confirmer"),
@@ -98,6 +102,8 @@ class Confirmer:
             self._confirm(env.gateway_id)
 
     def _confirm(self, gateway: str) -> None:
+        if self.holding:
+            return
         seq = self.gateways[gateway].contiguous
         for partition in range(self.partitions):
             confirm = Confirm(gateway, self.pipeline, partition, self.partitions, seq, 1)

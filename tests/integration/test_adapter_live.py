@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import signal
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ import numpy as np
 import orjson
 import polars as pl
 
+from shoal._spawn import spawn_tied
 from shoal.adapters import Adapter, AdapterConfig, load_mapping, parse_mapping
 from shoal.adapters._proto import sparkplug_b_pb2 as pb
 from shoal.adapters.mapping import Mapping
@@ -248,7 +250,7 @@ def _start_adapter(
     broker: EmbeddedBroker, topics: Topics, mapping: Path, adapter_id: str, tmp: Path, n: int
 ) -> subprocess.Popen[str]:
     with (tmp / f"{adapter_id}-{n}.stderr").open("w") as stderr:
-        return subprocess.Popen(
+        return spawn_tied(
             [
                 sys.executable,
                 "-m",
@@ -329,6 +331,64 @@ def test_kill_9_adapter_with_a_second_sharing_the_load_loses_and_repeats_nothing
         assert confirmer.snapshot("ad-steady").rows, "the steady adapter took no share"
         assert len(got) == count, f"{len(got)} values for {count} messages"
         assert np.array_equal(np.sort(got), np.arange(count, dtype=np.float64))
+
+
+def test_sigterm_while_the_broker_is_down_exits_at_once_and_a_restart_loses_nothing(
+    broker: EmbeddedBroker, topics: Topics, tmp_path: Path
+) -> None:
+    mapping = tmp_path / "mapping.toml"
+    _write_unique_mapping(mapping, topics.root)
+    first, second = 3_000, 2_000
+    messages = _unique_messages(topics.root, first + second, 1_700_000_000_000)
+    with Confirmer(broker.settings, topics, STREAM) as confirmer:
+
+        def values() -> np.ndarray:
+            rows = confirmer.snapshot("ad-stop").rows
+            return np.concatenate(list(rows.values())) if rows else np.array([])
+
+        def until_values(count: int) -> None:
+            deadline = time.monotonic() + 60
+            while len(values()) < count and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+        adapter = _start_adapter(broker, topics, mapping, "ad-stop", tmp_path, 0)
+        procs = [adapter]
+        confirmer.holding = True  # the adapter's batches stay unconfirmed, in its spool
+        try:
+            _wait_subscribed(tmp_path, ["ad-stop-0"])
+            sent = DevicePublisher(broker.settings, rate=3_000).run(iter(messages[:first]))
+            assert sent.acknowledged == first
+            until_values(first)  # every device message is in a batch the broker took
+            broker.kill()
+            time.sleep(1.0)  # the adapter has seen the connection go and is reconnecting
+            signalled = time.monotonic()
+            adapter.send_signal(signal.SIGTERM)
+            code = adapter.wait(10)
+            took = time.monotonic() - signalled
+            log = (tmp_path / "ad-stop-0.stderr").read_text()
+            assert code == 0, log[-3000:]
+            assert took < 5.0, log[-3000:]
+            assert "unconfirmed" in log, log[-3000:]
+            assert "stay in the spool" in log, log[-3000:]
+            confirmer.holding = False
+            broker.start()
+            adapter = _start_adapter(broker, topics, mapping, "ad-stop", tmp_path, 1)
+            procs.append(adapter)
+            _wait_subscribed(tmp_path, ["ad-stop-1"])
+            sent = DevicePublisher(broker.settings, rate=3_000).run(iter(messages[first:]))
+            assert sent.acknowledged == second
+            until_values(first + second)
+            time.sleep(1.0)  # anything counted twice would show up now
+        finally:
+            for proc in procs:
+                stop_process(proc)
+        snap = confirmer.snapshot("ad-stop")
+        assert snap.mismatched == [], "a seq was re-sent with other rows"
+        assert sorted(snap.rows) == list(range(len(snap.rows))), "seq gap"
+        assert max(snap.deliveries.values()) >= 2, "the spooled batches were not sent again"
+        got = values()
+        assert len(got) == first + second, f"{len(got)} values for {first + second} messages"
+        assert np.array_equal(np.sort(got), np.arange(first + second, dtype=np.float64))
 
 
 # -- Sparkplug B -------------------------------------------------------------------------------

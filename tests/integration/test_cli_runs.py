@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -9,7 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
+
+from shoal._spawn import DIES_WITH_PARENT, spawn_tied
 
 pytestmark = pytest.mark.broker  # they start their own embedded broker
 
@@ -54,7 +58,7 @@ def test_up_runs_a_demo_and_accounts_for_every_measurement(tmp_path: Path) -> No
 def test_up_runs_a_control_plane_that_shoal_pipeline_talks_to(tmp_path: Path) -> None:
     argv = [*SHOAL, "up", "--duration", "60", "--scenario", "none", "--scale", "off"]
     argv += ["--workers", "1", "--run-dir", str(tmp_path)]
-    up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    up = spawn_tied(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert up.stdout is not None
         line = up.stdout.readline()
@@ -82,8 +86,55 @@ def test_up_runs_a_control_plane_that_shoal_pipeline_talks_to(tmp_path: Path) ->
         assert [p["name"] for p in json.loads(listed.stdout)["pipelines"]] == ["extra"]
     finally:
         up.send_signal(signal.SIGINT)
-        up.communicate(timeout=120)
+        try:
+            up.communicate(timeout=120)
+        finally:
+            up.kill()  # a hung run must not outlive the test (its children die with it)
+            up.wait(10)
     assert up.returncode == 0
+
+
+@pytest.mark.skipif(not DIES_WITH_PARENT, reason="PR_SET_PDEATHSIG is Linux-only")
+def test_up_killed_with_sigkill_takes_its_broker_and_components_along(tmp_path: Path) -> None:
+    # What a test's subprocess timeout does: SIGKILL, no cleanup in `shoal up` itself.
+    argv = [*SHOAL, "up", "--duration", "300", "--scenario", "A", "--rate", "2"]
+    argv += ["--batch", "500", "--scale", "off", "--workers", "2", "--run-dir", str(tmp_path)]
+    up = spawn_tied(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    children: list[psutil.Process] = []
+    try:
+        parent = psutil.Process(up.pid)
+        # Broker, combiner(s), control plane, two workers and the simulator, all running.
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "logs" / "simulator.log").exists() or len(children) < 6:
+            assert up.poll() is None, "shoal up exited by itself"
+            assert time.monotonic() < deadline, f"shoal up started only {children}"
+            time.sleep(0.2)
+            children = parent.children(recursive=True)
+        names = sorted(" ".join(c.cmdline()[2:5]) for c in children)
+        assert any("mosquitto" in " ".join(c.cmdline()) for c in children), names
+        time.sleep(2.0)  # data flowing: batches in flight, checkpoints, confirmations
+        up.kill()
+        up.wait(10)
+        killed_at = time.monotonic()
+        alive = children
+        while alive and time.monotonic() - killed_at < 10:
+            time.sleep(0.1)
+            alive = [c for c in alive if _running(c)]
+        assert alive == [], f"still running 10 s after shoal up was killed: {alive}"
+    finally:
+        up.kill()
+        up.wait(10)
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+
+
+def _running(process: psutil.Process) -> bool:
+    """Alive and not a zombie (an orphan's reaper may be slow, or absent in a container)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_bench_pipeline_writes_the_documented_json(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ must be identical.
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -184,5 +185,32 @@ def test_broker_sigkill_and_restart(broker: EmbeddedBroker, topics: Topics, tmp_
         broker.kill()
         time.sleep(1.0)
         broker.start()
+
+    run_with_fault(broker, topics, tmp_path, fault)
+
+
+STOP_BOUND_S = 5.0
+"""How soon a component told to stop while its broker is gone must have exited (well under
+the 8 s grace of ``shoal._stopping``: the components notice by themselves)."""
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_while_the_broker_is_down_exits_at_once_and_a_restart_loses_nothing(
+    broker: EmbeddedBroker, topics: Topics, tmp_path: Path
+) -> None:
+    def fault(components: dict[str, processes.Component]) -> None:
+        time.sleep(3.0)
+        broker.kill()
+        time.sleep(1.0)  # every component has seen the connection go and is reconnecting
+        signalled = time.monotonic()
+        for component in components.values():
+            component.signal(signal.SIGTERM)
+        codes = {name: c.wait(STOP_BOUND_S) for name, c in components.items()}
+        took = time.monotonic() - signalled
+        assert codes == dict.fromkeys(components, 0), codes
+        assert took < STOP_BOUND_S
+        broker.start()
+        for component in components.values():
+            component.start()
 
     run_with_fault(broker, topics, tmp_path, fault)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from shoal._resources import resource_dir
+from shoal._spawn import spawn_tied
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.session import PROTOCOL_OVERHEAD
 from shoal.gateway import Gateway, GatewayConfig
@@ -37,7 +38,7 @@ def _start_gateway_proc(
     broker: EmbeddedBroker, topics: Topics, spool: Path, incarnation: int, chunks: int
 ) -> tuple[subprocess.Popen[str], list[str]]:
     with (spool.parent / f"gateway-{incarnation}.stderr").open("w") as stderr:
-        proc = subprocess.Popen(
+        proc = spawn_tied(
             [
                 sys.executable,
                 str(SCRIPT),

@@ -27,6 +27,7 @@ from threading import Thread
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from shoal._spawn import spawn_tied
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.loadtest.devices import DeviceFleet, DevicePublisher
 from shoal.loadtest.postgres import EmbeddedPostgres
@@ -95,7 +96,7 @@ class Process:
 
     def start(self) -> None:
         with self.log.open("ab") as out:
-            self.popen = subprocess.Popen(
+            self.popen = spawn_tied(
                 self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
 

@@ -16,6 +16,7 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 
 from shoal._processes import shoal_argv
+from shoal._spawn import spawn_tied
 from shoal.broker import AsyncSession
 from shoal.broker.session import unique_client_id
 from shoal.broker.settings import BrokerSettings, TlsSettings
@@ -108,9 +109,7 @@ def test_secure_broker_command(tmp_path: Path) -> None:
         "--users-file",
         str(users_file),
     )
-    process = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
-    )
+    process = spawn_tied(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         plain = _read_until(process, r"listening on mqtt://")
         tls = _read_until(process, r"TLS\s+mqtts://")

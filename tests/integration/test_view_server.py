@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 from websockets.asyncio.client import connect
 
+from shoal._spawn import spawn_tied
 from shoal.broker._mosquitto import mosquitto_binary
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.websocket import mosquitto_has_websockets
@@ -41,7 +42,7 @@ def get(url: str) -> tuple[int, bytes]:
 
 @pytest.fixture
 def view(broker: EmbeddedBroker) -> Iterator[str]:
-    process = subprocess.Popen(
+    process = spawn_tied(
         [
             sys.executable,
             "-m",

@@ -11,8 +11,10 @@ from typing import Any
 from shoal._cli.common import (
     add_broker_options,
     add_metrics_options,
+    add_stop_option,
     broker_settings,
     metrics_address,
+    stop_timeout,
     topics,
 )
 
@@ -51,12 +53,13 @@ def register(sub: Any) -> None:
     )
     add_broker_options(parser)
     add_metrics_options(parser)
+    add_stop_option(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run one adapter until signalled."""
-    from shoal._cli._run import run_until_signalled  # noqa: PLC0415
+    from shoal._stopping import run_until_signalled  # noqa: PLC0415
     from shoal.adapters import Adapter, AdapterConfig, load_mapping  # noqa: PLC0415
 
     address = metrics_address(args)
@@ -82,7 +85,12 @@ def run(args: argparse.Namespace) -> int:
     from shoal.observe.collectors import AdapterCollector  # noqa: PLC0415
 
     collector = lambda: AdapterCollector(adapter)  # noqa: E731
-    run_until_signalled(exposed(main(), address, collector, "shoal adapt"), adapter.stop)
+    run_until_signalled(
+        exposed(main(), address, collector, "shoal adapt"),
+        adapter.stop,
+        "shoal adapt",
+        grace_s=stop_timeout(args),
+    )
     return 0
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,10 @@ import orjson
 from shoal._cli.common import (
     add_broker_options,
     add_metrics_options,
+    add_stop_option,
     broker_settings,
     metrics_address,
+    stop_timeout,
     topics,
 )
 from shoal.archive.rollover import RolloverPolicy
@@ -91,6 +92,7 @@ def register(sub: Any) -> None:
         "restarting archive misses); default: a private clean session",
     )
     add_metrics_options(parser)
+    add_stop_option(parser)
     parser.add_argument("--duration", type=float, help="stop after this many seconds")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write the report as JSON")
     parser.set_defaults(run=run)
@@ -122,32 +124,35 @@ def run(args: argparse.Namespace) -> int:
     )
 
     from shoal._cli._metrics import exposed  # noqa: PLC0415
+    from shoal._stopping import stop_signals  # noqa: PLC0415
     from shoal.observe.collectors import ArchiveCollector  # noqa: PLC0415
 
     address = metrics_address(args)
+    grace = stop_timeout(args)
 
     async def main() -> Any:
         archiver = Archiver(config)
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, archiver.stop)
         if args.duration:
             loop.call_later(args.duration, archiver.stop)
         running = asyncio.create_task(
             exposed(archiver.run(), address, lambda: ArchiveCollector(archiver), "shoal archive")
         )
         connected = asyncio.create_task(archiver.connected.wait())
-        await asyncio.wait({running, connected}, return_when=asyncio.FIRST_COMPLETED)
-        if connected.done():
-            # Printed once subscribed: a script may wait for this line before sending data.
-            print(
-                f"archiving {', '.join(config.filters())} from {config.broker.url} to {args.dir}",
-                file=sys.stderr,
-                flush=True,
-            )
-        else:
-            connected.cancel()
-        return await running
+        # Stopping writes the buffered rows out (no broker needed); the watchdog bounds it.
+        with stop_signals("shoal archive", lambda: loop.call_soon_threadsafe(archiver.stop), grace):
+            await asyncio.wait({running, connected}, return_when=asyncio.FIRST_COMPLETED)
+            if connected.done():
+                # Printed once subscribed: a script may wait for this line before sending data.
+                print(
+                    f"archiving {', '.join(config.filters())} from {config.broker.url} "
+                    f"to {args.dir}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            else:
+                connected.cancel()
+            return await running
 
     report = asyncio.run(main())
     if args.json:

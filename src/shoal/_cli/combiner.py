@@ -10,9 +10,11 @@ from typing import Any
 from shoal._cli.common import (
     add_broker_options,
     add_metrics_options,
+    add_stop_option,
     broker_settings,
     load_spec,
     metrics_address,
+    stop_timeout,
     topics,
 )
 
@@ -60,12 +62,13 @@ def register(sub: Any) -> None:
         help="do not publish the retained per-key results/<pipeline>/<key> topics",
     )
     add_metrics_options(parser)
+    add_stop_option(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run one combiner partition, or a pool member, until signalled."""
-    from shoal._cli._run import run_until_signalled  # noqa: PLC0415
+    from shoal._stopping import run_until_signalled  # noqa: PLC0415
     from shoal.runtime.combiner import (  # noqa: PLC0415
         STATE_ROOT,
         CombinerConfig,
@@ -98,12 +101,12 @@ def run(args: argparse.Namespace) -> int:
     from shoal.observe.collectors import CombinerCollector  # noqa: PLC0415
 
     main = exposed(runtime.run(), address, lambda: CombinerCollector(runtime), "shoal combiner")
-    run_until_signalled(main, runtime.stop)
+    run_until_signalled(main, runtime.stop, "shoal combiner", grace_s=stop_timeout(args))
     return 0
 
 
 def _run_pool(args: argparse.Namespace, address: tuple[str, int] | None) -> int:
-    from shoal._cli._run import run_until_signalled  # noqa: PLC0415
+    from shoal._stopping import run_until_signalled  # noqa: PLC0415
     from shoal.runtime.hosting import CombinerHost, HostConfig  # noqa: PLC0415
 
     config = HostConfig(
@@ -118,5 +121,5 @@ def _run_pool(args: argparse.Namespace, address: tuple[str, int] | None) -> int:
     from shoal.observe.collectors import CombinerPoolCollector  # noqa: PLC0415
 
     main = exposed(host.run(), address, lambda: CombinerPoolCollector(host), "shoal combiner")
-    run_until_signalled(main, host.stop)
+    run_until_signalled(main, host.stop, "shoal combiner", grace_s=stop_timeout(args))
     return 0

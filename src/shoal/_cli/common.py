@@ -10,9 +10,9 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from shoal.broker.settings import BrokerSettings, TlsSettings
 from shoal.errors import ConfigError
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from shoal.processors.spec import PipelineSpec
 
 DEFAULT_BROKER_URL = "mqtt://127.0.0.1:1883"
+
+T = TypeVar("T")
 
 
 def add_broker_options(parser: argparse.ArgumentParser) -> None:
@@ -77,19 +79,50 @@ def metrics_address(
     args: argparse.Namespace, env: Mapping[str, str] = os.environ
 ) -> tuple[str, int] | None:
     """(host, port) of the metrics endpoint, or None when it is off (no port, or < 0)."""
-    port: int | None = args.metrics_port
-    if port is None and env.get("SHOAL_METRICS_PORT"):
-        try:
-            port = int(env["SHOAL_METRICS_PORT"])
-        except ValueError as exc:
-            raise ConfigError(
-                f"SHOAL_METRICS_PORT={env['SHOAL_METRICS_PORT']!r} is not a port number"
-            ) from exc
+    flag: int | None = args.metrics_port
+    port = _flag_or_env(flag, env, "SHOAL_METRICS_PORT", int, "a port number")
     if port is None or port < 0:
         return None
     if port > 65535:
         raise ConfigError(f"--metrics-port {port} is not a TCP port (0-65535)")
     return (args.metrics_host or env.get("SHOAL_METRICS_HOST") or "127.0.0.1", port)
+
+
+def _flag_or_env(
+    flag: T | None, env: Mapping[str, str], name: str, parse: Callable[[str], T], what: str
+) -> T | None:
+    """The flag's value, else the environment variable ``name`` parsed, else None."""
+    if flag is not None or not env.get(name):
+        return flag
+    try:
+        return parse(env[name])
+    except ValueError as exc:
+        raise ConfigError(f"{name}={env[name]!r} is not {what}") from exc
+
+
+def add_stop_option(parser: argparse.ArgumentParser) -> None:
+    """``--stop-timeout``: how long a graceful stop may take (docs/guarantees.md, "Stopping")."""
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        metavar="S",
+        help="after SIGTERM/SIGINT, give up what is still pending after S seconds (it is "
+        "delivered again) and exit; a second signal exits at once (env SHOAL_STOP_TIMEOUT; "
+        "default 8)",
+    )
+
+
+def stop_timeout(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> float:
+    """Seconds a graceful stop may take: ``--stop-timeout``, SHOAL_STOP_TIMEOUT, or 8."""
+    from shoal._stopping import STOP_GRACE_S  # noqa: PLC0415
+
+    flag: float | None = args.stop_timeout
+    value = _flag_or_env(flag, env, "SHOAL_STOP_TIMEOUT", float, "a number of seconds")
+    if value is None:
+        return STOP_GRACE_S
+    if value <= 0:
+        raise ConfigError(f"--stop-timeout {value:g}: must be positive")
+    return value
 
 
 def add_embedded_broker_option(parser: argparse.ArgumentParser) -> None:

@@ -9,8 +9,10 @@ from typing import Any
 from shoal._cli.common import (
     add_broker_options,
     add_metrics_options,
+    add_stop_option,
     broker_settings,
     metrics_address,
+    stop_timeout,
     topics,
 )
 
@@ -29,12 +31,13 @@ def register(sub: Any) -> None:
     )
     add_broker_options(parser)
     add_metrics_options(parser)
+    add_stop_option(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT/SIGTERM."""
-    from shoal._cli._run import run_until_signalled  # noqa: PLC0415
+    from shoal._stopping import run_until_signalled  # noqa: PLC0415
     from shoal.clock import SystemClock  # noqa: PLC0415
     from shoal.control.service import ControlPlane, serve  # noqa: PLC0415
 
@@ -46,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
     from shoal.observe.collectors import ControlCollector  # noqa: PLC0415
 
     run_until_signalled(
-        exposed(main, address, lambda: ControlCollector(plane), "shoal control"), stop.set
+        exposed(main, address, lambda: ControlCollector(plane), "shoal control"),
+        stop.set,
+        "shoal control",
+        grace_s=stop_timeout(args),
     )
     return 0

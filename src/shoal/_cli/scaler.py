@@ -10,8 +10,10 @@ from typing import Any
 from shoal._cli.common import (
     add_broker_options,
     add_pipeline_option,
+    add_stop_option,
     broker_settings,
     load_spec,
+    stop_timeout,
     topics,
 )
 
@@ -68,13 +70,14 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--log-dir", type=Path, default=Path("var/scaler"), help="local workers' logs"
     )
+    add_stop_option(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the scaler until signalled."""
-    from shoal._cli._run import run_until_signalled  # noqa: PLC0415
     from shoal._processes import ChildProcess, connection_args, shoal_argv  # noqa: PLC0415
+    from shoal._stopping import run_until_signalled  # noqa: PLC0415
     from shoal.runtime.scaler import Scaler, ScalerConfig  # noqa: PLC0415
     from shoal.scaler.backends import Backend, KubernetesBackend, LocalBackend  # noqa: PLC0415
     from shoal.scaler.policy import Bounds  # noqa: PLC0415
@@ -121,5 +124,5 @@ def run(args: argparse.Namespace) -> int:
     scaler = Scaler(config, backend)
     registry = registry_of([ScalerCollector(scaler)])
     scaler.metrics = lambda: render_async(registry)
-    run_until_signalled(scaler.run(), scaler.stop)
+    run_until_signalled(scaler.run(), scaler.stop, "shoal scaler", grace_s=stop_timeout(args))
     return 0

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import orjson
@@ -326,22 +323,19 @@ def _config(args: argparse.Namespace, settings: Any) -> Any:
     )
 
 
-@contextlib.contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
-    """Ctrl-C (or SIGTERM) ends the run cleanly with a summary; a second Ctrl-C aborts."""
+def _stop_on_signals(stop: threading.Event) -> contextlib.AbstractContextManager[object]:
+    """Ctrl-C (or SIGTERM) ends the run cleanly with a summary; a second one exits at once.
 
-    def handle(_signum: int, _frame: FrameType | None) -> None:
-        if stop.is_set():
-            raise KeyboardInterrupt
+    The clean end is bounded by the run's own waits (``--wait-confirmed``, the drain
+    timeout), cut short when no gateway is connected (``Simulator``).
+    """
+    from shoal._stopping import stop_signals  # noqa: PLC0415
+
+    def first() -> None:
         print("\nstopping: flushing and draining (Ctrl-C again to abort)", file=sys.stderr)
         stop.set()
 
-    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    return stop_signals("shoal simulate", first, None)
 
 
 def _print_header(config: Any, *, embedded: bool) -> None:

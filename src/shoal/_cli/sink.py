@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -17,8 +16,10 @@ import orjson
 from shoal._cli.common import (
     add_broker_options,
     add_metrics_options,
+    add_stop_option,
     broker_settings,
     metrics_address,
+    stop_timeout,
     topics,
 )
 from shoal.errors import ConfigError
@@ -26,10 +27,6 @@ from shoal.schemas.topics import check_segment
 
 if TYPE_CHECKING:
     from shoal.sinks.follow import Handler
-
-STOP_GRACE_S = 5.0
-"""After Ctrl-C or SIGTERM, how long the message in hand may take before the sink exits
-anyway (it is not acknowledged then, so it comes again)."""
 
 
 def register(sub: Any) -> None:
@@ -126,6 +123,7 @@ def _common(parser: argparse.ArgumentParser, default_client_id: str) -> None:
         "--json", type=Path, metavar="FILE", help="write the final counters as JSON to FILE"
     )
     add_metrics_options(parser)
+    add_stop_option(parser)
 
 
 class _Stats(Protocol):
@@ -222,6 +220,7 @@ def _follow(
     close: Callable[[], Awaitable[None]] | None,
 ) -> int:
     from shoal._cli._metrics import exposed  # noqa: PLC0415
+    from shoal._stopping import stop_signals  # noqa: PLC0415
     from shoal.observe.collectors import SinkCollector  # noqa: PLC0415
     from shoal.sinks.follow import FollowConfig, Follower  # noqa: PLC0415
 
@@ -236,6 +235,7 @@ def _follow(
     )
     name = f"shoal sink {args.sink}"
     address = metrics_address(args)
+    grace = stop_timeout(args)
 
     async def heartbeat() -> None:
         while args.heartbeat > 0:
@@ -255,25 +255,25 @@ def _follow(
 
         def stop() -> None:
             follower.stop()
-            loop.call_later(STOP_GRACE_S, running.cancel)
+            # The message in hand, if still retrying then, is not acknowledged: it comes again.
+            loop.call_later(grace, running.cancel)
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop)
         if args.duration:
             loop.call_later(args.duration, stop)
         beat = asyncio.create_task(heartbeat())
         connected = asyncio.create_task(follower.connected.wait())
         try:
-            await asyncio.wait({running, connected}, return_when=asyncio.FIRST_COMPLETED)
-            if connected.done():
-                # Printed once subscribed: a script may wait for this line.
-                print(
-                    f"{name}: following {', '.join(filters)} into {target} as {client_id}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            with contextlib.suppress(asyncio.CancelledError):
-                await running
+            with stop_signals(name, lambda: loop.call_soon_threadsafe(stop), grace):
+                await asyncio.wait({running, connected}, return_when=asyncio.FIRST_COMPLETED)
+                if connected.done():
+                    # Printed once subscribed: a script may wait for this line.
+                    print(
+                        f"{name}: following {', '.join(filters)} into {target} as {client_id}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
         finally:
             for task in (beat, connected):
                 task.cancel()

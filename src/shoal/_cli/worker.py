@@ -8,9 +8,11 @@ from typing import Any
 from shoal._cli.common import (
     add_broker_options,
     add_metrics_options,
+    add_stop_option,
     broker_settings,
     load_spec,
     metrics_address,
+    stop_timeout,
     topics,
 )
 
@@ -44,13 +46,14 @@ def register(sub: Any) -> None:
         help="batches in flight to this worker (MQTT 5 Receive Maximum; default 8)",
     )
     add_metrics_options(parser)
+    add_stop_option(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run one worker until signalled."""
     from shoal._cli._metrics import exposed  # noqa: PLC0415
-    from shoal._cli._run import run_until_signalled  # noqa: PLC0415
+    from shoal._stopping import run_until_signalled  # noqa: PLC0415
     from shoal.observe.collectors import WorkerCollector  # noqa: PLC0415
     from shoal.runtime.worker import Worker, WorkerConfig  # noqa: PLC0415
 
@@ -67,5 +70,7 @@ def run(args: argparse.Namespace) -> int:
     run_until_signalled(
         exposed(worker.run(), address, lambda: WorkerCollector(worker), "shoal worker"),
         worker.drain,
+        "shoal worker",
+        grace_s=stop_timeout(args),
     )
     return 0

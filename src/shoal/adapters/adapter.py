@@ -53,6 +53,9 @@ from shoal.schemas import DEFAULT_LIMITS, Topics
 log = logging.getLogger(__name__)
 
 _RECONNECT_S: Final = (0.2, 0.5, 1.0, 2.0, 5.0)
+_CLOSE_WAIT_S: Final = 5.0
+"""At stop, how long a connected gateway waits for its last confirmations (inside the 8 s
+a stopping process is given, ``shoal._stopping``); an unconnected one does not wait."""
 _DEDUPE_KEEP: Final = 100_000
 """(topic, message id) pairs remembered per adapter for routes that name a message id."""
 
@@ -251,8 +254,25 @@ class Adapter:
                         async with asyncio.timeout(delay):
                             await self._stop.wait()
         finally:
-            await asyncio.to_thread(gateway.close, 10.0)
+            await asyncio.to_thread(self._close_gateway, gateway)
             self._intake.close()
+
+    def _close_gateway(self, gateway: Gateway) -> None:
+        """Seal what is held and close; what is not confirmed stays in the spool."""
+        connected = gateway.stats().connected
+        if gateway.close(_CLOSE_WAIT_S if connected else 0.0):
+            return
+        left = gateway.stats().spool_batches
+        if left:
+            log.warning(
+                "adapter %s: stopped with %d batch(es) unconfirmed%s: %s",
+                self.config.adapter_id,
+                left,
+                "" if connected else " (the broker is unreachable)",
+                "they stay in the spool and the next start sends them again"
+                if self.config.spool_dir is not None
+                else "without a spool folder they are lost",
+            )
 
     # -- one connection ---------------------------------------------------------------------
 

@@ -116,6 +116,7 @@ class AsyncSession(SessionBase):
     def _wrap_callbacks(self, inner: paho.Client) -> None:
         on_connect: Any = inner.on_connect
         on_publish: Any = inner.on_publish
+        on_disconnect: Any = inner.on_disconnect
 
         def connect_hook(
             client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode, props: Any = None
@@ -135,8 +136,21 @@ class AsyncSession(SessionBase):
                     fut.set_result(None)
             on_publish(client, userdata, mid, reason, props)
 
+        def disconnect_hook(*args: Any) -> None:
+            # At once, not at __aexit__: a component stopping after the broker died waits
+            # for these (a last checkpoint, a drain) and must not wait for the timeout.
+            self._fail_pending("connection lost before the PUBACK arrived")
+            on_disconnect(*args)
+
         inner.on_connect = connect_hook
         inner.on_publish = publish_hook
+        inner.on_disconnect = disconnect_hook
+
+    def _fail_pending(self, why: str) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(BrokerError(why))
+        self._pending.clear()
 
     def _prepare(self) -> aiomqtt.Client:
         """The client, built and wired (manual ack, our callbacks), not yet connected."""
@@ -162,10 +176,7 @@ class AsyncSession(SessionBase):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(BrokerError("connection closed before the PUBACK arrived"))
-        self._pending.clear()
+        self._fail_pending("connection closed before the PUBACK arrived")
         with contextlib.suppress(aiomqtt.MqttError):
             await self._client.__aexit__(exc_type, exc, tb)
 

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Final
 
+from shoal._spawn import spawn_tied
 from shoal.broker.probe import probe_broker
 from shoal.errors import BrokerNotFoundError
 
@@ -50,12 +51,13 @@ class MosquittoProcess:
         log_path.touch()
         self.log_offset = log_path.stat().st_size
         with stderr_path.open("wb") as stderr_file:
-            self._popen = subprocess.Popen(
+            self._popen = spawn_tied(
                 self._argv(binary, config_path),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr_file,
-                start_new_session=True,  # a Ctrl-C in the terminal is ours to forward
+                # A Ctrl-C in the terminal is ours to forward; our death (even SIGKILL) its SIGTERM.
+                start_new_session=True,
             )
 
     def _argv(self, binary: str, config_path: Path) -> list[str]:

@@ -36,6 +36,7 @@ from typing import Final, Self
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from shoal._spawn import spawn_tied
 from shoal.broker.probe import free_port
 from shoal.errors import BrokerError
 
@@ -161,7 +162,7 @@ def mosquitto_has_websockets(binary: str) -> bool:
             f"listener {port} 127.0.0.1\nprotocol websockets\nallow_anonymous true\n"
             f"persistence false\nlog_dest none\n"
         )
-        process = subprocess.Popen(
+        process = spawn_tied(
             [binary, "-c", str(config)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

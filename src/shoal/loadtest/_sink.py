@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from shoal._spawn import spawn_tied
 from shoal.broker import AsyncSession
 from shoal.broker.session import Message, unique_client_id
 from shoal.broker.settings import BrokerSettings, TlsSettings
@@ -291,7 +292,7 @@ class SinkProcess:
         self._changed = threading.Condition()
         # A file, not a pipe: a chatty child must never block on a full pipe nobody reads.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives until close()
-        self._process = subprocess.Popen(
+        self._process = spawn_tied(
             [sys.executable, "-m", "shoal.loadtest._sink"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

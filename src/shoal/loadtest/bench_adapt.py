@@ -29,6 +29,7 @@ from typing import Any, Final
 
 import psutil
 
+from shoal._spawn import spawn_tied
 from shoal.broker import AsyncSession
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.settings import BrokerSettings
@@ -138,7 +139,7 @@ def _adapter(
     broker: EmbeddedBroker, mapping: Path, adapter_id: str, spool: Path, log: Path
 ) -> subprocess.Popen[bytes]:
     with log.open("ab") as err:
-        return subprocess.Popen(
+        return spawn_tied(
             [
                 sys.executable,
                 "-m",

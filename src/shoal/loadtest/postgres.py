@@ -28,6 +28,7 @@ import psycopg
 from psycopg import sql
 
 from shoal._processes import connection_args, shoal_argv
+from shoal._spawn import spawn_tied
 from shoal.broker.probe import free_port
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import ConfigError
@@ -165,7 +166,7 @@ class EmbeddedPostgres:
         """Start the server (``init`` first if needed) and wait until it takes connections."""
         self.init()
         with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
+            self.process = spawn_tied(
                 [
                     str(self.bindir / "postgres"),
                     "-D",
@@ -187,6 +188,7 @@ class EmbeddedPostgres:
                 stderr=subprocess.STDOUT,
                 user=self._uid,
                 group=self._gid,
+                death_signal=signal.SIGINT,  # its fast shutdown, should we die first
             )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -45,6 +45,9 @@ SpoolMode = Literal["disk", "memory", "off"]
 SinkMode = Literal["none", "count", "confirm"]
 
 TOLERANCE: Final = 0.02
+UNREACHABLE_S: Final = 3.0
+"""Stopping, the waits for the broker (publishes, confirmations) end once no gateway has
+been connected for this long: the spools keep what is unconfirmed."""
 """Achieved must be within this fraction of offered for a run to pass."""
 
 
@@ -371,18 +374,18 @@ class Simulator:
         duration_s = (now_ms - start_ms) / 1000.0
         for gateway in gateways:
             gateway.flush()
-        all_published, last_ack = self._wait_published(gateways)
+        reach = _Reach(gateways, stop)
+        all_published, last_ack = self._wait_published(gateways, reach)
         totals = _Totals.of([g.stats() for g in gateways])
         peak = max(peak, (totals.spool_batches, totals.spool_bytes))
         confirmed: bool | None = None
         if cfg.confirm_wait_s > 0:
-            deadline = time.monotonic() + cfg.confirm_wait_s
-            confirmed = all(g.wait_confirmed(deadline - time.monotonic()) for g in gateways)
+            confirmed = reach.wait_confirmed(cfg.confirm_wait_s)
         elif cfg.spool == "off" or cfg.sink == "confirm":
             remaining = max(1.0, cfg.drain_timeout_s - (time.monotonic() - last_ack))
-            confirmed = all(g.wait_confirmed(remaining) for g in gateways)
+            confirmed = reach.wait_confirmed(remaining)
         sink_counts: SinkCounts | None = None
-        if sink is not None:
+        if sink is not None and not reach.gave_up:
             sink.wait_rows(totals.rows_published, timeout_s=10.0)
         wall_s = time.monotonic() - t0
         cpu_s = _cpu_s() - cpu0
@@ -449,7 +452,7 @@ class Simulator:
             # Sleep to the next tick; if we are late, run at once (never skip event time).
             stop.wait(max(0.0, next_tick - time.monotonic()))
 
-    def _wait_published(self, gateways: list[Gateway]) -> tuple[bool, float]:
+    def _wait_published(self, gateways: list[Gateway], reach: _Reach) -> tuple[bool, float]:
         """Wait until the broker accepted every sealed row; returns (all, when the last was).
 
         At most ``drain_timeout_s``: a backlog that the gateways' flow-control window holds in
@@ -465,7 +468,7 @@ class Simulator:
                 published, last = totals.rows_published, time.monotonic()
             if totals.rows_published >= totals.rows_sealed:
                 return True, last
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or reach.lost():
                 return False, last
             time.sleep(0.005)
 
@@ -565,3 +568,50 @@ class _Sampler:
             cpu_percent=100.0 * (cpu - last_cpu) / interval,
             sink_rows=sink.counts.rows if sink is not None else None,
         )
+
+
+class _Reach:
+    """While stopping: whether to wait any longer for a broker that went away.
+
+    A run stopped (``stop`` set) whose gateways have all been disconnected for
+    ``UNREACHABLE_S`` gives up its waits, once, with a WARNING: a stop must not hang on a
+    dead broker, and what is unconfirmed stays in the spools.
+    """
+
+    def __init__(self, gateways: list[Gateway], stop: threading.Event) -> None:
+        self.gateways = gateways
+        self.stop = stop
+        self.gave_up = False
+        self._offline_since: float | None = None
+
+    def lost(self) -> bool:
+        """Whether to stop waiting for the broker (see the class docstring)."""
+        if self.gave_up:
+            return True
+        if not self.stop.is_set() or any(g.stats().connected for g in self.gateways):
+            self._offline_since = None
+            return False
+        now = time.monotonic()
+        if self._offline_since is None:
+            self._offline_since = now
+        if now - self._offline_since < UNREACHABLE_S:
+            return False
+        self.gave_up = True
+        totals = _Totals.of([g.stats() for g in self.gateways])
+        spooled = any(g.config.spool_dir for g in self.gateways)
+        log.warning(
+            "stopping with the broker unreachable for %.0f s: %d unconfirmed batch(es) %s",
+            UNREACHABLE_S,
+            totals.spool_batches,
+            "stay in the spools" if spooled else "are dropped (no spool folder)",
+        )
+        return True
+
+    def wait_confirmed(self, timeout_s: float) -> bool:
+        """Whether every gateway's batches were confirmed within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not all(g.wait_confirmed(0) for g in self.gateways):
+            if time.monotonic() >= deadline or self.lost():
+                return False
+            time.sleep(0.02)
+        return True

@@ -41,3 +41,14 @@ async def supervised(
         await asyncio.gather(*tasks, return_exceptions=True)
     if failures:
         raise failures[0]
+
+
+async def pause(delay_s: float, wake: asyncio.Event) -> None:
+    """Sleep ``delay_s``, or less if ``wake`` is set (a reconnect delay that a stop cuts short).
+
+    ``asyncio.timeout``, never ``wait_for``: Python 3.11's ``wait_for`` can drop a
+    cancellation that lands as the event is set (CPython gh-86296).
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(delay_s):
+            await wake.wait()

@@ -88,7 +88,7 @@ from shoal.processors.state import ClosedWindows
 from shoal.processors.versions import Chain, Stage
 from shoal.rules import alert_payload
 from shoal.runtime._fence import CheckpointLock
-from shoal.runtime._tasks import supervised
+from shoal.runtime._tasks import pause, supervised
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas.control import MAX_MISSING, Confirm, GatewayStatus
 from shoal.schemas.topics import Topics, topic_matches
@@ -297,9 +297,10 @@ class CombinerRuntime:
                     await self._checkpoint(session)
             except BrokerError as exc:
                 if self._stop.is_set():
+                    _stopped_without_checkpoint(self.config.client_id, exc)
                     break
                 log.warning("combiner %s: %s; reconnecting", self.config.client_id, exc)
-                await asyncio.sleep(0.5)
+                await pause(0.5, self._stop)
             finally:
                 self._unacked.clear()
 
@@ -328,7 +329,9 @@ class CombinerRuntime:
                 await self._serve(session)
                 await self._checkpoint(session)
         except BrokerError as exc:
-            if not self._stop.is_set():
+            if self._stop.is_set():
+                _stopped_without_checkpoint(self.config.client_id, exc)
+            else:
                 self.deposed = True
                 log.warning("combiner %s: term ended: %s", self.config.client_id, exc)
         finally:
@@ -1052,6 +1055,15 @@ class CombinerRuntime:
         self.chain = self._new_chain()
         self._rendered = None
         self._restore(self.config.state_dir / CHECKPOINT_FILE)
+
+
+def _stopped_without_checkpoint(client_id: str, exc: BrokerError) -> None:
+    log.warning(
+        "combiner %s: stopped without a last checkpoint (%s): it resumes from its previous "
+        "one, and the gateways re-send the batches that one does not confirm",
+        client_id,
+        exc,
+    )
 
 
 def _parse_canonical(mapping: dict[str, Any]) -> PipelineSpec:

@@ -42,7 +42,7 @@ from shoal.control.follower import DocumentFollower, Dropped, Served
 from shoal.control.messages import Marker
 from shoal.errors import BrokerError, ControlError
 from shoal.processors.spec import PipelineSpec
-from shoal.runtime._tasks import supervised
+from shoal.runtime._tasks import pause, supervised
 from shoal.runtime.combiner import (
     STATE_ROOT,
     CombinerConfig,
@@ -206,7 +206,7 @@ class CombinerHost:
                     if self._stop.is_set():
                         break
                     log.warning("combiner pool %s: %s; reconnecting", self.me, exc)
-                    await asyncio.sleep(0.5)
+                    await pause(0.5, self._stop)
         finally:
             await self._end_terms()
 

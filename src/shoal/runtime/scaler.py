@@ -22,6 +22,7 @@ from shoal.clock import Clock, SystemClock
 from shoal.control.follower import DocumentFollower, Dropped, Served
 from shoal.errors import BrokerError, ShoalError
 from shoal.processors.spec import PipelineSpec
+from shoal.runtime._tasks import pause
 from shoal.scaler.backends import Backend
 from shoal.scaler.http import MetricsServer, prometheus_text
 from shoal.scaler.monitor import PipelineMonitor, Snapshot
@@ -236,7 +237,7 @@ class Scaler:
                     await self._session()
                 except BrokerError as exc:
                     log.warning("scaler: %s; reconnecting", exc)
-                    await asyncio.sleep(1.0)
+                    await pause(1.0, self._stop)
         finally:
             if server is not None:
                 await server.close()

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from shoal._stopping import stop_signals
 from shoal.clock import Clock
 from shoal.errors import ConfigError
 from shoal.processors.spec import PipelineSpec
@@ -119,8 +119,12 @@ class Up:
 
     async def _main(self) -> Accounting:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self._stop.set)
+        # Settling is bounded on its own (SETTLE_LIMIT_S); a second signal exits at once,
+        # and the children (spawn_tied) get SIGTERM when we are gone.
+        with stop_signals("shoal up", lambda: loop.call_soon_threadsafe(self._stop.set), None):
+            return await self._run()
+
+    async def _run(self) -> Accounting:
         started = self.local.clock.monotonic()
         if self.config.control_plane:
             self._line(

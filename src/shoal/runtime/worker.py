@@ -38,7 +38,7 @@ from shoal.errors import BrokerError
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime._batches import BatchHandler, WorkerCounters, WorkerStats
 from shoal.runtime._routes import PinnedRoutes, Routes
-from shoal.runtime._tasks import supervised
+from shoal.runtime._tasks import pause, supervised
 from shoal.runtime.latency import LatencyHistogram
 from shoal.runtime.pool import PoolRoutes
 from shoal.schemas.topics import Topics
@@ -112,6 +112,7 @@ class Worker:
         self._stop = asyncio.Event()
         self._finished = asyncio.Event()
         self._drain_requested = asyncio.Event()
+        self._leaving = asyncio.Event()  # stop or drain: a reconnect delay ends at once
         self._drained = asyncio.Event()
         self._state = "running"
         self._marker_token = os.urandom(8).hex()
@@ -129,11 +130,18 @@ class Worker:
         """
         self._stop.set()
         self._finished.set()
+        self._leaving.set()
 
     async def run(self) -> None:
-        """Connect, subscribe, process until ``stop``; reconnect after broker failures."""
+        """Connect, subscribe, process until ``stop``; reconnect after broker failures.
+
+        Asked to leave (``stop``, ``drain``) while the broker is unreachable, it returns at
+        once: its session (expiry 0) went with the connection, so nothing waits in the
+        broker for it, and the batches it had not acknowledged come back from the gateways'
+        spools (their combiners never confirmed them).
+        """
         topics = self.config.topics
-        while not self._stop.is_set() and not self._drained.is_set():
+        while not self._leaving.is_set():
             session = self._connect(
                 self.config.broker,
                 self.worker_id,
@@ -155,11 +163,17 @@ class Worker:
                 if self._drained.is_set():
                     break
             except BrokerError as exc:
-                if self._stop.is_set():
+                if self._leaving.is_set():
                     break
                 self.counters.reconnects += 1
                 log.warning("worker %s: %s; reconnecting", self.worker_id, exc)
-                await asyncio.sleep(self.config.reconnect_delay_s)
+                await pause(self.config.reconnect_delay_s, self._leaving)
+        if self._drain_requested.is_set() and not self._drained.is_set():
+            log.warning(
+                "worker %s: left without draining, not being connected to the broker: the "
+                "batches it had not acknowledged come back from the gateways' spools",
+                self.worker_id,
+            )
 
     async def _serve(self, session: Session) -> None:
         inflight: asyncio.Queue[tuple[Message, list[asyncio.Future[None]]] | None] = asyncio.Queue()
@@ -183,8 +197,12 @@ class Worker:
     # -- draining ---------------------------------------------------------------------------
 
     def drain(self) -> None:
-        """Leave the group without losing anything (see ``_drain_when_asked``)."""
+        """Leave the group without losing anything (see ``_drain_when_asked``).
+
+        Without a connection there is nothing to drain: ``run`` returns.
+        """
         self._drain_requested.set()
+        self._leaving.set()
 
     async def _drain_when_asked(self, session: Session) -> None:
         """Scale-down without loss: stop new routing, flush the queue, then leave.

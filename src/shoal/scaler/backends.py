@@ -12,7 +12,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from shoal._processes import ChildProcess
 from shoal.errors import ConfigError, ShoalError
@@ -48,6 +48,11 @@ class BackendStats:
     replaced: int = 0
     worker_seconds: float = 0.0
     events: list[tuple[float, int]] = field(default_factory=list)
+
+
+CLOSE_TIMEOUT_S: Final = 6.0
+"""How long ``LocalBackend.close`` lets workers drain: a stopping scaler is given 8 s
+(``shoal._stopping.STOP_GRACE_S``)."""
 
 
 class LocalBackend:
@@ -123,15 +128,20 @@ class LocalBackend:
         self.stats.started += 1
         return child
 
-    def close(self) -> None:
-        """Drain everything, then make sure it is gone."""
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Drain everything for up to ``timeout_s``, then stop what is left at once.
+
+        A worker still draining then gets a second SIGTERM, which ends it at once (what it
+        had not acknowledged comes back from the gateways' spools).
+        """
         self.scale_to(0)
-        deadline = self._clock() + 15.0
+        deadline = self._clock() + timeout_s
         while self.draining and self._clock() < deadline:
             self.observe()
             time.sleep(0.1)
         for child, _ in self.draining:
-            child.stop()
+            log.warning("worker %s did not drain in %.0f s; stopping it", child.name, timeout_s)
+            child.stop(timeout_s=2.0)
         self.draining.clear()
 
 
