@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from shoal._spawn import spawn_tied
+from shoal._stopping import PARENT_DEATH_SIGNAL
 from shoal.broker.settings import BrokerSettings
 from shoal.schemas.topics import Topics
 
@@ -59,8 +60,9 @@ class ChildProcess:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                # Ctrl-C in the terminal reaches us, not the children; they die with us.
+                # Ctrl-C in the terminal reaches us, not the children; they stop when we die.
                 start_new_session=True,
+                death_signal=PARENT_DEATH_SIGNAL,
             )
 
     def alive(self) -> bool:

@@ -14,6 +14,9 @@ simulate, ``shoal up``) stops the same way, whatever state the broker is in
    exits with ``EXIT_FORCED``;
 4. a second SIGTERM or SIGINT exits at once, with 128 + the signal's number (130, 143).
 
+A shoal command started by another gets SIGHUP when its parent dies
+(``PARENT_DEATH_SIGNAL``): a first signal like the others, never a second one.
+
 ``run_until_signalled`` does all of this for an asyncio component; ``stop_signals`` is the
 signal part alone, for commands that bound their own stop (``shoal up``, ``shoal simulate``,
 the sinks, the archive). The handlers are plain ``signal.signal`` ones, not the event
@@ -50,6 +53,11 @@ HARD_EXIT_S: Final = 2.0
 EXIT_FORCED: Final = 1
 """Exit code when the process had to be ended ``HARD_EXIT_S`` after giving up."""
 
+PARENT_DEATH_SIGNAL: Final = signal.SIGHUP
+"""What a shoal command started by another (``shoal._processes.ChildProcess``) receives
+when its parent dies: a graceful stop, like SIGTERM, that repeats do not turn into an
+immediate exit (see ``stop_signals``)."""
+
 FLUSH_S: Final = 1.0
 """How long an immediate exit waits for its last log lines to be written."""
 
@@ -79,12 +87,16 @@ def exit_now(code: int, warning: str = "") -> None:
 def stop_signals(
     name: str, on_first: Callable[[], object], grace_s: float | None = STOP_GRACE_S
 ) -> Iterator[Callable[[], bool]]:
-    """SIGINT/SIGTERM: the first calls ``on_first``, any later one exits at once.
+    """SIGINT/SIGTERM/SIGHUP: the first calls ``on_first``; a later SIGINT/SIGTERM exits at once.
+
+    SIGHUP is how a shoal child learns that its parent died (``PARENT_DEATH_SIGNAL``): the
+    kernel sends it once for every thread of the parent that exits, so a repeated SIGHUP
+    only repeats the request.
 
     ``on_first`` runs in the signal handler: keep it short and thread-safe (hand over to
-    the event loop with ``call_soon_threadsafe``).
-    ``grace_s``: the first signal also arms a watchdog that ends the process
-    ``grace_s + HARD_EXIT_S`` later (None: no watchdog; the caller bounds its own stop).
+    the event loop with ``call_soon_threadsafe``). ``grace_s``: the first signal also arms
+    a watchdog that ends the process ``grace_s + HARD_EXIT_S`` later (None: no watchdog;
+    the caller bounds its own stop).
     Yields a function that says whether a signal arrived. The previous handlers come back
     only if none did: once stopping, a second signal must keep exiting at once through the
     interpreter's own shutdown.
@@ -94,6 +106,8 @@ def stop_signals(
     def handle(signum: int, _frame: FrameType | None) -> None:
         nonlocal signalled
         sig = signal.Signals(signum).name
+        if signalled and signum == PARENT_DEATH_SIGNAL:
+            return
         if signalled:
             exit_now(128 + signum, f"{name}: second {sig}: exiting at once")
         signalled = True
@@ -109,7 +123,8 @@ def stop_signals(
             _watchdog(name, grace_s + HARD_EXIT_S)
         on_first()
 
-    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signals = (signal.SIGINT, signal.SIGTERM, PARENT_DEATH_SIGNAL)
+    previous = {sig: signal.signal(sig, handle) for sig in signals}
     try:
         yield lambda: signalled
     finally:

@@ -72,9 +72,10 @@ def run_with_fault(
     topics: Topics,
     tmp_path: Path,
     fault: Callable[[dict[str, processes.Component]], None],
+    spec_text: str = SPEC,
 ) -> None:
     spec_path = tmp_path / "faults.toml"
-    spec_path.write_text(SPEC)
+    spec_path.write_text(spec_text)
     spec = load_pipeline(spec_path)
     settings = broker.settings
     components = {
@@ -201,16 +202,26 @@ def test_sigterm_while_the_broker_is_down_exits_at_once_and_a_restart_loses_noth
     def fault(components: dict[str, processes.Component]) -> None:
         time.sleep(3.0)
         broker.kill()
-        time.sleep(1.0)  # every component has seen the connection go and is reconnecting
+        # Every component has seen the connection go and is reconnecting (its log says so).
+        deadline = time.monotonic() + 60
+        for component in components.values():
+            while "reconnecting" not in component.log_tail(5):
+                assert time.monotonic() < deadline, f"{component.name} is not reconnecting"
+                time.sleep(0.1)
         signalled = time.monotonic()
         for component in components.values():
             component.signal(signal.SIGTERM)
         codes = {name: c.wait(STOP_BOUND_S) for name, c in components.items()}
         took = time.monotonic() - signalled
+        print(f"5 components stopped in {took:.2f} s with the broker down")
         assert codes == dict.fromkeys(components, 0), codes
         assert took < STOP_BOUND_S
         broker.start()
         for component in components.values():
             component.start()
 
-    run_with_fault(broker, topics, tmp_path, fault)
+    # The outage (components stopped and started again) outlasts the 2 s idle timeout: with
+    # it, the gateway that reconnects second would find its windows closed (late rows,
+    # docs/guarantees.md "Late data and idle gateways"), which is not what is tested here.
+    slow_idle = SPEC.replace("idle_timeout_ms = 2000", "idle_timeout_ms = 60000")
+    run_with_fault(broker, topics, tmp_path, fault, slow_idle)

@@ -116,3 +116,17 @@ def test_a_second_signal_ends_a_blocked_event_loop_too() -> None:
     code, took, out = _finish(process, 10)
     assert code == 128 + signal.SIGTERM, out
     assert took < 1.0, out
+
+
+def test_repeated_sighups_of_a_dying_parent_are_one_stop_request() -> None:
+    # The kernel sends the parent-death signal once per exiting thread of the parent.
+    process = _start("hangs")
+    for _ in range(3):
+        process.send_signal(signal.SIGHUP)
+        time.sleep(0.05)
+    code, took, out = _finish(process, 10)
+    assert code == 0, out
+    assert "result None" in out  # given up after the grace, not ended at once
+    assert took >= GRACE_S - 0.2, out
+    assert "SIGHUP: stopping" in out
+    assert "exiting at once" not in out

@@ -1059,8 +1059,9 @@ class CombinerRuntime:
 
 def _stopped_without_checkpoint(client_id: str, exc: BrokerError) -> None:
     log.warning(
-        "combiner %s: stopped without a last checkpoint (%s): it resumes from its previous "
-        "one, and the gateways re-send the batches that one does not confirm",
+        "combiner %s: stopped before a last checkpoint was written and confirmed (%s): it "
+        "resumes from the last one on disk, and the gateways re-send what that one does "
+        "not confirm",
         client_id,
         exc,
     )
