@@ -59,6 +59,9 @@ class PipelineBenchConfig:
         max_delay_ms: the gateways seal a partial batch once its oldest row is this old.
         sensors_per_gateway: overrides the scenario's 1,000 sensors per gateway (keys).
         window_kind: the ``--window`` preset the spec was given, for the record.
+        attributes: the gateways send the attribute columns even when the pipeline does
+            not read them (comparisons on the same input; a pipeline that reads them
+            always gets them).
     """
 
     spec: PipelineSpec
@@ -74,6 +77,7 @@ class PipelineBenchConfig:
     max_delay_ms: int = 1_000
     sensors_per_gateway: int | None = None
     window_kind: str | None = None
+    attributes: bool = False
 
     @property
     def sensors(self) -> int:
@@ -146,6 +150,7 @@ async def _measure(
                 "--wait-confirmed",
                 str(SIMULATOR_CONFIRM_WAIT_S),
                 "--quiet",
+                *(["--attributes"] if config.attributes else []),
             ]
         )
         await asyncio.sleep(WARMUP_S)
@@ -209,6 +214,7 @@ async def _measure(
         "workers": config.workers,
         "partitions": config.spec.partitions,
         "gateway_spool": config.gateway_spool,
+        "attributes": config.attributes or config.spec.reads_attributes,
         "aggregates": list(config.spec.aggregate_names),
         "duration_s": round(elapsed, 2),
         "offered_meas_per_s": round(offered, 1),

@@ -146,14 +146,21 @@ def _group_order(groups: Int64Array) -> Int64Array:
     return order
 
 
+DENSE_CELLS_PER_ROW: Final = 20
+"""``_bucket_counts`` counts on a dense grid up to this many cells per row of the batch."""
+
+
 def _bucket_counts(
     unique_groups: Int64Array, groups: Int64Array, bucket: Int64Array
 ) -> tuple[Int64Array, Int64Array, Int64Array]:
     """(index into ``unique_groups``, bucket key, count) per non-empty (group, bucket).
 
-    Counted with ``bincount`` over a dense (group, bucket) grid when it is small enough,
-    which needs no sort; otherwise by sorting cell ids. Either way ordered by group, then
-    bucket.
+    Counted with ``bincount`` over a dense (group, bucket) grid when the grid is small next
+    to the batch, which needs no sort; otherwise by sorting cell ids. Either way ordered by
+    group, then bucket. The grid's cost grows with its cells, the sort's with the rows: on
+    this project's machines they cross near 20 cells per row (16,000 rows over 1,000 keys:
+    a 4,000-bucket-wide grid, as values on both sides of zero give, took 17 ms dense and
+    1.8 ms sorted; 50 buckets wide, 0.4 ms dense and 1.6 ms sorted).
     """
     low = int(bucket.min())
     width = int(bucket.max()) - low + 1
@@ -164,7 +171,7 @@ def _bucket_counts(
     else:
         group_index = np.searchsorted(unique_groups, groups)
     cells = len(unique_groups) * width
-    if cells <= 1 << 22:
+    if cells <= DENSE_CELLS_PER_ROW * len(groups) + 4096:
         counts = np.bincount(group_index * width + (bucket - low), minlength=cells)
         filled = np.flatnonzero(counts)
         return filled // width, filled % width + low, counts[filled].astype(np.int64)
