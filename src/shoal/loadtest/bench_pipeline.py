@@ -27,9 +27,8 @@ import orjson
 import polars as pl
 import psutil
 
-from shoal.broker import AsyncSession
 from shoal.broker.session import Session, unique_client_id
-from shoal.loadtest.alert_latency import AlertProbe, alert_after_result, stop
+from shoal.loadtest.alert_latency import AlertProbe, ProbeProcess, alert_after_result
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime.local import SIMULATOR_CONFIRM_WAIT_S, LocalPipeline, LocalPipelineConfig
 from shoal.scaler.monitor import Snapshot
@@ -117,10 +116,11 @@ async def _measure(
     async with contextlib.AsyncExitStack() as stack:
         session = await stack.enter_async_context(local.watching())
         if probe is not None:
-            probe_session = await stack.enter_async_context(
-                AsyncSession(local.credentials("admin"), unique_client_id("shoal-bench-alerts"))
+            probe_process = ProbeProcess(
+                probe, local.credentials("admin"), unique_client_id("shoal-bench-alerts")
             )
-            stack.push_async_callback(stop, asyncio.create_task(probe.run(probe_session)))
+            await probe_process.start()
+            stack.push_async_callback(probe_process.finish)
         await asyncio.sleep(1.5)
         local.start_simulator(
             [
