@@ -298,34 +298,37 @@ def test_property_any_split_worker_order_and_duplication(
     )
 
 
-def test_tails_keep_each_keys_rows_in_order_through_takes_and_consolidation() -> None:
-    """Tail chunks: a key's rows leave all at once and in event order; chunks consolidate."""
-    from shoal.processors.count import MAX_TAIL_CHUNKS, _Rows, _Tails  # noqa: PLC0415
-
-    def rows(keys: list[int], ts: list[int]) -> _Rows:
-        n = len(keys)
-        return _Rows(
-            np.array(keys, dtype=np.int32),
-            np.array(ts, dtype=np.int64),
-            np.zeros(n, dtype=np.int32),
-            np.zeros(n, dtype=np.int64),
-            np.zeros(n, dtype=np.int32),
-            np.array(ts, dtype=np.float64),
-        )
-
-    tails = _Tails()
-    tails.grow(3)
-    for step in range(MAX_TAIL_CHUNKS + 50):  # key 2 stops after the first step
-        tails.add(rows([0, 1] if step else [0, 1, 2], [step] * (2 if step else 3)))
-        if step % 7 == 6:
-            taken = tails.take(np.array([0]))
-            assert taken.ts.tolist() == list(range(step - 6 if step > 6 else 0, step + 1))
-    assert len(tails.chunks) <= MAX_TAIL_CHUNKS
-    everything = tails.all()
-    assert tails.count.tolist() == [int((everything.key == k).sum()) for k in range(3)]
-    one = everything.ts[everything.key == 1].tolist()
-    assert one == list(range(MAX_TAIL_CHUNKS + 50))
-    assert everything.ts[everything.key == 2].tolist() == [0]
+def test_unfinished_windows_are_folded_state_not_rows() -> None:
+    """Rows ranked into an unfinished window leave only state behind: entries per batch and
+    per sketch bucket, whatever the number of rows; the flushed window is still exact."""
+    spec = spec_for([{"kind": "count", "n": 100_000}], lateness_ms=0)
+    values = [float(v % 10) for v in range(4_000)]
+    batches = [
+        GeneratedBatch("gw", s, frame_of([("k", 10_000 * s + r, values[r]) for r in range(4_000)]))
+        for s in range(3)
+    ]
+    clock = FakeClock()
+    builder = PartialBuilder(spec, "w")
+    combiner = Combiner(spec, 0, clock)
+    for status in statuses_for(batches, 0):
+        combiner.receive_status(status)
+    for b in batches:
+        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
+        (partial,) = builder.build(b.frame, info, 0)
+        combiner.receive(partial)
+        combiner.tick()
+    assert combiner.counts is not None
+    held = combiner.counts._tails[0]  # the folded layout is what is tested
+    # every row but the newest is final (lateness 0): ranked into the unfinished window
+    assert combiner.counts.tail_rows == int(held.count.sum()) == 11_999
+    assert len(held.batches) == 3  # one entry per batch, not per row
+    assert len(held.cells) <= 10  # one per sketch bucket holding a value
+    restored = Combiner(spec, 0, clock)
+    restored.restore(combiner.snapshot())
+    frames = [c.flush().frame for c in (combiner, restored)]
+    assert frames[0].equals(frames[1])
+    expected, _, scale = expected_count_results(all_rows(batches), spec, flush=True)
+    assert_count_windows_match(frames[0], expected, spec, scale)
 
 
 def test_latest_revisions_identify_count_windows_by_index() -> None:
