@@ -354,3 +354,35 @@ def test_latest_revisions_identify_count_windows_by_index() -> None:
         ("b", 0),
     ]
     assert "_slot" not in latest.columns
+
+
+def test_a_checkpoint_with_unfinished_windows_as_rows_is_folded_on_restore() -> None:
+    """The earlier layout (``tails``: each key's final rows) restores into folded state."""
+    from shoal.processors.count import CountState, _Rows  # noqa: PLC0415
+
+    spec = spec_for([{"kind": "count", "n": 5}])
+    rows = _Rows(
+        np.array([1, 0, 0, 1, 0], dtype=np.int32),
+        np.array([10, 11, 12, 13, 14], dtype=np.int64),
+        np.zeros(5, dtype=np.int32),
+        np.array([0, 0, 1, 1, 1], dtype=np.int64),
+        np.array([0, 1, 0, 1, 2], dtype=np.int32),
+        np.array([1.0, 2.0, 3.0, 4.0, 5.0]),
+    )
+    state = CountState(spec, spec.plan())
+    state.restore(
+        {
+            "keys": ["a", "b"],
+            "gateways": ["gw"],
+            "pending": [],
+            "tails": [[rows.pack()]],
+            "done": [np.array([2, 0], dtype="<i8").tobytes()],
+        }
+    )
+    assert state.tail_rows == 5
+    frame = state.finalise(0, (0, 20), flush=True).sort("key")
+    assert frame.select("key", "count", "sum", "index", "first_ts", "last_ts").rows() == [
+        ("a", 3, 10.0, 2, 11, 14),
+        ("b", 2, 5.0, 0, 10, 13),
+    ]
+    assert frame["batches"].to_list() == [2, 2]
