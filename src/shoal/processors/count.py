@@ -32,7 +32,7 @@ Imports ``partials`` (rows), ``state`` (the results layout), ``aggregates``/``_k
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
@@ -46,6 +46,7 @@ from shoal.processors._kernels import (
     cell_buckets,
     cell_groups,
     cell_ids,
+    gather_runs,
     merge_cells,
     merge_state,
     partial_state,
@@ -140,19 +141,18 @@ class _Entries:
     def __len__(self) -> int:
         return len(self.key)
 
-    def where(self, keep: npt.NDArray[np.bool_]) -> _Entries:
-        """The entries ``keep`` (a mask over them) marks."""
+    def where(self, keep: npt.NDArray[np.bool_] | Int64Array) -> _Entries:
+        """The entries ``keep`` (a mask or positions) picks."""
         return _Entries(self.key[keep], self.a[keep], self.b[keep])
 
-    def plus(self, other: _Entries) -> _Entries:
-        """These entries and ``other``'s."""
-        if len(other) == 0:
-            return self
-        return _Entries(
-            np.concatenate((self.key, other.key)),
-            np.concatenate((self.a, other.a)),
-            np.concatenate((self.b, other.b)),
-        )
+    @classmethod
+    def concat(cls, parts: list[_Entries]) -> _Entries:
+        """All entries of ``parts``."""
+        if not parts:
+            return cls.empty()
+        if len(parts) == 1:
+            return parts[0]
+        return cls(*(np.concatenate([getattr(p, n) for p in parts]) for n in ("key", "a", "b")))
 
     def pack(self) -> list[bytes]:
         """Raw little-endian buffers (checkpoints)."""
@@ -174,6 +174,108 @@ class _Entries:
         return cls(key, a, b)
 
 
+MAX_ENTRY_CHUNKS: Final = 1024
+"""Chunks of unfinished windows' entries kept at most (each ``take`` looks into every one)."""
+
+
+@dataclass(slots=True)
+class _Chunk:
+    """Entries added in one step, sorted by key: one run ``lo[i]:hi[i]`` per key ``keys[i]``.
+
+    A key's run dies (``alive``) when its window finishes and its entries are taken out.
+    """
+
+    entries: _Entries
+    keys: npt.NDArray[np.int32]
+    lo: Int64Array
+    hi: Int64Array
+    alive: npt.NDArray[np.bool_]
+
+    @classmethod
+    def of(cls, entries: _Entries) -> _Chunk:
+        """A chunk of ``entries`` (sorted here by key)."""
+        entries = entries.where(np.argsort(entries.key, kind="stable"))
+        lo, lengths = run_bounds(entries.key)
+        return cls(entries, entries.key[lo], lo, lo + lengths, np.ones(len(lo), dtype=bool))
+
+    def take(self, keys: Int64Array) -> _Entries | None:
+        """The entries of those of ``keys`` (sorted) whose runs are alive here; kills them."""
+        pos = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        hit = (self.keys[pos] == keys) & self.alive[pos]
+        runs = pos[hit]
+        if len(runs) == 0:
+            return None
+        self.alive[runs] = False
+        return self.entries.where(gather_runs(self.lo[runs], self.hi[runs] - self.lo[runs]))
+
+    def live(self) -> _Entries:
+        """Every entry of a live run."""
+        if self.alive.all():
+            return self.entries
+        runs = np.flatnonzero(self.alive)
+        return self.entries.where(gather_runs(self.lo[runs], self.hi[runs] - self.lo[runs]))
+
+
+class _EntryStore:
+    """Entries of unfinished windows (batch sets or sketch cells), added and taken by key.
+
+    Kept in chunks, one a step, so that a step costs what it adds and what its finished
+    windows take out, not everything held: a key's entries leave all at once, when its
+    window finishes. Entries may repeat across steps (a batch whose rows were final in two
+    steps, a bucket hit in both); ``squash`` merges repeats when the chunks are consolidated,
+    which happens once they hold twice the entries of the last consolidation (dead runs and
+    repeats), or too many chunks: memory stays within about twice the distinct entries.
+    """
+
+    def __init__(self, squash: Callable[[_Entries], _Entries]) -> None:
+        self.chunks: list[_Chunk] = []
+        self._squash = squash
+        self._floor = 0
+
+    def __len__(self) -> int:
+        return sum(len(c.entries) for c in self.chunks)
+
+    def add(self, entries: _Entries) -> None:
+        """Entries of this step."""
+        if len(entries):
+            self.chunks.append(_Chunk.of(entries))
+            if len(self) > 2 * self._floor + 65_536 or len(self.chunks) > MAX_ENTRY_CHUNKS:
+                self.replace(self.all())
+
+    def take(self, keys: Int64Array) -> _Entries:
+        """Take out every entry of ``keys`` (sorted, unique)."""
+        if len(keys) == 0:
+            return _Entries.empty()
+        parts = [e for e in (c.take(keys) for c in self.chunks) if e is not None]
+        self.chunks = [c for c in self.chunks if c.alive.any()]
+        return _Entries.concat(parts)
+
+    def all(self) -> _Entries:
+        """Every live entry, repeats merged."""
+        return self._squash(_Entries.concat([c.live() for c in self.chunks]))
+
+    def replace(self, entries: _Entries) -> None:
+        """Hold exactly ``entries`` (repeats merged)."""
+        entries = self._squash(entries)
+        self.chunks = [_Chunk.of(entries)] if len(entries) else []
+        self._floor = len(entries)
+
+
+def _distinct(entries: _Entries) -> _Entries:
+    """Batch entries: each (key, gateway, seq) once."""
+    order = np.lexsort((entries.b, entries.a, entries.key))
+    e = entries.where(order)
+    new = np.ones(len(e), dtype=bool)
+    new[1:] = (e.key[1:] != e.key[:-1]) | (e.a[1:] != e.a[:-1]) | (e.b[1:] != e.b[:-1])
+    return e.where(new)
+
+
+def _summed(entries: _Entries) -> _Entries:
+    """Sketch cells: each (key, bucket) once, with its counts summed."""
+    cells, counts = merge_cells(cell_ids(entries.key.astype(np.int64), entries.a), entries.b)
+    return _Entries(cell_groups(cells).astype(np.int32), cell_buckets(cells), counts)
+
+
 class _Unfinished:
     """One count window's unfinished windows, folded: per key its rows so far as state.
 
@@ -182,7 +284,8 @@ class _Unfinished:
     fields (the registry's ``merge_np``, as for partials), sketch cells (quantiles) and the
     set of batches they came from (``batches`` counts distinct batches, which does not add
     up) are enough to finish the window when later rows fill it. Memory per key: the fields,
-    plus one entry per distinct batch and per sketch bucket, instead of 36 bytes a row.
+    plus about one entry per distinct batch and per sketch bucket (``_EntryStore``: at most
+    twice that), instead of 36 bytes a row.
     """
 
     def __init__(self, fields: Sequence[FieldKernels]) -> None:
@@ -191,8 +294,8 @@ class _Unfinished:
         self.first_ts = np.zeros(0, dtype=np.int64)
         self.last_ts = np.zeros(0, dtype=np.int64)
         self.state = {f.name: np.zeros(0, dtype=f.np_dtype) for f in self.fields}
-        self.batches = _Entries.empty()  # key, gateway id, seq
-        self.cells = _Entries.empty()  # key, bucket, count
+        self.batches = _EntryStore(_distinct)  # key, gateway id, seq
+        self.cells = _EntryStore(_summed)  # key, bucket, count
 
     def grow(self, keys: int) -> None:
         """Make room for key ids below ``keys``."""
@@ -213,8 +316,8 @@ class _Unfinished:
             "first_ts": self.first_ts.tobytes(),
             "last_ts": self.last_ts.tobytes(),
             "state": {name: column.tobytes() for name, column in self.state.items()},
-            "batches": self.batches.pack(),
-            "cells": self.cells.pack(),
+            "batches": self.batches.all().pack(),
+            "cells": self.cells.all().pack(),
         }
 
     def unpack(self, obj: dict[str, Any]) -> None:
@@ -226,8 +329,8 @@ class _Unfinished:
             f.name: np.frombuffer(obj["state"][f.name], dtype=f.np_dtype).copy()
             for f in self.fields
         }
-        self.batches = _Entries.unpack(obj["batches"])
-        self.cells = _Entries.unpack(obj["cells"])
+        self.batches.replace(_Entries.unpack(obj["batches"]))
+        self.cells.replace(_Entries.unpack(obj["cells"]))
         if any(
             len(c) != len(self.count) for c in (self.first_ts, self.last_ts, *self.state.values())
         ):
@@ -355,13 +458,28 @@ class CountState:
         """
         held = self._tails[index]
         held.grow(len(self._keys))
-        g = _number(held, final, self.windows[index].count, flush=flush)
+        n = self.windows[index].count
+        g = _number(held, final, n, flush=flush)
         state, cells = self._merged(held, final, g)
-        batches = _group_batches(held, final, g)  # keyed by group
-        state[BATCHES.name] = np.bincount(batches.key, minlength=g.size).astype(np.int64)
-        complete = np.ones(g.size, dtype=bool) if flush else g.total == self.windows[index].count
+        complete = np.ones(g.size, dtype=bool) if flush else g.total == n
+        # Unfinished windows finished here give up their entries; continued ones keep them.
+        finishing = g.from_held[complete[g.from_held]]
+        group_of = np.full(len(held.count), -1, dtype=np.int64)
+        group_of[g.keys[finishing]] = finishing
+        taken = np.sort(g.keys[finishing])
+        batches = _row_batches(final, g)  # (group, gateway, seq), distinct
+        state[BATCHES.name] = _batch_counts(batches, held.batches.take(taken), group_of, g.size)
+        done_cells = None
+        if cells is not None:
+            held_cells = held.cells.take(taken)
+            ids = cell_ids(group_of[held_cells.key], held_cells.a)
+            in_done = complete[cell_groups(cells[0])]
+            done_cells = merge_cells(
+                np.concatenate((cells[0][in_done], ids)),
+                np.concatenate((cells[1][in_done], held_cells.b)),
+            )
         _keep_open(held, g, state, cells, batches, ~complete)
-        return self._finished(index, g, state, cells, complete, span)
+        return self._finished(index, g, state, done_cells, complete, span)
 
     def _finished(  # noqa: PLR0917 - private; one call site
         self,
@@ -372,7 +490,10 @@ class CountState:
         complete: npt.NDArray[np.bool_],
         span: tuple[int, int],
     ) -> pl.DataFrame:
-        """The results of the complete groups, by key and ordinal; counts them as finished."""
+        """The results of the complete groups, by key and ordinal; counts them as finished.
+
+        ``cells``: the complete groups' sketch cells (sorted ids, counts), or None.
+        """
         done_groups = np.flatnonzero(complete)
         if len(done_groups) == 0:
             return self.empty_result()
@@ -384,8 +505,7 @@ class CountState:
         self._done[index] = done
         quantiles: list[npt.NDArray[np.float64]] = []
         if cells is not None:
-            in_done = complete[cell_groups(cells[0])]
-            ids, counts = cells[0][in_done], cells[1][in_done]
+            ids, counts = cells
             # quantile_buckets wants cells by group in result order: renumber the groups
             rank_of = np.zeros(g.size, dtype=np.int64)
             rank_of[done_groups] = np.arange(len(done_groups))
@@ -413,10 +533,10 @@ class CountState:
     def _merged(
         self, held: _Unfinished, final: _Rows, g: _Groups
     ) -> tuple[dict[str, npt.NDArray[Any]], tuple[Int64Array, Int64Array] | None]:
-        """Each group's state and sketch cells: its new rows, merged with what it continues.
+        """Each group's state: its new rows', merged with the unfinished window it continues.
 
-        Returns the fields (aligned with groups ``0 .. size - 1``) and the cells (sorted ids
-        with their counts; None without quantiles).
+        Returns the fields (aligned with groups ``0 .. size - 1``) and the new rows' sketch
+        cells (sorted ids by group, with their counts; None without quantiles).
         """
         fields = self.plan.fields
         if len(final):
@@ -437,14 +557,7 @@ class CountState:
             _, state = merge_state(ids, columns, fields)
         if sketch is None:
             return state, None
-        ids, counts = cell_ids(new[sketch[0]], sketch[1]), sketch[2]
-        mine = g.group_of_key[held.cells.key] >= 0
-        if mine.any():
-            ids = np.concatenate(
-                (ids, cell_ids(g.group_of_key[held.cells.key[mine]], held.cells.a[mine]))
-            )
-            counts = np.concatenate((counts, held.cells.b[mine]))
-        return state, merge_cells(ids, counts)
+        return state, (cell_ids(new[sketch[0]], sketch[1]), sketch[2])
 
     def _done_counts(self, index: int) -> Int64Array:
         done = self._done[index]
@@ -527,8 +640,6 @@ class _Groups:
     its unfinished window continues)."""
     from_held: Int64Array
     """Groups that continue (or, flushing, are) an unfinished window."""
-    group_of_key: Int64Array
-    """Per key id, the group continuing its unfinished window (-1: none)."""
     touched: npt.NDArray[np.bool_]
     """Per key id, whether its unfinished window is finished or continued here."""
     total: Int64Array
@@ -568,8 +679,6 @@ def _number(held: _Unfinished, final: _Rows, n: int, *, flush: bool) -> _Groups:
     from_held = np.concatenate((np.flatnonzero(carried), np.arange(len(first), size)))
     all_keys = np.concatenate((new_keys, extra))
     held_keys = all_keys[from_held]
-    group_of_key = np.full(keys, -1, dtype=np.int64)
-    group_of_key[held_keys] = from_held
     total = np.concatenate((last - first + 1, np.zeros(len(extra), np.int64)))
     total[from_held] += held.count[held_keys]
     first_ts = np.concatenate((final.ts[first], np.zeros(len(extra), np.int64)))
@@ -579,7 +688,6 @@ def _number(held: _Unfinished, final: _Rows, n: int, *, flush: bool) -> _Groups:
         keys=all_keys,
         local=np.concatenate((local[first], np.zeros(len(extra), np.int64))),
         from_held=from_held,
-        group_of_key=group_of_key,
         touched=touched,
         total=total,
         first_ts=first_ts,
@@ -587,19 +695,22 @@ def _number(held: _Unfinished, final: _Rows, n: int, *, flush: bool) -> _Groups:
     )
 
 
-def _group_batches(held: _Unfinished, final: _Rows, g: _Groups) -> _Entries:
-    """The distinct (group, gateway, seq) of every group: its rows' and its held ones'."""
-    group, gateway, seq = g.group, final.gateway.astype(np.int64), final.seq
-    mine = g.group_of_key[held.batches.key] >= 0
-    if mine.any():
-        group = np.concatenate((group, g.group_of_key[held.batches.key[mine]]))
-        gateway = np.concatenate((gateway, held.batches.a[mine]))
-        seq = np.concatenate((seq, held.batches.b[mine]))
-    order = np.lexsort((seq, gateway, group))
-    group, gateway, seq = group[order], gateway[order], seq[order]
-    new = np.ones(len(group), dtype=bool)
-    new[1:] = (group[1:] != group[:-1]) | (gateway[1:] != gateway[:-1]) | (seq[1:] != seq[:-1])
-    return _Entries(group[new].astype(np.int32), gateway[new], seq[new])
+def _row_batches(final: _Rows, g: _Groups) -> _Entries:
+    """The distinct (group, gateway, seq) of the new rows (``key``: the group)."""
+    return _distinct(_Entries(g.group.astype(np.int32), final.gateway.astype(np.int64), final.seq))
+
+
+def _batch_counts(
+    batches: _Entries, held: _Entries, group_of: Int64Array, groups: int
+) -> Int64Array:
+    """Distinct batches per group.
+
+    Its new rows' and, for a group finishing an unfinished window, that window's (``held``,
+    by key; ``group_of`` maps those keys to their groups).
+    """
+    mine = _Entries(group_of[held.key].astype(np.int32), held.a, held.b)
+    both = _distinct(_Entries.concat([batches, mine]))
+    return np.bincount(both.key, minlength=groups).astype(np.int64)
 
 
 def _keep_open(  # noqa: PLR0917 - private; one call site
@@ -620,12 +731,14 @@ def _keep_open(  # noqa: PLR0917 - private; one call site
     for name, column in state.items():
         held.state[name][keys] = column[open_]
     keep = is_open[batches.key]
-    kept = _Entries(g.keys[batches.key[keep]].astype(np.int32), batches.a[keep], batches.b[keep])
-    held.batches = held.batches.where(~g.touched[held.batches.key]).plus(kept)
+    held.batches.add(
+        _Entries(g.keys[batches.key[keep]].astype(np.int32), batches.a[keep], batches.b[keep])
+    )
     if cells is not None:
         group = cell_groups(cells[0])
         keep = is_open[group]
-        kept = _Entries(
-            g.keys[group[keep]].astype(np.int32), cell_buckets(cells[0][keep]), cells[1][keep]
+        held.cells.add(
+            _Entries(
+                g.keys[group[keep]].astype(np.int32), cell_buckets(cells[0][keep]), cells[1][keep]
+            )
         )
-        held.cells = held.cells.where(~g.touched[held.cells.key]).plus(kept)

@@ -321,8 +321,11 @@ def test_unfinished_windows_are_folded_state_not_rows() -> None:
     held = combiner.counts._tails[0]  # the folded layout is what is tested
     # every row but the newest is final (lateness 0): ranked into the unfinished window
     assert combiner.counts.tail_rows == int(held.count.sum()) == 11_999
-    assert len(held.batches) == 3  # one entry per batch, not per row
-    assert len(held.cells) <= 10  # one per sketch bucket holding a value
+    # entries per batch and per sketch bucket (a step adds its own), not per row
+    assert len(held.batches) <= 5
+    assert len(held.batches.all()) == 3
+    assert len(held.cells) <= 30
+    assert len(held.cells.all()) <= 10
     restored = Combiner(spec, 0, clock)
     restored.restore(combiner.snapshot())
     frames = [c.flush().frame for c in (combiner, restored)]
@@ -386,3 +389,32 @@ def test_a_checkpoint_with_unfinished_windows_as_rows_is_folded_on_restore() -> 
         ("b", 2, 5.0, 0, 10, 13),
     ]
     assert frame["batches"].to_list() == [2, 2]
+
+
+def test_entry_chunks_take_by_key_merge_repeats_and_stay_bounded() -> None:
+    """Unfinished windows' entries: a key's leave all at once; repeats merge; chunks bounded."""
+    from shoal.processors.count import (  # noqa: PLC0415
+        MAX_ENTRY_CHUNKS,
+        _distinct,
+        _Entries,
+        _EntryStore,
+    )
+
+    def entries(keys: list[int], seqs: list[int]) -> _Entries:
+        n = len(keys)
+        return _Entries(np.array(keys, np.int32), np.zeros(n, np.int64), np.array(seqs, np.int64))
+
+    store = _EntryStore(_distinct)
+    for step in range(MAX_ENTRY_CHUNKS + 50):  # key 2 stops after the first step
+        # key 0 sends batch `step` twice in a step; key 1 repeats batch 0 every step
+        store.add(
+            entries([0, 0, 1] + ([] if step else [2]), [step, step, 0] + ([] if step else [9]))
+        )
+        if step % 7 == 6:
+            taken = store.take(np.array([0]))
+            assert sorted(set(taken.b.tolist())) == list(range(max(step - 6, 0), step + 1))
+    assert len(store.chunks) <= MAX_ENTRY_CHUNKS
+    held = store.all()
+    assert held.key.tolist().count(1) == 1  # batch 0 of key 1, once
+    assert held.b[held.key == 2].tolist() == [9]
+    assert len(store) <= 2 * len(held) + 65_536
