@@ -193,8 +193,9 @@ class _Chunk:
 
     @classmethod
     def of(cls, entries: _Entries) -> _Chunk:
-        """A chunk of ``entries`` (sorted here by key)."""
-        entries = entries.where(np.argsort(entries.key, kind="stable"))
+        """A chunk of ``entries`` (sorted here by key, unless they already are)."""
+        if len(entries) > 1 and (entries.key[1:] < entries.key[:-1]).any():
+            entries = entries.where(np.argsort(entries.key, kind="stable"))
         lo, lengths = run_bounds(entries.key)
         return cls(entries, entries.key[lo], lo, lo + lengths, np.ones(len(lo), dtype=bool))
 
