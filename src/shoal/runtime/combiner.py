@@ -21,7 +21,10 @@ it ran) is the close log (``shoal.processors.close_log``), a file beside the che
 close is appended to it before its results are published (and flushed to disk first when it
 publishes anything), and a restored core re-takes the logged closes, each once the batches
 applied before it are back. No checkpoint is taken while it does; once a checkpoint is
-durable the log keeps only what came after it.
+durable the log keeps only what came after it. A partition holding a chain of spec versions
+(``shoal.processors.versions``) keeps one log per stage, ``combiner.closes.v<version>``
+(a pipeline from a file: ``combiner.closes``); a stage's file goes once a durable checkpoint
+no longer holds the stage.
 
 The MQTT session is persistent (stable client id per partition, session expiry), so partials
 published while the combiner restarts wait in the broker; a second combiner started for the
@@ -39,6 +42,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -97,7 +101,8 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE: Final = "combiner.ckpt"
 CLOSE_LOG_FILE: Final = "combiner.closes"
-"""The close log beside the checkpoint (``shoal.processors.close_log``)."""
+"""The close log beside the checkpoint (``shoal.processors.close_log``); a versioned stage's
+is ``combiner.closes.v<version>`` (``close_log_name``)."""
 STATE_ROOT: Final = Path("var") / "combiner"
 """Where partitions keep their checkpoint folders unless told otherwise."""
 KEY_SLICE: Final = 250
@@ -150,6 +155,11 @@ class CombinerConfig:
         return rooted_client_id(self.topics, f"shoal-combiner-{self.spec.name}-{self.partition}")
 
 
+def close_log_name(version: int | None) -> str:
+    """The file name of a stage's close log beside the checkpoint (by its spec version)."""
+    return CLOSE_LOG_FILE if version is None else f"{CLOSE_LOG_FILE}.v{version}"
+
+
 def partition_state_dir(root: Path, pipeline: str, partition: int) -> Path:
     """A partition's checkpoint folder under ``root``, the same for a pinned and a hosted one.
 
@@ -199,6 +209,7 @@ class CombinerRuntime:
         self.started_at = self.clock.monotonic()
         self._inputs = self._stage_inputs()
         self._writing: asyncio.Future[None] | None = None
+        self._ended: list[Stage] = []  # retired stages whose logs the next checkpoint ends
         self.serving = False
         """Hosted: the session is ours, the checkpoint restored and the partials subscribed."""
         self.result_names: tuple[str, ...] = (config.spec.name,)
@@ -222,13 +233,11 @@ class CombinerRuntime:
 
     @property
     def _logged(self) -> bool:
-        """Whether closes go to the close log: a pinned partition with a state folder.
+        """Whether closes go to the close log: a partition with a state folder.
 
-        A hosted partition's checkpoint is a chain of spec versions; its closes are not
-        logged yet (docs/guarantees.md, "Restarts": a pool takeover in the timing-dependent
-        case may renumber a correction, as before the close log).
+        Pinned or hosted; a hosted partition keeps one log per stage of its chain.
         """
-        return self.config.state_dir is not None and not self.config.hosted
+        return self.config.state_dir is not None
 
     def update(self, version: int, spec: PipelineSpec, at_ms: int) -> None:
         """Open a new spec version: it takes the windows from the next boundary on.
@@ -350,9 +359,8 @@ class CombinerRuntime:
                 raise
             aside = path.with_name(f"{CHECKPOINT_FILE}.superseded")
             path.replace(aside)
-            closes = path.with_name(CLOSE_LOG_FILE)
-            if closes.exists():
-                closes.replace(closes.with_name(f"{CLOSE_LOG_FILE}.superseded"))
+            for closes in _log_files(state_dir):
+                closes.replace(closes.with_name(f"{closes.name}.superseded"))
             log.warning(
                 "combiner %s: checkpoint of another spec version set aside as %s; starting "
                 "from empty state (gateways' unconfirmed batches are re-sent)",
@@ -774,10 +782,10 @@ class CombinerRuntime:
         while True:
             await asyncio.sleep(self.config.tick_ms / 1000)
             since = self.clock.monotonic()
-            abandoned = self.core.counters.replays_abandoned
+            abandoned = self._replays_abandoned()
             steps = self.chain.tick()
             self._write_log()
-            if self.core.counters.replays_abandoned > abandoned:
+            if self._replays_abandoned() > abandoned:
                 log.warning(
                     "combiner %s: gave up re-taking logged closes: the gateways they wait "
                     "for sent nothing for %d ms; running freely",
@@ -788,7 +796,10 @@ class CombinerRuntime:
                 self._publish_step(session, stage, step, since)
                 if step.closed is None:
                     self._emit(session, stage, None, since)  # alert transitions, if any
-            for stage, closed in self.chain.retire():
+            retired = self.chain.retire()
+            self._ended += [stage for stage, _ in retired]
+            self._write_log()  # their last flush, before it is published
+            for stage, closed in retired:
                 self._emit(session, stage, closed, since)
                 log.info(
                     "combiner %s: v%s closed its last window (before %s)",
@@ -831,15 +842,17 @@ class CombinerRuntime:
         the restored checkpoint's seqs are confirmed, with the gaps that hold the replay up,
         so that their gateways re-send them at once.
         """
-        if self.core.replaying:
+        if self.chain.replaying:
             await self._confirm(session, self.chain.confirmable(), self._lasting_gaps())
             return
         snapshot = None
         if self.config.state_dir is not None:
             # Hosted: the chain, with each version's spec (it can outlive its document).
             snapshot = self.chain.snapshot() if self.config.hosted else self.core.snapshot()
-        generation = self.core.close_log.generation
-        self._write_log()  # the snapshot's mark
+        held = self.chain.stages if self.config.hosted else [self.chain.current]
+        generations = [(stage, stage.core.close_log.generation) for stage in held]
+        ended = list(self._ended)
+        self._write_log()  # the snapshot's marks
         confirmable = self.chain.confirmable()
         missing = self._lasting_gaps()
         # The outputs stay listed until acknowledged: a checkpoint cancelled while waiting
@@ -864,8 +877,10 @@ class CombinerRuntime:
             await asyncio.shield(self._writing)
             self.checkpoints += 1
             self.last_checkpoint_ms = self.clock.now_ms()
-            self.core.close_log.settle(generation)
+            for stage, generation in generations:
+                stage.core.close_log.settle(generation)
             self._write_log()
+            self._forget_logs(ended, keep=held)
         await self._confirm(session, confirmable, missing)
 
     def _lasting_gaps(self) -> dict[str, tuple[int, ...]]:
@@ -953,7 +968,7 @@ class CombinerRuntime:
             "max_state_cells": self.config.spec.max_state_cells,
             # closed windows held for corrections (each for at most allowed_lateness_ms)
             "kept_windows": self.core.kept_windows(),
-            "replaying": self.core.replaying,
+            "replaying": self.chain.replaying,
             "allowed_lateness_ms": self.config.spec.allowed_lateness_ms,
             "checkpoints": self.checkpoints,
             "gaps_reported": self.gaps_reported,
@@ -967,61 +982,97 @@ class CombinerRuntime:
     # -- checkpoints ---------------------------------------------------------------------------
 
     def _restore(self, path: Path) -> None:
-        closes = path.with_name(CLOSE_LOG_FILE)
         snapshot = path.read_bytes() if path.exists() else None
-        logged = closes.read_bytes() if closes.exists() and self._logged else None
-        if snapshot is None and logged is None:
-            return
-        chain = None
-        if snapshot is not None:
-            chain = Chain.restore(snapshot, self.config.partition, self.clock, _parse_canonical)
-        if chain is not None:
-            self.chain = chain
-            self._catch_up()
-        else:
-            try:
-                self.core.restore(snapshot, logged)
-            except SchemaError as exc:
-                if exc.reason != "bad_log":
-                    raise
-                log.warning(
-                    "combiner %s: close log %s unreadable (%s); restoring the checkpoint alone",
-                    self.config.client_id,
-                    closes,
-                    exc,
-                )
-                self.chain = self._new_chain()
-                self.core.restore(snapshot)
+        try:
+            self._restore_with(snapshot, self._read_log if self._logged else None)
+        except SchemaError as exc:
+            if exc.reason != "bad_log":
+                raise
+            log.warning(
+                "combiner %s: a close log beside %s is unreadable (%s); restoring the "
+                "checkpoint alone",
+                self.config.client_id,
+                path,
+                exc,
+            )
+            self._restore_with(snapshot, (lambda _: None) if self._logged else None)
         self._inputs = self._stage_inputs()
         self._confirmed = {}
-        self._write_log()  # the log rewritten for the restored checkpoint
+        self._write_log()  # the logs rewritten for the restored checkpoint
         log.info(
             "combiner %s: restored from %s, %d logged closes to re-take",
             self.config.client_id,
             path,
-            self.core.pending_closes,
+            self.chain.pending_closes,
         )
 
-    def _write_log(self) -> None:
-        """Write the close log's new entries (before publishing what they decide)."""
-        write = self.core.take_log()
-        if write is None or self.config.state_dir is None:
-            return
-        path = self.config.state_dir / CLOSE_LOG_FILE
-        if write.replace:
-            _write_atomically(path, write.data)
-            return
-        with path.open("ab") as fh:
-            fh.write(write.data)
-            if write.sync:
-                fh.flush()
-                os.fsync(fh.fileno())
+    def _restore_with(
+        self, snapshot: bytes | None, logs: Callable[[int | None], bytes | None] | None
+    ) -> None:
+        """Restore the snapshot (a chain, or a pinned core's) and the closes logged after it.
 
-    def _catch_up(self) -> None:
+        A pinned core's snapshot goes with ``combiner.closes`` (only a pinned partition
+        writes one), a chain's stages with their own logs; with no snapshot yet, the current
+        stage's log alone (closes decided before the first checkpoint).
+        """
+        self.chain = self._new_chain()
+        chain = None
+        if snapshot is not None:
+            chain = Chain.restore(
+                snapshot, self.config.partition, self.clock, _parse_canonical, logs=logs
+            )
+        if chain is not None:
+            self.chain = chain
+            self._catch_up(logs)
+            return
+        version = self.chain.current.version if snapshot is None else None
+        logged = None if logs is None else logs(version)
+        if snapshot is not None or logged is not None:
+            self.core.restore(snapshot, logged)
+
+    def _read_log(self, version: int | None) -> bytes | None:
+        """A stage's close log file, if there is one."""
+        assert self.config.state_dir is not None
+        path = self.config.state_dir / close_log_name(version)
+        return path.read_bytes() if path.exists() else None
+
+    def _write_log(self) -> None:
+        """Write every stage's new close-log entries (before publishing what they decide)."""
+        if self.config.state_dir is None:
+            return
+        for stage in [*self.chain.stages, *self._ended]:
+            write = stage.core.take_log()
+            if write is None:
+                continue
+            path = self.config.state_dir / close_log_name(stage.version)
+            if write.replace:
+                _write_atomically(path, write.data)
+                continue
+            with path.open("ab") as fh:
+                fh.write(write.data)
+                if write.sync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+
+    def _forget_logs(self, ended: list[Stage], *, keep: list[Stage]) -> None:
+        """Delete the logs of ended stages: the durable checkpoint no longer holds them."""
+        assert self.config.state_dir is not None
+        kept = {close_log_name(s.version) for s in keep}
+        for stage in ended:
+            self._ended.remove(stage)
+            name = close_log_name(stage.version)
+            if name not in kept:
+                (self.config.state_dir / name).unlink(missing_ok=True)
+
+    def _replays_abandoned(self) -> int:
+        return sum(s.core.counters.replays_abandoned for s in self.chain.stages)
+
+    def _catch_up(self, logs: Callable[[int | None], bytes | None] | None) -> None:
         """A restored chain older than the deployed version switches to it (``update``).
 
         One whose partition count differs cannot: it is refused like a checkpoint of another
-        spec (``checkpoint_mismatch``), and the partition starts afresh.
+        spec (``checkpoint_mismatch``), and the partition starts afresh. The new stage
+        re-takes the closes its log holds (a version opened after the checkpoint).
         """
         current, config = self.chain.current, self.config
         if config.version is None or current.version is None or current.version >= config.version:
@@ -1033,13 +1084,16 @@ class CombinerRuntime:
                 expected=str(config.spec.partitions),
                 found=str(current.core.spec.partitions),
             )
-        self.chain.update(
+        stage = self.chain.update(
             config.version,
             config.spec,
             self.clock,
             not_before_ms=config.version_at_ms,
             spec_doc=canonical_mapping(config.spec),
         )
+        logged = None if logs is None else logs(stage.version)
+        if logged is not None:
+            stage.core.restore(None, logged)
 
     def _reload(self) -> None:
         if self.config.state_dir is None:
@@ -1049,9 +1103,18 @@ class CombinerRuntime:
                 self.config.client_id,
             )
             return
-        self.chain = self._new_chain()
         self._rendered = None
+        self._ended = []
         self._restore(self.config.state_dir / CHECKPOINT_FILE)
+
+
+def _log_files(state_dir: Path) -> list[Path]:
+    """The close logs in a partition's folder (every stage's; not those set aside)."""
+    return [
+        p
+        for p in state_dir.glob(f"{CLOSE_LOG_FILE}*")
+        if p.name == CLOSE_LOG_FILE or p.name.removeprefix(f"{CLOSE_LOG_FILE}.v").isdigit()
+    ]
 
 
 def _parse_canonical(mapping: dict[str, Any]) -> PipelineSpec:
