@@ -170,9 +170,9 @@ def _bucket_counts(
     width = int(bucket.max()) - low + 1
     if len(unique_groups) * width > SPARSE_CELLS_PER_ROW * len(groups):
         index_of_row = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-        cells = np.sort(index_of_row * width + (bucket[order] - low))
-        starts, counts = run_bounds(cells)
-        first = cells[starts]
+        numbers = np.sort(index_of_row * width + (bucket[order] - low))
+        starts, counts = run_bounds(numbers)
+        first = numbers[starts]
         return first // width, first % width + low, counts
     if len(unique_groups) and unique_groups[0] >= 0 and unique_groups[-1] < 1 << 22:
         lookup = np.empty(int(unique_groups[-1]) + 1, dtype=np.int64)
