@@ -88,6 +88,7 @@ from shoal.processors.state import ClosedWindows
 from shoal.processors.versions import Chain, Stage
 from shoal.rules import alert_payload
 from shoal.runtime._fence import CheckpointLock
+from shoal.runtime._heap import release_free_memory
 from shoal.runtime._tasks import supervised
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas.control import MAX_MISSING, Confirm, GatewayStatus
@@ -880,6 +881,9 @@ class CombinerRuntime:
         while True:
             await asyncio.sleep(interval)
             await self._checkpoint(session)
+            # Once per checkpoint: what the partials and merges since the last one freed
+            # goes back to the system instead of holding the process at its high-water mark.
+            release_free_memory()
 
     async def _checkpoint(self, session: Session) -> None:
         """Snapshot, wait for the outputs it relies on, persist, then confirm.
