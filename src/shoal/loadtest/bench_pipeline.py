@@ -29,6 +29,7 @@ import psutil
 
 from shoal.broker.session import Session, unique_client_id
 from shoal.loadtest.alert_latency import AlertProbe, ProbeProcess, alert_after_result
+from shoal.loadtest.bench_limit import compute_limit
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime.local import SIMULATOR_CONFIRM_WAIT_S, LocalPipeline, LocalPipelineConfig
 from shoal.scaler.monitor import Snapshot
@@ -91,7 +92,27 @@ def offered_rate(config: PipelineBenchConfig) -> float:
 
 
 def run_pipeline(config: PipelineBenchConfig, progress: TextIO | None = None) -> dict[str, Any]:
-    """Run once; returns the JSON record."""
+    """Run once; returns the JSON record.
+
+    Before the pipeline starts, one core's compute limit for the run's batches is measured
+    in this process (``bench_limit``): ``compute_limit_meas_per_s``, and ``efficiency`` =
+    achieved / (limit x cores).
+    """
+    limit = compute_limit(
+        config.spec,
+        batch=config.batch,
+        encoding=config.encoding,
+        sensors=config.sensors_per_gateway or 1_000,
+        rate_hz=config.rate,
+    )
+    record = _run_pipeline(config, progress)
+    cores = psutil.cpu_count(logical=True) or 1
+    record["compute_limit_meas_per_s"] = round(limit, 1)
+    record["efficiency"] = round(record["achieved_meas_per_s"] / (limit * cores), 4)
+    return record
+
+
+def _run_pipeline(config: PipelineBenchConfig, progress: TextIO | None) -> dict[str, Any]:
     local = LocalPipeline(
         LocalPipelineConfig(
             spec=config.spec,
@@ -178,6 +199,9 @@ async def _measure(
         last = _applied_mark(local)
         window_cpu = _window_cpu(cpu_first, local.sampler.cpu_seconds(), elapsed)
         handle = _worst(local.monitor.snapshot().worker_metrics, "handle_ms")
+        publish_to_partial = _worst(
+            local.monitor.snapshot().worker_metrics, "publish_to_partial_ms"
+        )
         lag_at_end = local.monitor.snapshot().lag_rows
         accounting = await local.settle(
             session, progress=None if progress is None else _drain_progress(progress)
@@ -244,6 +268,12 @@ async def _measure(
         ),
         "alert_after_result_ms": alert_latency,
         "worker_handle_ms": handle,
+        # gateway seals a batch -> its partials handed to the broker (a request/reply round trip)
+        "publish_to_partial_ms": (
+            None
+            if publish_to_partial is None
+            else {k: publish_to_partial[k] for k in ("p50", "p99")}
+        ),
         "components": local.sampler.report(),
         "window_components": window_cpu,
         "machine": machine(),
@@ -440,6 +470,22 @@ def format_record(record: dict[str, Any]) -> str:
         f"{'sustained' if record['sustained'] else 'NOT sustained'}",
         f"  {settle_text(record)}",
     ]
+    handle, to_partial = record.get("worker_handle_ms"), record.get("publish_to_partial_ms")
+    if handle:
+        lines.append(
+            f"  worker batch handling      p50 {handle['p50']:.2f} ms  p99 {handle['p99']:.2f} ms"
+        )
+    if to_partial:
+        lines.append(
+            f"  publish -> partials out    p50 {to_partial['p50']:.1f} ms  "
+            f"p99 {to_partial['p99']:.1f} ms"
+        )
+    if record.get("compute_limit_meas_per_s"):
+        lines.append(
+            f"  compute limit {record['compute_limit_meas_per_s']:,.0f} meas/s per core "
+            f"(decode + partials, no I/O); efficiency {record['efficiency']:.1%} "
+            "(achieved / (limit x cores))"
+        )
     apply = record["apply_latency_ms"]
     if apply:
         lines.append(

@@ -731,7 +731,7 @@ class PartialBuilder:
                 PartialRows(
                     window=np.full(len(g), index, dtype=np.uint8),
                     start=assigned.starts(g // width),
-                    keys=[key_names[i] for i in (g % width).tolist()],
+                    keys=_names_of(key_names, g % width),
                     fields=state,
                     sketch_row=None if sketch is None else sketch[0],
                     sketch_bucket=None if sketch is None else sketch[1],
@@ -772,6 +772,15 @@ class PartialBuilder:
             )
             for p in range(partitions)
         ]
+
+
+def _names_of(names: list[str | None], ids: npt.NDArray[np.int64]) -> list[str | None]:
+    """``names[i]`` for each id; the usual batch (every key once, in order) copies the list."""
+    if len(ids) == len(names) and (
+        len(ids) == 0 or (ids[0] == 0 and bool((np.diff(ids) == 1).all()))
+    ):
+        return list(names)
+    return [names[i] for i in ids.tolist()]
 
 
 def _concat(parts: list[PartialRows]) -> PartialRows:

@@ -92,6 +92,7 @@ from shoal.processors.state import ClosedWindows
 from shoal.processors.versions import Chain, Stage
 from shoal.rules import alert_payload
 from shoal.runtime._fence import CheckpointLock
+from shoal.runtime._heap import release_free_memory
 from shoal.runtime._tasks import supervised
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas.control import MAX_MISSING, Confirm, GatewayStatus
@@ -109,6 +110,9 @@ KEY_SLICE: Final = 250
 """Per-key results built and published per slice, with the event loop free in between."""
 LOCK_TIMEOUT_S: Final = 10.0
 """How long a hosted combiner waits for a deposed owner to finish its last checkpoint write."""
+INTAKE_BYTES: Final = 8 * 2**20
+"""Received partials (wire bytes) that may wait to be applied; past it the combiner reads no
+more from the broker until half is applied (``CombinerConfig.intake_bytes``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +137,11 @@ class CombinerConfig:
         version_at_ms: when that version was made (the control plane's clock): an update
             switches at the first window boundary after it, or after what the partition
             has already applied (``shoal.processors.versions``).
+        intake_bytes: received messages (wire bytes) that may wait to be applied. A
+            combiner slower than its input (a backlog after a restart, overload) would
+            otherwise queue every partial the broker sends it in memory; past this it stops
+            reading until half is applied and the rest waits in the broker (its persistent
+            session), bounded upstream by the gateways' end-to-end windows.
     """
 
     spec: PipelineSpec
@@ -148,6 +157,7 @@ class CombinerConfig:
     owner: str | None = None
     version: int | None = None
     version_at_ms: int = 0
+    intake_bytes: int = INTAKE_BYTES
 
     @property
     def client_id(self) -> str:
@@ -298,12 +308,11 @@ class CombinerRuntime:
                 # checkpoint and let the gateways re-send.
                 self._reload()
             first = False
-            session = self._open_session()
+            session, outputs = self._open_session(), self._open_outputs()
             try:
-                async with session:
-                    await session.subscribe(self._subscriptions(), qos=1)
-                    await self._serve(session)
-                    await self._checkpoint(session)
+                async with session, outputs:
+                    await self._serve(session, outputs)
+                    await self._checkpoint(outputs)
             except BrokerError as exc:
                 if self._stop.is_set():
                     break
@@ -313,13 +322,31 @@ class CombinerRuntime:
                 self._unacked.clear()
 
     def _open_session(self) -> Session:
-        """The partition's persistent session (its client id fences the partition)."""
+        """The partition's persistent intake session (its client id fences the partition).
+
+        Partials, gateway statuses and control messages arrive here, at most
+        ``intake_bytes`` of them waiting in memory (beyond, the session stops reading and
+        TCP holds the broker back). Everything the combiner publishes goes out on
+        ``_open_outputs``: PUBACKs on this connection would wait behind the partials the
+        broker has already written to it, so a checkpoint would wait for its results'
+        PUBACKs as long as the backlog takes to apply (Mosquitto 2.0.11 writes a
+        subscriber's whole queue at once, see docs/guarantees.md "Overload").
+        """
         return self._connect(
             self.config.broker,
             self.config.client_id,
             clean_start=False,
             session_expiry_s=self.config.session_expiry_s,
+            max_buffered_bytes=self.config.intake_bytes,
         )
+
+    def _open_outputs(self) -> Session:
+        """The session results, late rows, confirmations and heartbeats go out on.
+
+        Its client id follows the intake's, so a second combiner for the partition takes
+        this one over too. Clean: nothing is ever delivered to it.
+        """
+        return self._connect(self.config.broker, f"{self.config.client_id}-out")
 
     async def _run_term(self) -> None:
         """One ownership term: session, then lock, restore, serve; never reconnects."""
@@ -327,15 +354,13 @@ class CombinerRuntime:
         if state_dir is None:
             raise ConfigError(f"combiner {self.config.client_id}: hosting needs a state folder")
         lock = CheckpointLock(state_dir)
-        session = self._open_session()
+        session, outputs = self._open_session(), self._open_outputs()
         try:
-            async with session:
+            async with session, outputs:
                 await lock.acquire(LOCK_TIMEOUT_S)
                 self._reload_hosted(state_dir)
-                await session.subscribe(self._subscriptions(), qos=1)
-                self.serving = True
-                await self._serve(session)
-                await self._checkpoint(session)
+                await self._serve(session, outputs)
+                await self._checkpoint(outputs)
         except BrokerError as exc:
             if not self._stop.is_set():
                 self.deposed = True
@@ -369,12 +394,46 @@ class CombinerRuntime:
             )
             self._reload()
 
-    async def _serve(self, session: Session) -> None:
+    async def _serve(self, session: Session, outputs: Session) -> None:
+        """Take messages from ``session`` until stopped; publish on ``outputs``.
+
+        Subscribing runs beside the loop: a persistent session's queued partials arrive
+        before the SUBACK, and the loop must take them for the SUBACK to be read.
+        """
         async with supervised(
-            self._stop, self._ticker(session), self._checkpointer(session), self._heartbeat(session)
+            self._stop,
+            self._subscribe(session),
+            self._ticker(outputs),
+            self._checkpointer(outputs),
+            self._heartbeat(outputs),
         ) as ending:
             async for message in session.messages_until(ending):
-                self._on_message(session, message)
+                self._on_message(outputs, message)
+
+    async def _subscribe(self, session: Session) -> None:
+        """Subscribe (again: idempotent) until the broker confirms it.
+
+        A resumed session's backlog is written to the connection before the SUBACK, which
+        can then take longer than the client waits for it; the subscription stands in the
+        session meanwhile, so try again. A lost connection ends the message loop, and this
+        with it.
+        """
+        attempts = 1
+        while True:
+            try:
+                await session.subscribe(self._subscriptions(), qos=1)
+            except BrokerError as exc:
+                log.warning(
+                    "combiner %s: %s; subscribing again (attempt %d)",
+                    self.config.client_id,
+                    exc,
+                    attempts + 1,
+                )
+                attempts += 1
+                await asyncio.sleep(1.0)
+                continue
+            self.serving = True  # hosted: the pool may count this partition as served
+            return
 
     # -- input -------------------------------------------------------------------------------
 
@@ -833,6 +892,9 @@ class CombinerRuntime:
         while True:
             await asyncio.sleep(interval)
             await self._checkpoint(session)
+            # Once per checkpoint: what the partials and merges since the last one freed
+            # goes back to the system instead of holding the process at its high-water mark.
+            release_free_memory()
 
     async def _checkpoint(self, session: Session) -> None:
         """Snapshot, wait for the outputs it relies on, persist, then confirm.

@@ -311,9 +311,10 @@ def _strings(
             expected=f"< {len(entries)} (the dictionary size)",
             found=str(int(codes[row])),
         )
-    _check_entry_types(field, entries, nullable=nullable)  # also makes them hashable
+    # A dictionary seen before (equal entries, so strings or nils only) was checked then.
     dictionary = _DICTIONARIES.get(field, entries, limits.max_string_bytes, nullable=nullable)
     if dictionary is None:
+        _check_entry_types(field, entries, nullable=nullable)  # also makes them hashable
         dictionary = _checked_dictionary(field, entries, codes, limits, nullable=nullable)
         _DICTIONARIES.put(field, entries, limits.max_string_bytes, dictionary, nullable=nullable)
     return dictionary, DictColumn(tuple(entries), codes.astype(np.uint32, copy=False))
@@ -366,7 +367,10 @@ class _DictionaryCache:
         self, field: str, entries: list[Any], max_bytes: int, *, nullable: bool
     ) -> pl.Series | None:
         key = (field, tuple(entries), max_bytes, nullable)
-        found = self._items.get(key)
+        try:
+            found = self._items.get(key)
+        except TypeError:  # an unhashable entry: not a dictionary we checked
+            return None
         if found is not None:
             self._items.move_to_end(key)
         return found

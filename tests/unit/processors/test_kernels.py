@@ -173,15 +173,16 @@ def test_the_dense_grid_and_the_sort_count_the_same_buckets(data) -> None:
     values on both sides of zero make the wide grids the sort is there for."""
     groups = np.array([g for g, _ in data], dtype=np.int64)
     buckets = LogBuckets(0.01).keys_np(np.array([v for _, v in data]))
-    unique = np.unique(groups)
-    dense_limit = _kernels.DENSE_CELLS_PER_ROW
+    order = np.argsort(groups, kind="stable")
+    unique, lengths = np.unique(groups, return_counts=True)
+    limit = _kernels.SPARSE_CELLS_PER_ROW
     try:
-        _kernels.DENSE_CELLS_PER_ROW = 1 << 30
-        dense = _kernels._bucket_counts(unique, groups, buckets)
-        _kernels.DENSE_CELLS_PER_ROW = -(1 << 30)
-        by_sort = _kernels._bucket_counts(unique, groups, buckets)
+        _kernels.SPARSE_CELLS_PER_ROW = 1 << 30
+        dense = _kernels._bucket_counts(unique, groups, buckets, order, lengths)
+        _kernels.SPARSE_CELLS_PER_ROW = 0
+        by_sort = _kernels._bucket_counts(unique, groups, buckets, order, lengths)
     finally:
-        _kernels.DENSE_CELLS_PER_ROW = dense_limit
+        _kernels.SPARSE_CELLS_PER_ROW = limit
     for got, want in zip(by_sort, dense, strict=True):
         np.testing.assert_array_equal(got, want)
     assert int(dense[2].sum()) == len(data)
