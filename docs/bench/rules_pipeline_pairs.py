@@ -16,6 +16,10 @@ rate, above what this machine sustains, so that the achieved rate is the pipelin
 - ``udf``: the same as plain with ``derive.value = calibrate(value)``, the UDF example's
   numpy cubic (``processors/examples/udf.toml``), run through the guard.
 
+Every variant gets the same input: the gateways send the attribute columns (``type``,
+``unit``) to all three, as the ``rules`` variant reads ``type`` (before, the other two ran on
+lighter batches without them).
+
 The figure is, per round, achieved(rules) / achieved(plain) and achieved(udf) /
 achieved(plain) (combiner heartbeats, the measured window only), and the medians over the
 rounds; also the workers' CPU seconds per million measurements applied. Every run's record
@@ -93,6 +97,7 @@ def main() -> int:
                 scenario="B",
                 rate=args.rate,
                 duration_s=args.duration,
+                attributes=True,  # one input for all: the rules read ``type``
             )
             record = bench.run_pipeline(config, None)
             run = {

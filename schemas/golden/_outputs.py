@@ -573,6 +573,8 @@ def _metrics(s: _Scenario, runtime: CombinerRuntime) -> None:
     counters.batches, counters.rows, counters.deadletters, counters.partials = 5, 9, 2, 5
     for ms in (0.8, 1.1, 2.4):
         worker.stats.handle_latency.add(ms)
+    for ms in (3.0, 4.0, 9.0):
+        worker.stats.publish_latency.add(ms)
     body = worker.metrics()
     assert set(_WORKER_FIXED) <= set(body), "a fixed figure the heartbeat no longer has"
     body.update(_WORKER_FIXED)

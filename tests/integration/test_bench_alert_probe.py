@@ -10,7 +10,7 @@ import pytest
 from shoal.broker import AsyncSession
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.session import unique_client_id
-from shoal.loadtest.alert_latency import AlertProbe, alert_after_result, stop
+from shoal.loadtest.alert_latency import AlertProbe, ProbeProcess, alert_after_result, stop
 from shoal.schemas.topics import Topics
 from tests.support.alert_messages import alert_message, result_message
 
@@ -59,3 +59,38 @@ def test_probe_times_each_alert_after_its_result_and_skips_retained_ones(
     assert received["count"] == 2
     # each alert left after its result's PUBACK: received after it, by the same subscriber
     assert 0.0 <= received["p50"] <= received["max"] < 10_000
+
+
+@pytest.mark.timeout(90)
+def test_the_probe_in_its_own_process_stores_the_same(
+    broker: EmbeddedBroker, topics: Topics
+) -> None:
+    """``ProbeProcess`` (what the bench runs): subscribed before ``start`` returns, and
+    ``finish`` brings back what the child stored, with receive times on this clock."""
+
+    async def scenario() -> tuple[AlertProbe, float, float]:
+        probe = ProbeProcess(AlertProbe("p", topics), broker.settings, unique_client_id("probe"))
+        async with AsyncSession(broker.settings, unique_client_id("test-combiner")) as combiner:
+            await combiner.publish(
+                topics.alert("p", "spike", "s0"), alert_message(-1000, 1), retain=True
+            )
+            await probe.start()
+            since = time.monotonic()
+            for start, state in ((0, "firing"), (1000, "resolved")):
+                await combiner.publish(topics.results("p"), result_message(start, 5_000 + start))
+                await combiner.publish(
+                    topics.alert("p", "spike", "s1"),
+                    alert_message(start, 5_002 + start, state),
+                    retain=True,
+                )
+            await asyncio.sleep(1.0)
+            until = time.monotonic()
+            return await probe.finish(), since, until
+
+    probe, since, until = asyncio.run(scenario())
+    assert probe.retained_alerts == 1
+    assert (len(probe.results), len(probe.alerts)) == (2, 2)
+    assert all(since <= at <= until for at, _ in (*probe.results, *probe.alerts))
+    out = alert_after_result(probe.results, probe.alerts, since=since, until=until)
+    assert out["transitions"] == {"firing": 1, "resolved": 1}
+    assert out["received"]["count"] == 2

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import orjson
 import pytest
@@ -15,9 +16,13 @@ import pytest
 from shoal.broker.access import Role
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.clock import SystemClock
+from shoal.runtime.hosting import CombinerHost, HostConfig
 from shoal.runtime.worker import Worker, WorkerConfig
+from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
 from tests.support.control import pool_running, running_plane
+from tests.support.datasets import make_batches
+from tests.support.live import Collected, collector, publish_batches, until
 from tests.support.secure import secure_broker
 
 pytestmark = pytest.mark.broker
@@ -31,6 +36,8 @@ USERS = {
     "grafana": Role.dashboard(),
     "worker": Role.worker("temps"),
     "pool": Role.worker(None),
+    "pool-combiner": Role.combiner(None),
+    "gw0": Role.gateway(),
 }
 
 
@@ -47,7 +54,7 @@ def _cli(broker: EmbeddedBroker, user: str, *args: str) -> subprocess.CompletedP
     return subprocess.run(argv, input=SPEC, capture_output=True, text=True, timeout=60, check=False)
 
 
-async def _scenario(broker: EmbeddedBroker) -> None:
+async def _scenario(broker: EmbeddedBroker, state_dir: Path) -> None:
     settings = broker.settings.with_credentials("plane", PASSWORD)
     async with running_plane(settings, ROOT, SystemClock()) as plane:
         for user in ("grafana", "worker"):
@@ -64,14 +71,38 @@ async def _scenario(broker: EmbeddedBroker) -> None:
         pool = Worker(
             WorkerConfig(None, broker.settings.with_credentials("pool", PASSWORD), ROOT, "pool-s")
         )
-        async with pool_running(pool):
-            # combiners stay pinned in the secure profile (no ACL for pool combiners yet)
-            accepted = await asyncio.to_thread(
-                _cli, broker, "ops", "deploy", "-", "--json", "--no-combiners"
+        # A pool combiner with the pool role (`combiner` without a pipeline): it reads the
+        # documents, joins the pool, owns the partition and publishes results and confirms.
+        host = CombinerHost(
+            HostConfig(
+                broker.settings.with_credentials("pool-combiner", PASSWORD),
+                ROOT,
+                state_dir,
+                "pc0",
+                tick_ms=50,
+                per_key_results=False,
             )
-        assert accepted.returncode == 0, accepted.stderr
+        )
+        batches = make_batches(seed=4, gateways=1, batches_per_gateway=6, late_fraction=0.0)
+        admin = broker.settings.with_credentials("ops", PASSWORD)
+        async with pool_running(pool, host), collector(admin, ROOT, "temps") as seen:
+            accepted = await asyncio.to_thread(_cli, broker, "ops", "deploy", "-", "--json")
+            assert accepted.returncode == 0, accepted.stderr
+            await publish_batches(
+                broker.settings.with_credentials("gw0", PASSWORD),
+                ROOT,
+                batches,
+                list(range(len(batches))),
+                encoding=Encoding.MSGPACK_COLUMNAR,
+            )
+            flushed = await asyncio.to_thread(_cli, broker, "ops", "flush", "temps", "--json")
+            assert flushed.returncode == 0, flushed.stderr
+            total = sum(b.frame.height for b in batches)
+            await until(lambda: _rows(seen) == total, 30, "every row in a result")
         assert orjson.loads(accepted.stdout)["version"] == 1
         assert orjson.loads(accepted.stdout)["confirmed"]["workers"] == ["pool-s"]
+        assert orjson.loads(accepted.stdout)["confirmed"]["combiners"]
+        assert not seen.deadletters
         listed = await asyncio.to_thread(_cli, broker, "ops", "list", "--json")
         assert listed.returncode == 0, listed.stderr
         assert [p["name"] for p in orjson.loads(listed.stdout)["pipelines"]] == ["temps"]
@@ -79,5 +110,12 @@ async def _scenario(broker: EmbeddedBroker) -> None:
         assert (plane.counters.requests, plane.counters.accepted) == (1, 1)
 
 
-def test_only_an_admin_deploys_and_a_refusal_is_reported(secure: EmbeddedBroker) -> None:
-    asyncio.run(asyncio.wait_for(_scenario(secure), 90))
+def _rows(seen: Collected) -> int:
+    latest = seen.latest_frame()
+    return 0 if latest.is_empty() else int(latest.get_column("rows").sum())
+
+
+def test_only_an_admin_deploys_and_a_refusal_is_reported(
+    secure: EmbeddedBroker, tmp_path: Path
+) -> None:
+    asyncio.run(asyncio.wait_for(_scenario(secure, tmp_path), 90))

@@ -53,6 +53,7 @@ ROLES = {
     "worker-q": Role.worker(Q),
     "combiner-p": Role.combiner(P),
     "combiner-q": Role.combiner(Q),
+    "combiners": Role.combiner(None),
     "dash": Role.dashboard(),
     "dash-p": Role.dashboard(P),
     "ops": Role.admin(),
@@ -85,6 +86,7 @@ TOPICS = {
     "pipeline_document": ROOT.pipeline_document(P),
     "pipeline_request": ROOT.pipeline_request("c-1"),
     "pipeline_reply": ROOT.pipeline_reply("c-1"),
+    "pool_member": ROOT.pool_combiner("c-1"),
     "outside_root": Topics(root="elsewhere").ingest("s", "gw-1"),
     "unrelated": "unrelated/topic",
 }
@@ -108,8 +110,13 @@ WRITES = {
         "confirm_gw1",
         "confirm_gw2",
         "metrics_combiner",
+        "deadletter_p",
     },
-    "combiner-q": {"results_q", "confirm_gw1_q", "metrics_combiner"},
+    "combiner-q": {"results_q", "confirm_gw1_q", "metrics_combiner", "deadletter_q"},
+    "combiners": RESULTS
+    | CONFIRMS
+    | {"late_p", "metrics_combiner", "deadletter_p", "deadletter_q", "pool_member"}
+    | {"control_worker"},
     "dash": set(),
     "dash-p": set(),
     "ops": METRICS | CONTROL | {"pipeline_request"},
@@ -123,6 +130,8 @@ READS = {
     "worker-q": {"ingest_gw1", "ingest_gw2", "control_worker"},
     "combiner-p": {"partials_p", "status_gw1", "status_gw2", "control_combiners_p"},
     "combiner-q": {"partials_q", "status_gw1", "status_gw2", "control_combiners_q"},
+    "combiners": {"partials_p", "partials_q", "status_gw1", "status_gw2", "pipeline_document"}
+    | {"control_combiners_p", "control_combiners_q", "pool_member", "control_worker"},
     # Dashboards (shoal view) also read health: heartbeats, gateway statuses, late rows,
     # dead letters and pipeline documents, of their pipeline where the topic names one.
     "dash": RESULTS
@@ -137,7 +146,8 @@ READS = {
     | RESULTS
     | METRICS
     | CONTROL
-    | PIPELINES,
+    | PIPELINES
+    | {"pool_member"},
     "plane": {"pipeline_request", "pipeline_document", "control_worker"},
 }
 

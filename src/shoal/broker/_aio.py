@@ -2,6 +2,13 @@
 
 Manual acknowledgement, CONNACK properties and PUBACK reason codes are not in aiomqtt's
 public API; ``paho_client_of`` is the one place that reaches past it.
+
+Received messages wait in aiomqtt's queue until ``messages`` takes them, and aiomqtt reads
+the socket whenever it is readable: a consumer slower than its input would queue without
+bound (Mosquitto 2.0.11 stops honouring Receive Maximum after the first PUBACKs, so the
+broker does not hold the rest back). ``max_buffered_bytes`` bounds that queue: past it the
+socket is not read until the consumer has taken half of it, so TCP holds the sender back
+and the rest waits in the broker's queue for this session.
 """
 
 from __future__ import annotations
@@ -66,6 +73,7 @@ class AsyncSession(SessionBase):
         manual_ack: bool = False,
         will: Will | None = None,
         publish_timeout_s: float = 30.0,
+        max_buffered_bytes: int | None = None,
     ) -> None:
         self.settings = settings
         self.client_id = client_id
@@ -76,6 +84,7 @@ class AsyncSession(SessionBase):
         self._pending: dict[int, asyncio.Future[None]] = {}
         self._client_obj: aiomqtt.Client | None = None
         self._paho_obj: paho.Client | None = None
+        self._gate = _ReadGate(max_buffered_bytes)
 
     @property
     def _client(self) -> aiomqtt.Client:
@@ -116,6 +125,7 @@ class AsyncSession(SessionBase):
     def _wrap_callbacks(self, inner: paho.Client) -> None:
         on_connect: Any = inner.on_connect
         on_publish: Any = inner.on_publish
+        on_message: Any = inner.on_message
         on_disconnect: Any = inner.on_disconnect
 
         def connect_hook(
@@ -136,6 +146,10 @@ class AsyncSession(SessionBase):
                     fut.set_result(None)
             on_publish(client, userdata, mid, reason, props)
 
+        def message_hook(client: paho.Client, userdata: Any, message: Any) -> None:
+            on_message(client, userdata, message)  # aiomqtt queues it
+            self._gate.queued(client, len(message.payload))
+
         def disconnect_hook(*args: Any) -> None:
             # At once, not at __aexit__: a component stopping after the broker died waits
             # for these (a last checkpoint, a drain) and must not wait for the timeout.
@@ -144,6 +158,7 @@ class AsyncSession(SessionBase):
 
         inner.on_connect = connect_hook
         inner.on_publish = publish_hook
+        inner.on_message = message_hook
         inner.on_disconnect = disconnect_hook
 
     def _fail_pending(self, why: str) -> None:
@@ -161,6 +176,7 @@ class AsyncSession(SessionBase):
         return client
 
     async def __aenter__(self) -> Self:
+        self._gate.loop = asyncio.get_running_loop()
         client = self._prepare()
         try:
             await client.__aenter__()
@@ -272,10 +288,12 @@ class AsyncSession(SessionBase):
                 msg = await iterator.__anext__()
             except aiomqtt.MqttError as exc:
                 raise BrokerError(f"connection to {self.settings.url} lost: {exc}") from exc
+            payload = bytes(msg.payload) if isinstance(msg.payload, bytes | bytearray) else b""
+            self._gate.taken(self._paho, len(payload))
             content_type, user_properties, ids = message_properties(msg.properties)
             yield Message(
                 topic=msg.topic.value,
-                payload=bytes(msg.payload) if isinstance(msg.payload, bytes | bytearray) else b"",
+                payload=payload,
                 qos=msg.qos,
                 retain=bool(msg.retain),
                 content_type=content_type,
@@ -284,3 +302,56 @@ class AsyncSession(SessionBase):
                 payload_format=payload_format(msg.properties),
                 subscription_ids=ids,
             )
+
+
+class _ReadGate:
+    """Stops reading the socket while too many received bytes wait to be taken.
+
+    ``queued`` runs in paho's message callback (aiomqtt has just queued the message),
+    ``taken`` when ``messages`` takes one. Past ``limit`` the socket's reader is removed;
+    once half is taken it is read again, by ``_read``: what aiomqtt's own reader does
+    (read until paho has nothing buffered), with a read error ending the connection
+    through paho, which reports it to aiomqtt like any lost connection. While paused,
+    PUBACKs of our own publishes wait too; the consumer is what frees the gate, so a
+    consumer must not wait for them before taking its next message.
+    """
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.buffered = 0
+        self.paused_fd: int | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.pauses = 0
+
+    def queued(self, client: paho.Client, size: int) -> None:
+        self.buffered += size
+        if self.limit is None or self.paused_fd is not None or self.buffered < self.limit:
+            return
+        sock = client.socket()
+        if sock is None or self.loop is None:
+            return
+        self.paused_fd = sock.fileno()
+        self.loop.remove_reader(self.paused_fd)
+        self.pauses += 1
+
+    def taken(self, client: paho.Client, size: int) -> None:
+        self.buffered = max(0, self.buffered - size)
+        if self.paused_fd is None or self.limit is None or self.buffered > self.limit // 2:
+            return
+        fd, self.paused_fd = self.paused_fd, None
+        sock = client.socket()
+        if sock is None or sock.fileno() != fd or self.loop is None:
+            return  # the connection is gone: aiomqtt's iterator reports it
+        self.loop.add_reader(fd, self._read, client)
+
+    @staticmethod
+    def _read(client: paho.Client) -> None:
+        try:
+            while True:
+                client.loop_read()
+                sock: Any = client.socket()
+                if sock is not None and hasattr(sock, "pending") and sock.pending() > 0:
+                    continue  # TLS: decrypted bytes paho has not read yet
+                break
+        except Exception:  # noqa: BLE001 - as aiomqtt's reader: a broken connection
+            client.disconnect()

@@ -38,8 +38,8 @@ class Role:
 
     Attributes:
         kind: gateway, worker, combiner, dashboard, admin or control (the control plane).
-        pipeline: the pipeline of a worker or combiner; optional for a worker (None: a pool
-            worker, serving every deployed pipeline) and a dashboard (None: what ``shoal
+        pipeline: the pipeline of a worker or combiner; optional for a worker or combiner
+            (None: the pool, serving every deployed pipeline) and a dashboard (None: what ``shoal
             view`` shows of every pipeline).
         gateways: the gateway ids a gateway user publishes for (empty: its own user name).
         inputs: a worker's input filters below the topic root (the pipeline's ``inputs``).
@@ -54,8 +54,6 @@ class Role:
         """Refuse roles that cannot be written as ACL lines."""
         if self.kind not in ROLE_KINDS:
             raise ConfigError(f"unknown role {self.kind!r}; known: {', '.join(ROLE_KINDS)}")
-        if self.kind == "combiner" and self.pipeline is None:
-            raise ConfigError("a combiner role needs a pipeline name")
         if self.pipeline is not None:
             check_segment(self.pipeline, "pipeline")  # a TopicError is a ConfigError
         for gateway_id in self.gateways:
@@ -78,8 +76,8 @@ class Role:
         return cls("worker", pipeline=pipeline, inputs=tuple(inputs))
 
     @classmethod
-    def combiner(cls, pipeline: str) -> Role:
-        """A combiner (any partition) of ``pipeline``."""
+    def combiner(cls, pipeline: str | None) -> Role:
+        """A combiner (any partition) of ``pipeline``; None: a pool combiner."""
         return cls("combiner", pipeline=pipeline)
 
     @classmethod
@@ -102,7 +100,8 @@ class Role:
         """A role written as text.
 
         ``gateway``, ``gateway:gw-1,gw-2``, ``worker`` (the pool), ``worker:P``,
-        ``combiner:P``, ``dashboard``, ``dashboard:P``, ``admin`` or ``control``.
+        ``combiner`` (the pool), ``combiner:P``, ``dashboard``, ``dashboard:P``, ``admin``
+        or ``control``.
         """
         kind, _, scope = text.partition(":")
         if kind == "gateway":
@@ -110,9 +109,7 @@ class Role:
         if kind == "worker":
             return cls.worker(scope or None)
         if kind == "combiner":
-            if not scope:
-                raise ConfigError(f"role {text!r}: say which pipeline, e.g. combiner:default")
-            return cls.combiner(scope)
+            return cls.combiner(scope or None)
         if kind == "dashboard":
             return cls.dashboard(scope or None)
         if kind == "admin" and not scope:
@@ -121,7 +118,7 @@ class Role:
             return cls.control()
         raise ConfigError(
             f"unknown role {text!r}: use gateway[:ID,...], worker[:PIPELINE], "
-            "combiner:PIPELINE, dashboard[:PIPELINE], admin or control"
+            "combiner[:PIPELINE], dashboard[:PIPELINE], admin or control"
         )
 
     def rules(self, user: str, topics: Topics) -> list[Rule]:
@@ -131,7 +128,7 @@ class Role:
         if self.kind == "worker":
             return worker_rules(self.pipeline, self.inputs, topics)
         if self.kind == "combiner":
-            return combiner_rules(_named(self.pipeline), topics)
+            return combiner_rules(self.pipeline, topics)
         if self.kind == "dashboard":
             return dashboard_rules(self.pipeline, topics)
         if self.kind == "control":
@@ -174,11 +171,6 @@ def render_acl(users: Iterable[BrokerUser], topics: Topics) -> str:
         lines.extend(rule.line() for rule in user.role.rules(user.name, topics))
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n" if blocks else ""
-
-
-def _named(pipeline: str | None) -> str:
-    assert pipeline is not None  # checked in Role.__post_init__
-    return pipeline
 
 
 def users_from_config(

@@ -9,17 +9,21 @@ Roles (``R`` is the topic root, ``P`` the role's pipeline, ``G`` a gateway id)::
     worker P     read  the pipeline's inputs (R/ingest/+/+)   write R/shoal/partials/P/+,
                  R/shoal/deadletter/P, R/shoal/metrics/worker/+; readwrite R/shoal/control/+
     worker       (the pool: no P) as above for every pipeline (P a wildcard), and read
-                 R/shoal/pipelines/+ (the deployed pipelines' documents)
+                 R/shoal/pipelines/+ (the deployed pipelines' documents), R/shoal/combiners/+
     combiner P   read  R/shoal/partials/P/+, R/shoal/gateway/+, R/shoal/control/combiners/P
                  write R/results/P, R/results/P/#, R/shoal/late/P, R/shoal/confirm/+/P/+,
-                       R/shoal/metrics/combiner/+, R/shoal/alerts/P/#
+                       R/shoal/metrics/combiner/+, R/shoal/alerts/P/#, R/shoal/deadletter/P
+    combiner     (the pool: no P) as above for every pipeline (P a wildcard), and read
+                 R/shoal/pipelines/+; readwrite R/shoal/combiners/+ (membership),
+                 R/shoal/control/+ (its join marker)
     dashboard    read  R/results/# (or R/results/P and R/results/P/# for one pipeline), and
                  likewise the alerts (R/shoal/alerts/#), late rows (R/shoal/late/#), dead
                  letters (R/shoal/deadletter/#) and pipeline documents (R/shoal/pipelines/+);
                  R/shoal/metrics/# and R/shoal/gateway/+ (what ``shoal view`` shows)
     admin        read  R/shoal/gateway/+, R/shoal/confirm/#, R/results/#, R/shoal/late/#,
                        R/shoal/alerts/#,
-                       R/shoal/deadletter/#, R/shoal/pipelines/#, $SYS/#;
+                       R/shoal/deadletter/#, R/shoal/pipelines/#, R/shoal/combiners/+,
+                       $SYS/#;
                  write R/shoal/pipelines/_request/+ (``shoal pipeline`` deploy, update, delete);
                  readwrite R/shoal/metrics/#, R/shoal/control/#
     control      read  R/shoal/pipelines/_request/+   write R/shoal/pipelines/_reply/+;
@@ -104,23 +108,40 @@ def worker_rules(pipeline: str | None, inputs: Iterable[str], topics: Topics) ->
     ]
     if pipeline is None:
         rules.append(Rule("read", topics.pipeline_documents()))
+        # Which versions the pool combiners still hold open (partials for each).
+        rules.append(Rule("read", topics.pool_combiners()))
     return rules
 
 
-def combiner_rules(pipeline: str, topics: Topics) -> list[Rule]:
-    """A combiner (any partition) of ``pipeline``."""
-    confirm = topics.confirm("+", pipeline, 0)
-    return [
-        Rule("read", _last_level_wild(topics.partials(pipeline, 0))),
+def combiner_rules(pipeline: str | None, topics: Topics) -> list[Rule]:
+    """A combiner (any partition) of ``pipeline``.
+
+    With no pipeline, a pool combiner: every deployed pipeline's partitions (it hosts those
+    the pool assigns it), plus the pipeline documents, the pool's membership topics and its
+    own control topic (the marker it joins with).
+    """
+    name = pipeline or "+"
+    confirm = topics.confirm("+", name, 0)
+    rules = [
+        Rule("read", _last_level_wild(topics.partials(name, 0))),
         Rule("read", topics.gateway_status_all()),
-        Rule("read", topics.combiner_control(pipeline)),
-        Rule("write", topics.results(pipeline)),
-        Rule("write", f"{topics.results(pipeline)}/#"),
-        Rule("write", topics.late(pipeline)),
-        Rule("write", topics.alerts(pipeline)),
+        Rule("read", topics.combiner_control(name)),
+        Rule("write", topics.results(name)),
+        Rule("write", f"{topics.results(name)}/#"),
+        Rule("write", topics.late(name)),
+        Rule("write", topics.alerts(name)),
         Rule("write", _last_level_wild(confirm)),
         Rule("write", topics.metrics("combiner", "+")),
+        # Partials over the state cap and result rows no message can carry.
+        Rule("write", topics.deadletter(name)),
     ]
+    if pipeline is None:
+        rules += [
+            Rule("read", topics.pipeline_documents()),
+            Rule("readwrite", topics.pool_combiners()),
+            Rule("readwrite", topics.control("+")),
+        ]
+    return rules
 
 
 def dashboard_rules(pipeline: str | None, topics: Topics) -> list[Rule]:
@@ -162,6 +183,8 @@ def admin_rules(topics: Topics) -> list[Rule]:
         # shoal pipeline: requests out; documents and its own replies in.
         Rule("write", topics.pipeline_requests()),
         Rule("read", _siblings_below(topics.pipeline_document(_ANY))),
+        # The pool combiners' announcements (``shoal pipeline deploy`` waits for owners).
+        Rule("read", topics.pool_combiners()),
         Rule("read", "$SYS/#"),
     ]
 

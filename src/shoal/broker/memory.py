@@ -58,8 +58,13 @@ class MemoryBroker:
         manual_ack: bool = False,
         will: Will | None = None,
         publish_timeout_s: float = 30.0,
+        max_buffered_bytes: int | None = None,  # noqa: ARG002 - nothing waits in process here
     ) -> MemorySession:
-        """A new, unconnected session (the arguments of ``SessionFactory``)."""
+        """A new, unconnected session (the arguments of ``SessionFactory``).
+
+        ``max_buffered_bytes`` has nothing to bound: a memory session hands over one message
+        at a time from the broker's queue.
+        """
         return MemorySession(
             self,
             settings,

@@ -183,6 +183,9 @@ class SessionFactory(Protocol):
         manual_ack: PUBACK incoming QoS 1 messages only when ``Session.ack`` is called.
         will: message the broker publishes if we disappear.
         publish_timeout_s: how long ``publish`` waits for a PUBACK.
+        max_buffered_bytes: received bytes that may wait for ``messages`` to take them;
+            past it the session stops reading from the broker until half is taken (the
+            in-process bound of a consumer slower than its input; None: no bound).
     """
 
     def __call__(
@@ -196,6 +199,7 @@ class SessionFactory(Protocol):
         manual_ack: bool = False,
         will: Will | None = None,
         publish_timeout_s: float = 30.0,
+        max_buffered_bytes: int | None = None,
     ) -> Session:
         """A new, unconnected session."""
 

@@ -24,15 +24,26 @@ received are counted, not timed.
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from multiprocessing.connection import Connection
+from typing import Any, Protocol
 
 import orjson
 
+from shoal.broker import AsyncSession, BrokerSettings
 from shoal.broker.session import Session
 from shoal.schemas.topics import Topics
+
+
+class EventLike(Protocol):
+    """A ``multiprocessing`` event, as the probe process uses it."""
+
+    def set(self) -> None: ...  # noqa: D102
+    def wait(self, timeout: float | None = None) -> bool: ...  # noqa: D102
+
 
 Received = tuple[float, bytes]
 """(monotonic seconds when received, payload)."""
@@ -52,10 +63,12 @@ class AlertProbe:
         """What to subscribe to."""
         return [self.topics.results(self.pipeline), self.topics.alerts(self.pipeline)]
 
-    async def run(self, session: Session) -> None:
-        """Subscribe and store until cancelled."""
+    async def run(self, session: Session, subscribed: Callable[[], object] | None = None) -> None:
+        """Subscribe and store until cancelled; ``subscribed`` is called once subscribed."""
         results_topic = self.topics.results(self.pipeline)
         await session.subscribe(self.filters(), qos=1)
+        if subscribed is not None:
+            subscribed()
         async for message in session.messages():
             now = time.monotonic()
             if message.topic == results_topic:
@@ -126,3 +139,69 @@ async def stop(task: asyncio.Task[None]) -> None:
     """Cancel the probe's task and wait for it."""
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+class ProbeProcess:
+    """An ``AlertProbe`` in a process of its own, as a dashboard is.
+
+    In the bench's own process the probe shares an event loop (and the GIL) with the
+    monitor, which parses every heartbeat: its receive times then include waiting for that
+    loop. Here it has its own connection, loop and interpreter; monotonic clocks are one
+    clock across processes on Linux, so its times compare with the bench's measured span.
+    """
+
+    def __init__(self, probe: AlertProbe, settings: BrokerSettings, client_id: str) -> None:
+        self.probe = probe
+        context = multiprocessing.get_context("spawn")
+        self._stop = context.Event()
+        self._ready = context.Event()
+        self._receive, send = context.Pipe(duplex=False)
+        self._process = context.Process(
+            target=_probe_main,
+            args=(probe, settings, client_id, self._stop, self._ready, send),
+            name="shoal-bench-alert-probe",
+            daemon=True,
+        )
+
+    async def start(self, timeout_s: float = 30.0) -> None:
+        """Start the process and wait until it has subscribed."""
+        self._process.start()
+        if not await asyncio.to_thread(self._ready.wait, timeout_s):
+            self._process.kill()
+            raise RuntimeError(f"the alert probe did not subscribe within {timeout_s:.0f} s")
+
+    async def finish(self, timeout_s: float = 30.0) -> AlertProbe:
+        """Stop the probe and take what it stored (into ``self.probe``)."""
+        self._stop.set()
+        if await asyncio.to_thread(self._receive.poll, timeout_s):
+            results, alerts, retained = self._receive.recv()
+            self.probe.results.extend(results)
+            self.probe.alerts.extend(alerts)
+            self.probe.retained_alerts += retained
+        await asyncio.to_thread(self._process.join, 5.0)
+        if self._process.is_alive():
+            self._process.kill()
+        return self.probe
+
+
+def _probe_main(  # noqa: PLR0917 - the process's whole context, passed once
+    probe: AlertProbe,
+    settings: BrokerSettings,
+    client_id: str,
+    stop_event: EventLike,
+    ready: EventLike,
+    send: Connection,
+) -> None:
+    """The probe process: subscribe, store until told to stop, send what was stored."""
+
+    async def main() -> None:
+        async with AsyncSession(settings, client_id) as session:
+            task = asyncio.create_task(probe.run(session, ready.set))
+            await asyncio.to_thread(stop_event.wait)
+            await stop(task)
+
+    try:
+        asyncio.run(main())
+    finally:
+        send.send((probe.results, probe.alerts, probe.retained_alerts))
+        send.close()

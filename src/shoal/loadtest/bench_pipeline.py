@@ -27,9 +27,9 @@ import orjson
 import polars as pl
 import psutil
 
-from shoal.broker import AsyncSession
 from shoal.broker.session import Session, unique_client_id
-from shoal.loadtest.alert_latency import AlertProbe, alert_after_result, stop
+from shoal.loadtest.alert_latency import AlertProbe, ProbeProcess, alert_after_result
+from shoal.loadtest.bench_limit import compute_limit
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime.local import SIMULATOR_CONFIRM_WAIT_S, LocalPipeline, LocalPipelineConfig
 from shoal.scaler.monitor import Snapshot
@@ -59,6 +59,9 @@ class PipelineBenchConfig:
         max_delay_ms: the gateways seal a partial batch once its oldest row is this old.
         sensors_per_gateway: overrides the scenario's 1,000 sensors per gateway (keys).
         window_kind: the ``--window`` preset the spec was given, for the record.
+        attributes: the gateways send the attribute columns even when the pipeline does
+            not read them (comparisons on the same input; a pipeline that reads them
+            always gets them).
     """
 
     spec: PipelineSpec
@@ -74,6 +77,7 @@ class PipelineBenchConfig:
     max_delay_ms: int = 1_000
     sensors_per_gateway: int | None = None
     window_kind: str | None = None
+    attributes: bool = False
 
     @property
     def sensors(self) -> int:
@@ -88,7 +92,27 @@ def offered_rate(config: PipelineBenchConfig) -> float:
 
 
 def run_pipeline(config: PipelineBenchConfig, progress: TextIO | None = None) -> dict[str, Any]:
-    """Run once; returns the JSON record."""
+    """Run once; returns the JSON record.
+
+    Before the pipeline starts, one core's compute limit for the run's batches is measured
+    in this process (``bench_limit``): ``compute_limit_meas_per_s``, and ``efficiency`` =
+    achieved / (limit x cores).
+    """
+    limit = compute_limit(
+        config.spec,
+        batch=config.batch,
+        encoding=config.encoding,
+        sensors=config.sensors_per_gateway or 1_000,
+        rate_hz=config.rate,
+    )
+    record = _run_pipeline(config, progress)
+    cores = psutil.cpu_count(logical=True) or 1
+    record["compute_limit_meas_per_s"] = round(limit, 1)
+    record["efficiency"] = round(record["achieved_meas_per_s"] / (limit * cores), 4)
+    return record
+
+
+def _run_pipeline(config: PipelineBenchConfig, progress: TextIO | None) -> dict[str, Any]:
     local = LocalPipeline(
         LocalPipelineConfig(
             spec=config.spec,
@@ -113,10 +137,11 @@ async def _measure(
     async with contextlib.AsyncExitStack() as stack:
         session = await stack.enter_async_context(local.watching())
         if probe is not None:
-            probe_session = await stack.enter_async_context(
-                AsyncSession(local.credentials("admin"), unique_client_id("shoal-bench-alerts"))
+            probe_process = ProbeProcess(
+                probe, local.credentials("admin"), unique_client_id("shoal-bench-alerts")
             )
-            stack.push_async_callback(stop, asyncio.create_task(probe.run(probe_session)))
+            await probe_process.start()
+            stack.push_async_callback(probe_process.finish)
         await asyncio.sleep(1.5)
         local.start_simulator(
             [
@@ -146,6 +171,7 @@ async def _measure(
                 "--wait-confirmed",
                 str(SIMULATOR_CONFIRM_WAIT_S),
                 "--quiet",
+                *(["--attributes"] if config.attributes else []),
             ]
         )
         await asyncio.sleep(WARMUP_S)
@@ -173,6 +199,9 @@ async def _measure(
         last = _applied_mark(local)
         window_cpu = _window_cpu(cpu_first, local.sampler.cpu_seconds(), elapsed)
         handle = _worst(local.monitor.snapshot().worker_metrics, "handle_ms")
+        publish_to_partial = _worst(
+            local.monitor.snapshot().worker_metrics, "publish_to_partial_ms"
+        )
         lag_at_end = local.monitor.snapshot().lag_rows
         accounting = await local.settle(
             session, progress=None if progress is None else _drain_progress(progress)
@@ -209,6 +238,7 @@ async def _measure(
         "workers": config.workers,
         "partitions": config.spec.partitions,
         "gateway_spool": config.gateway_spool,
+        "attributes": config.attributes or config.spec.reads_attributes,
         "aggregates": list(config.spec.aggregate_names),
         "duration_s": round(elapsed, 2),
         "offered_meas_per_s": round(offered, 1),
@@ -238,6 +268,12 @@ async def _measure(
         ),
         "alert_after_result_ms": alert_latency,
         "worker_handle_ms": handle,
+        # gateway seals a batch -> its partials handed to the broker (a request/reply round trip)
+        "publish_to_partial_ms": (
+            None
+            if publish_to_partial is None
+            else {k: publish_to_partial[k] for k in ("p50", "p99")}
+        ),
         "components": local.sampler.report(),
         "window_components": window_cpu,
         "machine": machine(),
@@ -434,6 +470,22 @@ def format_record(record: dict[str, Any]) -> str:
         f"{'sustained' if record['sustained'] else 'NOT sustained'}",
         f"  {settle_text(record)}",
     ]
+    handle, to_partial = record.get("worker_handle_ms"), record.get("publish_to_partial_ms")
+    if handle:
+        lines.append(
+            f"  worker batch handling      p50 {handle['p50']:.2f} ms  p99 {handle['p99']:.2f} ms"
+        )
+    if to_partial:
+        lines.append(
+            f"  publish -> partials out    p50 {to_partial['p50']:.1f} ms  "
+            f"p99 {to_partial['p99']:.1f} ms"
+        )
+    if record.get("compute_limit_meas_per_s"):
+        lines.append(
+            f"  compute limit {record['compute_limit_meas_per_s']:,.0f} meas/s per core "
+            f"(decode + partials, no I/O); efficiency {record['efficiency']:.1%} "
+            "(achieved / (limit x cores))"
+        )
     apply = record["apply_latency_ms"]
     if apply:
         lines.append(

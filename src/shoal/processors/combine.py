@@ -78,9 +78,10 @@ from shoal.rules import AlertBook, Transition
 from shoal.schemas.control import GatewayStatus
 
 SNAPSHOT_VERSION: Final = 2
-MAX_PENDING_BYTES: Final = 256 * 2**20
-"""Memory for partials that arrived ahead of a missing batch; beyond it the newest are let go
-(their gateways send them again, see ``progress``)."""
+MAX_PENDING_BYTES: Final = 32 * 2**20
+"""Memory for partials that arrived ahead of a missing batch, and again for those held while
+logged closes are re-taken; beyond it the newest are let go (their gateways send them again,
+see ``progress``). 32 MiB: a chaos run's reorder buffer peaked at 15 MB (issue 20)."""
 
 
 @dataclass
@@ -212,6 +213,9 @@ class Combiner:
         self._replayed: list[Decision] = []  # re-taken so far (kept if the replay is given up)
         self._restored: dict[str, int] = {}  # the applied vector of the restored snapshot
         self._held: dict[str, deque[Partial]] = {}  # released batches after the next close
+        self._max_held_weight = max_pending_bytes
+        self.held_weight = 0
+        """About the bytes of ``_held`` (``_partial_bytes``), bounded like the reorder buffer."""
         self._replay_progress_ms = 0
 
     # -- input -----------------------------------------------------------------------------
@@ -258,6 +262,8 @@ class Combiner:
         if self._replay:
             for _, partial in ready:
                 self._held.setdefault(partial.batch.gateway_id, deque()).append(partial)
+                self.held_weight += _partial_bytes(partial)
+            self._bound_held()
             self._run_replay(step, now)
         else:
             for _, partial in ready:
@@ -500,6 +506,34 @@ class Combiner:
             if needed is not None and applied < needed:
                 self._replay_progress_ms = now
 
+    def _bound_held(self) -> None:
+        """Let go of the newest held batches while the hold is over its limit.
+
+        As the reorder buffer does (``ProgressTracker._bound``): the gateway holding the
+        most gives up its newest held batch, and its next seq steps back over it, so the
+        copy its gateway sends again (it is unconfirmed: only the restored vector is
+        confirmed while replaying) is taken as new. Counted as ``deferred``. A held batch is
+        always the last released one of its gateway, so stepping back keeps the applied
+        vector (next seq minus held) as it was.
+        """
+        limit = self._max_held_weight
+        if limit is None:
+            return
+        while self.held_weight > limit:
+            gateway_id, queue = max(
+                ((g, q) for g, q in self._held.items() if q),
+                key=lambda item: sum(_partial_bytes(p) for p in item[1]),
+                default=(None, None),
+            )
+            if gateway_id is None or queue is None:
+                return
+            partial = queue.pop()
+            self.held_weight -= _partial_bytes(partial)
+            progress = self.tracker.gateways[gateway_id]
+            assert progress.next_seq is not None
+            progress.next_seq -= 1
+            progress.deferred += 1
+
     def _run_replay(self, step: Step, now: int) -> None:
         """Re-take every logged close whose batches are all back; hold the later batches."""
         while self._replay:
@@ -507,7 +541,9 @@ class Combiner:
             for gateway_id, held in self._held.items():
                 limit = decision.applied.get(gateway_id)
                 while held and limit is not None and held[0].batch.seq < limit:
-                    self._apply_into(step, held.popleft(), now)
+                    partial = held.popleft()
+                    self.held_weight -= _partial_bytes(partial)
+                    self._apply_into(step, partial, now)
                     self._replay_progress_ms = now
             applied = self._vector()
             if any(applied.get(g, -1) < seq for g, seq in decision.applied.items()):
@@ -533,6 +569,7 @@ class Combiner:
     def _end_replay(self, step: Step, now: int) -> None:
         """Apply the batches held for after the last logged close, in each gateway's order."""
         held, self._held = self._held, {}
+        self.held_weight = 0
         for queue in held.values():
             for partial in queue:
                 self._apply_into(step, partial, now)
@@ -832,6 +869,7 @@ class Combiner:
         }
         self._replay = deque(self.close_log.load(log, generation, self._restored))
         self._replayed, self._held = [], {}
+        self.held_weight = 0
         self._replay_progress_ms = self.clock.now_ms()
 
     def _restore_snapshot(self, data: bytes) -> int:

@@ -8,19 +8,22 @@ because a row applied later with a smaller timestamp is late (``combine``). So:
 
 1. ``add`` buffers a batch's on-time rows (with its gateway and seq).
 2. ``finalise(threshold)`` takes the buffered rows with ``ts < threshold``, sorts them in
-   event order per key and appends them, per count window, to the key's *tail* (final rows
-   not yet in a full window, all of which come before them). Every run of ``n`` rows is a
-   window: its aggregates come from the registry's kernels (``_kernels.partial_state`` over
-   the window's raw rows, the same code that computes a batch's partial state, then the
-   aggregates' finalisers and the sketch's quantiles), its ordinal within the key from the
-   key's count of finished windows. The rest becomes the new tail.
-3. ``finalise(..., flush=True)`` (end of stream) also emits every tail as a window with
+   event order per key and numbers them on, per count window, from the key's *unfinished
+   window* (the final rows not yet in a full window, all of which come before them). Every
+   run of ``n`` rows is a window: its aggregates come from the registry's kernels
+   (``_kernels.partial_state`` over the window's new rows, ``merge_state`` with the
+   unfinished window it completes: the same code that computes and merges partials; then
+   the aggregates' finalisers and the sketch's quantiles), its ordinal within the key from
+   the key's count of finished windows. The rest becomes the key's new unfinished window.
+3. ``finalise(..., flush=True)`` (end of stream) also emits every unfinished window, with
    fewer than ``n`` rows.
 
 Memory: the buffer holds the rows not yet final (about ``lateness_ms`` plus the watermark's
-lag worth of input), the tails at most ``n - 1`` live rows per key and count window, 36 bytes
-a row (``ROW_DTYPES``), in chunks that are consolidated before dead rows outweigh live ones
-(``_Tails``). Everything is in numpy arrays; nothing loops over rows in Python (keys only
+lag worth of input), 36 bytes a row (``ROW_DTYPES``). An unfinished window is *folded*
+(``_Unfinished``): its rows are ranked, so only their count, first and last event time,
+merged state fields, sketch cells (one per bucket it holds; quantiles only) and the set of
+batches it drew from (``batches`` counts distinct batches, which does not add up) are kept,
+not the rows. Everything is in numpy arrays; nothing loops over rows in Python (keys only
 when a key list is first seen).
 
 Imports ``partials`` (rows), ``state`` (the results layout), ``aggregates``/``_kernels``/
@@ -29,6 +32,7 @@ Imports ``partials`` (rows), ``state`` (the results layout), ``aggregates``/``_k
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
@@ -37,7 +41,17 @@ import numpy.typing as npt
 import polars as pl
 
 from shoal.errors import SchemaError
-from shoal.processors._kernels import cell_ids, gather_runs, partial_state, run_bounds
+from shoal.processors._kernels import (
+    FieldKernels,
+    cell_buckets,
+    cell_groups,
+    cell_ids,
+    gather_runs,
+    merge_cells,
+    merge_state,
+    partial_state,
+    run_bounds,
+)
 from shoal.processors.aggregates import BATCHES, QUANTILES, AggregatePlan
 from shoal.processors.partials import EventRows
 from shoal.processors.sketch import LogBuckets
@@ -46,6 +60,8 @@ from shoal.processors.state import KeyIds, result_columns, result_schema
 
 Int64Array = npt.NDArray[np.int64]
 
+COUNT_SNAPSHOT_VERSION: Final = 2
+"""Unfinished windows as folded state (1, unmarked: as rows)."""
 RESULT_EXTRAS: Final = ("index", "first_ts", "last_ts")
 """Per-key columns count-window results carry besides the usual ones (all Int64)."""
 
@@ -105,101 +121,236 @@ class _Rows:
         return cls(**{k: v.copy() for k, v in cols.items()})
 
 
-MAX_TAIL_CHUNKS: Final = 1024
-"""Chunks of tail rows kept at most (each ``take`` looks into every one)."""
+@dataclass(slots=True)
+class _Entries:
+    """Sparse per-key entries of unfinished windows, in no particular order.
+
+    A key id and two int64 columns: batch sets (gateway id, seq) or sketch cells (bucket,
+    count).
+    """
+
+    key: npt.NDArray[np.int32]
+    a: Int64Array
+    b: Int64Array
+
+    @classmethod
+    def empty(cls) -> _Entries:
+        """No entries."""
+        return cls(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.key)
+
+    def where(self, keep: npt.NDArray[np.bool_] | Int64Array) -> _Entries:
+        """The entries ``keep`` (a mask or positions) picks."""
+        return _Entries(self.key[keep], self.a[keep], self.b[keep])
+
+    @classmethod
+    def concat(cls, parts: list[_Entries]) -> _Entries:
+        """All entries of ``parts``."""
+        if not parts:
+            return cls.empty()
+        if len(parts) == 1:
+            return parts[0]
+        return cls(*(np.concatenate([getattr(p, n) for p in parts]) for n in ("key", "a", "b")))
+
+    def pack(self) -> list[bytes]:
+        """Raw little-endian buffers (checkpoints)."""
+        return [
+            self.key.astype("<i4").tobytes(),
+            self.a.astype("<i8").tobytes(),
+            self.b.astype("<i8").tobytes(),
+        ]
+
+    @classmethod
+    def unpack(cls, obj: list[bytes]) -> _Entries:
+        """Inverse of ``pack``."""
+        key, a, b = (
+            np.frombuffer(x, dtype=t).copy()
+            for x, t in zip(obj, ("<i4", "<i8", "<i8"), strict=True)
+        )
+        if not len(key) == len(a) == len(b):
+            raise SchemaError("inconsistent count-window entries", reason="bad_checkpoint")
+        return cls(key, a, b)
+
+
+MAX_ENTRY_CHUNKS: Final = 1024
+"""Chunks of unfinished windows' entries kept at most (each ``take`` looks into every one)."""
 
 
 @dataclass(slots=True)
 class _Chunk:
-    """Tail rows added in one step, sorted by key: one run ``lo[i]:hi[i]`` per key ``keys[i]``.
+    """Entries added in one step, sorted by key: one run ``lo[i]:hi[i]`` per key ``keys[i]``.
 
-    A key's run dies (``alive``) when the key fills a window and its rows are taken out.
+    A key's run dies (``alive``) when its window finishes and its entries are taken out.
     """
 
-    rows: _Rows
+    entries: _Entries
     keys: npt.NDArray[np.int32]
     lo: Int64Array
     hi: Int64Array
     alive: npt.NDArray[np.bool_]
 
     @classmethod
-    def of(cls, rows: _Rows) -> _Chunk:
-        """A chunk of rows sorted by key."""
-        lo, lengths = run_bounds(rows.key)
-        return cls(rows, rows.key[lo], lo, lo + lengths, np.ones(len(lo), dtype=bool))
+    def of(cls, entries: _Entries) -> _Chunk:
+        """A chunk of ``entries`` (sorted here by key, unless they already are)."""
+        if len(entries) > 1 and (entries.key[1:] < entries.key[:-1]).any():
+            entries = entries.where(np.argsort(entries.key, kind="stable"))
+        lo, lengths = run_bounds(entries.key)
+        return cls(entries, entries.key[lo], lo, lo + lengths, np.ones(len(lo), dtype=bool))
 
-    def take(self, keys: Int64Array) -> _Rows | None:
-        """The rows of those of ``keys`` (sorted) whose runs are alive here; kills them."""
+    def take(self, keys: Int64Array) -> _Entries | None:
+        """The entries of those of ``keys`` (sorted) whose runs are alive here; kills them."""
         pos = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
         hit = (self.keys[pos] == keys) & self.alive[pos]
         runs = pos[hit]
         if len(runs) == 0:
             return None
         self.alive[runs] = False
-        return self.rows.take(gather_runs(self.lo[runs], self.hi[runs] - self.lo[runs]))
+        return self.entries.where(gather_runs(self.lo[runs], self.hi[runs] - self.lo[runs]))
 
-    def live(self) -> _Rows:
-        """Every row of a live run."""
+    def live(self) -> _Entries:
+        """Every entry of a live run."""
         if self.alive.all():
-            return self.rows
+            return self.entries
         runs = np.flatnonzero(self.alive)
-        return self.rows.take(gather_runs(self.lo[runs], self.hi[runs] - self.lo[runs]))
+        return self.entries.where(gather_runs(self.lo[runs], self.hi[runs] - self.lo[runs]))
 
 
-class _Tails:
-    """One count window's unfinished windows: each key's final rows not yet in a full window.
+class _EntryStore:
+    """Entries of unfinished windows (batch sets or sketch cells), added and taken by key.
 
-    Kept in chunks (one a step), so that a step costs what it adds and what it completes, not
-    everything the tails hold: a key's rows leave all at once, when it fills a window
-    (``take``), and per key the chunks' order is event order.
+    Kept in chunks, one a step, so that a step costs what it adds and what its finished
+    windows take out, not everything held: a key's entries leave all at once, when its
+    window finishes. Entries may repeat across steps (a batch whose rows were final in two
+    steps, a bucket hit in both); ``squash`` merges repeats when the chunks are consolidated,
+    which happens once they hold twice the entries of the last consolidation (dead runs and
+    repeats), or too many chunks: memory stays within about twice the distinct entries.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, squash: Callable[[_Entries], _Entries]) -> None:
         self.chunks: list[_Chunk] = []
-        self.count = np.zeros(0, dtype=np.int64)  # live rows per key id
+        self._squash = squash
+        self._floor = 0
+
+    def __len__(self) -> int:
+        return sum(len(c.entries) for c in self.chunks)
+
+    def add(self, entries: _Entries) -> None:
+        """Entries of this step."""
+        if len(entries):
+            self.chunks.append(_Chunk.of(entries))
+            if len(self) > 2 * self._floor + 65_536 or len(self.chunks) > MAX_ENTRY_CHUNKS:
+                self.replace(self.all())
+
+    def take(self, keys: Int64Array) -> _Entries:
+        """Take out every entry of ``keys`` (sorted, unique)."""
+        if len(keys) == 0:
+            return _Entries.empty()
+        parts = [e for e in (c.take(keys) for c in self.chunks) if e is not None]
+        self.chunks = [c for c in self.chunks if c.alive.any()]
+        return _Entries.concat(parts)
+
+    def all(self) -> _Entries:
+        """Every live entry, repeats merged."""
+        return self._squash(self.live())
+
+    def live(self) -> _Entries:
+        """Every live entry, repeats included.
+
+        Cheap, for checkpoints (taken every second); a restore merges the repeats.
+        """
+        return _Entries.concat([c.live() for c in self.chunks])
+
+    def replace(self, entries: _Entries) -> None:
+        """Hold exactly ``entries`` (repeats merged)."""
+        entries = self._squash(entries)
+        self.chunks = [_Chunk.of(entries)] if len(entries) else []
+        self._floor = len(entries)
+
+
+def _distinct(entries: _Entries) -> _Entries:
+    """Batch entries: each (key, gateway, seq) once.
+
+    Repeats next to each other (a key's rows of one batch, in event order) go first, with
+    one linear pass, so that the sort sees about one entry per key and batch.
+    """
+    key, a, b = entries.key, entries.a, entries.b
+    if len(key) > 1:
+        fresh = np.ones(len(key), dtype=bool)
+        fresh[1:] = (key[1:] != key[:-1]) | (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+        entries = entries.where(fresh)
+    e = entries.where(np.lexsort((entries.b, entries.a, entries.key)))
+    new = np.ones(len(e), dtype=bool)
+    new[1:] = (e.key[1:] != e.key[:-1]) | (e.a[1:] != e.a[:-1]) | (e.b[1:] != e.b[:-1])
+    return e.where(new)
+
+
+def _summed(entries: _Entries) -> _Entries:
+    """Sketch cells: each (key, bucket) once, with its counts summed."""
+    cells, counts = merge_cells(cell_ids(entries.key.astype(np.int64), entries.a), entries.b)
+    return _Entries(cell_groups(cells).astype(np.int32), cell_buckets(cells), counts)
+
+
+class _Unfinished:
+    """One count window's unfinished windows, folded: per key its rows so far as state.
+
+    A key's final rows not yet in a full window are all ranked (they precede every row still
+    to come), so they need not be kept: their count, first and last event time, merged state
+    fields (the registry's ``merge_np``, as for partials), sketch cells (quantiles) and the
+    set of batches they came from (``batches`` counts distinct batches, which does not add
+    up) are enough to finish the window when later rows fill it. Memory per key: the fields,
+    plus about one entry per distinct batch and per sketch bucket (``_EntryStore``: at most
+    twice that), instead of 36 bytes a row.
+    """
+
+    def __init__(self, fields: Sequence[FieldKernels]) -> None:
+        self.fields = list(fields)
+        self.count = np.zeros(0, dtype=np.int64)  # rows per key id (0: no unfinished window)
+        self.first_ts = np.zeros(0, dtype=np.int64)
+        self.last_ts = np.zeros(0, dtype=np.int64)
+        self.state = {f.name: np.zeros(0, dtype=f.np_dtype) for f in self.fields}
+        self.batches = _EntryStore(_distinct)  # key, gateway id, seq
+        self.cells = _EntryStore(_summed)  # key, bucket, count
 
     def grow(self, keys: int) -> None:
         """Make room for key ids below ``keys``."""
-        if len(self.count) < keys:
-            self.count = np.concatenate((self.count, np.zeros(keys - len(self.count), np.int64)))
+        extra = keys - len(self.count)
+        if extra > 0:
+            self.count = np.concatenate((self.count, np.zeros(extra, np.int64)))
+            self.first_ts = np.concatenate((self.first_ts, np.zeros(extra, np.int64)))
+            self.last_ts = np.concatenate((self.last_ts, np.zeros(extra, np.int64)))
+            self.state = {
+                f.name: np.concatenate((self.state[f.name], np.zeros(extra, f.np_dtype)))
+                for f in self.fields
+            }
 
-    def add(self, rows: _Rows) -> None:
-        """Append rows sorted by key (each key's after its earlier ones)."""
-        if len(rows) == 0:
-            return
-        self.chunks.append(_Chunk.of(rows))
-        self.count += np.bincount(rows.key, minlength=len(self.count))
-        self._consolidate()
+    def pack(self) -> dict[str, Any]:
+        """For checkpoints (``unpack``)."""
+        return {
+            "count": self.count.tobytes(),
+            "first_ts": self.first_ts.tobytes(),
+            "last_ts": self.last_ts.tobytes(),
+            "state": {name: column.tobytes() for name, column in self.state.items()},
+            "batches": self.batches.live().pack(),
+            "cells": self.cells.live().pack(),
+        }
 
-    def _consolidate(self) -> None:
-        """One chunk of the live rows when dead ones hold as much memory, or chunks abound.
-
-        A chunk is freed once every key in it has filled a window; a key that stops sending
-        would keep its chunks alive forever without this. So memory stays below twice the
-        live rows, at an O(tail) pass every time the tails have turned over once.
-        """
-        live = int(self.count.sum())
-        held = sum(len(c.rows) for c in self.chunks)  # live or dead
-        if held > 2 * live + 65_536 or len(self.chunks) > MAX_TAIL_CHUNKS:
-            rows = self.all()
-            self.chunks = [_Chunk.of(rows)] if len(rows) else []
-
-    def take(self, keys: Int64Array) -> _Rows:
-        """Take out every row of ``keys`` (sorted, unique): sorted by key, in event order."""
-        parts = [r for r in (c.take(keys) for c in self.chunks) if r is not None]
-        self.chunks = [c for c in self.chunks if c.alive.any()]
-        self.count[keys] = 0
-        rows = _Rows.concat(parts)
-        return rows.take(np.argsort(rows.key, kind="stable")) if len(parts) > 1 else rows
-
-    def all(self) -> _Rows:
-        """Every row, sorted by key, in event order."""
-        rows = self.unsorted()
-        return rows.take(np.argsort(rows.key, kind="stable"))
-
-    def unsorted(self) -> _Rows:
-        """Every row, each key's in event order but keys interleaved (``all`` sorts them)."""
-        return _Rows.concat([c.live() for c in self.chunks])
+    def unpack(self, obj: dict[str, Any]) -> None:
+        """Inverse of ``pack``."""
+        self.count = np.frombuffer(obj["count"], dtype="<i8").copy()
+        self.first_ts = np.frombuffer(obj["first_ts"], dtype="<i8").copy()
+        self.last_ts = np.frombuffer(obj["last_ts"], dtype="<i8").copy()
+        self.state = {
+            f.name: np.frombuffer(obj["state"][f.name], dtype=f.np_dtype).copy()
+            for f in self.fields
+        }
+        self.batches.replace(_Entries.unpack(obj["batches"]))
+        self.cells.replace(_Entries.unpack(obj["cells"]))
+        if any(
+            len(c) != len(self.count) for c in (self.first_ts, self.last_ts, *self.state.values())
+        ):
+            raise SchemaError("inconsistent count-window state", reason="bad_checkpoint")
 
 
 class CountState:
@@ -217,7 +368,7 @@ class CountState:
         self._gateway_ids: dict[str, int] = {}
         self._gateway_names: list[str] = []
         self._pending: list[_Rows] = []
-        self._tails = [_Tails() for _ in self.windows]
+        self._tails = [_Unfinished(self.plan.fields) for _ in self.windows]
         self._done = [np.zeros(0, dtype=np.int64) for _ in self.windows]
 
     def buffered_span(self) -> tuple[int, int] | None:
@@ -313,88 +464,122 @@ class CountState:
     def _fill(
         self, index: int, final: _Rows, span: tuple[int, int], *, flush: bool
     ) -> pl.DataFrame:
-        """Append final rows (in event order) to window ``index``'s tails; its full windows."""
+        """Fold final rows (sorted by key, in event order) into window ``index``; full windows.
+
+        Each key's new rows are numbered on from its unfinished window's count (``_number``):
+        they finish that window, fill whole windows, and the rest is the key's new unfinished
+        window. Every window here is one *group*; its state comes from the registry's
+        kernels over its new rows (``partial_state``), merged with the unfinished window it
+        continues (``merge_state``): the same code that computes and merges partials.
+        """
+        held = self._tails[index]
+        held.grow(len(self._keys))
         n = self.windows[index].count
-        tails = self._tails[index]
-        tails.grow(len(self._keys))
-        total = tails.count + np.bincount(final.key, minlength=len(tails.count))
-        ready = np.flatnonzero(total > 0 if flush else total >= n)
-        if len(ready) == 0:
-            tails.add(final)
+        g = _number(held, final, n, flush=flush)
+        state, cells = self._merged(held, final, g)
+        complete = np.ones(g.size, dtype=bool) if flush else g.total == n
+        # Unfinished windows finished here give up their entries; continued ones keep them.
+        finishing = g.from_held[complete[g.from_held]]
+        group_of = np.full(len(held.count), -1, dtype=np.int64)
+        group_of[g.keys[finishing]] = finishing
+        taken = np.sort(g.keys[finishing])
+        batches = _row_batches(final, g)  # (group, gateway, seq), distinct
+        state[BATCHES.name] = _batch_counts(batches, held.batches.take(taken), group_of, g.size)
+        done_cells = None
+        if cells is not None:
+            held_cells = held.cells.take(taken)
+            ids = cell_ids(group_of[held_cells.key], held_cells.a)
+            in_done = complete[cell_groups(cells[0])]
+            done_cells = merge_cells(
+                np.concatenate((cells[0][in_done], ids)),
+                np.concatenate((cells[1][in_done], held_cells.b)),
+            )
+        _keep_open(held, g, state, cells, batches, ~complete)
+        return self._finished(index, g, state, done_cells, complete, span)
+
+    def _finished(  # noqa: PLR0917 - private; one call site
+        self,
+        index: int,
+        g: _Groups,
+        state: dict[str, npt.NDArray[Any]],
+        cells: tuple[Int64Array, Int64Array] | None,
+        complete: npt.NDArray[np.bool_],
+        span: tuple[int, int],
+    ) -> pl.DataFrame:
+        """The results of the complete groups, by key and ordinal; counts them as finished.
+
+        ``cells``: the complete groups' sketch cells (sorted ids, counts), or None.
+        """
+        done_groups = np.flatnonzero(complete)
+        if len(done_groups) == 0:
             return self.empty_result()
-        is_ready = np.zeros(len(tails.count), dtype=bool)
-        is_ready[ready] = True
-        fresh = is_ready[final.key]
-        tails.add(final.take(~fresh))
-        # The keys that fill a window: their tail rows come before their new ones.
-        rows = _Rows.concat([tails.take(ready), final.take(fresh)])
-        rows = rows.take(np.argsort(rows.key, kind="stable"))
-        starts, lengths = run_bounds(rows.key)
-        rank = np.arange(len(rows)) - np.repeat(starts, lengths)
-        local = rank // n
-        full_rows = (lengths // n) * n  # rows per key in full windows
-        complete = rank < np.repeat(full_rows, lengths)
-        if flush:
-            complete[:] = True
-        tails.add(rows.take(~complete))
-        done_rows = rows.take(complete)
-        if len(done_rows) == 0:
-            return self.empty_result()
-        local = local[complete]
+        done_groups = done_groups[np.lexsort((g.local[done_groups], g.keys[done_groups]))]
+        keys = g.keys[done_groups]
         done = self._done_counts(index)
-        ordinal = done[done_rows.key] + local
-        # one window per (key, ordinal); rows are sorted by key then rank, so ids ascend
-        change = np.concatenate(
-            ([True], (done_rows.key[1:] != done_rows.key[:-1]) | (ordinal[1:] != ordinal[:-1]))
-        )
-        group = np.cumsum(change) - 1
-        first = np.flatnonzero(change)
-        last = np.concatenate((first[1:], [len(done_rows)])) - 1
-        keys_of = done_rows.key[first]
-        np.add.at(done, keys_of, 1)
+        ordinal = done[keys] + g.local[done_groups]
+        np.add.at(done, keys, 1)
         self._done[index] = done
-        return self._results(index, group, done_rows, first, last, ordinal[first], span)
+        quantiles: list[npt.NDArray[np.float64]] = []
+        if cells is not None:
+            ids, counts = cells
+            # quantile_buckets wants cells by group in result order: renumber the groups
+            rank_of = np.zeros(g.size, dtype=np.int64)
+            rank_of[done_groups] = np.arange(len(done_groups))
+            ids = cell_ids(rank_of[cell_groups(ids)], cell_buckets(ids))
+            order = np.argsort(ids, kind="stable")
+            wanted = list(self.plan.quantiles.values())
+            ranks = np.arange(len(done_groups), dtype=np.int64)
+            quantiles = QUANTILES.finalize(self.buckets, ids[order], counts[order], ranks, wanted)
+        frame = pl.DataFrame(
+            {
+                "window": pl.repeat(self.windows[index].name, len(done_groups), eager=True),
+                "start": np.full(len(done_groups), span[0], dtype=np.int64),
+                "end": np.full(len(done_groups), span[1], dtype=np.int64),
+                "key": self._keys.keys_of(keys),
+                **{f: state[f][done_groups] for f in self.plan.field_names},
+                **dict(zip(self.plan.quantiles, quantiles, strict=True)),
+                "index": ordinal,
+                "first_ts": g.first_ts[done_groups],
+                "last_ts": g.last_ts[done_groups],
+            },
+            schema_overrides={f.name: f.dtype for f in self.plan.fields},
+        )
+        return frame.select(*result_columns(self.spec, self.plan), *RESULT_EXTRAS)
+
+    def _merged(
+        self, held: _Unfinished, final: _Rows, g: _Groups
+    ) -> tuple[dict[str, npt.NDArray[Any]], tuple[Int64Array, Int64Array] | None]:
+        """Each group's state: its new rows', merged with the unfinished window it continues.
+
+        Returns the fields (aligned with groups ``0 .. size - 1``) and the new rows' sketch
+        cells (sorted ids by group, with their counts; None without quantiles).
+        """
+        fields = self.plan.fields
+        if len(final):
+            bucket = self.buckets.keys_np(final.value) if self.plan.needs_sketch else None
+            new, state, sketch = partial_state(g.group, final.ts, final.value, fields, bucket)
+        else:  # flushing unfinished windows only
+            nothing = np.zeros(0, dtype=np.int64)
+            new, state = nothing, {f.name: np.zeros(0, dtype=f.np_dtype) for f in fields}
+            sketch = (nothing, nothing, nothing) if self.plan.needs_sketch else None
+        if len(g.from_held):
+            held_keys = g.keys[g.from_held]
+            # an unfinished window's state first: it holds the group's earlier rows
+            ids = np.concatenate((g.from_held, new))
+            columns = {
+                f.name: np.concatenate((held.state[f.name][held_keys], state[f.name]))
+                for f in fields
+            }
+            _, state = merge_state(ids, columns, fields)
+        if sketch is None:
+            return state, None
+        return state, (cell_ids(new[sketch[0]], sketch[1]), sketch[2])
 
     def _done_counts(self, index: int) -> Int64Array:
         done = self._done[index]
         if len(done) < len(self._keys):
             done = np.concatenate((done, np.zeros(len(self._keys) - len(done), np.int64)))
         return done
-
-    def _results(  # noqa: PLR0917 - private; one call site
-        self,
-        index: int,
-        group: Int64Array,
-        rows: _Rows,
-        first: Int64Array,
-        last: Int64Array,
-        ordinal: Int64Array,
-        span: tuple[int, int],
-    ) -> pl.DataFrame:
-        """Finalise windows from their raw rows with the registry's kernels and finalisers."""
-        bucket = self.buckets.keys_np(rows.value) if self.plan.needs_sketch else None
-        groups, state, sketch = partial_state(group, rows.ts, rows.value, self.plan.fields, bucket)
-        state[BATCHES.name] = _distinct_batches(group, rows.gateway, rows.seq, len(groups))
-        quantiles: list[npt.NDArray[np.float64]] = []
-        if sketch is not None:
-            cells = cell_ids(groups[sketch[0]], sketch[1])
-            wanted = list(self.plan.quantiles.values())
-            quantiles = QUANTILES.finalize(self.buckets, cells, sketch[2], groups, wanted)
-        frame = pl.DataFrame(
-            {
-                "window": pl.repeat(self.windows[index].name, len(groups), eager=True),
-                "start": np.full(len(groups), span[0], dtype=np.int64),
-                "end": np.full(len(groups), span[1], dtype=np.int64),
-                "key": self._keys.keys_of(rows.key[first]),
-                **{f: state[f] for f in self.plan.field_names},
-                **dict(zip(self.plan.quantiles, quantiles, strict=True)),
-                "index": ordinal,
-                "first_ts": rows.ts[first],
-                "last_ts": rows.ts[last],
-            },
-            schema_overrides={f.name: f.dtype for f in self.plan.fields},
-        )
-        return frame.select(*result_columns(self.spec, self.plan), *RESULT_EXTRAS)
 
     def empty_result(self) -> pl.DataFrame:
         """A results frame with no rows (the schema of every ``finalise`` frame)."""
@@ -405,21 +590,24 @@ class CountState:
     # -- checkpoints -------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """Keys, gateways, buffered rows, tails and finished-window counts (for MsgPack).
+        """Keys, gateways, buffered rows, unfinished windows' state, finished-window counts.
 
-        Buffers are packed once, by the caller's checkpoint; tails are not sorted here
-        (``restore`` does), as a checkpoint is taken every second and restored rarely.
+        For MsgPack; buffers are packed once, by the caller's checkpoint.
         """
         return {
+            "v": COUNT_SNAPSHOT_VERSION,
             "keys": self._keys.names,
             "gateways": self._gateway_names,
             "pending": [p.pack() for p in self._pending],
-            "tails": [[c.live().pack() for c in t.chunks] for t in self._tails],
+            "unfinished": [t.pack() for t in self._tails],
             "done": [self._done_counts(i).tobytes() for i in range(len(self.windows))],
         }
 
     def restore(self, obj: dict[str, Any] | None) -> None:
-        """Replace everything with a ``snapshot`` (None: start empty)."""
+        """Replace everything with a ``snapshot`` (None: start empty).
+
+        A snapshot of the first layout (``tails``: unfinished windows as rows) is folded.
+        """
         self._reset()
         if obj is None:
             return
@@ -428,25 +616,145 @@ class CountState:
             self._gateway_names = list(obj["gateways"])
             self._gateway_ids = {g: i for i, g in enumerate(self._gateway_names)}
             self._pending = [_Rows.unpack(p) for p in obj["pending"]]
-            tail_rows = [_Rows.concat([_Rows.unpack(c) for c in t]) for t in obj["tails"]]
             done = [np.frombuffer(d, dtype="<i8").copy() for d in obj["done"]]
+            held = obj.get("unfinished")
+            rows = (
+                None
+                if held is not None
+                else [_Rows.concat([_Rows.unpack(c) for c in t]) for t in obj["tails"]]
+            )
+            if held is not None and len(held) == len(self._tails):
+                for tails, packed in zip(self._tails, held, strict=True):
+                    tails.unpack(packed)
         except (KeyError, TypeError, ValueError) as exc:
             raise SchemaError(
                 f"unreadable count-window checkpoint: {exc}", reason="bad_checkpoint"
             ) from exc
-        if len(tail_rows) != len(self.windows) or len(done) != len(self.windows):
+        found = len(held) if held is not None else len(rows or [])
+        if found != len(self.windows) or len(done) != len(self.windows):
             raise SchemaError("count-window checkpoint of another spec", reason="bad_checkpoint")
         self._done = done
-        for tails, rows in zip(self._tails, tail_rows, strict=True):
-            tails.grow(len(self._keys))
-            tails.add(rows.take(np.argsort(rows.key, kind="stable")))
+        for index, tail in enumerate(rows or []):  # fewer than n rows a key: none finishes
+            self._fill(index, tail.take(self._event_order(tail)), (0, 0), flush=False)
+            self._done[index] = done[index]
 
 
-def _distinct_batches(
-    group: Int64Array, gateway: npt.NDArray[np.int32], seq: Int64Array, groups: int
+@dataclass(frozen=True, slots=True)
+class _Groups:
+    """The windows one close step touches in one count window, numbered ``0 .. size - 1``.
+
+    Groups with new rows come first, by key and ordinal (``group``: each new row's); then,
+    when flushing, the unfinished windows of keys without new rows.
+    """
+
+    group: Int64Array
+    """Group of each new row."""
+    keys: Int64Array
+    """Key id of each group."""
+    local: Int64Array
+    """Ordinal of each group among its key's windows after the finished ones (0: the one
+    its unfinished window continues)."""
+    from_held: Int64Array
+    """Groups that continue (or, flushing, are) an unfinished window."""
+    touched: npt.NDArray[np.bool_]
+    """Per key id, whether its unfinished window is finished or continued here."""
+    total: Int64Array
+    """Rows of each group, the unfinished window's included."""
+    first_ts: Int64Array
+    last_ts: Int64Array
+
+    @property
+    def size(self) -> int:
+        """Number of groups."""
+        return len(self.keys)
+
+
+def _number(held: _Unfinished, final: _Rows, n: int, *, flush: bool) -> _Groups:
+    """Number final rows (sorted by key, in event order) into windows of ``n`` per key.
+
+    A key's rows continue its unfinished window (``held.count`` rows so far); flushing, the
+    unfinished windows of keys without new rows are groups too.
+    """
+    keys = len(held.count)
+    starts, lengths = run_bounds(final.key)
+    run_keys = final.key[starts].astype(np.int64)
+    rank = np.arange(len(final), dtype=np.int64) - np.repeat(starts, lengths)
+    local = (np.repeat(held.count[run_keys], lengths) + rank) // n
+    change = np.ones(len(final), dtype=bool)
+    change[1:] = (final.key[1:] != final.key[:-1]) | (local[1:] != local[:-1])
+    first = np.flatnonzero(change)
+    last = np.concatenate((first[1:], [len(final)]))[: len(first)].astype(np.int64) - 1
+    new_keys = final.key[first].astype(np.int64)
+    touched = np.zeros(keys, dtype=bool)
+    touched[run_keys] = True
+    extra = np.flatnonzero((held.count > 0) & ~touched) if flush else np.zeros(0, np.int64)
+    if flush:
+        touched[:] = True
+    size = len(first) + len(extra)
+    carried = (local[first] == 0) & (held.count[new_keys] > 0)
+    from_held = np.concatenate((np.flatnonzero(carried), np.arange(len(first), size)))
+    all_keys = np.concatenate((new_keys, extra))
+    held_keys = all_keys[from_held]
+    total = np.concatenate((last - first + 1, np.zeros(len(extra), np.int64)))
+    total[from_held] += held.count[held_keys]
+    first_ts = np.concatenate((final.ts[first], np.zeros(len(extra), np.int64)))
+    first_ts[from_held] = held.first_ts[held_keys]
+    return _Groups(
+        group=np.cumsum(change) - 1,
+        keys=all_keys,
+        local=np.concatenate((local[first], np.zeros(len(extra), np.int64))),
+        from_held=from_held,
+        touched=touched,
+        total=total,
+        first_ts=first_ts,
+        last_ts=np.concatenate((final.ts[last], held.last_ts[extra])),
+    )
+
+
+def _row_batches(final: _Rows, g: _Groups) -> _Entries:
+    """The distinct (group, gateway, seq) of the new rows (``key``: the group)."""
+    return _distinct(_Entries(g.group.astype(np.int32), final.gateway.astype(np.int64), final.seq))
+
+
+def _batch_counts(
+    batches: _Entries, held: _Entries, group_of: Int64Array, groups: int
 ) -> Int64Array:
-    """Per window (dense, ascending ``group``), the distinct (gateway, seq) batches in it."""
-    order = np.lexsort((seq, gateway, group))
-    g, gw, s = group[order], gateway[order], seq[order]
-    new = np.concatenate(([True], (g[1:] != g[:-1]) | (gw[1:] != gw[:-1]) | (s[1:] != s[:-1])))
-    return np.bincount(g[new], minlength=groups).astype(np.int64)
+    """Distinct batches per group.
+
+    Its new rows' and, for a group finishing an unfinished window, that window's (``held``,
+    by key; ``group_of`` maps those keys to their groups).
+    """
+    mine = _Entries(group_of[held.key].astype(np.int32), held.a, held.b)
+    both = _distinct(_Entries.concat([batches, mine]))
+    return np.bincount(both.key, minlength=groups).astype(np.int64)
+
+
+def _keep_open(  # noqa: PLR0917 - private; one call site
+    held: _Unfinished,
+    g: _Groups,
+    state: dict[str, npt.NDArray[Any]],
+    cells: tuple[Int64Array, Int64Array] | None,
+    batches: _Entries,
+    is_open: npt.NDArray[np.bool_],
+) -> None:
+    """The groups left open become their keys' unfinished windows; the others' are gone."""
+    open_ = np.flatnonzero(is_open)
+    keys = g.keys[open_]
+    held.count[g.touched] = 0
+    held.count[keys] = g.total[open_]
+    held.first_ts[keys] = g.first_ts[open_]
+    held.last_ts[keys] = g.last_ts[open_]
+    for name, column in state.items():
+        held.state[name][keys] = column[open_]
+    keep = is_open[batches.key]
+    held.batches.add(
+        _Entries(g.keys[batches.key[keep]].astype(np.int32), batches.a[keep], batches.b[keep])
+    )
+    if cells is not None:
+        group = cell_groups(cells[0])
+        keep = is_open[group]
+        held.cells.add(
+            _Entries(
+                g.keys[group[keep]].astype(np.int32), cell_buckets(cells[0][keep]), cells[1][keep]
+            )
+        )

@@ -603,7 +603,10 @@ class PartialBuilder:
         the worker's fast path).
         """
         if self.rules is not None:
-            return self.build(decoded.frame, batch, now_ms, decoded.codes)
+            key = self.spec.key
+            by_code = key in decoded.codes and not self.rules.derives(key)
+            wanted = {*self.rules.inputs, "ts", "value", *(() if by_code else (key,))}
+            return self.build(decoded.columns(wanted), batch, now_ms, decoded.codes)
         coded = decoded.codes.get(self.spec.key)
         keys = None if coded is not None else decoded.frame.get_column(self.spec.key)
         return self._build(decoded.ts, decoded.value, coded, keys, batch, now_ms)
@@ -619,7 +622,8 @@ class PartialBuilder:
         grouping on codes is the worker's fast path.
         """
         assert self.rules is not None
-        kept = self.rules.apply(frame)
+        key = self.spec.key
+        kept = self.rules.apply(frame, ("ts", "value", key))
         ts = frame.get_column("ts")
         batch = replace(
             batch,
@@ -627,7 +631,6 @@ class PartialBuilder:
             min_ts=None if ts.is_empty() else int(ts.min()),  # type: ignore[arg-type]
             max_ts=None if ts.is_empty() else int(ts.max()),  # type: ignore[arg-type]
         )
-        key = self.spec.key
         coded = None if codes is None or self.rules.derives(key) else codes.get(key)
         if coded is not None and kept.mask is not None:
             coded = DictColumn(coded.values, coded.codes[kept.mask.to_numpy()])
@@ -728,7 +731,7 @@ class PartialBuilder:
                 PartialRows(
                     window=np.full(len(g), index, dtype=np.uint8),
                     start=assigned.starts(g // width),
-                    keys=[key_names[i] for i in (g % width).tolist()],
+                    keys=_names_of(key_names, g % width),
                     fields=state,
                     sketch_row=None if sketch is None else sketch[0],
                     sketch_bucket=None if sketch is None else sketch[1],
@@ -769,6 +772,15 @@ class PartialBuilder:
             )
             for p in range(partitions)
         ]
+
+
+def _names_of(names: list[str | None], ids: npt.NDArray[np.int64]) -> list[str | None]:
+    """``names[i]`` for each id; the usual batch (every key once, in order) copies the list."""
+    if len(ids) == len(names) and (
+        len(ids) == 0 or (ids[0] == 0 and bool((np.diff(ids) == 1).all()))
+    ):
+        return list(names)
+    return [names[i] for i in ids.tolist()]
 
 
 def _concat(parts: list[PartialRows]) -> PartialRows:

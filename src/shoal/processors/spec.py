@@ -131,6 +131,16 @@ class PipelineSpec:
         )
 
     @property
+    def reads_attributes(self) -> bool:
+        """Whether the pipeline reads a row's attributes (its key, or a row-stage input).
+
+        The bench and ``shoal up`` give such a pipeline gateways that send them.
+        """
+        if self.key in ATTRIBUTE_COLUMNS:
+            return True
+        return self.row_rules is not None and bool(self.row_rules.inputs & set(ATTRIBUTE_COLUMNS))
+
+    @property
     def hold_bound_ms(self) -> int:
         """``max_hold_ms``, or its default derived from the lateness and the idle timeout."""
         if self.max_hold_ms is not None:

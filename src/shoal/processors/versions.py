@@ -24,6 +24,12 @@ order workers learn of the update in.
 A stage ends (``Chain.retire``) once its close threshold has passed every window it owns,
 plus the allowed lateness, with no session open and every batch the newer stage applied
 applied by it too; count windows left unfinished are flushed then (``rows < n``).
+
+Close log (``shoal.processors.close_log``): each stage's core keeps its own, since each stage
+closes on its own tracker and threshold; the runtime keeps one file per stage (named by its
+version) and ``Chain.restore`` hands each restored core its file, so a restored chain
+re-takes every stage's closes as the partition published them before it died. A stage does
+not end while its closes are re-taken.
 """
 
 from __future__ import annotations
@@ -158,9 +164,17 @@ class Stage:
         return can_hold(batch, self.from_ms, self.until_ms, self.extent)
 
     def done(self, newer: Stage) -> bool:
-        """Whether every window this (closed-ended) stage owns is closed for good."""
+        """Whether every window this (closed-ended) stage owns is closed for good.
+
+        Not while either stage re-takes logged closes: the ending flush is one of them.
+        """
         core = self.core
-        if self.until_ms is None or core.closed_through is None:
+        if (
+            self.until_ms is None
+            or core.closed_through is None
+            or core.replaying
+            or newer.core.replaying
+        ):
             return False
         through = self.until_ms + self.extent + core.spec.allowed_lateness_ms
         if core.closed_through < through or core.sessions.open_sessions():
@@ -187,6 +201,16 @@ class Chain:
         return self.stages[-1]
 
     @property
+    def replaying(self) -> bool:
+        """Whether some stage still re-takes logged closes (no snapshot may be taken)."""
+        return any(s.core.replaying for s in self.stages)
+
+    @property
+    def pending_closes(self) -> int:
+        """Logged closes not re-taken yet, over every stage."""
+        return sum(s.core.pending_closes for s in self.stages)
+
+    @property
     def versions(self) -> tuple[int, ...]:
         """The versions still open, oldest first (unversioned stages left out)."""
         return tuple(s.version for s in self.stages if s.version is not None)
@@ -202,7 +226,7 @@ class Chain:
     ) -> Stage:
         """Open ``version``: the current stage ends at the cut; the new one starts there."""
         old = self.current
-        core = Combiner(spec, old.core.partition, clock, logged=False)  # see Chain.restore
+        core = Combiner(spec, old.core.partition, clock, logged=old.core.close_log.enabled)
         seen = [not_before_ms]
         seen += [g.watermark_ms for g in old.core.tracker.gateways.values() if g.watermark_ms]
         seen += [old.core.closed_through] if old.core.closed_through is not None else []
@@ -317,11 +341,17 @@ class Chain:
         partition: int,
         clock: Clock,
         parse: Callable[[dict[str, Any]], PipelineSpec],
+        *,
+        logs: Callable[[int | None], bytes | None] | None = None,
     ) -> Chain | None:
         """A chain from ``snapshot`` bytes; None when ``data`` is a single core's snapshot.
 
+        ``logs``: each stage's close log by its version (``close_log``): the stages keep
+        logs and re-take the closes logged after the snapshot; None: no logs are kept.
+
         Raises:
-            SchemaError: unreadable, or a stage's spec is no longer valid (``bad_checkpoint``).
+            SchemaError: unreadable, or a stage's spec is no longer valid (``bad_checkpoint``);
+                a close log unreadable (``bad_log``).
         """
         obj = _chain_object(data)
         if obj is None:
@@ -337,8 +367,8 @@ class Chain:
                     f"checkpoint stage v{item.get('version')}: its spec is invalid: {exc}",
                     reason="bad_checkpoint",
                 ) from exc
-            core = Combiner(spec, partition, clock, logged=False)  # chains: not logged yet
-            core.restore(item["core"])
+            core = Combiner(spec, partition, clock, logged=logs is not None)
+            core.restore(item["core"], None if logs is None else logs(item["version"]))
             stages.append(
                 Stage(item["version"], core, item["from_ms"], item["until_ms"], item["spec"])
             )

@@ -12,7 +12,7 @@ spec is parsed, with the expression and the column named. Nothing here loops ove
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -87,6 +87,19 @@ class RowRules:
     _where: pl.Expr | UdfCall | None = field(compare=False, repr=False)
 
     @property
+    def inputs(self) -> frozenset[str]:
+        """The batch columns (``FRAME_SCHEMA``) the stage reads: a worker builds only these."""
+        names: set[str] = set()
+        for step in (*self._derive, self._where):
+            if isinstance(step, pl.Expr):
+                names.update(step.meta.root_names())
+            elif isinstance(step, _UdfStep):
+                names.update(step.call.args)
+            elif isinstance(step, UdfCall):
+                names.update(step.args)
+        return frozenset(names & set(FRAME_SCHEMA.names()))
+
+    @property
     def calls_functions(self) -> bool:
         """Whether a step calls a user function (the worker runs it under a budget)."""
         return isinstance(self._where, UdfCall) or any(
@@ -97,8 +110,18 @@ class RowRules:
         """Whether ``derive`` computes ``column``."""
         return any(name == column for name, _ in self.derive)
 
-    def apply(self, frame: pl.DataFrame) -> RowsKept:
-        """The rows that pass, with derived columns; vectorised over the whole batch."""
+    def apply(self, frame: pl.DataFrame, columns: Collection[str] | None = None) -> RowsKept:
+        """The rows that pass, with derived columns; vectorised over the whole batch.
+
+        ``columns``: the columns the caller reads from the kept rows (None: every column);
+        the others are not filtered (a batch's string columns cost the most to filter).
+        Without user functions the whole stage is one polars plan: the derived columns, the
+        finite-value check and the condition are computed in a single ``collect`` (each
+        ``with_columns``/``select`` of its own would cost a query per step); the counts and
+        the filter then work on the two boolean columns.
+        """
+        if not self.calls_functions:
+            return self._apply_plan(frame, columns)
         out = frame
         for step in self._derive:
             out = out.with_columns(step.evaluate(out) if isinstance(step, _UdfStep) else step)
@@ -118,9 +141,49 @@ class RowRules:
             both = passing if keep is None else keep & passing
             filtered = out.height - invalid - int(both.sum())
             keep = both
+        if columns is not None:
+            out = out.select(n for n in out.columns if n in columns)
         if keep is None or filtered + invalid == 0:
             return RowsKept(out, filtered, invalid, None)
         return RowsKept(out.filter(keep), filtered, invalid, keep)
+
+    def _apply_plan(self, frame: pl.DataFrame, columns: Collection[str] | None) -> RowsKept:
+        """``apply`` for a stage of SQL expressions only, without per-step Series operations.
+
+        The derived columns, then the checks and the columns wanted in one ``select``. Eager
+        steps, not one lazy plan: polars' optimiser may fuse the steps of a plan and
+        round differently (25.842777777777776 for 25.842777777777773 was seen), and a
+        pipeline's results must be the bits its expressions give row by row.
+        """
+        out = frame
+        for step in self._derive:
+            assert isinstance(step, pl.Expr)
+            out = out.with_columns(step)
+        checks: list[pl.Expr] = []
+        if self.derives("value"):
+            value = pl.col("value")
+            checks.append((value.is_not_null() & value.is_finite()).fill_null(value=False))
+        if self._where is not None:
+            assert isinstance(self._where, pl.Expr)
+            checks.append(self._where.fill_null(value=False))
+        names = [f"__shoal_check_{i}" for i in range(len(checks))]
+        out = out.select(
+            *(n for n in out.columns if columns is None or n in columns),
+            *(check.alias(name) for check, name in zip(checks, names, strict=True)),
+        )
+        if not checks:
+            return RowsKept(out, 0, 0, None)
+        masks = [out.get_column(name).to_numpy() for name in names]
+        out = pl.DataFrame([out.get_column(n) for n in out.columns[: -len(names)]])
+        valid = masks[0] if self.derives("value") else None
+        invalid = 0 if valid is None else out.height - int(np.count_nonzero(valid))
+        keep = masks[0] if len(masks) == 1 else masks[0] & masks[1]
+        kept = int(np.count_nonzero(keep))
+        filtered = out.height - invalid - kept
+        if kept == out.height:
+            return RowsKept(out, filtered, invalid, None)
+        mask = pl.Series(keep)
+        return RowsKept(out.filter(mask), filtered, invalid, mask)
 
 
 @dataclass(frozen=True, slots=True)

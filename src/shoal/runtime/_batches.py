@@ -53,6 +53,10 @@ class WorkerStats:
 
     counters: WorkerCounters = field(default_factory=WorkerCounters)
     handle_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    publish_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    """Per batch with a send time: the gateway sealed it (``sent_at_ms``, its clock) →
+    its partials handed to the broker here (this clock): the heartbeat's
+    ``publish_to_partial_ms``, the equivalent of a request/reply system's round trip."""
     recent: deque[tuple[float, int, float]] = field(default_factory=lambda: deque(maxlen=64))
     """(when, rows, CPU seconds) of recent batches: the capacity estimate."""
     deadletter_reasons: Counter[tuple[str, str]] = field(default_factory=Counter)
@@ -188,6 +192,9 @@ class BatchHandler:
         # core, and that says nothing about what one more worker with its own core would do.
         self.stats.recent.append((self.clock.monotonic(), rows, time.process_time() - cpu_started))
         self.stats.handle_latency.add(elapsed * 1000.0)
+        sent_at_ms = partials[0].batch.sent_at_ms if partials else 0
+        if sent_at_ms > 0:
+            self.stats.publish_latency.add(float(self.clock.now_ms() - sent_at_ms))
 
     def _decode(self, message: Message, now: int) -> tuple[Batch, BatchInfo]:
         """The batch's frame and identity, or an ``InputError`` saying why not."""

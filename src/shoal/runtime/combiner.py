@@ -21,7 +21,10 @@ it ran) is the close log (``shoal.processors.close_log``), a file beside the che
 close is appended to it before its results are published (and flushed to disk first when it
 publishes anything), and a restored core re-takes the logged closes, each once the batches
 applied before it are back. No checkpoint is taken while it does; once a checkpoint is
-durable the log keeps only what came after it.
+durable the log keeps only what came after it. A partition holding a chain of spec versions
+(``shoal.processors.versions``) keeps one log per stage, ``combiner.closes.v<version>``
+(a pipeline from a file: ``combiner.closes``); a stage's file goes once a durable checkpoint
+no longer holds the stage.
 
 The MQTT session is persistent (stable client id per partition, session expiry), so partials
 published while the combiner restarts wait in the broker; a second combiner started for the
@@ -39,6 +42,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -88,6 +92,7 @@ from shoal.processors.state import ClosedWindows
 from shoal.processors.versions import Chain, Stage
 from shoal.rules import alert_payload
 from shoal.runtime._fence import CheckpointLock
+from shoal.runtime._heap import release_free_memory
 from shoal.runtime._tasks import pause, supervised
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas.control import MAX_MISSING, Confirm, GatewayStatus
@@ -97,13 +102,17 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE: Final = "combiner.ckpt"
 CLOSE_LOG_FILE: Final = "combiner.closes"
-"""The close log beside the checkpoint (``shoal.processors.close_log``)."""
+"""The close log beside the checkpoint (``shoal.processors.close_log``); a versioned stage's
+is ``combiner.closes.v<version>`` (``close_log_name``)."""
 STATE_ROOT: Final = Path("var") / "combiner"
 """Where partitions keep their checkpoint folders unless told otherwise."""
 KEY_SLICE: Final = 250
 """Per-key results built and published per slice, with the event loop free in between."""
 LOCK_TIMEOUT_S: Final = 10.0
 """How long a hosted combiner waits for a deposed owner to finish its last checkpoint write."""
+INTAKE_BYTES: Final = 8 * 2**20
+"""Received partials (wire bytes) that may wait to be applied; past it the combiner reads no
+more from the broker until half is applied (``CombinerConfig.intake_bytes``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +137,11 @@ class CombinerConfig:
         version_at_ms: when that version was made (the control plane's clock): an update
             switches at the first window boundary after it, or after what the partition
             has already applied (``shoal.processors.versions``).
+        intake_bytes: received messages (wire bytes) that may wait to be applied. A
+            combiner slower than its input (a backlog after a restart, overload) would
+            otherwise queue every partial the broker sends it in memory; past this it stops
+            reading until half is applied and the rest waits in the broker (its persistent
+            session), bounded upstream by the gateways' end-to-end windows.
     """
 
     spec: PipelineSpec
@@ -143,11 +157,17 @@ class CombinerConfig:
     owner: str | None = None
     version: int | None = None
     version_at_ms: int = 0
+    intake_bytes: int = INTAKE_BYTES
 
     @property
     def client_id(self) -> str:
         """Stable per partition: a second instance takes the session over."""
         return rooted_client_id(self.topics, f"shoal-combiner-{self.spec.name}-{self.partition}")
+
+
+def close_log_name(version: int | None) -> str:
+    """The file name of a stage's close log beside the checkpoint (by its spec version)."""
+    return CLOSE_LOG_FILE if version is None else f"{CLOSE_LOG_FILE}.v{version}"
 
 
 def partition_state_dir(root: Path, pipeline: str, partition: int) -> Path:
@@ -199,6 +219,7 @@ class CombinerRuntime:
         self.started_at = self.clock.monotonic()
         self._inputs = self._stage_inputs()
         self._writing: asyncio.Future[None] | None = None
+        self._ended: list[Stage] = []  # retired stages whose logs the next checkpoint ends
         self.serving = False
         """Hosted: the session is ours, the checkpoint restored and the partials subscribed."""
         self.result_names: tuple[str, ...] = (config.spec.name,)
@@ -222,13 +243,11 @@ class CombinerRuntime:
 
     @property
     def _logged(self) -> bool:
-        """Whether closes go to the close log: a pinned partition with a state folder.
+        """Whether closes go to the close log: a partition with a state folder.
 
-        A hosted partition's checkpoint is a chain of spec versions; its closes are not
-        logged yet (docs/guarantees.md, "Restarts": a pool takeover in the timing-dependent
-        case may renumber a correction, as before the close log).
+        Pinned or hosted; a hosted partition keeps one log per stage of its chain.
         """
-        return self.config.state_dir is not None and not self.config.hosted
+        return self.config.state_dir is not None
 
     def update(self, version: int, spec: PipelineSpec, at_ms: int) -> None:
         """Open a new spec version: it takes the windows from the next boundary on.
@@ -289,12 +308,11 @@ class CombinerRuntime:
                 # checkpoint and let the gateways re-send.
                 self._reload()
             first = False
-            session = self._open_session()
+            session, outputs = self._open_session(), self._open_outputs()
             try:
-                async with session:
-                    await session.subscribe(self._subscriptions(), qos=1)
-                    await self._serve(session)
-                    await self._checkpoint(session)
+                async with session, outputs:
+                    await self._serve(session, outputs)
+                    await self._checkpoint(outputs)
             except BrokerError as exc:
                 if self._stop.is_set():
                     _stopped_without_checkpoint(self.config.client_id, exc)
@@ -305,13 +323,31 @@ class CombinerRuntime:
                 self._unacked.clear()
 
     def _open_session(self) -> Session:
-        """The partition's persistent session (its client id fences the partition)."""
+        """The partition's persistent intake session (its client id fences the partition).
+
+        Partials, gateway statuses and control messages arrive here, at most
+        ``intake_bytes`` of them waiting in memory (beyond, the session stops reading and
+        TCP holds the broker back). Everything the combiner publishes goes out on
+        ``_open_outputs``: PUBACKs on this connection would wait behind the partials the
+        broker has already written to it, so a checkpoint would wait for its results'
+        PUBACKs as long as the backlog takes to apply (Mosquitto 2.0.11 writes a
+        subscriber's whole queue at once, see docs/guarantees.md "Overload").
+        """
         return self._connect(
             self.config.broker,
             self.config.client_id,
             clean_start=False,
             session_expiry_s=self.config.session_expiry_s,
+            max_buffered_bytes=self.config.intake_bytes,
         )
+
+    def _open_outputs(self) -> Session:
+        """The session results, late rows, confirmations and heartbeats go out on.
+
+        Its client id follows the intake's, so a second combiner for the partition takes
+        this one over too. Clean: nothing is ever delivered to it.
+        """
+        return self._connect(self.config.broker, f"{self.config.client_id}-out")
 
     async def _run_term(self) -> None:
         """One ownership term: session, then lock, restore, serve; never reconnects."""
@@ -319,15 +355,13 @@ class CombinerRuntime:
         if state_dir is None:
             raise ConfigError(f"combiner {self.config.client_id}: hosting needs a state folder")
         lock = CheckpointLock(state_dir)
-        session = self._open_session()
+        session, outputs = self._open_session(), self._open_outputs()
         try:
-            async with session:
+            async with session, outputs:
                 await lock.acquire(LOCK_TIMEOUT_S)
                 self._reload_hosted(state_dir)
-                await session.subscribe(self._subscriptions(), qos=1)
-                self.serving = True
-                await self._serve(session)
-                await self._checkpoint(session)
+                await self._serve(session, outputs)
+                await self._checkpoint(outputs)
         except BrokerError as exc:
             if self._stop.is_set():
                 _stopped_without_checkpoint(self.config.client_id, exc)
@@ -353,9 +387,8 @@ class CombinerRuntime:
                 raise
             aside = path.with_name(f"{CHECKPOINT_FILE}.superseded")
             path.replace(aside)
-            closes = path.with_name(CLOSE_LOG_FILE)
-            if closes.exists():
-                closes.replace(closes.with_name(f"{CLOSE_LOG_FILE}.superseded"))
+            for closes in _log_files(state_dir):
+                closes.replace(closes.with_name(f"{closes.name}.superseded"))
             log.warning(
                 "combiner %s: checkpoint of another spec version set aside as %s; starting "
                 "from empty state (gateways' unconfirmed batches are re-sent)",
@@ -364,12 +397,46 @@ class CombinerRuntime:
             )
             self._reload()
 
-    async def _serve(self, session: Session) -> None:
+    async def _serve(self, session: Session, outputs: Session) -> None:
+        """Take messages from ``session`` until stopped; publish on ``outputs``.
+
+        Subscribing runs beside the loop: a persistent session's queued partials arrive
+        before the SUBACK, and the loop must take them for the SUBACK to be read.
+        """
         async with supervised(
-            self._stop, self._ticker(session), self._checkpointer(session), self._heartbeat(session)
+            self._stop,
+            self._subscribe(session),
+            self._ticker(outputs),
+            self._checkpointer(outputs),
+            self._heartbeat(outputs),
         ) as ending:
             async for message in session.messages_until(ending):
-                self._on_message(session, message)
+                self._on_message(outputs, message)
+
+    async def _subscribe(self, session: Session) -> None:
+        """Subscribe (again: idempotent) until the broker confirms it.
+
+        A resumed session's backlog is written to the connection before the SUBACK, which
+        can then take longer than the client waits for it; the subscription stands in the
+        session meanwhile, so try again. A lost connection ends the message loop, and this
+        with it.
+        """
+        attempts = 1
+        while True:
+            try:
+                await session.subscribe(self._subscriptions(), qos=1)
+            except BrokerError as exc:
+                log.warning(
+                    "combiner %s: %s; subscribing again (attempt %d)",
+                    self.config.client_id,
+                    exc,
+                    attempts + 1,
+                )
+                attempts += 1
+                await asyncio.sleep(1.0)
+                continue
+            self.serving = True  # hosted: the pool may count this partition as served
+            return
 
     # -- input -------------------------------------------------------------------------------
 
@@ -777,10 +844,10 @@ class CombinerRuntime:
         while True:
             await asyncio.sleep(self.config.tick_ms / 1000)
             since = self.clock.monotonic()
-            abandoned = self.core.counters.replays_abandoned
+            abandoned = self._replays_abandoned()
             steps = self.chain.tick()
             self._write_log()
-            if self.core.counters.replays_abandoned > abandoned:
+            if self._replays_abandoned() > abandoned:
                 log.warning(
                     "combiner %s: gave up re-taking logged closes: the gateways they wait "
                     "for sent nothing for %d ms; running freely",
@@ -791,7 +858,10 @@ class CombinerRuntime:
                 self._publish_step(session, stage, step, since)
                 if step.closed is None:
                     self._emit(session, stage, None, since)  # alert transitions, if any
-            for stage, closed in self.chain.retire():
+            retired = self.chain.retire()
+            self._ended += [stage for stage, _ in retired]
+            self._write_log()  # their last flush, before it is published
+            for stage, closed in retired:
                 self._emit(session, stage, closed, since)
                 log.info(
                     "combiner %s: v%s closed its last window (before %s)",
@@ -825,6 +895,9 @@ class CombinerRuntime:
         while True:
             await asyncio.sleep(interval)
             await self._checkpoint(session)
+            # Once per checkpoint: what the partials and merges since the last one freed
+            # goes back to the system instead of holding the process at its high-water mark.
+            release_free_memory()
 
     async def _checkpoint(self, session: Session) -> None:
         """Snapshot, wait for the outputs it relies on, persist, then confirm.
@@ -834,15 +907,17 @@ class CombinerRuntime:
         the restored checkpoint's seqs are confirmed, with the gaps that hold the replay up,
         so that their gateways re-send them at once.
         """
-        if self.core.replaying:
+        if self.chain.replaying:
             await self._confirm(session, self.chain.confirmable(), self._lasting_gaps())
             return
         snapshot = None
         if self.config.state_dir is not None:
             # Hosted: the chain, with each version's spec (it can outlive its document).
             snapshot = self.chain.snapshot() if self.config.hosted else self.core.snapshot()
-        generation = self.core.close_log.generation
-        self._write_log()  # the snapshot's mark
+        held = self.chain.stages if self.config.hosted else [self.chain.current]
+        generations = [(stage, stage.core.close_log.generation) for stage in held]
+        ended = list(self._ended)
+        self._write_log()  # the snapshot's marks
         confirmable = self.chain.confirmable()
         missing = self._lasting_gaps()
         # The outputs stay listed until acknowledged: a checkpoint cancelled while waiting
@@ -867,8 +942,10 @@ class CombinerRuntime:
             await asyncio.shield(self._writing)
             self.checkpoints += 1
             self.last_checkpoint_ms = self.clock.now_ms()
-            self.core.close_log.settle(generation)
+            for stage, generation in generations:
+                stage.core.close_log.settle(generation)
             self._write_log()
+            self._forget_logs(ended, keep=held)
         await self._confirm(session, confirmable, missing)
 
     def _lasting_gaps(self) -> dict[str, tuple[int, ...]]:
@@ -956,7 +1033,7 @@ class CombinerRuntime:
             "max_state_cells": self.config.spec.max_state_cells,
             # closed windows held for corrections (each for at most allowed_lateness_ms)
             "kept_windows": self.core.kept_windows(),
-            "replaying": self.core.replaying,
+            "replaying": self.chain.replaying,
             "allowed_lateness_ms": self.config.spec.allowed_lateness_ms,
             "checkpoints": self.checkpoints,
             "gaps_reported": self.gaps_reported,
@@ -970,61 +1047,97 @@ class CombinerRuntime:
     # -- checkpoints ---------------------------------------------------------------------------
 
     def _restore(self, path: Path) -> None:
-        closes = path.with_name(CLOSE_LOG_FILE)
         snapshot = path.read_bytes() if path.exists() else None
-        logged = closes.read_bytes() if closes.exists() and self._logged else None
-        if snapshot is None and logged is None:
-            return
-        chain = None
-        if snapshot is not None:
-            chain = Chain.restore(snapshot, self.config.partition, self.clock, _parse_canonical)
-        if chain is not None:
-            self.chain = chain
-            self._catch_up()
-        else:
-            try:
-                self.core.restore(snapshot, logged)
-            except SchemaError as exc:
-                if exc.reason != "bad_log":
-                    raise
-                log.warning(
-                    "combiner %s: close log %s unreadable (%s); restoring the checkpoint alone",
-                    self.config.client_id,
-                    closes,
-                    exc,
-                )
-                self.chain = self._new_chain()
-                self.core.restore(snapshot)
+        try:
+            self._restore_with(snapshot, self._read_log if self._logged else None)
+        except SchemaError as exc:
+            if exc.reason != "bad_log":
+                raise
+            log.warning(
+                "combiner %s: a close log beside %s is unreadable (%s); restoring the "
+                "checkpoint alone",
+                self.config.client_id,
+                path,
+                exc,
+            )
+            self._restore_with(snapshot, (lambda _: None) if self._logged else None)
         self._inputs = self._stage_inputs()
         self._confirmed = {}
-        self._write_log()  # the log rewritten for the restored checkpoint
+        self._write_log()  # the logs rewritten for the restored checkpoint
         log.info(
             "combiner %s: restored from %s, %d logged closes to re-take",
             self.config.client_id,
             path,
-            self.core.pending_closes,
+            self.chain.pending_closes,
         )
 
-    def _write_log(self) -> None:
-        """Write the close log's new entries (before publishing what they decide)."""
-        write = self.core.take_log()
-        if write is None or self.config.state_dir is None:
-            return
-        path = self.config.state_dir / CLOSE_LOG_FILE
-        if write.replace:
-            _write_atomically(path, write.data)
-            return
-        with path.open("ab") as fh:
-            fh.write(write.data)
-            if write.sync:
-                fh.flush()
-                os.fsync(fh.fileno())
+    def _restore_with(
+        self, snapshot: bytes | None, logs: Callable[[int | None], bytes | None] | None
+    ) -> None:
+        """Restore the snapshot (a chain, or a pinned core's) and the closes logged after it.
 
-    def _catch_up(self) -> None:
+        A pinned core's snapshot goes with ``combiner.closes`` (only a pinned partition
+        writes one), a chain's stages with their own logs; with no snapshot yet, the current
+        stage's log alone (closes decided before the first checkpoint).
+        """
+        self.chain = self._new_chain()
+        chain = None
+        if snapshot is not None:
+            chain = Chain.restore(
+                snapshot, self.config.partition, self.clock, _parse_canonical, logs=logs
+            )
+        if chain is not None:
+            self.chain = chain
+            self._catch_up(logs)
+            return
+        version = self.chain.current.version if snapshot is None else None
+        logged = None if logs is None else logs(version)
+        if snapshot is not None or logged is not None:
+            self.core.restore(snapshot, logged)
+
+    def _read_log(self, version: int | None) -> bytes | None:
+        """A stage's close log file, if there is one."""
+        assert self.config.state_dir is not None
+        path = self.config.state_dir / close_log_name(version)
+        return path.read_bytes() if path.exists() else None
+
+    def _write_log(self) -> None:
+        """Write every stage's new close-log entries (before publishing what they decide)."""
+        if self.config.state_dir is None:
+            return
+        for stage in [*self.chain.stages, *self._ended]:
+            write = stage.core.take_log()
+            if write is None:
+                continue
+            path = self.config.state_dir / close_log_name(stage.version)
+            if write.replace:
+                _write_atomically(path, write.data)
+                continue
+            with path.open("ab") as fh:
+                fh.write(write.data)
+                if write.sync:
+                    fh.flush()
+                    os.fsync(fh.fileno())
+
+    def _forget_logs(self, ended: list[Stage], *, keep: list[Stage]) -> None:
+        """Delete the logs of ended stages: the durable checkpoint no longer holds them."""
+        assert self.config.state_dir is not None
+        kept = {close_log_name(s.version) for s in keep}
+        for stage in ended:
+            self._ended.remove(stage)
+            name = close_log_name(stage.version)
+            if name not in kept:
+                (self.config.state_dir / name).unlink(missing_ok=True)
+
+    def _replays_abandoned(self) -> int:
+        return sum(s.core.counters.replays_abandoned for s in self.chain.stages)
+
+    def _catch_up(self, logs: Callable[[int | None], bytes | None] | None) -> None:
         """A restored chain older than the deployed version switches to it (``update``).
 
         One whose partition count differs cannot: it is refused like a checkpoint of another
-        spec (``checkpoint_mismatch``), and the partition starts afresh.
+        spec (``checkpoint_mismatch``), and the partition starts afresh. The new stage
+        re-takes the closes its log holds (a version opened after the checkpoint).
         """
         current, config = self.chain.current, self.config
         if config.version is None or current.version is None or current.version >= config.version:
@@ -1036,13 +1149,16 @@ class CombinerRuntime:
                 expected=str(config.spec.partitions),
                 found=str(current.core.spec.partitions),
             )
-        self.chain.update(
+        stage = self.chain.update(
             config.version,
             config.spec,
             self.clock,
             not_before_ms=config.version_at_ms,
             spec_doc=canonical_mapping(config.spec),
         )
+        logged = None if logs is None else logs(stage.version)
+        if logged is not None:
+            stage.core.restore(None, logged)
 
     def _reload(self) -> None:
         if self.config.state_dir is None:
@@ -1052,8 +1168,8 @@ class CombinerRuntime:
                 self.config.client_id,
             )
             return
-        self.chain = self._new_chain()
         self._rendered = None
+        self._ended = []
         self._restore(self.config.state_dir / CHECKPOINT_FILE)
 
 
@@ -1065,6 +1181,15 @@ def _stopped_without_checkpoint(client_id: str, exc: BrokerError) -> None:
         client_id,
         exc,
     )
+
+
+def _log_files(state_dir: Path) -> list[Path]:
+    """The close logs in a partition's folder (every stage's; not those set aside)."""
+    return [
+        p
+        for p in state_dir.glob(f"{CLOSE_LOG_FILE}*")
+        if p.name == CLOSE_LOG_FILE or p.name.removeprefix(f"{CLOSE_LOG_FILE}.v").isdigit()
+    ]
 
 
 def _parse_canonical(mapping: dict[str, Any]) -> PipelineSpec:

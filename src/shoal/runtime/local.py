@@ -42,7 +42,6 @@ from shoal.errors import UsageError
 from shoal.processors.spec import PipelineSpec
 from shoal.scaler.backends import LocalBackend
 from shoal.scaler.monitor import PipelineMonitor, Snapshot
-from shoal.schemas import ATTRIBUTE_COLUMNS
 from shoal.schemas.topics import Topics
 
 SETTLE_TIMEOUT_S: Final = 120.0
@@ -308,13 +307,11 @@ class LocalPipeline:
     def start_simulator(self, args: list[str], name: str = "simulator") -> ChildProcess:
         """Start ``shoal simulate`` with ``args`` against this broker.
 
-        A pipeline keyed on an attribute, or with a row stage (which may read them), gets
-        gateways that send the attributes.
+        A pipeline keyed on an attribute, or whose row stage reads one, gets gateways that
+        send the attributes.
         """
         conn = connection_args(self.broker.settings, self.topics)
-        spec = self.config.spec
-        wants = spec.key in ATTRIBUTE_COLUMNS or spec.row_rules is not None
-        if wants and "--attributes" not in args:
+        if self.config.spec.reads_attributes and "--attributes" not in args:
             args = [*args, "--attributes"]
         simulator = ChildProcess(
             name,

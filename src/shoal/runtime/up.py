@@ -203,8 +203,7 @@ class Up:
                 rate=cfg.rate,
                 batch=cfg.batch,
                 encoding=cfg.encoding,
-                # Rules may read the attributes (where type = ...): send them then too.
-                attributes=cfg.spec.key != "sensor_id" or cfg.spec.row_rules is not None,
+                attributes=cfg.spec.reads_attributes,
             )
             self._driver = TraceDriver(self.local, cfg.trace, load)
             self._driver.update(0.0)

@@ -234,6 +234,7 @@ class Worker:
             self.drain()
         elif command == "reset_stats":  # benchmarks measure steady state, not the warm-up
             self.stats.handle_latency = LatencyHistogram()
+            self.stats.publish_latency = LatencyHistogram()
         elif command == "marker" and body.get("token") == self._marker_token:
             log.info("worker %s: drained", self.worker_id)
             self._drained.set()
@@ -293,6 +294,7 @@ class Worker:
             "rows_per_s": round((self.counters.rows - last[3]) / window, 1),
             "capacity_rows_per_s": self.capacity_rows_per_s(),
             "handle_ms": self.stats.handle_latency.summary(),
+            "publish_to_partial_ms": self.stats.publish_latency.summary(),
             "reconnects": self.counters.reconnects,
             "unrouted": self.counters.unrouted,
             **({"functions": functions} if (functions := self.stats.functions_health()) else {}),

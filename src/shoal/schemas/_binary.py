@@ -16,7 +16,7 @@ Decoding views the buffers with numpy and hands them to polars: no per-row Pytho
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -38,10 +38,12 @@ from shoal.schemas._checks import (
 from shoal.schemas._lists import ALL_FIELDS, REQUIRED_FIELDS
 from shoal.schemas._model import (
     ATTRIBUTE_COLUMNS,
+    FRAME_SCHEMA,
     MAX_TS_MS,
     DecodeLimits,
     DictColumn,
     Envelope,
+    FrameBuilder,
     Measurements,
     null_strings,
 )
@@ -107,13 +109,17 @@ def decode_binary(top: dict[str, Any], limits: DecodeLimits) -> DecodedBinary:
         dictionary, coded = strings[name]
         return dictionary.gather(pl.Series(coded.codes, dtype=pl.UInt32)).alias(name)
 
-    def frame() -> pl.DataFrame:
+    def frame(columns: Collection[str] | None = None) -> pl.DataFrame:
+        wanted = FRAME_SCHEMA.names() if columns is None else columns
+        built = {
+            "ts": lambda: pl.Series("ts", ts),
+            "value": lambda: pl.Series("value", value),
+        }
         return pl.DataFrame(
             [
-                column("sensor_id"),
-                pl.Series("ts", ts),
-                pl.Series("value", value),
-                *(column(name) for name in ATTRIBUTE_COLUMNS),
+                built[name]() if name in built else column(name)
+                for name in FRAME_SCHEMA.names()
+                if name in wanted
             ]
         )
 
@@ -126,7 +132,7 @@ class DecodedBinary:
     """What ``decode_binary`` found: checked arrays and codes, and the frame on demand."""
 
     envelope: Envelope
-    frame: Callable[[], pl.DataFrame]
+    frame: FrameBuilder
     codes: dict[str, DictColumn]
     ts: npt.NDArray[np.int64]
     value: npt.NDArray[np.float64]
@@ -305,9 +311,10 @@ def _strings(
             expected=f"< {len(entries)} (the dictionary size)",
             found=str(int(codes[row])),
         )
-    _check_entry_types(field, entries, nullable=nullable)  # also makes them hashable
+    # A dictionary seen before (equal entries, so strings or nils only) was checked then.
     dictionary = _DICTIONARIES.get(field, entries, limits.max_string_bytes, nullable=nullable)
     if dictionary is None:
+        _check_entry_types(field, entries, nullable=nullable)  # also makes them hashable
         dictionary = _checked_dictionary(field, entries, codes, limits, nullable=nullable)
         _DICTIONARIES.put(field, entries, limits.max_string_bytes, dictionary, nullable=nullable)
     return dictionary, DictColumn(tuple(entries), codes.astype(np.uint32, copy=False))
@@ -360,7 +367,10 @@ class _DictionaryCache:
         self, field: str, entries: list[Any], max_bytes: int, *, nullable: bool
     ) -> pl.Series | None:
         key = (field, tuple(entries), max_bytes, nullable)
-        found = self._items.get(key)
+        try:
+            found = self._items.get(key)
+        except TypeError:  # an unhashable entry: not a dictionary we checked
+            return None
         if found is not None:
             self._items.move_to_end(key)
         return found

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Collection
 from typing import Any, Final
 
 import numpy as np
@@ -38,6 +38,7 @@ from shoal.schemas._model import (
     Batch,
     DecodeLimits,
     Encoding,
+    FrameBuilder,
     Measurements,
 )
 from shoal.schemas._msgpack import (
@@ -182,11 +183,16 @@ def _decode(
     return Batch(dataclasses.replace(envelope, rows=frame.height), frame, clamped=clamped)
 
 
-def _with_ts(
-    build: Callable[[], pl.DataFrame], ts: npt.NDArray[np.int64]
-) -> Callable[[], pl.DataFrame]:
+def _with_ts(build: FrameBuilder, ts: npt.NDArray[np.int64]) -> FrameBuilder:
     """A frame builder whose ``ts`` column is ``ts`` (clamped timestamps, built on demand)."""
-    return lambda: build().with_columns(pl.Series("ts", ts, dtype=pl.Int64))
+
+    def clamped(columns: Collection[str] | None) -> pl.DataFrame:
+        frame = build(columns)
+        if "ts" not in frame.columns:
+            return frame
+        return frame.with_columns(pl.Series("ts", ts, dtype=pl.Int64))
+
+    return clamped
 
 
 def peek_envelope(payload: bytes, limits: DecodeLimits = DEFAULT_LIMITS) -> tuple[str, int] | None:

@@ -6,7 +6,7 @@ Owns no I/O and imports nothing from the rest of shoal but ``errors``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -130,6 +130,11 @@ class Envelope:
     version: int = SCHEMA_VERSION
 
 
+FrameBuilder = Callable[[Collection[str] | None], pl.DataFrame]
+"""Builds a batch's frame on demand: the ``FRAME_SCHEMA`` columns among those given (None:
+all of them), in schema order."""
+
+
 class Batch:
     """A decoded batch: its envelope and its measurements as a ``FRAME_SCHEMA`` DataFrame.
 
@@ -147,7 +152,7 @@ class Batch:
     def __init__(
         self,
         envelope: Envelope,
-        frame: pl.DataFrame | Callable[[], pl.DataFrame],
+        frame: pl.DataFrame | FrameBuilder,
         codes: dict[str, DictColumn] | None = None,
         *,
         ts: npt.NDArray[np.int64] | None = None,
@@ -159,7 +164,7 @@ class Batch:
         self.codes = codes if codes is not None else {}
         if isinstance(frame, pl.DataFrame):
             self._frame: pl.DataFrame | None = frame
-            self._build: Callable[[], pl.DataFrame] | None = None
+            self._build: FrameBuilder | None = None
             ts = frame.get_column("ts").to_numpy() if ts is None else ts
             value = frame.get_column("value").to_numpy() if value is None else value
         elif ts is None or value is None:
@@ -174,8 +179,19 @@ class Batch:
         """The measurements (``FRAME_SCHEMA``), built on first use if need be."""
         if self._frame is None:
             assert self._build is not None  # one of the two is always set
-            self._frame, self._build = self._build(), None
+            self._frame, self._build = self._build(None), None
         return self._frame
+
+    def columns(self, names: Collection[str]) -> pl.DataFrame:
+        """The measurements' columns among ``names``, in ``FRAME_SCHEMA`` order.
+
+        A batch whose frame is built on demand builds only these (not kept): a consumer that
+        reads a few columns does not pay for the string columns it never reads.
+        """
+        if self._frame is not None:
+            return self._frame.select(n for n in self._frame.columns if n in names)
+        assert self._build is not None
+        return self._build(names)
 
     @property
     def rows(self) -> int:

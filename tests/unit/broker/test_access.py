@@ -74,6 +74,25 @@ def test_every_rule_covers_the_topics_the_components_use() -> None:
     assert allowed(Role.combiner("p"), "write", ROOT.result_key("p", "a key"))
     assert allowed(Role.combiner("p"), "write", ROOT.results_encoded("p", "msgpack"))
     assert not allowed(Role.combiner("p"), "write", ROOT.confirm("gw", "q", 3))
+    # Its dead letters: partials over the state cap, result rows no message can carry.
+    assert allowed(Role.combiner("p"), "write", ROOT.deadletter("p"))
+    assert not allowed(Role.combiner("p"), "write", ROOT.deadletter("q"))
+    combiners = Role.combiner(None)  # the pool: every pipeline, its membership and documents
+    for pipeline in ("p", "q"):
+        assert allowed(combiners, "read", ROOT.partials(pipeline, 2))
+        assert allowed(combiners, "read", ROOT.combiner_control(pipeline))
+        assert allowed(combiners, "write", ROOT.results(pipeline))
+        assert allowed(combiners, "write", ROOT.result_key(pipeline, "k"))
+        assert allowed(combiners, "write", ROOT.confirm("gw", pipeline, 1))
+        assert allowed(combiners, "write", ROOT.late(pipeline))
+        assert allowed(combiners, "write", ROOT.alert(pipeline, "hot", "k"))
+        assert allowed(combiners, "write", ROOT.deadletter(pipeline))
+        assert allowed(combiners, "read", ROOT.pipeline_document(pipeline))
+        assert not allowed(combiners, "write", ROOT.pipeline_document(pipeline))
+    assert allowed(combiners, "readwrite", ROOT.pool_combiner("c-1"))
+    assert allowed(combiners, "readwrite", ROOT.control("shoal-combiner-pool-1"))
+    assert not allowed(combiners, "read", ROOT.ingest("plant", "gw"))
+    assert not allowed(combiners, "read", ROOT.pipeline_request("admin-1"))
     assert allowed(Role.dashboard(), "read", ROOT.result_key("q", "k"))
     assert not allowed(Role.dashboard("p"), "read", ROOT.results("q"))
     assert not allowed(Role.dashboard(), "write", ROOT.results("p"))
@@ -127,6 +146,8 @@ def test_no_root_means_top_level_topics() -> None:
         ("combiner:p", Role.combiner("p")),
         ("dashboard", Role.dashboard()),
         ("dashboard:p", Role.dashboard("p")),
+        ("combiner", Role.combiner(None)),
+        ("combiner:", Role.combiner(None)),
         ("admin", Role.admin()),
         ("control", Role.control()),
     ],
@@ -136,7 +157,7 @@ def test_parse_roles(text: str, role: Role) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["combiner", "combiner:", "root", "admin:x", "control:x", "worker:a/b", "dashboard:+"]
+    "text", ["combiner:a/b", "root", "admin:x", "control:x", "worker:a/b", "dashboard:+"]
 )
 def test_bad_roles_are_config_errors(text: str) -> None:
     with pytest.raises(ConfigError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shoal.errors import ConfigError
-from shoal.processors.combine import Combiner
+from shoal.processors.combine import Combiner, _partial_bytes
 from shoal.processors.results import split_windows
 from shoal.processors.state import ClosedWindows
 from tests.unit.processors.test_combiner import IDLE, LATENESS, Harness, make_spec, status
@@ -242,7 +242,12 @@ def test_without_the_close_log_the_same_restart_publishes_conflicting_copies() -
     assert kept == {"j": 2, "k": 3}  # the consumer keeps revision 3: b's new row is missing
 
 
-def test_a_replay_waits_while_its_gateway_sends_and_is_given_up_when_it_is_silent() -> None:
+def _logged_correction() -> tuple[Harness, bytes, bytes]:
+    """A checkpoint, then a close without the quiet gateway b and b's correction, logged.
+
+    Returns the harness, the checkpoint and the close log's file: a combiner restored from
+    them re-takes the close (it waits for a1) and then the correction (it waits for b1).
+    """
     h = Harness(SPEC)
     log = bytearray()
 
@@ -262,9 +267,14 @@ def test_a_replay_waits_while_its_gateway_sends_and_is_given_up_when_it_is_silen
     h.send("b", 1, [("k", 5_400, 1.0)])  # a correction
     h.combiner.tick()
     persist(h.combiner)
+    return h, checkpoint, bytes(log)
+
+
+def test_a_replay_waits_while_its_gateway_sends_and_is_given_up_when_it_is_silent() -> None:
+    h, checkpoint, log = _logged_correction()
 
     restored = Combiner(SPEC, 0, h.clock)
-    restored.restore(checkpoint, bytes(log))
+    restored.restore(checkpoint, log)
     restored.receive(h.partial("b", 1, [("k", 5_400, 1.0)]))  # held: a1 comes first
     bound = SPEC.hold_bound_ms
     for _ in range(3):  # a re-sends its old batch (a duplicate): it is alive, keep waiting
@@ -277,3 +287,28 @@ def test_a_replay_waits_while_its_gateway_sends_and_is_given_up_when_it_is_silen
     assert not restored.replaying
     assert restored.counters.replays_abandoned == 1
     assert step.applied == 1  # b1, held until then
+
+
+def test_batches_held_during_a_replay_are_bounded_and_the_newest_come_again() -> None:
+    h, checkpoint, log = _logged_correction()
+
+    b1, b2 = h.partial("b", 1, [("k", 5_400, 1.0)]), h.partial("b", 2, [("k", 7_100, 2.0)])
+    one = _partial_bytes(b1)
+    restored = Combiner(SPEC, 0, h.clock, max_pending_bytes=one + one // 2)  # room for one
+    restored.restore(checkpoint, log)
+    restored.receive(b1)  # held: the logged close waits for a1
+    restored.receive(b2)  # held too, over the bound: let go, b's next seq steps back
+    progress = restored.tracker.gateways["b"]
+    assert (progress.deferred, progress.next_seq) == (1, 2)
+    assert restored.held_weight <= one + one // 2
+    # a1 is held too, which passes the bound again: b's newest held batch (b1) goes
+    restored.receive(h.partial("a", 1, [("k", 7_000, 1.0)]))
+    assert (progress.deferred, progress.next_seq) == (2, 1)
+    assert restored.replaying  # the first logged close ran; the second waits for b1
+    restored.receive(b1)  # b sends again what was never confirmed, oldest first
+    assert not restored.replaying
+    assert restored.counters.closes_replayed == 2
+    restored.receive(b2)
+    assert restored.counters.batches_applied == 5  # a0, b0 (checkpoint), a1, b1, b2
+    assert progress.duplicates == 0
+    assert restored.held_weight == 0

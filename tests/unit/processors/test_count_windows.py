@@ -298,34 +298,40 @@ def test_property_any_split_worker_order_and_duplication(
     )
 
 
-def test_tails_keep_each_keys_rows_in_order_through_takes_and_consolidation() -> None:
-    """Tail chunks: a key's rows leave all at once and in event order; chunks consolidate."""
-    from shoal.processors.count import MAX_TAIL_CHUNKS, _Rows, _Tails  # noqa: PLC0415
-
-    def rows(keys: list[int], ts: list[int]) -> _Rows:
-        n = len(keys)
-        return _Rows(
-            np.array(keys, dtype=np.int32),
-            np.array(ts, dtype=np.int64),
-            np.zeros(n, dtype=np.int32),
-            np.zeros(n, dtype=np.int64),
-            np.zeros(n, dtype=np.int32),
-            np.array(ts, dtype=np.float64),
-        )
-
-    tails = _Tails()
-    tails.grow(3)
-    for step in range(MAX_TAIL_CHUNKS + 50):  # key 2 stops after the first step
-        tails.add(rows([0, 1] if step else [0, 1, 2], [step] * (2 if step else 3)))
-        if step % 7 == 6:
-            taken = tails.take(np.array([0]))
-            assert taken.ts.tolist() == list(range(step - 6 if step > 6 else 0, step + 1))
-    assert len(tails.chunks) <= MAX_TAIL_CHUNKS
-    everything = tails.all()
-    assert tails.count.tolist() == [int((everything.key == k).sum()) for k in range(3)]
-    one = everything.ts[everything.key == 1].tolist()
-    assert one == list(range(MAX_TAIL_CHUNKS + 50))
-    assert everything.ts[everything.key == 2].tolist() == [0]
+def test_unfinished_windows_are_folded_state_not_rows() -> None:
+    """Rows ranked into an unfinished window leave only state behind: entries per batch and
+    per sketch bucket, whatever the number of rows; the flushed window is still exact."""
+    spec = spec_for([{"kind": "count", "n": 100_000}], lateness_ms=0)
+    values = [float(v % 10) for v in range(4_000)]
+    batches = [
+        GeneratedBatch("gw", s, frame_of([("k", 10_000 * s + r, values[r]) for r in range(4_000)]))
+        for s in range(3)
+    ]
+    clock = FakeClock()
+    builder = PartialBuilder(spec, "w")
+    combiner = Combiner(spec, 0, clock)
+    for status in statuses_for(batches, 0):
+        combiner.receive_status(status)
+    for b in batches:
+        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
+        (partial,) = builder.build(b.frame, info, 0)
+        combiner.receive(partial)
+        combiner.tick()
+    assert combiner.counts is not None
+    held = combiner.counts._tails[0]  # the folded layout is what is tested
+    # every row but the newest is final (lateness 0): ranked into the unfinished window
+    assert combiner.counts.tail_rows == int(held.count.sum()) == 11_999
+    # entries per batch and per sketch bucket (a step adds its own), not per row
+    assert len(held.batches) <= 5
+    assert len(held.batches.all()) == 3
+    assert len(held.cells) <= 30
+    assert len(held.cells.all()) <= 10
+    restored = Combiner(spec, 0, clock)
+    restored.restore(combiner.snapshot())
+    frames = [c.flush().frame for c in (combiner, restored)]
+    assert frames[0].equals(frames[1])
+    expected, _, scale = expected_count_results(all_rows(batches), spec, flush=True)
+    assert_count_windows_match(frames[0], expected, spec, scale)
 
 
 def test_latest_revisions_identify_count_windows_by_index() -> None:
@@ -351,3 +357,64 @@ def test_latest_revisions_identify_count_windows_by_index() -> None:
         ("b", 0),
     ]
     assert "_slot" not in latest.columns
+
+
+def test_a_checkpoint_with_unfinished_windows_as_rows_is_folded_on_restore() -> None:
+    """The earlier layout (``tails``: each key's final rows) restores into folded state."""
+    from shoal.processors.count import CountState, _Rows  # noqa: PLC0415
+
+    spec = spec_for([{"kind": "count", "n": 5}])
+    rows = _Rows(
+        np.array([1, 0, 0, 1, 0], dtype=np.int32),
+        np.array([10, 11, 12, 13, 14], dtype=np.int64),
+        np.zeros(5, dtype=np.int32),
+        np.array([0, 0, 1, 1, 1], dtype=np.int64),
+        np.array([0, 1, 0, 1, 2], dtype=np.int32),
+        np.array([1.0, 2.0, 3.0, 4.0, 5.0]),
+    )
+    state = CountState(spec, spec.plan())
+    state.restore(
+        {
+            "keys": ["a", "b"],
+            "gateways": ["gw"],
+            "pending": [],
+            "tails": [[rows.pack()]],
+            "done": [np.array([2, 0], dtype="<i8").tobytes()],
+        }
+    )
+    assert state.tail_rows == 5
+    frame = state.finalise(0, (0, 20), flush=True).sort("key")
+    assert frame.select("key", "count", "sum", "index", "first_ts", "last_ts").rows() == [
+        ("a", 3, 10.0, 2, 11, 14),
+        ("b", 2, 5.0, 0, 10, 13),
+    ]
+    assert frame["batches"].to_list() == [2, 2]
+
+
+def test_entry_chunks_take_by_key_merge_repeats_and_stay_bounded() -> None:
+    """Unfinished windows' entries: a key's leave all at once; repeats merge; chunks bounded."""
+    from shoal.processors.count import (  # noqa: PLC0415
+        MAX_ENTRY_CHUNKS,
+        _distinct,
+        _Entries,
+        _EntryStore,
+    )
+
+    def entries(keys: list[int], seqs: list[int]) -> _Entries:
+        n = len(keys)
+        return _Entries(np.array(keys, np.int32), np.zeros(n, np.int64), np.array(seqs, np.int64))
+
+    store = _EntryStore(_distinct)
+    for step in range(MAX_ENTRY_CHUNKS + 50):  # key 2 stops after the first step
+        # key 0 sends batch `step` twice in a step; key 1 repeats batch 0 every step
+        store.add(
+            entries([0, 0, 1] + ([] if step else [2]), [step, step, 0] + ([] if step else [9]))
+        )
+        if step % 7 == 6:
+            taken = store.take(np.array([0]))
+            assert sorted(set(taken.b.tolist())) == list(range(max(step - 6, 0), step + 1))
+    assert len(store.chunks) <= MAX_ENTRY_CHUNKS
+    held = store.all()
+    assert held.key.tolist().count(1) == 1  # batch 0 of key 1, once
+    assert held.b[held.key == 2].tolist() == [9]
+    assert len(store) <= 2 * len(held) + 65_536

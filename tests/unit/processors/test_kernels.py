@@ -7,6 +7,7 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shoal.processors import _kernels
 from shoal.processors._kernels import (
     add_cells,
     cell_buckets,
@@ -157,3 +158,31 @@ def test_incremental_cell_merge_equals_a_full_merge(base, extra) -> None:
     want = merge_cells(np.concatenate([cells, new]), np.concatenate([counts, new_counts]))
     np.testing.assert_array_equal(got[0], want[0])
     np.testing.assert_array_equal(got[1], want[1])
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    data=st.lists(
+        st.tuples(st.integers(0, 50), st.floats(-1e4, 1e4, allow_nan=False)),
+        min_size=1,
+        max_size=300,
+    )
+)
+def test_the_dense_grid_and_the_sort_count_the_same_buckets(data) -> None:
+    """Both ways of counting (group, bucket) cells agree, whichever the batch's shape picks;
+    values on both sides of zero make the wide grids the sort is there for."""
+    groups = np.array([g for g, _ in data], dtype=np.int64)
+    buckets = LogBuckets(0.01).keys_np(np.array([v for _, v in data]))
+    order = np.argsort(groups, kind="stable")
+    unique, lengths = np.unique(groups, return_counts=True)
+    limit = _kernels.SPARSE_CELLS_PER_ROW
+    try:
+        _kernels.SPARSE_CELLS_PER_ROW = 1 << 30
+        dense = _kernels._bucket_counts(unique, groups, buckets, order, lengths)
+        _kernels.SPARSE_CELLS_PER_ROW = 0
+        by_sort = _kernels._bucket_counts(unique, groups, buckets, order, lengths)
+    finally:
+        _kernels.SPARSE_CELLS_PER_ROW = limit
+    for got, want in zip(by_sort, dense, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert int(dense[2].sum()) == len(data)

@@ -56,6 +56,22 @@ def test_a_derived_value_that_is_not_finite_is_removed_and_counted() -> None:
     assert (kept.filtered, kept.invalid) == (0, 1)
 
 
+def test_the_stage_names_the_batch_columns_it_reads_and_returns_only_those_asked() -> None:
+    rules = compile_row_rules(
+        "plausible AND type IS NOT NULL",
+        {"value": "value * 9 / 5 + 32", "plausible": "value > -60 AND value < 160"},
+    )
+    assert rules is not None
+    assert rules.inputs == {"value", "type"}  # not sensor_id, ts, unit or name
+    rows = frame([10.0, 500.0, 20.0], ["C", "C", "C"]).with_columns(type=pl.lit("t"))
+    kept = rules.apply(rows, ("ts", "value", "sensor_id"))
+    assert kept.frame.columns == ["sensor_id", "ts", "value"]
+    assert kept.frame["value"].to_list() == [50.0, 68.0]
+    assert (kept.filtered, kept.invalid) == (1, 0)
+    assert kept.mask is not None
+    assert kept.mask.to_list() == [True, False, True]
+
+
 @pytest.mark.parametrize(
     ("where", "derive", "field", "reason", "words"),
     [

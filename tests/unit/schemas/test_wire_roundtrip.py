@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -118,3 +119,29 @@ def test_slices_of_a_measurements_block_round_trip(
             part, gateway_id="gw", seq=1, sent_at_ms=0, encoding=encoding, zstd=zstd
         )
         assert_same(decode_batch(payload).frame, part.to_frame())
+
+
+@pytest.mark.parametrize("encoding", list(Encoding))
+def test_a_batch_builds_only_the_columns_asked_for(encoding: Encoding) -> None:
+    """``Batch.columns``: the FRAME_SCHEMA columns among those asked, in schema order, equal
+    to the whole frame's; on demand (binary columnar) the others are never built."""
+    frame = pl.DataFrame(
+        {
+            "sensor_id": ["a", "b", "a"],
+            "ts": [1, 2, 3],
+            "value": [1.5, -2.0, 3.25],
+            "name": None,
+            "type": ["t", None, "u"],
+            "unit": "C",
+        },
+        schema=FRAME_SCHEMA,
+    )
+    payload = encode_batch(
+        Measurements.from_frame(frame), gateway_id="g", seq=1, sent_at_ms=0, encoding=encoding
+    )
+    batch = decode_batch(payload)
+    some = batch.columns({"type", "value", "ts", "nonsense"})
+    assert some.columns == ["ts", "value", "type"]
+    assert some.equals(frame.select("ts", "value", "type"))
+    assert batch.frame.equals(frame)
+    assert batch.columns({"unit"}).equals(frame.select("unit"))
