@@ -7,6 +7,11 @@ depends on one broker's documented behaviour says so with
 ``@pytest.mark.broker_quirk("mosquitto", reason=...)``: on another broker it runs as a strict
 xfail (it must fail there; if it starts passing, the marker is stale), or with
 ``run=False`` it is skipped, reason shown, when running it there makes no sense.
+
+``make test`` runs the suite on several pytest-xdist workers (``--dist loadgroup``). Every test
+starts its own broker on a free port in its own temporary folder, so tests run side by side;
+a test that uses a module-scoped fixture (a secure broker, a browser, a PostgreSQL server) is
+kept on one worker with the rest of its module, so that the fixture is made once.
 """
 
 from __future__ import annotations
@@ -48,9 +53,12 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"broker: {broker}"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     broker = selected_broker()
     for item in items:
+        if _uses_module_fixture(item) and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
         # Any test that starts a broker is a `broker` test, whether or not it says so.
         if "broker" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.broker)
@@ -64,6 +72,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
             else:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a module-scoped fixture of this suite (made once per module)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(
+        fixture.scope == "module" and fixture.baseid.startswith("tests")
+        for fixtures in info.name2fixturedefs.values()
+        for fixture in fixtures
+    )
 
 
 @pytest.fixture
