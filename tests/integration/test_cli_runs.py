@@ -11,27 +11,31 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import run_shoal
-
 pytestmark = pytest.mark.broker  # they start their own embedded broker
 
 SHOAL = [sys.executable, "-m", "shoal.cli"]
 
 
 def test_up_runs_a_demo_and_accounts_for_every_measurement(tmp_path: Path) -> None:
-    result = run_shoal(
-        "up",
-        "--duration",
-        "8",
-        "--scenario",
-        "A",
-        "--rate",
-        "5",
-        "--batch",
-        "1000",
-        "--run-dir",
-        str(tmp_path),
+    result = subprocess.run(
+        [
+            *SHOAL,
+            "up",
+            "--duration",
+            "8",
+            "--scenario",
+            "A",
+            "--rate",
+            "5",
+            "--batch",
+            "1000",
+            "--run-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
         timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
