@@ -18,9 +18,9 @@ DURATION ?=
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` and `make test-mochi-ci`. Most of the suite waits (on
 # brokers, subprocesses, timers) rather than computes, so more workers than cores pays off;
-# tests that share a module-scoped fixture stay on one worker (--dist loadgroup, tests/conftest.py).
+# tests that share a module-scoped fixture stay on one worker (tests/conftest.py).
 TEST_WORKERS ?= 3
-XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup)
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DEBIAN_FRONTEND := noninteractive
 

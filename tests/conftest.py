@@ -8,7 +8,7 @@ depends on one broker's documented behaviour says so with
 xfail (it must fail there; if it starts passing, the marker is stale), or with
 ``run=False`` it is skipped, reason shown, when running it there makes no sense.
 
-``make test`` runs the suite on several pytest-xdist workers (``--dist loadgroup``). Every test
+``make test`` runs the suite on several pytest-xdist workers. Every test
 starts its own broker on a free port in its own temporary folder, so tests run side by side;
 a test that uses a module-scoped fixture (a secure broker, a browser, a PostgreSQL server) is
 kept on one worker with the rest of its module, so that the fixture is made once.
@@ -17,8 +17,11 @@ kept on one worker with the rest of its module, so that the fixture is made once
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,12 +56,9 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"broker: {broker}"
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     broker = selected_broker()
     for item in items:
-        if _uses_module_fixture(item) and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
         # Any test that starts a broker is a `broker` test, whether or not it says so.
         if "broker" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.broker)
@@ -74,16 +74,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
-def _uses_module_fixture(item: pytest.Item) -> bool:
-    """Whether the test uses a module-scoped fixture of this suite (made once per module)."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return False
-    return any(
-        fixture.scope == "module" and fixture.baseid.startswith("tests")
-        for fixtures in info.name2fixturedefs.values()
-        for fixture in fixtures
-    )
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's load scheduling, with each module that has a module-scoped fixture as one unit.
+
+    (``--dist loadgroup`` cannot do it with pytest 9.2: xdist 3.8 renames the items to group
+    them, which pytest 9.2 no longer allows.) The scheduler sees node ids only, so the modules
+    are found by their source: one that defines ``scope="module"`` or uses the PostgreSQL
+    server of tests/support/postgres.py."""
+    from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415 - only under xdist
+
+    if config.getvalue("dist") != "load":
+        return None  # another --dist asked for
+    grouped = {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "tests").rglob("test_*.py")
+        if _MODULE_FIXTURE.search(path.read_text(encoding="utf-8"))
+    }
+
+    class ModuleUnits(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in grouped else nodeid
+
+    return ModuleUnits(config, log)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+_MODULE_FIXTURE = re.compile(r'scope="module"|tests\.support\.postgres import')
 
 
 @pytest.fixture
