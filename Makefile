@@ -1,9 +1,11 @@
 # shoal: the two commands of the README, and a few more for developers.
 #   make demo [DURATION=20]   bootstrap, then the embedded broker + pipeline + live view
 #   make test                 bootstrap, then ruff, mypy, the import contracts and the whole pytest suite
+#                             (on TEST_WORKERS pytest-xdist workers; TEST_WORKERS=0: one process)
 #   make test-brokers         the real-broker integration, oracle and fault tests and a short
 #                             chaos run on Mosquitto and on Mochi MQTT (docs/brokers.md)
-#   make test-mochi-ci        a subset on Mochi: oracle + fault tests + a short chaos run (not in CI yet)
+#   make test-mochi-ci        a subset on Mochi: oracle + fault tests + a short chaos run (CI runs it
+#                             after make test)
 #   make mochi                build the Mochi MQTT broker (needs Go >= 1.21) into var/bin
 # Bootstrap = a virtualenv in .venv with shoal installed (editable), Mosquitto on PATH and a
 # PostgreSQL server installed (the sink tests start their own from its binaries).
@@ -14,6 +16,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DURATION ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` and `make test-mochi-ci`. Most of the suite waits (on
+# brokers, subprocesses, timers) rather than computes, so more workers than cores pays off;
+# tests that share a module-scoped fixture stay on one worker (tests/conftest.py).
+TEST_WORKERS ?= 3
+XDIST = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS))
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export DEBIAN_FRONTEND := noninteractive
 
@@ -27,7 +34,7 @@ test: bootstrap
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) $(PYTEST_ARGS)
 
 test-slow: bootstrap
 	$(BIN)/pytest -m slow $(PYTEST_ARGS)
@@ -95,7 +102,7 @@ test-brokers: bootstrap mochi
 MOCHI_CI_TESTS := $(shell cat tests/mochi-ci.txt 2>/dev/null)
 test-mochi-ci: bootstrap mochi
 	cd broker/mochi && GOFLAGS=-mod=mod GOTOOLCHAIN=local $(GO) test ./...
-	SHOAL_TEST_BROKER=mochi $(BIN)/pytest $(MOCHI_CI_TESTS) $(PYTEST_ARGS)
+	SHOAL_TEST_BROKER=mochi $(BIN)/pytest $(XDIST) $(MOCHI_CI_TESTS) $(PYTEST_ARGS)
 
 # `shoal sink postgres` tests and `shoal bench sink` run a throwaway server from these binaries
 # (initdb into a temporary folder); nothing is configured or started system-wide by shoal.

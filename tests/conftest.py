@@ -7,13 +7,21 @@ depends on one broker's documented behaviour says so with
 ``@pytest.mark.broker_quirk("mosquitto", reason=...)``: on another broker it runs as a strict
 xfail (it must fail there; if it starts passing, the marker is stale), or with
 ``run=False`` it is skipped, reason shown, when running it there makes no sense.
+
+``make test`` runs the suite on several pytest-xdist workers. Every test
+starts its own broker on a free port in its own temporary folder, so tests run side by side;
+a test that uses a module-scoped fixture (a secure broker, a browser, a PostgreSQL server) is
+kept on one worker with the rest of its module, so that the fixture is made once.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,6 +72,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
             else:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's load scheduling, with each module that has a module-scoped fixture as one unit.
+
+    (``--dist loadgroup`` cannot do it with pytest 9.2: xdist 3.8 renames the items to group
+    them, which pytest 9.2 no longer allows.) The scheduler sees node ids only, so the modules
+    are found by their source: one that defines ``scope="module"`` or uses the PostgreSQL
+    server of tests/support/postgres.py."""
+    from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415 - only under xdist
+
+    if config.getvalue("dist") != "load":
+        return None  # another --dist asked for
+    grouped = {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "tests").rglob("test_*.py")
+        if _MODULE_FIXTURE.search(path.read_text(encoding="utf-8"))
+    }
+
+    class ModuleUnits(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in grouped else nodeid
+
+    return ModuleUnits(config, log)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+_MODULE_FIXTURE = re.compile(r'scope="module"|tests\.support\.postgres import')
 
 
 @pytest.fixture

@@ -191,9 +191,10 @@ class InProcessPipeline:
         self.combiners[partition] = fresh
         self.tasks[index] = asyncio.create_task(fresh.run())
 
-    async def finish(self, batches: list[GeneratedBatch]) -> int:
+    async def finish(self, batches: list[GeneratedBatch], seen: Collected | None = None) -> int:
         """Wait until every batch is applied and every window it fills closed, let the last
-        results reach the collector, stop; the common close threshold."""
+        results reach the collector (``seen``: see ``settle``), stop; the common close
+        threshold."""
         last = {
             b.gateway_id: max(x.seq for x in batches if x.gateway_id == b.gateway_id)
             for b in batches
@@ -201,9 +202,30 @@ class InProcessPipeline:
         await self.wait_applied(last)
         max_ts = max(int(b.frame["ts"].max()) for b in batches if b.frame.height)
         threshold = await self.wait_closed_through(max_ts - self.spec.lateness_ms)
-        await asyncio.sleep(0.5)  # the last results travel to the collector
+        await self.settle(seen)
         await self.stop()
         return threshold
+
+    async def settle(
+        self, seen: Collected | None, quiet_s: float = 0.5, timeout_s: float = 30
+    ) -> None:
+        """Let the last results travel to the collector ``seen``: until every publish the
+        combiners started is acknowledged by the broker and nothing new reached the collector
+        for ``quiet_s`` (on a loaded machine the closing partition may still be encoding and
+        publishing). Without a collector: ``quiet_s``."""
+        if seen is None:
+            await asyncio.sleep(quiet_s)
+            return
+        deadline = time.monotonic() + timeout_s
+        count, since = -1, time.monotonic()
+        while time.monotonic() < deadline:
+            now = len(seen.windows) + len(seen.late) + len(seen.alerts)
+            if now != count:
+                count, since = now, time.monotonic()
+            acked = all(f.done() for c in self.combiners for f in c._unacked)
+            if acked and time.monotonic() - since >= quiet_s:
+                return
+            await asyncio.sleep(0.05)
 
     async def crash_worker(self, index: int) -> None:
         """Cancel a worker's task (what it held unacknowledged is redelivered or re-sent)
@@ -429,7 +451,7 @@ async def run_live(
         await publish_batches(
             settings, topics, batches, order, encoding=encoding, session_factory=session_factory
         )
-        threshold = await pipeline.finish(batches)
+        threshold = await pipeline.finish(batches, seen)
     return pipeline, seen, threshold
 
 
@@ -481,7 +503,7 @@ async def run_with_crash(
         try:
             if crash is not None:
                 await pipeline.resend_until_applied(settings, topics, batches, encoding=encoding)
-            threshold = await pipeline.finish(batches)
+            threshold = await pipeline.finish(batches, seen)
         except BaseException:
             with contextlib.suppress(Exception):
                 await pipeline.stop()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 from pathlib import Path
+
+import psutil
 
 from shoal._processes import ChildProcess, connection_args, shoal_argv
 from shoal.broker.settings import BrokerSettings
@@ -59,10 +62,26 @@ def combiner(
 
 
 def run_shoal(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run ``shoal <args>`` to the end; the output is captured, the exit code not checked."""
-    return subprocess.run(
-        shoal_argv(*args), capture_output=True, text=True, timeout=timeout, check=False
-    )
+    """Run ``shoal <args>`` to the end; the output is captured, the exit code not checked.
+
+    On timeout everything it started is killed too (shoal's children run in sessions of their
+    own): a broker or a pipeline left running would take CPU from the tests run next or beside
+    it."""
+    argv = shoal_argv(*args)
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                for child in psutil.Process(process.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        child.kill()
+            process.kill()
+            process.communicate()
+            raise
+    return subprocess.CompletedProcess(argv, process.returncode, out, err)
 
 
 def assert_ran(result: subprocess.CompletedProcess[str]) -> None:
