@@ -386,6 +386,11 @@ func run(configPath string) error {
 	caps.MaximumMessageExpiryInterval = cfg.MaximumMessageExpiry
 	caps.TopicAliasMaximum = cfg.TopicAliasMaximum
 	caps.Compatibilities.ObscureNotAuthorized = cfg.ObscureNotAuthorized
+	// Mochi 2.7.9 copies a PUBLISH's properties into its PUBACK (user properties included);
+	// paho-mqtt then drops the connection, so a worker publishing a dead letter (which names
+	// its reason in user properties) was cut off and reconnected each time. Acks without
+	// properties, as Mosquitto sends them.
+	caps.Compatibilities.NoInheritedPropertiesOnAck = true
 	caps.Compatibilities.RestoreSysInfoOnRestart = cfg.RestoreSysInfoOnRestart
 	caps.MinimumProtocolVersion = 3
 
