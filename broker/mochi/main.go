@@ -441,6 +441,9 @@ func run(configPath string) error {
 	if err := server.AddHook(new(sysWriteHook), nil); err != nil {
 		return err
 	}
+	if err := server.AddHook(&packetIDHook{held: make(map[string]packets.Packet)}, nil); err != nil {
+		return err
+	}
 	will := &willHook{empty: make(map[string]bool)}
 	if err := server.AddHook(will, nil); err != nil {
 		return err

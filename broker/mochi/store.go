@@ -1,6 +1,6 @@
 package main
 
-// Two Mochi 2.7.9 defects shoal's tests ran into, each worked around here (docs/brokers.md).
+// Mochi 2.7.9 defects shoal's tests ran into, each worked around here (docs/brokers.md).
 //
 // boltStore: the bolt storage hook writes a session's in-flight QoS 1 messages without their
 // packet identifier (OnQosPublish leaves storage.Message.PacketID zero; only the record's key,
@@ -19,6 +19,7 @@ package main
 import (
 	"strconv"
 	"strings"
+	"sync"
 
 	mqtt "github.com/mochi-mqtt/server/v2"
 	"github.com/mochi-mqtt/server/v2/hooks/storage"
@@ -82,4 +83,53 @@ func (h *sysWriteHook) OnPacketRead(cl *mqtt.Client, pk packets.Packet) (packets
 // isSysTopic: Mochi's own test for a $SYS topic name (case-insensitive prefix).
 func isSysTopic(topic string) bool {
 	return len(topic) >= len(mqtt.SysPrefix) && strings.EqualFold(topic[:len(mqtt.SysPrefix)], mqtt.SysPrefix)
+}
+
+// packetIDHook: Mochi 2.7.9 refuses a SUBSCRIBE whose packet identifier equals that of a
+// QoS 1 message it holds *for* the client ("packet identifier in use", 0x91), but packet
+// identifiers are per direction in MQTT ([MQTT-2.2.1-3]): a client cannot know which ones the
+// server uses. A session resumed with queued messages then had SUBSCRIBE after SUBSCRIBE
+// refused (shoal's sessions retry three times; a queue of 50 takes up to 50 tries): the
+// adapter and the combiners reconnected in a loop. The hook sets the held message aside for
+// the SUBSCRIBE's check and puts it back as soon as the SUBACK is decided, in the same
+// goroutine (nothing else reads the client's packets meanwhile; the store is not touched).
+type packetIDHook struct {
+	mqtt.HookBase
+	mu   sync.Mutex
+	held map[string]packets.Packet
+}
+
+func (h *packetIDHook) ID() string { return "shoal-packet-ids" }
+
+func (h *packetIDHook) Provides(b byte) bool {
+	return b == mqtt.OnSubscribe || b == mqtt.OnSubscribed
+}
+
+func (h *packetIDHook) OnSubscribe(cl *mqtt.Client, pk packets.Packet) packets.Packet {
+	held, ok := cl.State.Inflight.Get(pk.PacketID)
+	if !ok || held.FixedHeader.Type != packets.Publish {
+		return pk // free, or an inbound QoS 2 exchange: the same direction, a true 0x91
+	}
+	cl.State.Inflight.Delete(pk.PacketID)
+	h.mu.Lock()
+	h.held[cl.ID] = held
+	h.mu.Unlock()
+	return pk
+}
+
+func (h *packetIDHook) OnSubscribed(cl *mqtt.Client, _ packets.Packet, _ []byte) {
+	h.mu.Lock()
+	held, ok := h.held[cl.ID]
+	delete(h.held, cl.ID)
+	h.mu.Unlock()
+	if !ok {
+		return
+	}
+	if _, taken := cl.State.Inflight.Get(held.PacketID); taken {
+		// A new message took the identifier meanwhile (only after 65,535 others): the held
+		// one stays in the store and comes back after a broker restart.
+		h.Log.Warn("held message displaced", "client", cl.ID, "packet_id", held.PacketID)
+		return
+	}
+	cl.State.Inflight.Set(held)
 }
