@@ -108,6 +108,15 @@ func TestRestoredInflightMessagesKeepTheirPacketIdentifiers(t *testing.T) {
 	if !ids[7] || !ids[65535] {
 		t.Fatalf("packet ids restored as %v", ids)
 	}
+	dup := packets.Packet{
+		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1, Dup: true},
+		PacketID:    8,
+		TopicName:   "r/partials/p/0",
+	}
+	store.OnQosPublish(cl, dup, 0, 0) // a re-send: never a new record
+	if again, _ := store.StoredInflightMessages(); len(again) != 2 {
+		t.Fatalf("a re-send was stored: %d messages", len(again))
+	}
 	if packetIDFromKey("IFM_c") != 0 || packetIDFromKey("IFM_c:70000") != 0 {
 		t.Fatal("a key without a valid packet id gave one")
 	}

@@ -32,6 +32,17 @@ type boltStore struct {
 	bolt.Hook
 }
 
+// OnQosPublish stores a message sent for the first time. Mochi calls it again for every
+// message it re-sends to a reconnecting session (DUP set), rewriting the same record (its
+// payload JSON-encoded) before the session can go on: for a combiner with a large queue on a
+// busy machine that took longer than the client waits, and it reconnected in a loop.
+func (h *boltStore) OnQosPublish(cl *mqtt.Client, pk packets.Packet, sent int64, resends int) {
+	if pk.FixedHeader.Type == packets.Publish && pk.FixedHeader.Dup {
+		return // already stored under the same key
+	}
+	h.Hook.OnQosPublish(cl, pk, sent, resends)
+}
+
 // StoredInflightMessages returns the stored in-flight messages, each with its packet id.
 func (h *boltStore) StoredInflightMessages() ([]storage.Message, error) {
 	messages, err := h.Hook.StoredInflightMessages()
