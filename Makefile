@@ -78,7 +78,7 @@ mosquitto:
 # Go module proxy into Go's module cache; -mod=mod reads go.mod/go.sum as committed.
 GO ?= $(shell command -v go 2>/dev/null || { test -x /usr/local/go/bin/go && echo /usr/local/go/bin/go; })
 MOCHI_BIN := var/bin/shoal-mochi
-MOCHI_SRC := broker/mochi/main.go broker/mochi/go.mod broker/mochi/go.sum
+MOCHI_SRC := $(wildcard broker/mochi/*.go) broker/mochi/go.mod broker/mochi/go.sum
 
 mochi: $(MOCHI_BIN)
 

@@ -10,7 +10,8 @@
 // subscriptions, QoS 1, retained messages, maximum packet size, message expiry,
 // inflight/receive maximum), persistent sessions in a bbolt file, and, when users are
 // given, password authentication and per-user ACL rules with Mosquitto's semantics (a
-// union of grants, everything else denied). SIGHUP re-reads the users from the config
+// union of grants, everything else denied). Workarounds for Mochi 2.7.9 defects shoal found
+// are in store.go and will.go, and in the hooks below. SIGHUP re-reads the users from the config
 // file; SIGTERM/SIGINT close the server (the store is written as it changes).
 package main
 
@@ -385,6 +386,11 @@ func run(configPath string) error {
 	caps.MaximumMessageExpiryInterval = cfg.MaximumMessageExpiry
 	caps.TopicAliasMaximum = cfg.TopicAliasMaximum
 	caps.Compatibilities.ObscureNotAuthorized = cfg.ObscureNotAuthorized
+	// Mochi 2.7.9 copies a PUBLISH's properties into its PUBACK (user properties included);
+	// paho-mqtt then drops the connection, so a worker publishing a dead letter (which names
+	// its reason in user properties) was cut off and reconnected each time. Acks without
+	// properties, as Mosquitto sends them.
+	caps.Compatibilities.NoInheritedPropertiesOnAck = true
 	caps.Compatibilities.RestoreSysInfoOnRestart = cfg.RestoreSysInfoOnRestart
 	caps.MinimumProtocolVersion = 3
 
@@ -421,7 +427,7 @@ func run(configPath string) error {
 	if cfg.StoreFile != "" {
 		// NoSync: every change is written to the file (the page cache) at once, so a killed
 		// broker loses nothing; only a machine crash can lose the last writes.
-		err := server.AddHook(new(bolt.Hook), &bolt.Options{
+		err := server.AddHook(new(boltStore), &bolt.Options{
 			Path:    cfg.StoreFile,
 			Options: &bbolt.Options{Timeout: 2 * time.Second, NoSync: true},
 		})
@@ -430,6 +436,12 @@ func run(configPath string) error {
 		}
 	}
 	if err := server.AddHook(flow, nil); err != nil {
+		return err
+	}
+	if err := server.AddHook(new(sysWriteHook), nil); err != nil {
+		return err
+	}
+	if err := server.AddHook(&packetIDHook{held: make(map[string]packets.Packet)}, nil); err != nil {
 		return err
 	}
 	will := &willHook{empty: make(map[string]bool)}

@@ -2,7 +2,13 @@ package main
 
 import (
 	"bytes"
+	"log/slog"
+	"path/filepath"
 	"testing"
+
+	mqtt "github.com/mochi-mqtt/server/v2"
+	"github.com/mochi-mqtt/server/v2/hooks/storage/bolt"
+	"github.com/mochi-mqtt/server/v2/packets"
 )
 
 func TestTopicRulesFollowMQTTWildcards(t *testing.T) {
@@ -68,5 +74,53 @@ func TestVarintRoundTrips(t *testing.T) {
 		if got, err := c.varint(); err != nil || got != n {
 			t.Errorf("varint(%d) read back as %d (%v)", n, got, err)
 		}
+	}
+}
+
+func TestRestoredInflightMessagesKeepTheirPacketIdentifiers(t *testing.T) {
+	// Mochi 2.7.9's bolt hook stores in-flight messages without their packet id; a resumed
+	// session could then never be resent its queue (store.go).
+	path := filepath.Join(t.TempDir(), "mochi.db")
+	server := mqtt.New(nil)
+	cl := server.NewClient(nil, "t", "shoal:combiner-0", false)
+	store := new(boltStore)
+	store.SetOpts(slog.Default(), nil)
+	if err := store.Init(&bolt.Options{Path: path}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []uint16{7, 65535} {
+		pk := packets.Packet{
+			FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1},
+			PacketID:    id,
+			TopicName:   "r/partials/p/0",
+			Payload:     []byte("partial"),
+		}
+		store.OnQosPublish(cl, pk, 0, 0)
+	}
+	got, err := store.StoredInflightMessages()
+	if err != nil || len(got) != 2 {
+		t.Fatalf("stored %d messages (%v)", len(got), err)
+	}
+	ids := map[uint16]bool{}
+	for _, m := range got {
+		ids[m.ToPacket().PacketID] = true
+	}
+	if !ids[7] || !ids[65535] {
+		t.Fatalf("packet ids restored as %v", ids)
+	}
+	dup := packets.Packet{
+		FixedHeader: packets.FixedHeader{Type: packets.Publish, Qos: 1, Dup: true},
+		PacketID:    8,
+		TopicName:   "r/partials/p/0",
+	}
+	store.OnQosPublish(cl, dup, 0, 0) // a re-send: never a new record
+	if again, _ := store.StoredInflightMessages(); len(again) != 2 {
+		t.Fatalf("a re-send was stored: %d messages", len(again))
+	}
+	if packetIDFromKey("IFM_c") != 0 || packetIDFromKey("IFM_c:70000") != 0 {
+		t.Fatal("a key without a valid packet id gave one")
+	}
+	if err := store.Stop(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -61,6 +61,45 @@ def test_restart_keeps_port_and_retained_state(broker: EmbeddedBroker) -> None:
     assert asyncio.run(asyncio.wait_for(read_retained(), 10)) == b"kept"
 
 
+def test_a_persistent_session_gets_its_queue_back_after_a_restart(broker: EmbeddedBroker) -> None:
+    """Messages delivered but never acknowledged, and messages queued while the client was
+    away, reach a persistent session that reconnects to the restarted broker (a combiner
+    after a broker restart). Mochi 2.7.9 stored them without packet ids and closed every
+    such reconnect right after CONNACK (docs/brokers.md, fixed in shoal-mochi)."""
+    topic = "probe/partials/0"
+    persistent = {"clean_start": False, "session_expiry_s": 300, "manual_ack": True}
+
+    async def first_life() -> None:
+        async with AsyncSession(broker.settings, "c-restart", **persistent) as client:
+            await client.subscribe([topic])
+            async with AsyncSession(broker.settings, unique_client_id("pub")) as pub:
+                for i in range(3):
+                    await pub.publish(topic, b"delivered-%d" % i)
+                got = []
+                async for message in client.messages():  # never acknowledged
+                    got.append(message.payload)
+                    if len(got) == 3:
+                        break
+        async with AsyncSession(broker.settings, unique_client_id("pub")) as pub:
+            for i in range(2):
+                await pub.publish(topic, b"queued-%d" % i)
+
+    async def second_life() -> list[bytes]:
+        got = []
+        async with AsyncSession(broker.settings, "c-restart", **persistent) as client:
+            async for message in client.messages():
+                got.append(message.payload)
+                client.ack(message)
+                if len(got) == 5:
+                    break
+        return got
+
+    asyncio.run(asyncio.wait_for(first_life(), 10))
+    broker.restart()  # SIGTERM: both brokers write their store (a kill -9: see test_faults)
+    got = asyncio.run(asyncio.wait_for(second_life(), 10))
+    assert sorted(got) == [b"delivered-0", b"delivered-1", b"delivered-2", b"queued-0", b"queued-1"]
+
+
 def test_kill_and_start_again(broker: EmbeddedBroker) -> None:
     pid = broker.pid
     broker.kill()

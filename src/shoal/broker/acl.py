@@ -107,8 +107,10 @@ def worker_rules(pipeline: str | None, inputs: Iterable[str], topics: Topics) ->
         Rule("readwrite", topics.control("+")),
     ]
     if pipeline is None:
+        # The documents it serves, and the pool combiners' presence (it drops an older version
+        # once no partition computes it). Mosquitto grants a SUBSCRIBE without a read rule and
+        # stays silent; Mochi refuses it, and the pool worker could not start at all.
         rules.append(Rule("read", topics.pipeline_documents()))
-        # Which versions the pool combiners still hold open (partials for each).
         rules.append(Rule("read", topics.pool_combiners()))
     return rules
 

@@ -1,7 +1,8 @@
 """What ``shoal pipeline`` does on the wire: send a request and wait for its result; read documents.
 
 ``request`` subscribes to its own reply topic, publishes the request (QoS 1: a user the
-broker's ACL does not allow gets PUBACK "not authorized", reported as ``not_authorized``),
+broker's ACL does not allow gets PUBACK "not authorized", reported as ``not_authorized``; so
+is a refused reply subscription, which some brokers answer where Mosquitto grants and filters),
 and waits for the result with the request's id, or raises ``ControlError`` (``timeout``)
 when no control plane answers. ``documents`` reads the retained pipeline documents, with a
 marker to its own control topic to know when all of them have arrived. ``served`` waits
@@ -62,21 +63,36 @@ class ControlClient:
             BrokerError: the broker cannot be reached.
         """
         client = unique_client_id("shoal-pipeline")
+        user = self.settings.username or "(anonymous)"
         async with self.session_factory(self.settings, client) as session:
-            await session.subscribe([self.topics.pipeline_reply(client)], qos=1)
+            # A broker may refuse the reply subscription of a user who may not read it (Mochi
+            # does; Mosquitto grants it and delivers nothing): the publish still tells whether
+            # the user may write requests, which is what an operator needs to hear first.
+            unread: BrokerError | None = None
+            try:
+                await session.subscribe([self.topics.pipeline_reply(client)], qos=1)
+            except BrokerError as exc:
+                if not _not_authorized(exc):
+                    raise
+                unread = exc
             try:
                 await session.publish(
                     self.topics.pipeline_request(client), request.to_json(), qos=1
                 )
             except BrokerError as exc:
-                if "authori" in str(exc).lower():
-                    user = self.settings.username or "(anonymous)"
+                if _not_authorized(exc):
                     raise ControlError(
                         f"the broker refused the request: user {user} may not write the "
                         "control topics (admin role only)",
                         reason="not_authorized",
                     ) from exc
                 raise
+            if unread is not None:
+                raise ControlError(
+                    f"the broker refused the reply subscription: user {user} may not read "
+                    "the control topics (admin role only); the request was sent",
+                    reason="not_authorized",
+                ) from unread
             with _deadline(self.timeout_s) as stop:
                 async for message in session.messages_until(stop):
                     result = Result.from_json(message.payload)
@@ -292,6 +308,11 @@ def _beat(payload: bytes) -> tuple[str, str] | None:
     if body.get("state") != "gone" and not isinstance(body.get("serving"), dict):
         return None  # a pinned worker
     return str(body.get("id")), str(body.get("state"))
+
+
+def _not_authorized(exc: BrokerError) -> bool:
+    """Whether the broker refused a publish or subscribe as not authorized (0x87)."""
+    return "authori" in str(exc).lower()
 
 
 @contextlib.contextmanager

@@ -76,6 +76,8 @@ STREAM: Final = "chaos"
 PREFIXES: Final = {"base": "base-gw", "probe": "probe-gw", "burst": "burst-gw"}
 LATE_BY_MS: Final = 5_000
 """How far back late rows are stamped: past their windows' close, within the allowance."""
+START_TIMEOUT_S: Final = 60.0
+"""How long a probe or burst simulator may take to start (to import shoal, on a busy machine)."""
 BURST_SENSORS: Final = 2_000
 """Sensors per gateway of the probe and burst simulators (their rate is set per run)."""
 
@@ -407,7 +409,7 @@ class ChaosRun:
         )
         # Measure from the moment a backlog exists (the simulator has started and outruns
         # the pipeline) for probe_s seconds, on the combiner's clock.
-        start = await self._until_backlog(15.0)
+        start = await self._until_backlog("probe", 15.0)
         await asyncio.sleep(cfg.probe_s)
         end = self._now()
         await self._stop(simulator)
@@ -424,13 +426,23 @@ class ChaosRun:
         phase.details["drained_after_s"] = None if drained is None else round(drained - end, 1)
         phase.end = self._now()
 
-    async def _until_backlog(self, timeout_s: float) -> float:
-        """Wait until a few batches are waiting (the probe load has arrived); returns then."""
+    async def _until_backlog(self, kind: str, timeout_s: float) -> float:
+        """Wait until the ``kind`` simulator runs and a few batches wait; returns then.
+
+        Running: one of its gateways has announced itself. A backlog alone does not say so
+        (kills leave one behind), and a simulator stopped while Python still imports it
+        (seconds on a loaded machine) seals nothing and writes no report, so the run could
+        not account for it. It may take up to ``START_TIMEOUT_S`` to start.
+        """
         limit = max(self.config.base_rate, 10 * self.config.batch)
+        started = time.monotonic() + START_TIMEOUT_S
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.local.monitor.snapshot().lag_rows > limit:
-                break
+        while time.monotonic() < max(deadline, started):
+            snap = self.local.monitor.snapshot()
+            if any(g.gateway_id.startswith(PREFIXES[kind]) for g in snap.lag):
+                started = 0.0
+                if snap.lag_rows > limit or time.monotonic() >= deadline:
+                    break
             await asyncio.sleep(0.25)
         return self._now()
 
@@ -455,7 +467,7 @@ class ChaosRun:
         simulator = self._simulator(
             "burst", BURST_SENSORS, burst_rate / (2 * BURST_SENSORS), cfg.overload_s + 20.0
         )
-        start = await self._until_backlog(15.0)
+        start = await self._until_backlog("burst", 15.0)
         await asyncio.sleep(cfg.overload_s)
         end = self._now()
         await self._stop(simulator)

@@ -65,6 +65,8 @@ def test_every_rule_covers_the_topics_the_components_use() -> None:
     assert allowed(pool, "write", ROOT.partials("q", 5))
     assert allowed(pool, "write", ROOT.deadletter("q"))
     assert allowed(pool, "read", ROOT.pipeline_document("q"))
+    assert allowed(pool, "read", ROOT.pool_combiner("pc-1"))  # drops versions nobody computes
+    assert not allowed(Role.worker("q"), "read", ROOT.pool_combiner("pc-1"))
     assert allowed(pool, "read", ROOT.ingest("plant", "gw"))
     assert not allowed(pool, "write", ROOT.pipeline_document("q"))
     assert not allowed(pool, "read", ROOT.pipeline_request("admin-1"))
