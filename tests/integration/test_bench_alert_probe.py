@@ -15,6 +15,17 @@ from shoal.schemas.topics import Topics
 from tests.support.alert_messages import alert_message, result_message
 
 
+async def _two_windows(combiner: AsyncSession, topics: Topics) -> None:
+    """Two window results, each followed 2 ms later (combiner clock) by its transition."""
+    for start, state in ((0, "firing"), (1000, "resolved")):
+        await combiner.publish(topics.results("p"), result_message(start, 5_000 + start))
+        await combiner.publish(
+            topics.alert("p", "spike", "s1"),
+            alert_message(start, 5_002 + start, state),
+            retain=True,
+        )
+
+
 @pytest.mark.timeout(60)
 def test_probe_times_each_alert_after_its_result_and_skips_retained_ones(
     broker: EmbeddedBroker, topics: Topics
@@ -32,13 +43,7 @@ def test_probe_times_each_alert_after_its_result_and_skips_retained_ones(
             task = asyncio.create_task(probe.run(watcher))
             await asyncio.sleep(0.5)
             since = time.monotonic()
-            for start, state in ((0, "firing"), (1000, "resolved")):
-                await combiner.publish(topics.results("p"), result_message(start, 5_000 + start))
-                await combiner.publish(
-                    topics.alert("p", "spike", "s1"),
-                    alert_message(start, 5_002 + start, state),
-                    retain=True,
-                )
+            await _two_windows(combiner, topics)
             for _ in range(200):  # up to 10 s
                 if len(probe.alerts) >= 2:
                     break
@@ -76,13 +81,7 @@ def test_the_probe_in_its_own_process_stores_the_same(
             )
             await probe.start()
             since = time.monotonic()
-            for start, state in ((0, "firing"), (1000, "resolved")):
-                await combiner.publish(topics.results("p"), result_message(start, 5_000 + start))
-                await combiner.publish(
-                    topics.alert("p", "spike", "s1"),
-                    alert_message(start, 5_002 + start, state),
-                    retain=True,
-                )
+            await _two_windows(combiner, topics)
             await asyncio.sleep(1.0)
             until = time.monotonic()
             return await probe.finish(), since, until
