@@ -29,21 +29,14 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from multiprocessing.synchronize import Event
+from typing import Any
 
 import orjson
 
 from shoal.broker import AsyncSession, BrokerSettings
 from shoal.broker.session import Session
 from shoal.schemas.topics import Topics
-
-
-class EventLike(Protocol):
-    """A ``multiprocessing`` event, as the probe process uses it."""
-
-    def set(self) -> None: ...  # noqa: D102
-    def wait(self, timeout: float | None = None) -> bool: ...  # noqa: D102
-
 
 Received = tuple[float, bytes]
 """(monotonic seconds when received, payload)."""
@@ -188,8 +181,8 @@ def _probe_main(  # noqa: PLR0917 - the process's whole context, passed once
     probe: AlertProbe,
     settings: BrokerSettings,
     client_id: str,
-    stop_event: EventLike,
-    ready: EventLike,
+    stop_event: Event,
+    ready: Event,
     send: Connection,
 ) -> None:
     """The probe process: subscribe, store until told to stop, send what was stored."""

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -76,6 +76,19 @@ ROW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
 """Column types of held rows: 36 bytes a row (key ids < 2**24, rows in a batch < 2**31)."""
 
 
+_Columns = TypeVar("_Columns", "_Rows", "_Entries")
+"""A dataclass of equally long numpy columns."""
+
+
+def _concat_columns(cls: type[_Columns], parts: list[_Columns]) -> _Columns:
+    """Column by column, every row of ``parts`` in order (none: ``cls.empty()``)."""
+    if not parts:
+        return cls.empty()
+    if len(parts) == 1:
+        return parts[0]
+    return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
+
+
 @dataclass(frozen=True, slots=True)
 class _Rows:
     """Rows as parallel columns: key id, event time, gateway id, seq, row in batch, value."""
@@ -102,11 +115,7 @@ class _Rows:
     @classmethod
     def concat(cls, parts: list[_Rows]) -> _Rows:
         """All rows of ``parts``, in order."""
-        if not parts:
-            return cls.empty()
-        if len(parts) == 1:
-            return parts[0]
-        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
+        return _concat_columns(cls, parts)
 
     def pack(self) -> dict[str, bytes]:
         """Raw little-endian buffers (checkpoints)."""
@@ -148,11 +157,7 @@ class _Entries:
     @classmethod
     def concat(cls, parts: list[_Entries]) -> _Entries:
         """All entries of ``parts``."""
-        if not parts:
-            return cls.empty()
-        if len(parts) == 1:
-            return parts[0]
-        return cls(*(np.concatenate([getattr(p, n) for p in parts]) for n in ("key", "a", "b")))
+        return _concat_columns(cls, parts)
 
     def pack(self) -> list[bytes]:
         """Raw little-endian buffers (checkpoints)."""
