@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import numpy as np
+import numpy.typing as npt
 import polars as pl
 
 from shoal.errors import ConfigError, FunctionError
@@ -125,27 +126,20 @@ class RowRules:
         out = frame
         for step in self._derive:
             out = out.with_columns(step.evaluate(out) if isinstance(step, _UdfStep) else step)
-        keep: pl.Series | None = None
-        invalid = 0
+        valid = None
         if self.derives("value"):  # a derived value is checked finite per row
             value = out.get_column("value")
-            keep = value.is_not_null() & value.is_finite().fill_null(value=False)
-            invalid = out.height - int(keep.sum())
-        filtered = 0
+            valid = (value.is_not_null() & value.is_finite().fill_null(value=False)).to_numpy()
+        passing = None
         if self._where is not None:
             passing = (
                 self._where.evaluate(out).fill_null(value=False)
                 if isinstance(self._where, UdfCall)
                 else out.select(self._where.fill_null(value=False)).to_series()
-            )
-            both = passing if keep is None else keep & passing
-            filtered = out.height - invalid - int(both.sum())
-            keep = both
+            ).to_numpy()
         if columns is not None:
             out = out.select(n for n in out.columns if n in columns)
-        if keep is None or filtered + invalid == 0:
-            return RowsKept(out, filtered, invalid, None)
-        return RowsKept(out.filter(keep), filtered, invalid, keep)
+        return _kept(out, valid, passing)
 
     def _apply_plan(self, frame: pl.DataFrame, columns: Collection[str] | None) -> RowsKept:
         """``apply`` for a stage of SQL expressions only, without per-step Series operations.
@@ -175,15 +169,25 @@ class RowRules:
             return RowsKept(out, 0, 0, None)
         masks = [out.get_column(name).to_numpy() for name in names]
         out = pl.DataFrame([out.get_column(n) for n in out.columns[: -len(names)]])
-        valid = masks[0] if self.derives("value") else None
-        invalid = 0 if valid is None else out.height - int(np.count_nonzero(valid))
-        keep = masks[0] if len(masks) == 1 else masks[0] & masks[1]
-        kept = int(np.count_nonzero(keep))
-        filtered = out.height - invalid - kept
-        if kept == out.height:
-            return RowsKept(out, filtered, invalid, None)
-        mask = pl.Series(keep)
-        return RowsKept(out.filter(mask), filtered, invalid, mask)
+        valid = masks.pop(0) if self.derives("value") else None
+        return _kept(out, valid, masks[0] if masks else None)
+
+
+def _kept(
+    out: pl.DataFrame, valid: npt.NDArray[np.bool_] | None, passing: npt.NDArray[np.bool_] | None
+) -> RowsKept:
+    """The rows of ``out`` whose value is valid and that pass ``where`` (None: all), counted."""
+    invalid = 0 if valid is None else out.height - int(np.count_nonzero(valid))
+    if valid is None and passing is None:
+        return RowsKept(out, 0, invalid, None)
+    keep = passing if valid is None else valid if passing is None else valid & passing
+    assert keep is not None
+    kept = int(np.count_nonzero(keep))
+    filtered = out.height - invalid - kept
+    if kept == out.height:
+        return RowsKept(out, filtered, invalid, None)
+    mask = pl.Series(keep)
+    return RowsKept(out.filter(mask), filtered, invalid, mask)
 
 
 @dataclass(frozen=True, slots=True)
