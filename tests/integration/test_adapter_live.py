@@ -376,6 +376,9 @@ def test_sigterm_while_the_broker_is_down_exits_at_once_and_a_restart_loses_noth
             assert "unconfirmed" in log, log[-3000:]
             assert "stay in the spool" in log, log[-3000:]
             broker.start()
+            # The confirmer subscribed again before the adapter re-sends its spool (re-sends
+            # published while no one subscribes to ingest reach nobody: seen in CI).
+            assert confirmer.session.wait_connected(15), "the confirmer did not reconnect"
             adapter = _start_adapter(broker, topics, mapping, "ad-stop", tmp_path, 1)
             procs.append(adapter)
             _wait_subscribed(tmp_path, ["ad-stop-1"])
