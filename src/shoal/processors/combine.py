@@ -148,9 +148,12 @@ class Step:
     ``replayed``: closes re-taken from the close log after a restore (published before
     ``closed``, in order). ``over_cap``: partials refused because applying them could grow
     the state beyond ``max_state_cells``, each with its error (the runtime dead-letters them).
+    ``sealed_at_ms``: the gateway seal time of each applied batch (0 when it carried none),
+    whichever message unblocked it: the runtime measures apply latency from these.
     """
 
     applied: int = 0
+    sealed_at_ms: list[int] = field(default_factory=list)
     late: list[LateRows] = field(default_factory=list)
     closed: ClosedWindows | None = None
     replayed: list[ClosedWindows] = field(default_factory=list)
@@ -287,6 +290,7 @@ class Combiner:
             return
         late = self._apply(partial, now)
         step.applied += 1
+        step.sealed_at_ms.append(partial.batch.sent_at_ms)
         if late is not None:
             step.late.append(late)
 

@@ -468,8 +468,7 @@ class CombinerRuntime:
                 received_ms - partial.produced_at_ms,
                 now - received_ms,
             )
-        if any(step.applied for _, step in steps) and partial.batch.sent_at_ms:
-            self.apply_latency.add(now - partial.batch.sent_at_ms)
+        self._note_applied(steps, now)
         closing_since = self.clock.monotonic()
         closes = self.chain.close_ready(now)
         self._write_log()  # the closes decided, before anything they decide is published
@@ -477,6 +476,17 @@ class CombinerRuntime:
             self._publish_step(session, stage, step)
         for stage, closed in closes:
             self._emit(session, stage, closed, closing_since)
+
+    def _note_applied(self, steps: list[tuple[Stage, Step]], now: int) -> None:
+        """Apply latency of each batch applied, whichever message unblocked it.
+
+        Every open version applies every batch (its own or a stand-in): one stage's list counts
+        each batch once.
+        """
+        sealed = max((step.sealed_at_ms for _, step in steps), key=len, default=[])
+        for at in sealed:
+            if at:
+                self.apply_latency.add(now - at)
 
     def _on_status(self, session: Session, message: Message) -> None:
         if not message.payload:
@@ -490,6 +500,7 @@ class CombinerRuntime:
         if not any(topic_matches(f, ingest) for f in self._inputs):
             return  # a gateway of a stream this pipeline does not read
         steps = self.chain.receive_status(status)
+        self._note_applied(steps, self.clock.now_ms())
         self._write_log()
         for stage, step in steps:
             self._publish_step(session, stage, step)
@@ -846,6 +857,7 @@ class CombinerRuntime:
             since = self.clock.monotonic()
             abandoned = self._replays_abandoned()
             steps = self.chain.tick()
+            self._note_applied(steps, self.clock.now_ms())
             self._write_log()
             if self._replays_abandoned() > abandoned:
                 log.warning(

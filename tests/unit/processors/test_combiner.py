@@ -349,6 +349,23 @@ def test_gateway_without_status_starts_after_the_grace_time() -> None:
     assert h.combiner.counters.rows_applied == 2
 
 
+def test_each_applied_batch_carries_its_seal_time_whichever_message_unblocked_it() -> None:
+    # Apply latency is measured from these: a batch held for its gateway's status and applied
+    # when the status comes counts as much as one applied on arrival.
+    h = Harness()
+
+    def sealed_at(seq: int, at: int) -> Partial:
+        partial = h.partial("g", seq, [("k", 1_000 + seq, 1.0)])
+        return dataclasses.replace(partial, batch=dataclasses.replace(partial.batch, sent_at_ms=at))
+
+    assert h.combiner.receive(sealed_at(4, 111)).sealed_at_ms == []  # held: no status yet
+    assert h.combiner.receive(sealed_at(5, 222)).sealed_at_ms == []
+    step = h.announce("g", first=4, next_seq=6)
+    assert step.applied == 2
+    assert step.sealed_at_ms == [111, 222]
+    assert h.combiner.receive(sealed_at(6, 333)).sealed_at_ms == [333]
+
+
 # -- refusals, rejections, duplicates ----------------------------------------------------------
 
 
