@@ -26,6 +26,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from shoal.broker._paho_glue import (
     NO_DELAY,
+    adopt_send_quota,
     connect_properties,
     message_properties,
     only_packet_id_in_use,
@@ -133,6 +134,8 @@ class AsyncSession(SessionBase):
         ) -> None:
             if props is not None:
                 self._max_packet_size = getattr(props, "MaximumPacketSize", None)
+            if not reason_failed(reason):
+                adopt_send_quota(client, props)
             on_connect(client, userdata, flags, reason, props)
 
         def publish_hook(
@@ -200,6 +203,14 @@ class AsyncSession(SessionBase):
     def max_packet_size(self) -> int | None:
         """The broker's Maximum Packet Size from CONNACK (None: the broker set no limit)."""
         return self._max_packet_size
+
+    @property
+    def send_quota(self) -> int | None:
+        """QoS 1 publishes kept unacknowledged at once (None before the first connection).
+
+        The broker's CONNACK Receive Maximum (``adopt_send_quota``).
+        """
+        return None if self._paho_obj is None else self._paho_obj.max_inflight_messages
 
     async def subscribe(
         self,

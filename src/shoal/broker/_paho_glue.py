@@ -31,6 +31,27 @@ def no_delay(client: paho.Client, userdata: Any, sock: Any) -> None:
         sock.setsockopt(*NO_DELAY)
 
 
+RECEIVE_MAXIMUM_ABSENT: Final = 65_535
+"""A CONNACK without Receive Maximum allows 65,535 unacknowledged QoS > 0 publishes (MQTT 5,
+3.2.2.3.3)."""
+
+
+def adopt_send_quota(client: paho.Client, props: Properties | None) -> int:
+    """Keep as many QoS 1 publishes unacknowledged as the broker's CONNACK allows; the quota.
+
+    The broker announces in its CONNACK how many QoS > 0 publishes it takes at once (its
+    Receive Maximum; Mosquitto's is ``max_inflight_messages``). paho keeps its own default of 20
+    otherwise, and its setter refuses any change on an open connection, though paho reads the
+    limit afresh before every send: so it is set here, from the CONNACK, in the ``on_connect``
+    callback, which paho calls before it sends anything queued. With 20, a combiner's window of
+    1,000 retained per-key results took 50 round trips to leave and the alerts queued behind
+    them reached a dashboard 40-65 ms after the window (docs/benchmarks.md, "Alert latency").
+    """
+    quota = getattr(props, "ReceiveMaximum", None) if props is not None else None
+    client._max_inflight_messages = int(quota) if quota else RECEIVE_MAXIMUM_ABSENT
+    return client.max_inflight_messages
+
+
 def connect_properties(session_expiry_s: int, receive_maximum: int | None = None) -> Properties:
     """CONNECT properties: session expiry and, if given, our Receive Maximum."""
     props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]

@@ -12,6 +12,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 
 from shoal.broker._paho_glue import (
+    adopt_send_quota,
     connect_properties,
     message_from_paho,
     no_delay,
@@ -97,7 +98,6 @@ class ThreadedSession:
         if will is not None:
             self._client.will_set(will.topic, will.payload, will.qos, will.retain)
         self._client.reconnect_delay_set(min_delay=1, max_delay=5)
-        self._client.max_inflight_messages_set(100)
         self._session_expiry_s = session_expiry_s
         self._client.on_connect = self._handle_connect
         self._client.on_disconnect = self._handle_disconnect
@@ -115,6 +115,11 @@ class ThreadedSession:
     def max_packet_size(self) -> int | None:
         """The broker's Maximum Packet Size from the last CONNACK."""
         return self._max_packet_size
+
+    @property
+    def send_quota(self) -> int:
+        """QoS 1 publishes kept unacknowledged at once: the last CONNACK's Receive Maximum."""
+        return self._client.max_inflight_messages
 
     def start(self) -> None:
         """Start connecting in the background (returns at once)."""
@@ -195,6 +200,7 @@ class ThreadedSession:
             log.warning("broker %s refused the connection: %s", self.settings.url, reason)
             return
         self._max_packet_size = getattr(props, "MaximumPacketSize", None) if props else None
+        adopt_send_quota(client, props)
         self._connected.set()
         if self._on_connect is not None:
             self._on_connect(self)
