@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
 from shoal.broker import AsyncSession
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.session import unique_client_id
-from shoal.loadtest.alert_latency import AlertProbe, ProbeProcess, alert_after_result, stop
+from shoal.loadtest.alert_latency import (
+    AlertProbe,
+    ProbeProcess,
+    RecorderProbe,
+    alert_after_result,
+    stop,
+)
 from shoal.schemas.topics import Topics
 from tests.support.alert_messages import alert_message, result_message
 
@@ -67,14 +74,23 @@ def test_probe_times_each_alert_after_its_result_and_skips_retained_ones(
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["paho", "mosquitto_sub"])
 def test_the_probe_in_its_own_process_stores_the_same(
-    broker: EmbeddedBroker, topics: Topics
+    broker: EmbeddedBroker, topics: Topics, tmp_path: Path, kind: str
 ) -> None:
-    """``ProbeProcess`` (what the bench runs): subscribed before ``start`` returns, and
-    ``finish`` brings back what the child stored, with receive times on this clock."""
+    """``ProbeProcess`` and ``RecorderProbe`` (what the bench runs): subscribed before
+    ``start`` returns, and ``finish`` brings back what the other process stored, with receive
+    times on this clock."""
 
     async def scenario() -> tuple[AlertProbe, float, float]:
-        probe = ProbeProcess(AlertProbe("p", topics), broker.settings, unique_client_id("probe"))
+        inner = AlertProbe("p", topics)
+        client_id = unique_client_id("probe")
+        probe: ProbeProcess | RecorderProbe = (
+            ProbeProcess(inner, broker.settings, client_id)
+            if kind == "paho"
+            else RecorderProbe(inner, broker.settings, client_id, tmp_path / "probe.txt")
+        )
+        assert probe.kind == kind
         async with AsyncSession(broker.settings, unique_client_id("test-combiner")) as combiner:
             await combiner.publish(
                 topics.alert("p", "spike", "s0"), alert_message(-1000, 1), retain=True

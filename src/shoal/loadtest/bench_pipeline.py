@@ -27,8 +27,14 @@ import orjson
 import polars as pl
 import psutil
 
+from shoal.broker.recorder import available as recorder_available
 from shoal.broker.session import Session, unique_client_id
-from shoal.loadtest.alert_latency import AlertProbe, ProbeProcess, alert_after_result
+from shoal.loadtest.alert_latency import (
+    AlertProbe,
+    ProbeProcess,
+    RecorderProbe,
+    alert_after_result,
+)
 from shoal.loadtest.bench_limit import compute_limit
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime.local import SIMULATOR_CONFIRM_WAIT_S, LocalPipeline, LocalPipelineConfig
@@ -128,6 +134,15 @@ def _run_pipeline(config: PipelineBenchConfig, progress: TextIO | None) -> dict[
         local.stop()
 
 
+def _alert_probe(probe: AlertProbe, local: LocalPipeline) -> RecorderProbe | ProbeProcess:
+    """The subscriber that times alerts: ``mosquitto_sub`` when installed, else paho's."""
+    settings = local.credentials("admin")
+    client_id = unique_client_id("shoal-bench-alerts")
+    if recorder_available() and settings.tls is None:
+        return RecorderProbe(probe, settings, client_id, local.run_dir / "alert-probe.txt")
+    return ProbeProcess(probe, settings, client_id)
+
+
 async def _measure(
     local: LocalPipeline, config: PipelineBenchConfig, progress: TextIO | None
 ) -> dict[str, Any]:
@@ -136,10 +151,10 @@ async def _measure(
     probe = AlertProbe(config.spec.name, local.topics) if config.spec.alerts else None
     async with contextlib.AsyncExitStack() as stack:
         session = await stack.enter_async_context(local.watching())
+        probe_kind = None
         if probe is not None:
-            probe_process = ProbeProcess(
-                probe, local.credentials("admin"), unique_client_id("shoal-bench-alerts")
-            )
+            probe_process = _alert_probe(probe, local)
+            probe_kind = probe_process.kind
             await probe_process.start()
             stack.push_async_callback(probe_process.finish)
         await asyncio.sleep(1.5)
@@ -217,6 +232,7 @@ async def _measure(
         else {
             **alert_after_result(probe.results, probe.alerts, since=measured[0], until=measured[1]),
             "retained_ignored": probe.retained_alerts,
+            "probe": probe_kind,
         }
     )
     apply_latency = _worst(combiners, "apply_latency_ms")
@@ -512,7 +528,8 @@ def alert_lines(alerts: dict[str, Any] | None) -> list[str]:
     if alerts is None:
         return []
     lines = []
-    for name, label in (("received", "at the subscriber"), ("emitted", "combiner clock")):
+    subscriber = f"at {alerts['probe']}" if alerts.get("probe") else "at the subscriber"
+    for name, label in (("received", subscriber), ("emitted", "combiner clock")):
         figure = alerts.get(name)
         if figure:
             lines.append(
