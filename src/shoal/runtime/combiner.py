@@ -476,6 +476,7 @@ class CombinerRuntime:
             self._publish_step(session, stage, step)
         for stage, closed in closes:
             self._emit(session, stage, closed, closing_since)
+        self._report_function_failures(session)
 
     def _note_applied(self, steps: list[tuple[Stage, Step]], now: int) -> None:
         """Apply latency of each batch applied, whichever message unblocked it.
@@ -571,6 +572,36 @@ class CombinerRuntime:
                 self.config.spec.max_state_cells,
                 refused,
             )
+
+    def _report_function_failures(self, session: Session) -> None:
+        """Dead-letter the UDAF calls that failed here since the last look (one per reason).
+
+        The failure's state is NaN already (``processors.user_aggregates``): the windows it
+        merged into publish that aggregate as null. The record has no payload (no input
+        message failed: a merge or a finalize did); its error says which function, why and
+        how many calls.
+        """
+        for stage in self.chain.stages:
+            guard = stage.core.functions
+            if guard is None:
+                continue
+            for error, count in guard.take_failures():
+                record = error.as_record()
+                record["calls"] = count
+                record["message"] = (
+                    f"{count} call(s) of the pipeline's aggregate functions failed in combiner "
+                    f"partition {self.config.partition} ({error}); the windows whose state "
+                    "they merged or finalised publish those aggregates as null"
+                )
+                log.warning("combiner %s: %s", self.config.client_id, record["message"])
+                self._deadletter(
+                    session,
+                    self.config.topics.partials(self.config.spec.name, self.config.partition),
+                    None,
+                    b"",
+                    record,
+                    reason=error.reason,
+                )
 
     def _publish_late(self, session: Session, late: LateRows) -> None:
         payload = late_message(
@@ -881,6 +912,7 @@ class CombinerRuntime:
                     stage.version,
                     stage.until_ms,
                 )
+            self._report_function_failures(session)
             self._unacked = [f for f in self._unacked if not f.done() or f.exception() is not None]
             # Merge pending state between messages (incrementally, so it is cheap), so that
             # closing a window finds almost nothing left to merge.
@@ -1054,7 +1086,18 @@ class CombinerRuntime:
             "apply_latency_ms": self.apply_latency.summary(),
             "result_latency_ms": self.result_latency.summary(),
             **asdict(self.core.counters),
+            **({"functions": functions} if (functions := self.functions_health()) else {}),
         }
+
+    def functions_health(self) -> dict[str, dict[str, object]]:
+        """The heartbeat's ``functions``: the pipeline's UDAF calls here (as a worker's).
+
+        The current version's guard (an older version finishing its windows has its own).
+        """
+        guard = self.core.functions
+        if guard is None:
+            return {}
+        return {self.config.spec.name: guard.health.as_dict(guard.degrade_after)}
 
     # -- checkpoints ---------------------------------------------------------------------------
 
