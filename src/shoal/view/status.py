@@ -66,7 +66,7 @@ def _functions(pipeline: str, snap: Snapshot) -> dict[str, Any]:
     ]
     reports = {
         wid: body["functions"][pipeline]
-        for wid, body in sorted(beats)
+        for wid, body in sorted(beats, key=lambda beat: beat[0])
         if isinstance(body.get("functions"), dict) and pipeline in body["functions"]
     }
     if not reports:
