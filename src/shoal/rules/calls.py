@@ -56,11 +56,18 @@ class Call:
         Raises:
             FunctionError: the UDF failed (``Udf.__call__``).
         """
-        names = [f"__SHOAL_ARG_{i}" for i in range(len(self.args))]
-        columns = frame.with_columns(
-            arg.alias(name) for arg, name in zip(self.args, names, strict=True)
-        ).select(names)
-        return self.udf([columns.get_column(n) for n in names]).alias(self.column)
+        computed = {  # a column argument is taken as it is (the common case: no query)
+            f"__SHOAL_ARG_{i}": arg for i, arg in enumerate(self.args) if not arg.meta.is_column()
+        }
+        if computed:
+            frame = frame.with_columns(arg.alias(name) for name, arg in computed.items())
+        series = [
+            frame.get_column(
+                arg.meta.output_name() if arg.meta.is_column() else f"__SHOAL_ARG_{i}"
+            )
+            for i, arg in enumerate(self.args)
+        ]
+        return self.udf(series).alias(self.column)
 
 
 @dataclass(frozen=True, slots=True)
