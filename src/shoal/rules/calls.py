@@ -62,9 +62,7 @@ class Call:
         if computed:
             frame = frame.with_columns(arg.alias(name) for name, arg in computed.items())
         series = [
-            frame.get_column(
-                arg.meta.output_name() if arg.meta.is_column() else f"__SHOAL_ARG_{i}"
-            )
+            frame.get_column(arg.meta.output_name() if arg.meta.is_column() else f"__SHOAL_ARG_{i}")
             for i, arg in enumerate(self.args)
         ]
         return self.udf(series).alias(self.column)
