@@ -39,6 +39,7 @@ from shoal.control.client import ControlClient
 from shoal.control.messages import Request
 from shoal.processors.spec import parse_pipeline
 from shoal.schemas import Encoding, decode_batch
+from shoal.schemas.catalog import json_view
 from shoal.schemas.topics import Topics
 from tests.support.compare import assert_matches_oracle
 from tests.support.control import running_plane
@@ -51,6 +52,7 @@ from tests.support.rules_oracle import (
     rows_of,
     with_attributes,
 )
+from tests.unit.schemas.test_output_contract import validator
 
 pytestmark = pytest.mark.broker
 
@@ -383,6 +385,9 @@ def test_a_hanging_udaf_merge_in_a_combiner(
     joined = got.join(counts, on=["window", "start", "key"], suffix="_want")
     assert (joined["count"] == joined["count_want"]).all()
     assert got["total"].null_count() > 0
+    for raw in seen["hangs"].deadletters:
+        validator("deadletter.schema.json").validate(json_view(raw))
+    validator("metrics-combiner.schema.json").validate(out["beat"])
     records = [msgpack.unpackb(r, raw=False) for r in seen["hangs"].deadletters]
     reasons = {r["error"]["reason"] for r in records}
     assert "function_timeout" in reasons, reasons
