@@ -110,6 +110,8 @@ KEY_SLICE: Final = 250
 """Per-key results built and published per slice, with the event loop free in between."""
 LOCK_TIMEOUT_S: Final = 10.0
 """How long a hosted combiner waits for a deposed owner to finish its last checkpoint write."""
+FUNCTION_REPORT_S: Final = 1.0
+"""How often at most a partition dead-letters its failed UDAF calls (counts add up between)."""
 INTAKE_BYTES: Final = 8 * 2**20
 """Received partials (wire bytes) that may wait to be applied; past it the combiner reads no
 more from the broker until half is applied (``CombinerConfig.intake_bytes``)."""
@@ -227,6 +229,7 @@ class CombinerRuntime:
         its name was deleted while aliases share it) and its aliases' (set by the pool)."""
         self.deposed = False
         """Hosted: the term ended with the connection (taken over, or the broker went away)."""
+        self._function_report_at = -FUNCTION_REPORT_S  # when failed UDAF calls were reported
         if config.state_dir is not None and not config.hosted:
             self._restore(config.state_dir / CHECKPOINT_FILE)
 
@@ -574,13 +577,20 @@ class CombinerRuntime:
             )
 
     def _report_function_failures(self, session: Session) -> None:
-        """Dead-letter the UDAF calls that failed here since the last look (one per reason).
+        """Dead-letter the UDAF calls that failed here since the last report (one per reason).
+
+        At most every ``FUNCTION_REPORT_S``: a function stuck for an hour fails every call
+        at once, and one record a second says as much as ten.
 
         The failure's state is NaN already (``processors.user_aggregates``): the windows it
         merged into publish that aggregate as null. The record has no payload (no input
         message failed: a merge or a finalize did); its error says which function, why and
         how many calls.
         """
+        now = self.clock.monotonic()
+        if now - self._function_report_at < FUNCTION_REPORT_S:
+            return
+        self._function_report_at = now
         for stage in self.chain.stages:
             guard = stage.core.functions
             if guard is None:
