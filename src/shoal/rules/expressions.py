@@ -398,8 +398,8 @@ def _parse_problem(exc: Exception) -> tuple[str, str]:
     if match is None:
         return "bad_expression", line
     return "unknown_function", (
-        f"unknown function {match.group(1)}(): neither polars SQL nor one of the pipeline's "
-        f"UDFs (a [functions.{match.group(1).lower()}] table) ({line})"
+        f"unknown function {match.group(1)}(): not polars SQL, and derive and where call "
+        f"only the pipeline's UDFs (a [functions.{match.group(1).lower()}] table) ({line})"
     )
 
 
