@@ -94,7 +94,14 @@ def user_aggregate(udaf: Udaf) -> Aggregate:
         .map_batches(lambda s: _reference(udaf, s), return_dtype=pl.Float64, returns_scalar=True)
         .alias(udaf.spec.name)
     )
-    return Aggregate(udaf.spec.name, tuple(fields), finalize, reference, exact=False)
+    return Aggregate(
+        udaf.spec.name,
+        tuple(fields),
+        finalize,
+        reference,
+        exact=False,
+        finalize_eager=lambda frame: _finalize_states(udaf, frame.select(columns)),
+    )
 
 
 def _kernel(udaf: Udaf, column: str, *, merging: bool, last: bool) -> Any:
@@ -122,7 +129,11 @@ def _poisoned(udaf: Udaf, column: str, groups: int, exc: FunctionError) -> npt.N
 
 
 def _finalize(udaf: Udaf, struct: pl.Series) -> pl.Series:
-    states = struct.struct.unnest()
+    return _finalize_states(udaf, struct.struct.unnest())
+
+
+def _finalize_states(udaf: Udaf, states: pl.DataFrame) -> pl.Series:
+    """The results of merged state rows (columns in ``udaf.state`` order), null if it fails."""
     states.columns = list(udaf.state)
     try:
         # NaN (undefined, or state a failed merge poisoned) is published as null, as the

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -248,3 +252,47 @@ def test_a_hanging_merge_in_a_combiner_costs_one_budget_and_nulls_its_results() 
     failures = guard.health.as_dict(spec.degrade_after)["failures"]
     assert failures["function_timeout"] >= 1
     assert failures.get("function_stuck", 0) + failures.get("function_degraded", 0) >= 1
+
+
+POOLED_FINALIZE = UDAF.replace(
+    '        return states["s"]',
+    '        return states.with_row_index("i").group_by("i", maintain_order=True).agg(\n'
+    '            pl.col("s").sum()\n'
+    '        )["s"]',
+)
+
+
+def test_a_finalize_that_needs_polars_threads_runs_with_a_pool_of_one(tmp_path: Path) -> None:
+    """A guarded ``finalize`` runs outside polars' evaluation of the result columns: waited for
+    on a polars thread, a finalize using polars' pool (a group_by) waited for a free pool
+    thread until its budget, and with one thread (a one-core device) every result was null."""
+    assert POOLED_FINALIZE != UDAF
+    script = tmp_path / "pool_of_one.py"
+    script.write_text(
+        "import polars as pl\n"
+        "from shoal.processors.spec import parse_pipeline\n"
+        "from tests.support.datasets import make_batches\n"
+        "from tests.support.in_memory import run_in_memory\n"
+        "assert pl.thread_pool_size() == 1\n"
+        f"CODE = {POOLED_FINALIZE!r}\n"
+        "spec = parse_pipeline({'name': 'p', 'windows': [{'size_ms': 1000}],\n"
+        "    'limits': {'max_future_ms': False}, 'aggregates': ['count', 'total'],\n"
+        "    'functions': {'total': {'kind': 'udaf', 'code': CODE, 'entry': 'Total',\n"
+        "                            'budget_ms': 2000}}})\n"
+        "emitted, _, combiners = run_in_memory(spec, make_batches(seed=4, batches_per_gateway=6),\n"
+        "                                      seed=4, workers=2)\n"
+        "assert emitted.height > 0\n"
+        "assert emitted['total'].null_count() == 0, emitted['total'].null_count()\n"
+        "assert combiners[0].functions.health.failures == {}\n"
+    )
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "POLARS_MAX_THREADS": "1", "PYTHONPATH": str(root)}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        check=False,
+        cwd=root,
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
