@@ -2,7 +2,8 @@
 
 Its declared state fields become ``StateField`` columns named ``<udaf>__<field>``, computed
 by kernels that call the user's ``update`` (workers, per batch) and ``merge`` (combiners);
-its ``finalize`` is a polars expression over the merged columns. So a user aggregate travels
+its ``finalize`` is called on the merged columns before the results' columns are selected
+(``Aggregate.finalize_eager``; a polars expression form exists too). So a user aggregate travels
 in partials and checkpoints and merges across workers exactly like a built-in one.
 
 Where each call runs and what a failure does:
