@@ -255,7 +255,7 @@ class CallGuard(_Watchdog):
         probe_s: float = PROBE_S,
     ) -> None:
         super().__init__(budget_s, degrade_after, monotonic, probe_s)
-        self._lock = threading.Lock()  # a finalize runs on a polars thread
+        self._lock = threading.Lock()  # one call at a time, whichever thread asks
         self._unreported: dict[str, tuple[FunctionError, int]] = {}
 
     def call(self, work: Callable[[], T], budget_s: float | None = None) -> T:
