@@ -13,6 +13,9 @@ pipeline list``; the worker process is the one that started (never restarted).
 budget holds back the others' acknowledgements; the guard's fail-fast after ``degrade_after``
 timeouts bounds that, and the healthy pipeline's windows must close within seconds of the
 data's end with no row late (its results equal the oracle's, which counts no row late).
+
+``test_a_hanging_udaf_merge_in_a_combiner``: the same on the combiner's side, a UDAF whose
+``merge`` sleeps for an hour on one pool combiner process beside a healthy pipeline.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from shoal.control.client import ControlClient
 from shoal.control.messages import Request
 from shoal.processors.spec import parse_pipeline
 from shoal.schemas import Encoding, decode_batch
+from shoal.schemas.catalog import json_view
 from shoal.schemas.topics import Topics
 from tests.support.compare import assert_matches_oracle
 from tests.support.control import running_plane
@@ -48,6 +52,7 @@ from tests.support.rules_oracle import (
     rows_of,
     with_attributes,
 )
+from tests.unit.schemas.test_output_contract import validator
 
 pytestmark = pytest.mark.broker
 
@@ -215,3 +220,185 @@ def test_bad_functions_do_not_harm_a_healthy_pipeline_or_the_worker(
 
 def _ids(batches: list[Any]) -> set[tuple[str, int]]:
     return {(b.gateway_id, b.seq) for b in batches}
+
+
+# -- a UDAF whose merge hangs, in a pool combiner process beside a healthy pipeline ----------
+
+SLEEPY = """
+import time
+
+class Total:
+    state = {"s": "float"}
+    def init(self):
+        return {"s": 0.0}
+    def update(self, rows):
+        return rows.group_by("group").agg(s=pl.col("value").sum())
+    def merge(self, states):
+        if states.height > 20:  # the deploy check merges fewer: it passes
+            time.sleep(3600)
+        return states.group_by("group").agg(s=pl.col("s").sum())
+    def finalize(self, states):
+        return states["s"]
+"""
+TUMBLING: dict[str, Any] = {**COMMON, "windows": [{"kind": "tumbling", "size_ms": 2_000}]}
+
+
+@contextlib.asynccontextmanager
+async def heartbeats(settings: Any, topics: Topics) -> Any:
+    """The latest combiner heartbeat per pipeline while the body runs."""
+    from shoal.broker import default_session_factory  # noqa: PLC0415 - test helper only
+
+    latest: dict[str, dict[str, Any]] = {}
+
+    async def listen() -> None:
+        async with default_session_factory()(settings, f"{topics.root}-beats") as session:
+            await session.subscribe([topics.metrics("combiner", "+")], qos=0)
+            async for message in session.messages():
+                body = json.loads(message.payload)
+                latest[str(body["pipeline"])] = body
+
+    task = asyncio.create_task(listen())
+    try:
+        yield latest
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+def test_a_hanging_udaf_merge_in_a_combiner(
+    broker: EmbeddedBroker, topics: Topics, tmp_path: Path
+) -> None:
+    """A UDAF whose merge sleeps for an hour (blocked in C: not interruptible), deployed next
+    to a healthy pipeline (with a UDAF of its own) on one pool combiner process: the healthy
+    results equal the oracle and close on time, the hanging pipeline's windows close too
+    with its aggregate null and its count exact, its failures are dead-lettered and it is
+    degraded (heartbeats, ``shoal pipeline list``), and the combiner process never restarts."""
+    settings = broker.settings
+    healthy_raw = {
+        "name": "healthy",
+        "aggregates": ["count", "mean", "max", "ewm"],
+        "checkpoint_interval_ms": 200,
+        **example_functions(),
+        **COMMON,
+    }
+    hangs_raw = {
+        "name": "hangs",
+        "aggregates": ["count", "total"],
+        "checkpoint_interval_ms": 200,
+        "functions": {
+            "total": {"kind": "udaf", "code": SLEEPY, "entry": "Total", "budget_ms": 100}
+        },
+        "degrade_after": 3,
+        **TUMBLING,
+    }
+    healthy = parse_pipeline(healthy_raw)
+    batches = with_attributes(
+        make_batches(seed=41, gateways=3, batches_per_gateway=20, rows_per_batch=(1, 80)), seed=4
+    )
+    root = connection_args(settings, topics)
+    worker = Component(
+        "pool-worker", shoal_argv("worker", "--id", f"{topics.root}-w", *root), tmp_path / "w.log"
+    )
+    combiner = Component(
+        "pool-combiner",
+        shoal_argv(
+            "combiner", "--id", f"{topics.root}-c", "--state-dir", str(tmp_path / "s"), *root
+        ),
+        tmp_path / "c.log",
+    )
+    end = max(int(b.frame["ts"].max()) for b in batches) - healthy.lateness_ms
+
+    async def scenario() -> dict[str, Any]:
+        control = ControlClient(settings, topics, timeout_s=15)
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(running_plane(settings, topics, SystemClock()))
+            seen = {
+                name: await stack.enter_async_context(collector(settings, topics, name))
+                for name in ("healthy", "hangs")
+            }
+            beats = await stack.enter_async_context(heartbeats(settings, topics))
+            worker.start()
+            combiner.start()
+            pid = combiner.pid
+            for raw in (healthy_raw, hangs_raw):
+                text = tomli_w.dumps(raw, multiline_strings=True)
+                result = await control.request(Request("deploy", raw["name"], spec_toml=text))
+                assert result.ok, result.message
+                assert await control.served(raw["name"], 1)
+                assert await control.owned(raw["name"], 1)
+            await publish_batches(
+                settings,
+                topics,
+                batches,
+                list(range(len(batches))),
+                encoding=Encoding.BINARY_COLUMNAR,
+            )
+            published_at = time.monotonic()
+            closed_s: dict[str, float] = {}
+            deadline = published_at + 60
+            while time.monotonic() < deadline and len(closed_s) < 2:
+                for name in ("healthy", "hangs"):
+                    mark = beats.get(name, {}).get("closed_through")
+                    if name not in closed_s and mark is not None and mark >= end:
+                        closed_s[name] = time.monotonic() - published_at
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(1.5)  # the last results and dead letters travel
+            thresholds = {n: beats[n]["closed_through"] for n in closed_s}
+            health = await control.function_health(2.5)
+            listed = await asyncio.to_thread(
+                run_shoal, "pipeline", "list", "--json", *root, timeout=60
+            )
+            assert combiner.alive()
+            assert combiner.pid == pid
+            assert combiner.starts == 1
+            combiner.stop()
+            worker.stop()
+            return {
+                "seen": seen,
+                "closed_s": closed_s,
+                "thresholds": thresholds,
+                "health": health,
+                "listed": listed,
+                "beat": beats["hangs"],
+            }
+
+    out = asyncio.run(scenario())
+    print(json.dumps({"closed_s": out["closed_s"], "functions": out["beat"].get("functions")}))
+    assert set(out["closed_s"]) == {"healthy", "hangs"}, out["closed_s"]
+    assert out["closed_s"]["healthy"] < 12, out["closed_s"]
+    assert out["closed_s"]["hangs"] < 12, out["closed_s"]
+    seen = out["seen"]
+    want = expected_with_rules(rows_of(batches), healthy)
+    expected = want.published.filter(pl.col("end") <= out["thresholds"]["healthy"])
+    assert expected.height > 0
+    assert_matches_oracle(seen["healthy"].results_frame(), expected, healthy, want.scale)
+    assert not seen["healthy"].deadletters
+    # The hanging pipeline: every window closed, its count exact, its aggregate null where a
+    # failed merge touched the state; the failures dead-lettered (empty payload) and counted.
+    got = seen["hangs"].results_frame().filter(pl.col("end") <= out["thresholds"]["hangs"])
+    plain = {k: v for k, v in hangs_raw.items() if k != "functions"}
+    counts = expected_with_rules(
+        rows_of(batches), parse_pipeline({**plain, "aggregates": ["count"]})
+    ).published.filter(pl.col("end") <= out["thresholds"]["hangs"])
+    assert got.height == counts.height > 0
+    joined = got.join(counts, on=["window", "start", "key"], suffix="_want")
+    assert (joined["count"] == joined["count_want"]).all()
+    assert got["total"].null_count() > 0
+    for raw in seen["hangs"].deadletters:
+        validator("deadletter.schema.json").validate(json_view(raw))
+    validator("metrics-combiner.schema.json").validate(out["beat"])
+    records = [msgpack.unpackb(r, raw=False) for r in seen["hangs"].deadletters]
+    reasons = {r["error"]["reason"] for r in records}
+    assert "function_timeout" in reasons, reasons
+    assert reasons <= {"function_timeout", "function_stuck", "function_degraded"}, reasons
+    assert all(r["payload"] == b"" and r["error"]["calls"] >= 1 for r in records)
+    functions = out["beat"]["functions"]["hangs"]
+    assert functions["failures"]["function_timeout"] >= 1
+    assert functions["degraded"]
+    assert out["health"]["hangs"]["degraded"]
+    assert not out["health"]["healthy"]["degraded"]
+    listed = out["listed"]
+    assert listed.returncode == 0, listed.stderr
+    flags = {p["name"]: p["degraded"] for p in json.loads(listed.stdout)["pipelines"]}
+    assert flags == {"healthy": False, "hangs": True}

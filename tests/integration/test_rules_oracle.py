@@ -25,6 +25,7 @@ from tests.support.rules_oracle import (
     RULES,
     RulesRun,
     example_functions,
+    example_rules,
     expected_transitions,
     run_rules_against_oracle,
     with_attributes,
@@ -108,5 +109,30 @@ def test_udf_and_udaf_equal_plain_polars(
     assert not run.seen.deadletters
     for worker in run.pipeline.workers:
         health = worker.stats.functions_health()["functions"]
+        assert health["batches_ok"] > 0
+        assert health["failures"] == {}
+
+
+@pytest.mark.parametrize(
+    "partitions", [1, 2], ids=["1-worker-1-partition", "3-workers-2-partitions"]
+)
+def test_udfs_inside_sql_equal_plain_polars(
+    broker: EmbeddedBroker, topics: Topics, tmp_path: Path, partitions: int
+) -> None:
+    """``processors/examples/udf-in-sql.toml``: a UDF inside a CASE (on an SQL argument),
+    a bool UDF with a literal argument inside a larger condition. The oracle writes the same
+    expressions in plain polars (``USER_FUNCTIONS``)."""
+    spec = two_window_spec(
+        "udfsql",
+        ["count", "mean", "min", "max"],
+        partitions,
+        checkpoint_interval_ms=200,
+        **example_rules("udf-in-sql.toml"),
+    )
+    assert spec.calls_functions
+    run = _run(broker, topics, tmp_path, spec, seed=31)
+    assert not run.seen.deadletters
+    for worker in run.pipeline.workers:
+        health = worker.stats.functions_health()["udfsql"]
         assert health["batches_ok"] > 0
         assert health["failures"] == {}

@@ -54,6 +54,17 @@ class RulesExpectation:
 
 
 _CURVE: Final = (2.0e-5, -1.5e-3, 1.02, -0.4)
+_READ: Final = (-20.0, 0.0, 10.0, 20.0, 30.0, 50.0)
+_TRUE: Final = (-19.6, 0.3, 10.1, 19.8, 29.5, 49.0)
+
+
+def _table(reading: pl.Expr) -> pl.Expr:
+    """The correction table of ``udf-in-sql.toml``: linear between its points."""
+    return reading.map_batches(
+        lambda s: pl.Series(np.interp(s.to_numpy(), _READ, _TRUE)), return_dtype=pl.Float64
+    )
+
+
 USER_FUNCTIONS: Final[dict[str, pl.Expr]] = {
     # processors/examples/udf.toml's functions, written again as plain polars expressions
     "calibrate(value)": (
@@ -63,6 +74,15 @@ USER_FUNCTIONS: Final[dict[str, pl.Expr]] = {
     "plausible(value, unit)": pl.when(pl.col("unit") == "F")
     .then(pl.col("value").is_between(14.0, 104.0))
     .otherwise(pl.col("value").is_between(-10.0, 40.0)),
+    # processors/examples/udf-in-sql.toml's expressions, UDF calls inside SQL, in plain polars
+    "CASE WHEN unit = 'F' THEN correct((value - 32) * 5 / 9) ELSE correct(value) END": (
+        pl.when(pl.col("unit") == "F")
+        .then(_table((pl.col("value") - 32) * 5 / 9))
+        .otherwise(_table(pl.col("value")))
+    ),
+    "plausible(value, 'C') AND sensor_id <> 'shared-k0'": (
+        pl.col("value").is_between(-10.0, 40.0) & (pl.col("sensor_id") != "shared-k0")
+    ),
 }
 """UDF calls the tests deploy, by their text in ``derive``/``where``, in plain polars."""
 
@@ -81,6 +101,12 @@ def example_functions() -> dict[str, Any]:
         "derive": udf["derive"],
         "where": udf["where"],
     }
+
+
+def example_rules(file: str) -> dict[str, Any]:
+    """``functions``, ``derive`` and ``where`` of the example ``processors/examples/<file>``."""
+    raw = inline_function_files(tomllib.loads((EXAMPLES / file).read_text()), EXAMPLES)
+    return {k: raw[k] for k in ("functions", "derive", "where") if k in raw}
 
 
 def _expression(text: str) -> pl.Expr:

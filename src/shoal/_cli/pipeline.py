@@ -246,8 +246,9 @@ def _read_spec(file: str) -> str:
 def _read(client: ControlClient, args: argparse.Namespace) -> int:
     documents = [d for d in asyncio.run(client.documents()) if d.deployed]
     if args.action == "list":
-        # Pipelines with user functions: listen to one round of worker heartbeats for their
-        # health (a pipeline is degraded after degrade_after consecutive failed batches).
+        # Pipelines with user functions: listen to one round of worker and combiner heartbeats
+        # for their health (a pipeline is degraded after degrade_after consecutive failed
+        # batches in a worker, or failed UDAF calls in a combiner).
         with_functions = any(d.spec and d.spec.get("functions") for d in documents)
         health = asyncio.run(client.function_health(HEALTH_LISTEN_S)) if with_functions else {}
         if args.json:
@@ -278,7 +279,8 @@ def _summary(
     ``computation``: the pipeline that computes its results (itself, or the one it is an alias
     of); ``names``: every name the computation's results are published under; ``refs``: how
     many (the reference count); ``released``: the name was deleted, it computes for aliases.
-    With user functions: ``degraded`` and the workers' ``functions`` health.
+    With user functions: ``degraded`` and the ``functions`` health its workers and combiners
+    report, by their client id (under ``functions``).
     """
     computation = document.alias_of or document.name
     names = sorted(d.name for d in documents if computation in (d.alias_of, d.name) and d.named)

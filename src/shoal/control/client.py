@@ -144,7 +144,10 @@ class ControlClient:
         client = unique_client_id("shoal-pipeline")
         workers: dict[str, bool] = {}
         async with self.session_factory(self.settings, client) as session:
-            await session.subscribe([self.topics.metrics("worker", "+")], qos=0)
+            # workers report guarded batches, combiners their UDAF merge/finalize calls
+            await session.subscribe(
+                [self.topics.metrics("worker", "+"), self.topics.metrics("combiner", "+")], qos=0
+            )
             with _deadline(timeout_s) as stop:
                 async for message in session.messages_until(stop):
                     worker, serves = _serves(message.payload, name, version)
@@ -163,15 +166,18 @@ class ControlClient:
         )
 
     async def function_health(self, listen_s: float) -> dict[str, dict[str, Any]]:
-        """Per pipeline with user functions: each worker's report, and whether any is degraded.
+        """Per pipeline with user functions: each worker's and combiner's report, and degraded.
 
-        From the ``functions`` of the worker heartbeats heard over ``listen_s`` (CONTRACT.md
-        §19.1).
+        From the ``functions`` of the worker and combiner heartbeats heard over ``listen_s``
+        (CONTRACT.md §19.1, §19.2).
         """
         client = unique_client_id("shoal-pipeline")
         latest: dict[str, dict[str, Any]] = {}
         async with self.session_factory(self.settings, client) as session:
-            await session.subscribe([self.topics.metrics("worker", "+")], qos=0)
+            # workers report guarded batches, combiners their UDAF merge/finalize calls
+            await session.subscribe(
+                [self.topics.metrics("worker", "+"), self.topics.metrics("combiner", "+")], qos=0
+            )
             with _deadline(listen_s) as stop:
                 async for message in session.messages_until(stop):
                     with contextlib.suppress(orjson.JSONDecodeError):
@@ -262,7 +268,10 @@ class ControlClient:
         loop = asyncio.get_running_loop()
         last: dict[str, tuple[str, float]] = {}  # worker -> (state, when)
         async with self.session_factory(self.settings, client) as session:
-            await session.subscribe([self.topics.metrics("worker", "+")], qos=0)
+            # workers report guarded batches, combiners their UDAF merge/finalize calls
+            await session.subscribe(
+                [self.topics.metrics("worker", "+"), self.topics.metrics("combiner", "+")], qos=0
+            )
             with _deadline(min(self.timeout_s, 2.5)) as stop:  # a beat of every worker
                 async for message in session.messages_until(stop):
                     beat = _beat(message.payload)

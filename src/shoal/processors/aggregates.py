@@ -94,6 +94,10 @@ class Aggregate:
         exact: whether the result equals ``reference`` bit for bit whatever the batch split
             and merge order (false where float sums round differently).
         aliases: other names a spec may use for it.
+        finalize_eager: computes the result from a frame of merged state columns outside
+            polars' evaluation (None: ``finalize`` is evaluated as an expression). A user
+            aggregate's ``finalize`` runs under a budget in a thread of its own, which must
+            not be waited for on one of polars' threads (its pool may have one).
     """
 
     name: str
@@ -103,6 +107,7 @@ class Aggregate:
     kind: Literal["int", "float"] = "float"
     exact: bool = True
     aliases: tuple[str, ...] = ()
+    finalize_eager: Callable[[pl.DataFrame], pl.Series] | None = None
 
     @property
     def dtype(self) -> pl.DataType:
@@ -354,11 +359,14 @@ class AggregatePlan:
         fields: state fields in registry order (needs first), ``ALWAYS`` included.
         outputs: output column name → finaliser expression (quantiles excluded).
         quantiles: output column name → quantile, computed from the sketch.
+        eager: output column name → ``Aggregate.finalize_eager``, for the aggregates that
+            have one (``with_eager_outputs`` adds their columns before the outputs' select).
     """
 
     fields: tuple[StateField, ...]
     outputs: dict[str, pl.Expr]
     quantiles: dict[str, float]
+    eager: dict[str, Callable[[pl.DataFrame], pl.Series]] = field(default_factory=dict)
 
     @classmethod
     def for_aggregates(
@@ -373,6 +381,7 @@ class AggregatePlan:
         user: list[StateField] = []  # user aggregates' fields follow the registry's
         outputs: dict[str, pl.Expr] = {}
         quantiles: dict[str, float] = {}
+        eager: dict[str, Callable[[pl.DataFrame], pl.Series]] = {}
         for requested in aggregates:
             if requested.quantile is not None:
                 quantiles[requested.name] = requested.quantile
@@ -380,9 +389,21 @@ class AggregatePlan:
             aggregate = requested.user or AGGREGATES[requested.name]
             (wanted if requested.user is None else user).extend(aggregate.state)
             outputs[requested.name] = aggregate.finalize.alias(requested.name)
+            if aggregate.finalize_eager is not None:
+                eager[requested.name] = aggregate.finalize_eager
         needed = set(_with_needs(wanted))
         fields = tuple(f for f in STATE_FIELDS.values() if f in needed)
-        return cls((*fields, *user), outputs, quantiles)
+        return cls((*fields, *user), outputs, quantiles, eager)
+
+    def with_eager_outputs(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """``frame`` (merged state columns) with the column of each ``eager`` aggregate."""
+        if not self.eager:
+            return frame
+        if frame.height == 0:  # nothing to finalise: user code is not called for no rows
+            return frame.with_columns(pl.lit(None, pl.Float64).alias(name) for name in self.eager)
+        return frame.with_columns(
+            compute(frame).alias(name) for name, compute in self.eager.items()
+        )
 
     @property
     def field_names(self) -> tuple[str, ...]:

@@ -74,6 +74,7 @@ from shoal.processors.progress import GatewayProgress, ProgressTracker
 from shoal.processors.session_state import SessionState
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows, WindowState
+from shoal.processors.user_aggregates import budget_user_aggregates
 from shoal.rules import AlertBook, Transition
 from shoal.schemas.control import GatewayStatus
 
@@ -220,6 +221,10 @@ class Combiner:
         self.held_weight = 0
         """About the bytes of ``_held`` (``_partial_bytes``), bounded like the reorder buffer."""
         self._replay_progress_ms = 0
+        self.functions = budget_user_aggregates(
+            spec.loaded.udafs.values(), spec.degrade_after, clock.monotonic
+        )
+        """The guard of the spec's UDAF calls here (None: no UDAF; ``user_aggregates``)."""
 
     # -- input -----------------------------------------------------------------------------
 

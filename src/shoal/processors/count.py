@@ -549,6 +549,7 @@ class CountState:
             },
             schema_overrides={f.name: f.dtype for f in self.plan.fields},
         )
+        frame = self.plan.with_eager_outputs(frame)
         return frame.select(*result_columns(self.spec, self.plan), *RESULT_EXTRAS)
 
     def _merged(

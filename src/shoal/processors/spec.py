@@ -357,7 +357,7 @@ def _rules(
         raise reader.error("having", "having must be a string (a SQL condition)")
     derive = tuple((str(k), str(v)) for k, v in derive_table.items())
     try:
-        row_rules = compile_row_rules(where, derive, functions.udfs)
+        row_rules = compile_row_rules(where, derive, functions.udfs, functions.udafs)
         having_rule = (
             None
             if having is None

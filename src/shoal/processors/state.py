@@ -505,8 +505,8 @@ class WindowState:
 def result_columns(spec: PipelineSpec, plan: AggregatePlan) -> list[pl.Expr | str]:
     """The layout of ``ClosedWindows.frame``, from merged state columns.
 
-    The frame selected from has ``window``, ``start``, ``end``, ``key``, the state fields and
-    one column per quantile.
+    The frame selected from has ``window``, ``start``, ``end``, ``key``, the state fields,
+    one column per quantile and one per eager aggregate (``AggregatePlan.with_eager_outputs``).
     """
     return [
         "window",
@@ -516,7 +516,7 @@ def result_columns(spec: PipelineSpec, plan: AggregatePlan) -> list[pl.Expr | st
         pl.col("n").alias("rows"),
         "batches",
         *(
-            pl.col(name) if name in plan.quantiles else plan.outputs[name]
+            pl.col(name) if name in plan.quantiles or name in plan.eager else plan.outputs[name]
             for name in spec.aggregate_names
         ),
     ]
@@ -542,7 +542,7 @@ def results_frame(
         },
         schema_overrides={f.name: f.dtype for f in plan.fields},
     )
-    return frame.select(result_columns(spec, plan))
+    return plan.with_eager_outputs(frame).select(result_columns(spec, plan))
 
 
 def result_schema(spec: PipelineSpec) -> dict[str, pl.DataType]:

@@ -2,7 +2,8 @@
 
 Its declared state fields become ``StateField`` columns named ``<udaf>__<field>``, computed
 by kernels that call the user's ``update`` (workers, per batch) and ``merge`` (combiners);
-its ``finalize`` is a polars expression over the merged columns. So a user aggregate travels
+its ``finalize`` is called on the merged columns before the results' columns are selected
+(``Aggregate.finalize_eager``; a polars expression form exists too). So a user aggregate travels
 in partials and checkpoints and merges across workers exactly like a built-in one.
 
 Where each call runs and what a failure does:
@@ -10,16 +11,22 @@ Where each call runs and what a failure does:
 - ``update`` runs in the worker, inside the pipeline's guarded batch (``rules.guard``), and
   so does ``merge`` where the worker merges hopping windows' panes: a ``FunctionError``
   there dead-letters the batch.
-- ``merge`` and ``finalize`` run in the combiner. They were checked at deploy on sample data
-  (the mergeability laws of ``rules.functions.check_udaf``); if one still fails at run time,
-  the affected state becomes NaN (so its windows' results are null) and the failure is
-  logged and counted in ``ERRORS``: a combiner never stops for a user function.
+- ``merge`` and ``finalize`` run in the combiner, each call under the pipeline's
+  ``CallGuard`` (``budget_user_aggregates``: the function's ``budget_ms`` per call). They
+  were checked at deploy on sample data (the mergeability laws of
+  ``rules.functions.check_udaf``); if one still fails at run time (raises, returns garbage,
+  runs past its budget, or is refused while an earlier call is stuck), the affected state
+  becomes NaN (so its windows' results are null), and the failure is logged, counted in
+  ``ERRORS`` and in the guard's health (the combiner's heartbeat ``functions``, ``degraded``)
+  and dead-lettered by the runtime: a combiner never stops, nor waits past a budget, for a
+  user function.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -30,11 +37,32 @@ from shoal.errors import FunctionError
 from shoal.processors._kernels import Runs
 from shoal.processors.aggregates import Aggregate, StateField
 from shoal.rules.functions import STATE_KINDS, Udaf, in_guarded_batch
+from shoal.rules.guard import CallGuard
 
 log = logging.getLogger(__name__)
 
 ERRORS: Final[Counter[str]] = Counter()
 """Failures of user ``merge``/``finalize`` in this process, by function name."""
+
+
+def budget_user_aggregates(
+    udafs: Iterable[Udaf], degrade_after: int, monotonic: Callable[[], float]
+) -> CallGuard | None:
+    """One guard for a pipeline's UDAFs' combiner calls (None: it has none).
+
+    The spec's functions may already have one (another partition of the pipeline in this
+    process, or an earlier core of the same spec): then that one, so that one stuck call
+    is known to all of them.
+    """
+    mine = list(udafs)
+    if not mine:
+        return None
+    guard = next((u.budget for u in mine if isinstance(u.budget, CallGuard)), None)
+    if guard is None:
+        guard = CallGuard(max(u.spec.budget_ms for u in mine) / 1000.0, degrade_after, monotonic)
+    for udaf in mine:
+        udaf.budget = guard
+    return guard
 
 
 def user_aggregate(udaf: Udaf) -> Aggregate:
@@ -67,7 +95,14 @@ def user_aggregate(udaf: Udaf) -> Aggregate:
         .map_batches(lambda s: _reference(udaf, s), return_dtype=pl.Float64, returns_scalar=True)
         .alias(udaf.spec.name)
     )
-    return Aggregate(udaf.spec.name, tuple(fields), finalize, reference, exact=False)
+    return Aggregate(
+        udaf.spec.name,
+        tuple(fields),
+        finalize,
+        reference,
+        exact=False,
+        finalize_eager=lambda frame: _finalize_states(udaf, frame.select(columns)),
+    )
 
 
 def _kernel(udaf: Udaf, column: str, *, merging: bool, last: bool) -> Any:
@@ -95,7 +130,11 @@ def _poisoned(udaf: Udaf, column: str, groups: int, exc: FunctionError) -> npt.N
 
 
 def _finalize(udaf: Udaf, struct: pl.Series) -> pl.Series:
-    states = struct.struct.unnest()
+    return _finalize_states(udaf, struct.struct.unnest())
+
+
+def _finalize_states(udaf: Udaf, states: pl.DataFrame) -> pl.Series:
+    """The results of merged state rows (columns in ``udaf.state`` order), null if it fails."""
     states.columns = list(udaf.state)
     try:
         # NaN (undefined, or state a failed merge poisoned) is published as null, as the

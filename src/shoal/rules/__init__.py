@@ -1,7 +1,8 @@
 """Rules over rows and results: ``where``/``derive`` on batches, ``having`` and alerts on windows.
 
-Pure (polars only): compiled once from a pipeline spec, applied vectorised by workers and
-combiners. Imports ``shoal.schemas`` and ``shoal.errors``; never ``processors`` or ``runtime``.
+Pure (polars, and sqlglot to find UDF calls in SQL): compiled once from a pipeline spec,
+applied vectorised by workers and combiners. Imports ``shoal.schemas`` and ``shoal.errors``;
+never ``processors`` or ``runtime``.
 """
 
 from shoal.rules.alerts import AlertBook, AlertSpec, Transition, alert_payload

@@ -7,6 +7,8 @@ empty and a small sample frame of the exact schema it will meet, so an unknown c
 type error, a non-boolean condition or an expression that looks across rows (an aggregate
 or ``OVER``: its answer would depend on how rows were cut into batches) is refused when the
 spec is parsed, with the expression and the column named. Nothing here loops over rows.
+Calls of the pipeline's Python UDFs inside an expression are found and computed by
+``rules.calls``; the rest stays polars SQL.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import numpy.typing as npt
 import polars as pl
 
 from shoal.errors import ConfigError, FunctionError
-from shoal.rules.functions import SAMPLE_ROWS, Udf, UdfCall, check_udf, parse_call
+from shoal.rules.calls import Call, Rewritten, across_rows, is_hidden, rewrite
+from shoal.rules.functions import SAMPLE_ROWS, Udf
 from shoal.schemas import FRAME_SCHEMA
 
 PROTECTED_COLUMNS: Final = frozenset({"sensor_id", "ts"})
@@ -47,6 +50,9 @@ RULE_REASONS: Final = frozenset(
         "not_per_row",
         "bad_name",
         "protected_column",
+        "unknown_function",
+        "wrong_arity",
+        "shadowed_function",
     }
 )
 """The ``ConfigError.reason`` codes of a refused expression (the control plane reports them
@@ -54,6 +60,9 @@ as ``invalid_expression``, naming the field)."""
 
 _NAME: Final = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
 _SAMPLE_ROWS: Final = 3
+_UNKNOWN_FUNCTION: Final = re.compile(
+    r"unsupported (?:SQL )?function[^A-Za-z_]*([A-Za-z_]\w*)", re.I
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +93,8 @@ class RowRules:
 
     where: str | None
     derive: tuple[tuple[str, str], ...]
-    _derive: tuple[pl.Expr | _UdfStep, ...] = field(compare=False, repr=False)
-    _where: pl.Expr | UdfCall | None = field(compare=False, repr=False)
+    _derive: tuple[pl.Expr | _Calling, ...] = field(compare=False, repr=False)
+    _where: pl.Expr | _Calling | None = field(compare=False, repr=False)
 
     @property
     def inputs(self) -> frozenset[str]:
@@ -94,17 +103,15 @@ class RowRules:
         for step in (*self._derive, self._where):
             if isinstance(step, pl.Expr):
                 names.update(step.meta.root_names())
-            elif isinstance(step, _UdfStep):
-                names.update(step.call.args)
-            elif isinstance(step, UdfCall):
-                names.update(step.args)
+            elif isinstance(step, _Calling):
+                names.update(step.inputs)
         return frozenset(names & set(FRAME_SCHEMA.names()))
 
     @property
     def calls_functions(self) -> bool:
         """Whether a step calls a user function (the worker runs it under a budget)."""
-        return isinstance(self._where, UdfCall) or any(
-            isinstance(step, _UdfStep) for step in self._derive
+        return isinstance(self._where, _Calling) or any(
+            isinstance(step, _Calling) for step in self._derive
         )
 
     def derives(self, column: str) -> bool:
@@ -119,26 +126,30 @@ class RowRules:
         Without user functions the whole stage is one polars plan: the derived columns, the
         finite-value check and the condition are computed in a single ``collect`` (each
         ``with_columns``/``select`` of its own would cost a query per step); the counts and
-        the filter then work on the two boolean columns.
+        the filter then work on the two boolean columns. With them, each step first adds
+        the hidden columns of its UDF calls (``rules.calls``), dropped at the end.
         """
         if not self.calls_functions:
             return self._apply_plan(frame, columns)
         out = frame
         for step in self._derive:
-            out = out.with_columns(step.evaluate(out) if isinstance(step, _UdfStep) else step)
+            if isinstance(step, _Calling):
+                out = step.with_calls(out)
+            out = out.with_columns(step.expr if isinstance(step, _Calling) else step)
         valid = None
         if self.derives("value"):  # a derived value is checked finite per row
             value = out.get_column("value")
             valid = (value.is_not_null() & value.is_finite().fill_null(value=False)).to_numpy()
         passing = None
         if self._where is not None:
-            passing = (
-                self._where.evaluate(out).fill_null(value=False)
-                if isinstance(self._where, UdfCall)
-                else out.select(self._where.fill_null(value=False)).to_series()
-            ).to_numpy()
-        if columns is not None:
-            out = out.select(n for n in out.columns if n in columns)
+            condition = self._where
+            if isinstance(condition, _Calling):
+                out = condition.with_calls(out)
+                condition = condition.expr
+            passing = out.select(condition.fill_null(value=False)).to_series().to_numpy()
+        out = out.select(
+            n for n in out.columns if not is_hidden(n) and (columns is None or n in columns)
+        )
         return _kept(out, valid, passing)
 
     def _apply_plan(self, frame: pl.DataFrame, columns: Collection[str] | None) -> RowsKept:
@@ -191,25 +202,30 @@ def _kept(
 
 
 @dataclass(frozen=True, slots=True)
-class _UdfStep:
-    """A ``derive`` column computed by a UDF call, cast to the column's type."""
+class _Calling:
+    """A step whose expression calls UDFs: their hidden columns, then the SQL over them."""
 
-    name: str
-    call: UdfCall
-    dtype: pl.DataType
+    calls: tuple[Call, ...]
+    expr: pl.Expr
 
-    def evaluate(self, frame: pl.DataFrame) -> pl.Series:
-        out = self.call.evaluate(frame)
-        try:
-            return out.cast(self.dtype).alias(self.name)
-        except pl.exceptions.PolarsError as exc:  # e.g. a string UDF into a numeric column
-            raise FunctionError(
-                f"function {self.call.udf.spec.name!r}: its result cannot be {self.name}",
-                reason="function_bad_result",
-                field=f"derive.{self.name}",
-                expected=str(self.dtype),
-                found=str(out.dtype),
-            ) from exc
+    @property
+    def inputs(self) -> set[str]:
+        """The columns its arguments and its expression read (hidden ones included)."""
+        names = set(self.expr.meta.root_names())
+        for call in self.calls:
+            for arg in call.args:
+                names.update(arg.meta.root_names())
+        return names
+
+    def with_calls(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """``frame`` with the hidden column of each call, inner calls first.
+
+        Raises:
+            FunctionError: a UDF failed on the batch.
+        """
+        for call in self.calls:
+            frame = frame.with_columns(call.evaluate(frame))
+        return frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,21 +246,24 @@ def compile_row_rules(
     where: str | None,
     derive: Mapping[str, str] | tuple[tuple[str, str], ...],
     udfs: Mapping[str, Udf] | None = None,
+    udafs: Collection[str] = (),
 ) -> RowRules | None:
     """Compile and check a row stage against the decoded batch schema (None: no rules).
 
-    An expression that is one call of a UDF in ``udfs`` on columns (``f(value, ts)``) runs
-    the function instead of SQL; it is run once on sample rows here.
+    An expression may call the UDFs in ``udfs`` anywhere SQL allows a value, with SQL
+    arguments (``calibrate(value) * 1.8 + 32``, ``spike(value - 2) AND unit = 'C'``); each
+    call is run once on sample rows here (``rules.calls`` finds and rewrites them).
 
     Raises:
-        ConfigError: ``field`` is ``derive.<name>`` or ``where``; ``reason`` is
-            ``bad_expression``, ``unknown_column``, ``wrong_type`` or ``not_per_row``.
+        ConfigError: ``field`` is ``derive.<name>`` or ``where`` (``functions.<name>`` for a
+            UDF failing on sample rows: ``function_failed``); ``reason`` one of
+            ``RULE_REASONS``.
     """
     pairs = tuple(derive.items()) if isinstance(derive, Mapping) else derive
     if where is None and not pairs:
         return None
-    schema = dict(FRAME_SCHEMA)
-    compiled: list[pl.Expr | _UdfStep] = []
+    stage = _Compiler(udfs or {}, udafs)
+    compiled: list[pl.Expr | _Calling] = []
     for name, text in pairs:
         field = f"derive.{name}"
         if not _NAME.match(name):
@@ -262,14 +281,9 @@ def compile_row_rules(
                 field=field,
                 reason="protected_column",
             )
-        call = parse_call(text, udfs or {})
-        if call is not None:
-            step = _udf_step(name, text, call, pl.Schema(schema))
-            schema[name] = step.dtype
-            compiled.append(step)
-            continue
-        expr = _compile(text, field).alias(name)
-        dtype = _check(expr, text, field, pl.Schema(schema))
+        step, dtype = stage.step(text, field)
+        expr = step.expr if isinstance(step, _Calling) else step
+        expr = expr.alias(name)
         if name == "value" and not dtype.is_numeric():
             raise _wrong_type(field, text, f"a number for value, not {dtype}")
         if name in FRAME_SCHEMA and name != "value" and dtype != FRAME_SCHEMA[name]:
@@ -278,33 +292,66 @@ def compile_row_rules(
         if name == "value":
             expr = expr.cast(pl.Float64)
             dtype = pl.Float64()
-        schema[name] = dtype
-        compiled.append(expr)
-    where_expr: pl.Expr | UdfCall | None = None
-    where_call = None if where is None else parse_call(where, udfs or {})
-    if where_call is not None:
-        assert where is not None
-        dtype = check_udf(where_call, _sample(pl.Schema(schema), SAMPLE_ROWS), "where")
-        if dtype != pl.Boolean:
-            raise _wrong_type("where", where, f"a condition (returns = 'bool'), not {dtype}")
-        where_expr = where_call
-    elif where is not None:
-        where_expr = _compile(where, "where")
-        dtype = _check(where_expr, where, "where", pl.Schema(schema))
+        stage.schema[name] = dtype
+        compiled.append(_Calling(step.calls, expr) if isinstance(step, _Calling) else expr)
+    where_step: pl.Expr | _Calling | None = None
+    if where is not None:
+        where_step, dtype = stage.step(where, "where")
         if dtype != pl.Boolean:
             raise _wrong_type("where", where, f"a condition (true/false), not {dtype}")
-    return RowRules(where, pairs, tuple(compiled), where_expr)
+    return RowRules(where, pairs, tuple(compiled), where_step)
 
 
-def _udf_step(name: str, text: str, call: UdfCall, schema: pl.Schema) -> _UdfStep:
-    """A derive column computed by ``call``, run once on sample rows of ``schema``."""
-    field = f"derive.{name}"
-    dtype = check_udf(call, _sample(schema, SAMPLE_ROWS), field)
-    if name == "value" and not dtype.is_numeric():
-        raise _wrong_type(field, text, f"a number for value, not {dtype}")
-    if name in FRAME_SCHEMA:  # value is Float64, attributes keep their type
-        dtype = pl.Float64() if name == "value" else FRAME_SCHEMA[name]
-    return _UdfStep(name, call, dtype)
+class _Compiler:
+    """Compiles the row stage's expressions in order, keeping the schema they see.
+
+    ``schema`` gains each derived column and each hidden UDF column; ``sample`` is rows of
+    it on which every UDF call runs once (its arguments evaluated by polars).
+    """
+
+    def __init__(self, udfs: Mapping[str, Udf], udafs: Collection[str]) -> None:
+        self.udfs = udfs
+        self.udafs = udafs
+        self.schema: dict[str, pl.DataType] = dict(FRAME_SCHEMA)
+        self._hidden = 0
+
+    def step(self, text: str, field: str) -> tuple[pl.Expr | _Calling, pl.DataType]:
+        """``text`` compiled and checked; its output type."""
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigError(
+                f"{field}: expected a SQL expression (a non-empty string)",
+                field=field,
+                reason="bad_expression",
+            )
+        rewritten = rewrite(text, field, self.udfs, self.udafs, self._hidden)
+        aggregate = across_rows(text)
+        if aggregate is not None:
+            raise _not_per_row(field, text, aggregate)
+        self._hidden += len(rewritten.calls)
+        if rewritten.calls:
+            self._run_calls(rewritten, text, field)
+        expr = _compile(rewritten.sql, field, text)
+        dtype = _check(expr, text, field, pl.Schema(self.schema))
+        return (_Calling(rewritten.calls, expr) if rewritten.calls else expr), dtype
+
+    def _run_calls(self, rewritten: Rewritten, text: str, field: str) -> None:
+        """Check each call's arguments, run it on sample rows; its column joins the schema."""
+        sample = _sample(pl.Schema(self.schema), SAMPLE_ROWS)
+        for call in rewritten.calls:
+            for arg in call.args:
+                if arg.meta.root_names():  # a literal is spread to the batch: nothing to check
+                    _check(arg, text, field, pl.Schema(self.schema))
+            try:
+                result = call.evaluate(sample)
+            except FunctionError as exc:
+                raise ConfigError(
+                    f"{field}: {text!r}: function {call.udf.spec.name!r} failed on sample "
+                    f"data: {exc}",
+                    field=f"functions.{call.udf.spec.name}",
+                    reason="function_failed",
+                ) from exc
+            self.schema[call.column] = result.dtype
+            sample = sample.with_columns(result)
 
 
 def compile_having(
@@ -325,7 +372,8 @@ def compile_having(
     return Having(text, expr)
 
 
-def _compile(text: str, field: str) -> pl.Expr:
+def _compile(text: str, field: str, written: str | None = None) -> pl.Expr:
+    """``text`` as a polars expression; ``written``: what the user wrote (if rewritten)."""
     if not isinstance(text, str) or not text.strip():
         raise ConfigError(
             f"{field}: expected a SQL expression (a non-empty string)",
@@ -335,11 +383,24 @@ def _compile(text: str, field: str) -> pl.Expr:
     try:
         return pl.sql_expr(text)
     except Exception as exc:  # polars raises several SQL error types: wrap them all
+        reason, problem = _parse_problem(exc)
         raise ConfigError(
-            f"{field}: cannot parse {text!r}: {_first_line(exc)}",
+            f"{field}: cannot parse {written or text!r}: {problem}",
             field=field,
-            reason="bad_expression",
+            reason=reason,
         ) from exc
+
+
+def _parse_problem(exc: Exception) -> tuple[str, str]:
+    """(reason, what) of polars refusing an expression's text: an unknown function named."""
+    line = _first_line(exc)
+    match = _UNKNOWN_FUNCTION.search(line)
+    if match is None:
+        return "bad_expression", line
+    return "unknown_function", (
+        f"unknown function {match.group(1)}(): not polars SQL, and derive and where call "
+        f"only the pipeline's UDFs (a [functions.{match.group(1).lower()}] table) ({line})"
+    )
 
 
 def _check(expr: pl.Expr, text: str, field: str, schema: pl.Schema) -> pl.DataType:
@@ -400,9 +461,9 @@ def _wrong_type(field: str, text: str, wanted: str) -> ConfigError:
     return ConfigError(f"{field}: {text!r} must give {wanted}", field=field, reason="wrong_type")
 
 
-def _not_per_row(field: str, text: str) -> ConfigError:
+def _not_per_row(field: str, text: str, where: str = "an aggregate or OVER") -> ConfigError:
     return ConfigError(
-        f"{field}: {text!r} looks across rows (an aggregate or OVER); rules are per row, "
+        f"{field}: {text!r} looks across rows ({where}); rules are per row, "
         "since a batch is an arbitrary cut of the data (use aggregates and having for that)",
         field=field,
         reason="not_per_row",

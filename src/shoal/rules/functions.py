@@ -7,8 +7,9 @@ data before the spec is accepted; a failure refuses the spec with ``ConfigError(
 "functions.<name>", reason="function_failed")`` and a traceback summary.
 
 - A **UDF** (``kind = "udf"``) is a function ``(*polars.Series) -> polars.Series`` of the
-  same length, called once per batch. ``derive`` and ``where`` call it as their whole
-  expression, with column arguments: ``f = "fahrenheit(value)"``, ``where = "spike(value)"``.
+  same length, called once per batch. ``derive`` and ``where`` call it anywhere in their SQL,
+  with SQL arguments: ``f = "fahrenheit(value) + 1"``, ``where = "spike(value * 2) AND
+  unit = 'C'"`` (``rules.calls`` finds the calls with a SQL parser and computes them).
 - A **UDAF** (``kind = "udaf"``) is a class with the shape every built-in aggregate has
   (``processors/aggregates.py``): ``state`` (field name → ``"int"``/``"float"``), ``init()``
   (the state of no rows), ``update(rows)`` (rows ``group, ts, value`` → one state row per
@@ -34,13 +35,15 @@ import types
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import polars as pl
 
 from shoal.errors import ConfigError, FunctionError
+
+T = TypeVar("T")
 
 FunctionKind = Literal["udf", "udaf"]
 FUNCTION_KINDS: Final = ("udf", "udaf")
@@ -69,9 +72,6 @@ SAMPLE_ROWS: Final = 64
 """Rows of the sample data functions run on at deploy time."""
 
 _NAME: Final = re.compile(r"^[a-z_][a-z0-9_]{0,63}$")
-_CALL: Final = re.compile(
-    r"^\s*([a-z_][a-z0-9_]*)\s*\(\s*([a-z_][a-z0-9_]*(?:\s*,\s*[a-z_][a-z0-9_]*)*)?\s*\)\s*$"
-)
 _TRACE_FRAMES: Final = 3
 
 
@@ -261,28 +261,15 @@ def _cast(series: pl.Series, dtype: pl.DataType, spec: FunctionSpec, step: str) 
     raise _bad_result(spec, step, str(dtype), str(series.dtype))
 
 
-@dataclass(frozen=True, slots=True)
-class UdfCall:
-    """A ``derive``/``where`` expression that is one UDF call on columns."""
-
-    udf: Udf
-    args: tuple[str, ...]
-
-    def evaluate(self, frame: pl.DataFrame) -> pl.Series:
-        """The UDF on ``frame``'s argument columns."""
-        return self.udf([frame.get_column(a) for a in self.args])
-
-
-def parse_call(text: str, udfs: Mapping[str, Udf]) -> UdfCall | None:
-    """``text`` as a call of one of ``udfs`` on columns, or None (then it is SQL)."""
-    match = _CALL.match(text) if isinstance(text, str) else None
-    if match is None or match.group(1) not in udfs:
-        return None
-    args = tuple(a.strip() for a in (match.group(2) or "").split(",") if a.strip())
-    return UdfCall(udfs[match.group(1)], args)
-
-
 # -- UDAF ------------------------------------------------------------------------------------
+
+
+class Budget(Protocol):
+    """Runs a call within a time budget (``rules.guard.CallGuard``)."""
+
+    def call(self, work: Callable[[], T], budget_s: float | None = None) -> T:
+        """``work()`` within ``budget_s``, or a ``FunctionError`` saying why not."""
+        ...
 
 
 class Udaf:
@@ -308,6 +295,9 @@ class Udaf:
             if not callable(getattr(obj, method, None)):
                 raise TypeError(f"a UDAF has a method {method}()")
         self._memo = threading.local()
+        self.budget: Budget | None = None
+        """Where ``merge`` and ``finalize`` run outside a worker's guarded batch (set by the
+        combiner: ``processors.user_aggregates.budget_user_aggregates``; None: directly)."""
 
     @property
     def schema(self) -> pl.Schema:
@@ -339,14 +329,13 @@ class Udaf:
 
     def merge(self, states: pl.DataFrame, n: int) -> pl.DataFrame:
         """One state row per group of ``states`` (``group`` ids 0..n-1)."""
-        with _calling(self.spec, "merge"):
-            out = self.obj.merge(states)
+        out = self._budgeted("merge", lambda: self.obj.merge(states))
         return self._state_frame(out, n, "merge")
 
     def finalize(self, states: pl.DataFrame) -> pl.Series:
         """The result per state row, Float64."""
-        with _calling(self.spec, "finalize"):
-            out = self.obj.finalize(states.select(list(self.state)))
+        fields = states.select(list(self.state))
+        out = self._budgeted("finalize", lambda: self.obj.finalize(fields))
         if isinstance(out, np.ndarray):
             out = pl.Series(self.spec.name, out)
         if not isinstance(out, pl.Series):
@@ -354,6 +343,20 @@ class Udaf:
         if out.len() != states.height:
             raise _bad_result(self.spec, "finalize", f"{states.height} values", f"{out.len()}")
         return _cast(out, pl.Float64(), self.spec, "finalize").alias(self.spec.name)
+
+    def _budgeted(self, step: str, work: Callable[[], Any]) -> Any:
+        """``work`` (a call of user code) under ``budget`` unless in a worker's guarded batch.
+
+        In a worker's batch the whole batch already runs under the pipeline's guard.
+        """
+
+        def run() -> Any:
+            with _calling(self.spec, step):
+                return work()
+
+        if self.budget is None or in_guarded_batch():
+            return run()
+        return self.budget.call(run, self.spec.budget_ms / 1000.0)
 
     def _state_frame(self, out: Any, n: int, step: str, *, grouped: bool = True) -> pl.DataFrame:
         """``out`` checked: a frame of one row per group 0..n-1, sorted, typed state columns."""
@@ -454,30 +457,6 @@ def load_functions(specs: tuple[FunctionSpec, ...]) -> Functions:
             raise _refused(spec, "sample data", exc) from exc
         udafs[spec.name] = udaf
     return Functions(specs, udfs, udafs)
-
-
-def check_udf(call: UdfCall, sample: pl.DataFrame, field_name: str) -> pl.DataType:
-    """Run ``call`` on sample rows at deploy; its result type.
-
-    Raises:
-        ConfigError: ``field_name``; ``unknown_column`` or ``function_failed``.
-    """
-    missing = [a for a in call.args if a not in sample.columns]
-    if missing:
-        raise ConfigError(
-            f"{field_name}: {call.udf.spec.name}() names unknown column {missing[0]!r}; "
-            f"available: {', '.join(sample.columns)}",
-            field=field_name,
-            reason="unknown_column",
-        )
-    try:
-        return call.evaluate(sample).dtype
-    except FunctionError as exc:
-        raise ConfigError(
-            f"{field_name}: function {call.udf.spec.name!r} failed on sample data: {exc}",
-            field=f"functions.{call.udf.spec.name}",
-            reason="function_failed",
-        ) from exc
 
 
 def check_udaf(udaf: Udaf) -> None:

@@ -110,6 +110,8 @@ KEY_SLICE: Final = 250
 """Per-key results built and published per slice, with the event loop free in between."""
 LOCK_TIMEOUT_S: Final = 10.0
 """How long a hosted combiner waits for a deposed owner to finish its last checkpoint write."""
+FUNCTION_REPORT_S: Final = 1.0
+"""How often at most a partition dead-letters its failed UDAF calls (counts add up between)."""
 INTAKE_BYTES: Final = 8 * 2**20
 """Received partials (wire bytes) that may wait to be applied; past it the combiner reads no
 more from the broker until half is applied (``CombinerConfig.intake_bytes``)."""
@@ -227,6 +229,7 @@ class CombinerRuntime:
         its name was deleted while aliases share it) and its aliases' (set by the pool)."""
         self.deposed = False
         """Hosted: the term ended with the connection (taken over, or the broker went away)."""
+        self._function_report_at = -FUNCTION_REPORT_S  # when failed UDAF calls were reported
         if config.state_dir is not None and not config.hosted:
             self._restore(config.state_dir / CHECKPOINT_FILE)
 
@@ -476,6 +479,7 @@ class CombinerRuntime:
             self._publish_step(session, stage, step)
         for stage, closed in closes:
             self._emit(session, stage, closed, closing_since)
+        self._report_function_failures(session)
 
     def _note_applied(self, steps: list[tuple[Stage, Step]], now: int) -> None:
         """Apply latency of each batch applied, whichever message unblocked it.
@@ -571,6 +575,43 @@ class CombinerRuntime:
                 self.config.spec.max_state_cells,
                 refused,
             )
+
+    def _report_function_failures(self, session: Session) -> None:
+        """Dead-letter the UDAF calls that failed here since the last report (one per reason).
+
+        At most every ``FUNCTION_REPORT_S``: a function stuck for an hour fails every call
+        at once, and one record a second says as much as ten.
+
+        The failure's state is NaN already (``processors.user_aggregates``): the windows it
+        merged into publish that aggregate as null. The record has no payload (no input
+        message failed: a merge or a finalize did); its error says which function, why and
+        how many calls.
+        """
+        now = self.clock.monotonic()
+        if now - self._function_report_at < FUNCTION_REPORT_S:
+            return
+        self._function_report_at = now
+        for stage in self.chain.stages:
+            guard = stage.core.functions
+            if guard is None:
+                continue
+            for error, count in guard.take_failures():
+                record = error.as_record()
+                record["calls"] = count
+                record["message"] = (
+                    f"{count} call(s) of the pipeline's aggregate functions failed in combiner "
+                    f"partition {self.config.partition} ({error}); the windows whose state "
+                    "they merged or finalised publish those aggregates as null"
+                )
+                log.warning("combiner %s: %s", self.config.client_id, record["message"])
+                self._deadletter(
+                    session,
+                    self.config.topics.partials(self.config.spec.name, self.config.partition),
+                    None,
+                    b"",
+                    record,
+                    reason=error.reason,
+                )
 
     def _publish_late(self, session: Session, late: LateRows) -> None:
         payload = late_message(
@@ -881,6 +922,7 @@ class CombinerRuntime:
                     stage.version,
                     stage.until_ms,
                 )
+            self._report_function_failures(session)
             self._unacked = [f for f in self._unacked if not f.done() or f.exception() is not None]
             # Merge pending state between messages (incrementally, so it is cheap), so that
             # closing a window finds almost nothing left to merge.
@@ -1054,7 +1096,18 @@ class CombinerRuntime:
             "apply_latency_ms": self.apply_latency.summary(),
             "result_latency_ms": self.result_latency.summary(),
             **asdict(self.core.counters),
+            **({"functions": functions} if (functions := self.functions_health()) else {}),
         }
+
+    def functions_health(self) -> dict[str, dict[str, object]]:
+        """The heartbeat's ``functions``: the pipeline's UDAF calls here (as a worker's).
+
+        The current version's guard (an older version finishing its windows has its own).
+        """
+        guard = self.core.functions
+        if guard is None:
+            return {}
+        return {self.config.spec.name: guard.health.as_dict(guard.degrade_after)}
 
     # -- checkpoints ---------------------------------------------------------------------------
 

@@ -59,9 +59,14 @@ def pipeline_status(pipeline: str, snap: Snapshot, listened_s: float) -> dict[st
 
 def _functions(pipeline: str, snap: Snapshot) -> dict[str, Any]:
     """``functions`` and ``degraded``, for a pipeline whose workers report user functions."""
+    # Workers report their guarded batches, combiners their UDAF merge/finalize calls.
+    beats = [
+        *snap.worker_metrics.items(),
+        *((str(b.get("id")), b) for b in snap.combiners.values()),
+    ]
     reports = {
         wid: body["functions"][pipeline]
-        for wid, body in sorted(snap.worker_metrics.items())
+        for wid, body in sorted(beats, key=lambda beat: beat[0])
         if isinstance(body.get("functions"), dict) and pipeline in body["functions"]
     }
     if not reports:
@@ -216,8 +221,8 @@ def format_status(status: dict[str, Any]) -> str:
         failed = status["functions"]["failed_batches"]
         why = ", ".join(f"{n:,} {reason}" for reason, n in sorted(failed.items())) or "none"
         lines.append(
-            f"  functions {'DEGRADED' if status['degraded'] else 'ok'}; failed batches "
-            f"(dead-lettered): {why}"
+            f"  functions {'DEGRADED' if status['degraded'] else 'ok'}; failed batches and "
+            f"combiner calls (dead-lettered): {why}"
         )
     if status["clamped_measurements"]:
         lines.append(

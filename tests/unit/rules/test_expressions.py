@@ -80,6 +80,10 @@ def test_the_stage_names_the_batch_columns_it_reads_and_returns_only_those_asked
         ("value + 1", {}, "where", "wrong_type", "true/false"),
         ("sum(value) > 3", {}, "where", "not_per_row", "across rows"),
         ("value > avg(value) OVER (PARTITION BY sensor_id)", {}, "where", "not_per_row", "OVER"),
+        # an aggregate compared with a column is spread to every row: its parse tree tells
+        ("value > avg(value)", {}, "where", "not_per_row", "AVG(value)"),
+        (None, {"v": "value - min(value)"}, "derive.v", "not_per_row", "MIN(value)"),
+        ("nope(value) > 1", {}, "where", "unknown_function", "nope()"),
         (None, {"value": "unit"}, "derive.value", "wrong_type", "a number"),
         (None, {"ts": "ts + 1"}, "derive.ts", "protected_column", "identity"),
         (None, {"Bad-Name": "value"}, "derive.Bad-Name", "bad_name", "column name"),

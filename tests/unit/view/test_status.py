@@ -222,3 +222,17 @@ def test_a_pipeline_whose_functions_fail_is_degraded_with_its_failures_summed() 
     assert "5 function_error" in line
     healthy = {"w2": workers["w2"]}
     assert pipeline_status("p", replace(snap, worker_metrics=healthy), 1.0)["degraded"] is False
+    # A combiner whose UDAF calls fail reports the same way, by its client id.
+    stuck = {
+        **beat({"a": view(NOW)}),
+        "id": "shoal-combiner-p-0",
+        "functions": {"p": report({"function_timeout": 1, "function_stuck": 2}, 3, True)},
+    }
+    status = pipeline_status("p", replace(snapshot({0: stuck}), worker_metrics=healthy), 1.0)
+    assert status["degraded"] is True
+    assert set(status["functions"]["workers"]) == {"w2", "shoal-combiner-p-0"}
+    assert status["functions"]["failed_batches"] == {
+        "function_error": 1,
+        "function_timeout": 1,
+        "function_stuck": 2,
+    }
