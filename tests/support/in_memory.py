@@ -91,7 +91,7 @@ def run_in_memory(
             emitted.append(with_revisions(step.closed, combiner.partition))
     if not emitted:
         return combiners[0].state.empty_result(), late, combiners
-    return latest_of(pl.concat(emitted)), late, combiners
+    return latest_of(pl.concat(emitted, how="diagonal_relaxed")), late, combiners
 
 
 def shuffled_with_duplicates(count: int, rng: np.random.Generator, fraction: float) -> list[int]:

@@ -11,8 +11,9 @@ within the allowed lateness count: the oracle is the final (latest) revision of 
 
 Session windows (docs/guarantees.md, "Session windows"): a batch's rows of one key form
 *pieces* by the session rule (``SessionRule.with_sessions`` over that batch alone); a piece is
-late as a whole when ``first_ts + gap_ms + lateness_ms`` is at or below the gateway's earlier
-watermark; the sessions are ``with_sessions`` over every row that is not late.
+late as a whole when ``first_ts + gap_ms + lateness_ms + allowed_lateness_ms`` is at or below
+the gateway's earlier watermark; the sessions are ``with_sessions`` over every row that is not
+late (the latest revisions, with corrections).
 
 Count windows (``expected_count_results``): each row is judged for lateness as the 1 ms window
 at its time (its kind's ``with_window_starts``); the on-time rows of each key, sorted by
@@ -92,7 +93,10 @@ def _session_flags(
         .join(per_batch, on=["gateway_id", "seq"], how="left")
         .with_columns(
             late=pl.col("wm_before").is_not_null()
-            & (pl.col("start") + rule.gap_ms + spec.lateness_ms <= pl.col("wm_before")),
+            & (
+                pl.col("start") + rule.gap_ms + spec.lateness_ms + spec.allowed_lateness_ms
+                <= pl.col("wm_before")
+            ),
             end=pl.col("start") + rule.gap_ms,
             _unit=pl.col("start"),
         )
