@@ -117,6 +117,40 @@ def closed_by(
     Aligned windows: those ending at or before it. Sessions: those with ``end + gap_ms`` at
     or before it, published per (partition, window, start) once all of them can close.
     """
+    flagged = _flag_closable(expected, spec, threshold)
+    return flagged.filter(pl.col("_ok")).drop("_ok", "_partition")
+
+
+def without_pending_sessions(
+    emitted: pl.DataFrame,
+    expected: pl.DataFrame,
+    spec: PipelineSpec,
+    threshold: int | list[int | None],
+) -> pl.DataFrame:
+    """``emitted`` without the session messages that ``closed_by`` leaves out of ``expected``
+    (the full oracle): with corrections, a published session that a late piece extended or
+    joined to a session still open is published again only once that session may close, so
+    until then its message holds an earlier revision the final threshold cannot judge.
+    Without corrections nothing is left out (a session is published only once final)."""
+    if not spec.allowed_lateness_ms:
+        return emitted
+    flagged = _flag_closable(expected, spec, threshold)
+    pending = flagged.filter(~pl.col("_ok")).select("window", "start", "_partition").unique()
+    if pending.height == 0 or emitted.height == 0:
+        return emitted
+    router = KeyRouter(spec.partitions)
+    return (
+        emitted.with_columns(_partition=router.route(emitted["key"]).cast(pl.Int64))
+        .join(pending, on=["window", "start", "_partition"], how="anti")
+        .drop("_partition")
+    )
+
+
+def _flag_closable(
+    expected: pl.DataFrame, spec: PipelineSpec, threshold: int | list[int | None]
+) -> pl.DataFrame:
+    """``expected`` with ``_partition`` and ``_ok``: whether its (window, start, partition)
+    message may close at that partition's threshold (see ``closed_by``)."""
     marks = [threshold] * spec.partitions if isinstance(threshold, int) else threshold
     through = pl.col("_partition").replace_strict(
         dict(enumerate(-(2**62) if m is None else m for m in marks)), return_dtype=pl.Int64
@@ -127,8 +161,7 @@ def closed_by(
     return (
         expected.with_columns(_partition=router.route(expected["key"]).cast(pl.Int64))
         .with_columns(_ok=pl.col("end") + gap.fill_null(0) <= through)
-        .filter(pl.col("_ok").all().over("window", "start", "_partition"))
-        .drop("_ok", "_partition")
+        .with_columns(pl.col("_ok").all().over("window", "start", "_partition"))
     )
 
 
