@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shoal.processors.combine import Combiner
 from shoal.processors.results import key_messages, split_windows
 from shoal.processors.session_state import SessionState
 from shoal.processors.spec import PipelineSpec, parse_pipeline
@@ -19,7 +20,7 @@ from shoal.processors.state import ClosedWindows
 from shoal.schemas.results import RETRACTED, latest_revisions
 from tests.support.datasets import make_batches
 from tests.support.in_memory import check_against_oracle
-from tests.unit.processors.test_combiner import Harness
+from tests.unit.processors.test_combiner import Harness, status
 
 GAP = 1_000
 LATENESS = 500
@@ -317,3 +318,95 @@ def test_property_corrections_are_exact(
     check_against_oracle(
         spec, data, seed=seed, duplicate_fraction=duplicate_fraction, reorder_within=reorder_within
     )
+
+
+def _session_restart(*, with_log: bool) -> tuple[list[str], list[tuple[int, str, int]]]:
+    """Session corrections in the timing-dependent case, a crash, re-sends in another order.
+
+    Gateways b and c go quiet; a closes k's and j's sessions without them. b's next piece
+    extends k's session (a correction of its start), c's moves j's session to an earlier
+    start (a retraction and a new message); both are on time by their gateways' own rule
+    and come after the close only by timing. The combiner dies; its checkpoint (taken
+    before the close) is restored, the gateways re-send c1, b1, a1 in that order, then b
+    sends a new row for k's session. Returns the (start, revision) published with two
+    different contents, and the (start, key, rows) a consumer keeping the latest revision
+    per result row holds.
+    """
+    spec = session_spec(idle_timeout_ms=1_000)
+    h = Harness(spec)
+    log = bytearray()
+    copies: dict[tuple[int, int], set[tuple[tuple[str, int], ...]]] = {}
+    frames: list[pl.DataFrame] = []
+
+    def persist(combiner: Any) -> None:
+        write = combiner.take_log()
+        if write is not None:
+            log[:] = write.data if write.replace else bytes(log) + write.data
+
+    def publish(closed: ClosedWindows | None) -> None:
+        if closed is None or closed.empty:
+            return
+        for result in split_windows(closed.frame, closed.revisions, closed.sessions):
+            content = tuple(sorted(result.frame.select("key", "rows").rows()))
+            copies.setdefault((result.start, result.revision), set()).add(content)
+        frames.extend(_message_rows(closed))
+
+    def deliver(combiner: Any, gateway_id: str, seq: int, row: tuple[str, int]) -> None:
+        key, ts = row
+        step = combiner.receive(h.partial(gateway_id, seq, [(key, ts, 1.0)]))
+        for closed in step.replayed:
+            publish(closed)
+        tick = combiner.tick()
+        persist(combiner)
+        publish(tick.closed)
+
+    for gateway_id, next_seq in (("a", 2), ("b", 1), ("c", 1)):
+        h.combiner.receive_status(status(gateway_id, 0, next_seq))
+    deliver(h.combiner, "a", 0, ("k", 5_100))
+    deliver(h.combiner, "b", 0, ("k", 5_200))
+    deliver(h.combiner, "c", 0, ("j", 5_300))
+    checkpoint = h.combiner.snapshot()
+    persist(h.combiner)
+    h.clock.advance(1_001)  # b and c go quiet
+    deliver(h.combiner, "a", 1, ("z", 9_000))  # threshold 8_500: k's and j's sessions close
+    deliver(h.combiner, "b", 1, ("k", 5_400))  # after the close: k's session grows
+    deliver(h.combiner, "c", 1, ("j", 4_800))  # after the close: j's session moves to 4_800
+    assert {(s, r) for s, r in copies if s != 9_000} == {
+        (4_800, 1),
+        (5_100, 1),
+        (5_100, 2),
+        (5_300, 1),
+        (5_300, 2),
+    }
+
+    restored = Combiner(spec, 0, h.clock)
+    restored.restore(checkpoint, bytes(log) if with_log else None)
+    for gateway_id, seq, row in (("c", 1, ("j", 4_800)), ("b", 1, ("k", 5_400))):
+        deliver(restored, gateway_id, seq, row)
+    deliver(restored, "a", 1, ("z", 9_000))
+    deliver(restored, "b", 2, ("k", 5_600))  # new after the crash
+    h.clock.advance(1_001)
+    publish(restored.tick().closed)
+    conflicting = [f"{s}/{r}" for (s, r), seen in copies.items() if len(seen) > 1]
+    latest = _latest(frames)
+    return conflicting, sorted(latest.select("start", "key", "rows").rows())
+
+
+def _latest(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    return latest_revisions(pl.concat(frames, how="diagonal_relaxed"))
+
+
+def test_a_restart_re_takes_session_corrections_whatever_the_resend_order() -> None:
+    conflicting, latest = _session_restart(with_log=True)
+    assert conflicting == []  # one content per (start, revision)
+    # every row once: k's session with b's row sent after the crash, j's at its new start
+    assert [r for r in latest if r[1] != "z"] == [(4_800, "j", 2), (5_100, "k", 4)]
+
+
+def test_without_the_close_log_the_session_restart_goes_wrong() -> None:
+    conflicting, latest = _session_restart(with_log=False)
+    # the restored combiner takes b's and c's pieces on time and publishes k's whole
+    # session as revision 1 again, with other rows; the consumer keeps the revision 2 from
+    # before the crash, which lacks the row b sent after it
+    assert conflicting == ["5100/1"]
+    assert [r for r in latest if r[1] != "z"] == [(4_800, "j", 2), (5_100, "k", 3)]
