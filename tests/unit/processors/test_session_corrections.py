@@ -18,6 +18,7 @@ from shoal.processors.session_state import SessionState
 from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.processors.state import ClosedWindows
 from shoal.schemas.results import RETRACTED, latest_revisions
+from tests.support.crash_replay import Deliveries
 from tests.support.datasets import make_batches
 from tests.support.in_memory import check_against_oracle
 from tests.unit.processors.test_combiner import Harness, status
@@ -334,32 +335,8 @@ def _session_restart(*, with_log: bool) -> tuple[list[str], list[tuple[int, str,
     """
     spec = session_spec(idle_timeout_ms=1_000)
     h = Harness(spec)
-    log = bytearray()
-    copies: dict[tuple[int, int], set[tuple[tuple[str, int], ...]]] = {}
-    frames: list[pl.DataFrame] = []
-
-    def persist(combiner: Any) -> None:
-        write = combiner.take_log()
-        if write is not None:
-            log[:] = write.data if write.replace else bytes(log) + write.data
-
-    def publish(closed: ClosedWindows | None) -> None:
-        if closed is None or closed.empty:
-            return
-        for result in split_windows(closed.frame, closed.revisions, closed.sessions):
-            content = tuple(sorted(result.frame.select("key", "rows").rows()))
-            copies.setdefault((result.start, result.revision), set()).add(content)
-        frames.extend(_message_rows(closed))
-
-    def deliver(combiner: Any, gateway_id: str, seq: int, row: tuple[str, int]) -> None:
-        key, ts = row
-        step = combiner.receive(h.partial(gateway_id, seq, [(key, ts, 1.0)]))
-        for closed in step.replayed:
-            publish(closed)
-        tick = combiner.tick()
-        persist(combiner)
-        publish(tick.closed)
-
+    run = Deliveries(h.partial, columns=("key", "rows"))
+    deliver, persist, publish = run.deliver, run.persist, run.publish
     for gateway_id, next_seq in (("a", 2), ("b", 1), ("c", 1)):
         h.combiner.receive_status(status(gateway_id, 0, next_seq))
     deliver(h.combiner, "a", 0, ("k", 5_100))
@@ -371,7 +348,7 @@ def _session_restart(*, with_log: bool) -> tuple[list[str], list[tuple[int, str,
     deliver(h.combiner, "a", 1, ("z", 9_000))  # threshold 8_500: k's and j's sessions close
     deliver(h.combiner, "b", 1, ("k", 5_400))  # after the close: k's session grows
     deliver(h.combiner, "c", 1, ("j", 4_800))  # after the close: j's session moves to 4_800
-    assert {(s, r) for s, r in copies if s != 9_000} == {
+    assert {(s, r) for s, r in run.copies if s != 9_000} == {
         (4_800, 1),
         (5_100, 1),
         (5_100, 2),
@@ -380,20 +357,16 @@ def _session_restart(*, with_log: bool) -> tuple[list[str], list[tuple[int, str,
     }
 
     restored = Combiner(spec, 0, h.clock)
-    restored.restore(checkpoint, bytes(log) if with_log else None)
+    restored.restore(checkpoint, bytes(run.log) if with_log else None)
     for gateway_id, seq, row in (("c", 1, ("j", 4_800)), ("b", 1, ("k", 5_400))):
         deliver(restored, gateway_id, seq, row)
     deliver(restored, "a", 1, ("z", 9_000))
     deliver(restored, "b", 2, ("k", 5_600))  # new after the crash
     h.clock.advance(1_001)
     publish(restored.tick().closed)
-    conflicting = [f"{s}/{r}" for (s, r), seen in copies.items() if len(seen) > 1]
-    latest = _latest(frames)
+    conflicting = [f"{s}/{r}" for s, r in run.conflicting()]
+    latest = latest_revisions(pl.concat(run.messages, how="diagonal_relaxed"))
     return conflicting, sorted(latest.select("start", "key", "rows").rows())
-
-
-def _latest(frames: list[pl.DataFrame]) -> pl.DataFrame:
-    return latest_revisions(pl.concat(frames, how="diagonal_relaxed"))
 
 
 def test_a_restart_re_takes_session_corrections_whatever_the_resend_order() -> None:
