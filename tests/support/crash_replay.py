@@ -50,15 +50,7 @@ class Deliveries:
         for result in split_windows(closed.frame, closed.revisions, closed.sessions):
             content = tuple(sorted(result.frame.select(*self.columns).rows()))
             self.copies.setdefault((result.start, result.revision), set()).add(content)
-            self.messages.append(
-                result.frame.with_columns(
-                    pipeline=pl.lit("t"),
-                    window=pl.lit(result.window),
-                    start=pl.lit(result.start),
-                    partition=pl.lit(0),
-                    revision=pl.lit(result.revision),
-                )
-            )
+        self.messages.extend(message_rows(closed))
 
     def deliver(self, combiner: Combiner, gateway_id: str, seq: int, row: tuple[str, int]) -> None:
         """One batch of one row (value 1.0), then a tick; log and record what came out."""
@@ -73,3 +65,18 @@ class Deliveries:
     def conflicting(self) -> list[tuple[int, int]]:
         """(start, revision) published with more than one content."""
         return sorted(k for k, seen in self.copies.items() if len(seen) > 1)
+
+
+def message_rows(closed: ClosedWindows) -> list[pl.DataFrame]:
+    """Each window message of ``closed`` as a consumer sees its result rows: with pipeline
+    ``t``, ``window``, ``start``, partition 0 and ``revision`` (for ``latest_revisions``)."""
+    return [
+        result.frame.with_columns(
+            pipeline=pl.lit("t"),
+            window=pl.lit(result.window),
+            start=pl.lit(result.start),
+            partition=pl.lit(0),
+            revision=pl.lit(result.revision),
+        )
+        for result in split_windows(closed.frame, closed.revisions, closed.sessions)
+    ]

@@ -18,7 +18,7 @@ from shoal.processors.session_state import SessionState
 from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.processors.state import ClosedWindows
 from shoal.schemas.results import RETRACTED, latest_revisions
-from tests.support.crash_replay import Deliveries
+from tests.support.crash_replay import Deliveries, message_rows
 from tests.support.datasets import make_batches
 from tests.support.in_memory import check_against_oracle
 from tests.unit.processors.test_combiner import Harness, status
@@ -117,23 +117,8 @@ def _consumer_rows(*steps: ClosedWindows | None) -> pl.DataFrame:
     frames = []
     for closed in steps:
         assert closed is not None
-        frames.extend(_message_rows(closed))
+        frames.extend(message_rows(closed))
     return latest_revisions(pl.concat(frames, how="diagonal_relaxed"))
-
-
-def _message_rows(closed: ClosedWindows) -> list[pl.DataFrame]:
-    frames = []
-    for result in split_windows(closed.frame, closed.revisions, closed.sessions):
-        frames.append(
-            result.frame.with_columns(
-                pipeline=pl.lit("c"),
-                window=pl.lit(result.window),
-                start=pl.lit(result.start),
-                partition=pl.lit(0),
-                revision=pl.lit(result.revision),
-            )
-        )
-    return frames
 
 
 def test_a_late_piece_bridging_two_closed_sessions_merges_them() -> None:
