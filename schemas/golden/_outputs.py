@@ -25,7 +25,9 @@ windows, 1 s lateness):
   the partial carries rows, and t1's first window (rows at T0 and T0 + 250 ms) closes once
   the threshold passes them; a flush then emits the unfinished windows;
 * a pipeline ``visits`` with 5 s session windows: two sensors' sessions start at T0 and end
-  apart, so one message (per start) carries each key's own ``end``.
+  apart, so one message (per start) carries each key's own ``end``; with allowed lateness, a
+  late row of t2 before T0 moves t2's session to an earlier start: the T0 message comes again
+  (revision 2) with t2's retraction (``rows`` 0, ``superseded_by``).
 
 Only the heartbeats' process-dependent figures (uptime, CPU, rates over wall time) are set
 to fixed values after ``metrics()`` returns; every other byte is the code's.
@@ -159,6 +161,11 @@ NOTES: Final = {
     "result-window-session": "sessions of two keys that start together; each has its end",
     "result-window-columnar-session": "the same sessions in MsgPack: end is a column",
     "result-key-session": "the latest session of one key (retained): its own end",
+    "result-window-session-correction": (
+        "a late row moved t2's session to an earlier start: the T0 message again (revision 2)"
+        " with t2 retracted (rows 0, superseded_by)"
+    ),
+    "result-window-columnar-session-correction": "the same correction in MsgPack",
     "confirm": "every batch of gw-01 up to seq 3 is applied and durable in partition 0",
     "confirm-missing": "with seqs the partition has waited for while holding later ones",
     "gateway-status": "a gateway's retained status",
@@ -420,6 +427,38 @@ def _sessions(s: _Scenario) -> None:
     _emit(s, spec, core, closed, "-session")
 
 
+def _session_corrections(s: _Scenario) -> None:
+    """``_sessions`` with allowed lateness; then t2 at T0 - 1.5 s joins t2's session."""
+    spec = replace(VISITS, allowed_lateness_ms=60_000)
+    builder = PartialBuilder(spec, WORKER_ID)
+    core = Combiner(spec, 0, s.clock)
+    core.receive_status(_status("gw-01", 3, s.clock.now_ms()))
+    rows = [("t1", 0, 1.0, None), ("t1", 1_000, 2.0, None), ("t2", 0, 5.0, None)]
+    seq0 = _batch("gw-01", 0, [*rows, ("t1", 3_000, 4.0, None), ("t2", 2_000, 7.0, None)])
+    seq1 = _batch("gw-01", 1, [("t1", 30_000, 3.0, None)])
+    seq2 = _batch("gw-01", 2, [("t2", -1_500, 6.0, None)])
+    for payload in (seq0, seq1):
+        _combine(s, core, _work(s, spec, builder, "gw-01", payload)[0])
+        s.clock.advance(100)
+    corrected = _combine(s, core, _work(s, spec, builder, "gw-01", seq2)[0])
+    assert [c.revisions for c in corrected] == [{("session-5s", T0): 2}]
+    ctx = Emission(spec.name, 0, spec.partitions, core.closed_through, s.clock.now_ms())
+    [result] = [
+        r
+        for c in corrected
+        for r in split_windows(c.frame, c.revisions, c.sessions)
+        if r.start == T0
+    ]
+    topic = TOPICS.results(spec.name)
+    s.add("result-window-session-correction", "result-window", topic, window_json(result, ctx))
+    s.add(
+        "result-window-columnar-session-correction",
+        "result-window-columnar",
+        TOPICS.results_encoded(spec.name, "msgpack"),
+        window_msgpack(result, ctx),
+    )
+
+
 def _alerts(s: _Scenario) -> None:
     """Seq 0 and 1 of gw-01 through ``hot``: t1 fires at T0; seq 2 (t1 at 10.0) resolves it."""
     spec = HOT
@@ -653,4 +692,5 @@ def output_cases() -> list[OutputCase]:
     _sessions(s)
     _parts(s)
     _alerts(s)
+    _session_corrections(s)  # last: it advances the scenario's clock
     return s.cases

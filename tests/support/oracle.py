@@ -11,8 +11,9 @@ within the allowed lateness count: the oracle is the final (latest) revision of 
 
 Session windows (docs/guarantees.md, "Session windows"): a batch's rows of one key form
 *pieces* by the session rule (``SessionRule.with_sessions`` over that batch alone); a piece is
-late as a whole when ``first_ts + gap_ms + lateness_ms`` is at or below the gateway's earlier
-watermark; the sessions are ``with_sessions`` over every row that is not late.
+late as a whole when ``first_ts + gap_ms + lateness_ms + allowed_lateness_ms`` is at or below
+the gateway's earlier watermark; the sessions are ``with_sessions`` over every row that is not
+late (the latest revisions, with corrections).
 
 Count windows (``expected_count_results``): each row is judged for lateness as the 1 ms window
 at its time (its kind's ``with_window_starts``); the on-time rows of each key, sorted by
@@ -92,7 +93,10 @@ def _session_flags(
         .join(per_batch, on=["gateway_id", "seq"], how="left")
         .with_columns(
             late=pl.col("wm_before").is_not_null()
-            & (pl.col("start") + rule.gap_ms + spec.lateness_ms <= pl.col("wm_before")),
+            & (
+                pl.col("start") + rule.gap_ms + spec.lateness_ms + spec.allowed_lateness_ms
+                <= pl.col("wm_before")
+            ),
             end=pl.col("start") + rule.gap_ms,
             _unit=pl.col("start"),
         )
@@ -113,6 +117,40 @@ def closed_by(
     Aligned windows: those ending at or before it. Sessions: those with ``end + gap_ms`` at
     or before it, published per (partition, window, start) once all of them can close.
     """
+    flagged = _flag_closable(expected, spec, threshold)
+    return flagged.filter(pl.col("_ok")).drop("_ok", "_partition")
+
+
+def without_pending_sessions(
+    emitted: pl.DataFrame,
+    expected: pl.DataFrame,
+    spec: PipelineSpec,
+    threshold: int | list[int | None],
+) -> pl.DataFrame:
+    """``emitted`` without the session messages that ``closed_by`` leaves out of ``expected``
+    (the full oracle): with corrections, a published session that a late piece extended or
+    joined to a session still open is published again only once that session may close, so
+    until then its message holds an earlier revision the final threshold cannot judge.
+    Without corrections nothing is left out (a session is published only once final)."""
+    if not spec.allowed_lateness_ms:
+        return emitted
+    flagged = _flag_closable(expected, spec, threshold)
+    pending = flagged.filter(~pl.col("_ok")).select("window", "start", "_partition").unique()
+    if pending.height == 0 or emitted.height == 0:
+        return emitted
+    router = KeyRouter(spec.partitions)
+    return (
+        emitted.with_columns(_partition=router.route(emitted["key"]).cast(pl.Int64))
+        .join(pending, on=["window", "start", "_partition"], how="anti")
+        .drop("_partition")
+    )
+
+
+def _flag_closable(
+    expected: pl.DataFrame, spec: PipelineSpec, threshold: int | list[int | None]
+) -> pl.DataFrame:
+    """``expected`` with ``_partition`` and ``_ok``: whether its (window, start, partition)
+    message may close at that partition's threshold (see ``closed_by``)."""
     marks = [threshold] * spec.partitions if isinstance(threshold, int) else threshold
     through = pl.col("_partition").replace_strict(
         dict(enumerate(-(2**62) if m is None else m for m in marks)), return_dtype=pl.Int64
@@ -123,8 +161,7 @@ def closed_by(
     return (
         expected.with_columns(_partition=router.route(expected["key"]).cast(pl.Int64))
         .with_columns(_ok=pl.col("end") + gap.fill_null(0) <= through)
-        .filter(pl.col("_ok").all().over("window", "start", "_partition"))
-        .drop("_ok", "_partition")
+        .with_columns(pl.col("_ok").all().over("window", "start", "_partition"))
     )
 
 

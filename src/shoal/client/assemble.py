@@ -26,7 +26,9 @@ Corrections (a higher ``revision`` of a partition's window, pipelines with allow
 replace that partition's part: a window still pending takes it in; a window already released
 is released again at once, with the other partitions' latest parts (remembered for the last
 ``remember_windows`` windows) and the highest revision among its parts. A copy that is not
-later (``WindowMessage.rank``) than the part already held is dropped.
+later (``WindowMessage.rank``) than the part already held is dropped. A session window's
+retraction rows (``superseded_by``: the key's session moved to another start, whose window
+carries it) are left out of the assembled frame.
 
 Must not import ``shoal.broker``: the client feeds it messages and a clock.
 """
@@ -39,7 +41,7 @@ from typing import Final
 
 import polars as pl
 
-from shoal.schemas.results import Deduplicator, WindowMessage
+from shoal.schemas.results import RETRACTED, Deduplicator, WindowMessage
 
 DEFAULT_MAX_WAIT_MS: Final = 10_000
 DEFAULT_SETTLE_MS: Final = 1_000
@@ -296,7 +298,13 @@ class WindowAssembler:
 
 def _assemble(parts: list[WindowMessage], *, complete: bool) -> AssembledWindow:
     first = parts[0]
-    frame = parts[0].frame if len(parts) == 1 else pl.concat([p.frame for p in parts])
+    frame = (
+        parts[0].frame
+        if len(parts) == 1
+        else pl.concat([p.frame for p in parts], how="diagonal_relaxed")
+    )
+    if RETRACTED in frame.columns:  # a session that moved to another start: not a result here
+        frame = frame.filter(pl.col(RETRACTED).is_null()).drop(RETRACTED)
     return AssembledWindow(
         pipeline=first.pipeline,
         window=first.window,

@@ -26,7 +26,10 @@ order), kept in checkpoints, so a duplicate or re-send never makes a revision.
 
 Session windows (``kind = "session"``; docs/architecture.md "Session windows") go to a
 ``SessionState`` instead of the ``WindowState``: the same steps, with a piece's window
-``[first_ts, first_ts + gap_ms)`` for lateness and ``last + 2 * gap_ms`` for its close.
+``[first_ts, first_ts + gap_ms)`` for lateness and ``last + 2 * gap_ms`` for its close. With
+allowed lateness they are kept and corrected by ``SessionState.close_keeping`` (revision =
+publications of a (window, start) message; a session that moved to an earlier start leaves a
+retraction in its old start's message), called from ``_close_keeping`` at every logged close.
 
 Count windows (``WindowSpec.by_count``): partials carry rows (``EventRows``), each judged
 in step 3 as the 1 ms window at its timestamp; on-time rows wait in ``count.CountState``,
@@ -71,12 +74,13 @@ from shoal.processors.close_log import CloseLog, Decision, LogWrite
 from shoal.processors.count import CountState
 from shoal.processors.partials import EventRows, Partial, PartialRows, spec_fingerprint
 from shoal.processors.progress import GatewayProgress, ProgressTracker
-from shoal.processors.session_state import SessionState
+from shoal.processors.session_state import SessionClose, SessionState
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows, WindowState
 from shoal.processors.user_aggregates import budget_user_aggregates
 from shoal.rules import AlertBook, Transition
 from shoal.schemas.control import GatewayStatus
+from shoal.schemas.results import RETRACTED
 
 SNAPSHOT_VERSION: Final = 2
 MAX_PENDING_BYTES: Final = 32 * 2**20
@@ -203,6 +207,7 @@ class Combiner:
         # (window index, start) -> batches that brought late rows (revision = 1 + that)
         self.revisions: dict[tuple[int, int], int] = {}
         self._dirty: set[tuple[int, int]] = set()  # kept closed windows changed since emitted
+        self._sessions_revising = False  # session pieces behind the close since the last one
         self._field_names = frozenset(self.plan.field_names)
         self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
         self._names = [w.name for w in spec.windows]
@@ -361,7 +366,14 @@ class Combiner:
             n = rows.fields["n"]
             self.counters.rows_applied += int(n[~is_late].sum())
             if allowed:
-                self._revise(rows, (behind | closed) & ~is_late, closed)
+                revising = (behind | closed) & ~is_late
+                # Sessions count their revisions per publication (``SessionState``); a piece
+                # behind the close may reach a published session: the next close decides.
+                into_session = revising & in_session
+                if into_session.any():
+                    self._sessions_revising = True
+                    self.counters.rows_corrected += int(n[into_session & closed].sum())
+                self._revise(rows, revising & ~in_session, closed)
             if is_late.any():
                 late = self._late(
                     batch.gateway_id, batch.seq, rows, is_late=is_late, behind=beyond, end=end
@@ -601,26 +613,36 @@ class Combiner:
         """Evaluate alerts; withhold (and count) the result rows that fail ``having``."""
         if closed is None or closed.empty:
             return closed
+        frame, retractions = closed.frame, None
+        if RETRACTED in frame.columns:  # session retractions: no alert, never withheld
+            moved = frame[RETRACTED].is_not_null()
+            frame, retractions = frame.filter(~moved), frame.filter(moved)
         if self.spec.alerts:  # alerts see every result row, before having
-            self.transitions.extend(self.alerts.evaluate(closed.frame))
+            self.transitions.extend(self.alerts.evaluate(frame.drop(RETRACTED, strict=False)))
         rule = self.spec.having_rule
         if rule is None:
             return closed
-        passing = rule.apply(closed.frame)
-        withheld = closed.frame.height - passing.height
+        passing = rule.apply(frame)
+        withheld = frame.height - passing.height
         if not withheld:
             return closed  # the same frame: results rendered ahead of the close still apply
         self.counters.results_withheld += withheld
-        self.counters.rows_withheld += int(closed.frame["rows"].sum()) - int(passing["rows"].sum())
-        return ClosedWindows(passing, closed.revisions)
+        self.counters.rows_withheld += int(frame["rows"].sum()) - int(passing["rows"].sum())
+        if retractions is not None and retractions.height:
+            passing = pl.concat([passing, retractions]).sort("window", "start", maintain_order=True)
+        return ClosedWindows(passing, closed.revisions, closed.sessions)
 
     def _close_ready(self, now_ms: int) -> ClosedWindows | None:
         if self._replay:
             return None  # closes are re-taken from the log, each once its batches are back
         threshold = self.close_threshold(now_ms)
-        decides = bool(self._dirty) or (
-            threshold is not None
-            and (self.closed_through is None or threshold > self.closed_through)
+        decides = (
+            bool(self._dirty)
+            or self._sessions_revising
+            or (
+                threshold is not None
+                and (self.closed_through is None or threshold > self.closed_through)
+            )
         )
         closed = self._close_at(threshold)
         if decides:
@@ -700,27 +722,44 @@ class Combiner:
         forgets the windows the threshold passed by more than the allowed lateness.
         """
         closing: list[tuple[int, int]] = []
-        if threshold is not None and (
+        advanced = threshold is not None and (
             self.closed_through is None or threshold > self.closed_through
-        ):
+        )
+        if advanced and threshold is not None:
             closing = self.state.windows_between(self.closed_through, threshold)
             self.closed_through = threshold
         revised = sorted(self._dirty)
         self._dirty.clear()
-        if not closing and not revised:
+        sessions = self._close_sessions_keeping(advanced=advanced)
+        if not closing and not revised and sessions.frame is None:
             self._drop_expired()
             return None
         frame = self.state.peek(sorted({*closing, *revised}))
-        self.counters.windows_closed += len(closing)
-        self.counters.results_emitted += frame.height
-        self.counters.corrections_emitted += len(set(revised) - set(closing))
+        self.counters.windows_closed += len(closing) + sessions.closed
+        self.counters.corrections_emitted += len(set(revised) - set(closing)) + sessions.corrections
         revisions = {
             (self._names[w], s): 1 + self.revisions[(w, s)]
             for w, s in {*closing, *revised}
             if (w, s) in self.revisions
         }
+        if sessions.frame is not None:
+            revisions.update(sessions.revisions)
+            parts = [f for f in (frame, sessions.frame) if f.height]
+            frame = parts[0] if len(parts) == 1 else pl.concat(parts, how="diagonal_relaxed")
+        self.counters.results_emitted += frame.height
         self._drop_expired()  # after the last results of the windows it forgets
-        return ClosedWindows(frame, revisions)
+        return ClosedWindows(frame, revisions, sessions=self._session_names)
+
+    def _close_sessions_keeping(self, *, advanced: bool) -> SessionClose:
+        """Session windows with allowed lateness: new sessions and corrections (``SessionState``).
+
+        Runs when the threshold advanced or a piece behind the close came (both logged
+        decisions, see ``_close_ready``): the sessions are not merged at every tick.
+        """
+        revising, self._sessions_revising = self._sessions_revising, False
+        if not self.sessions.windows or not (advanced or revising):
+            return SessionClose(None, {})
+        return self.sessions.close_keeping(self.closed_through, self.spec.allowed_lateness_ms)
 
     def _drop_expired(self) -> None:
         """Forget closed windows the close threshold passed by the allowed lateness."""
@@ -735,7 +774,7 @@ class Combiner:
         """Closed windows held for corrections (each at most ``allowed_lateness_ms``)."""
         if self.closed_through is None or not self.spec.allowed_lateness_ms:
             return 0
-        return self.state.windows_through(self.closed_through)
+        return self.state.windows_through(self.closed_through) + self.sessions.kept()
 
     def flush(self) -> ClosedWindows:
         """Close every open window now, as at the end of the input (``having`` applied)."""
@@ -775,6 +814,8 @@ class Combiner:
                 s + int(self._sizes[w])
                 for w, s in self.state.windows_between(self.closed_through, 2**62)
             ]
+            reach = self.sessions.reach()
+            ends += [] if reach is None else [reach]
             last = max(ends, default=self.closed_through)
             closed = None if last is None else self._close_keeping(last)
             return closed or ClosedWindows(self.state.empty_result())
@@ -849,6 +890,8 @@ class Combiner:
                 "closed_through": self.closed_through,
                 "revisions": [[w, s, n] for (w, s), n in sorted(self.revisions.items())],
                 "dirty": [[w, s] for w, s in sorted(self._dirty)],
+                "sessions_revising": self._sessions_revising,
+                "session_corrections": self.sessions.snapshot_corrections(),
                 "counters": asdict(self.counters),
                 "gateways": gateways,
                 "state": None if state is None else state.pack(),
@@ -924,7 +967,11 @@ class Combiner:
             self.tracker.gateways[progress.gateway_id] = progress
         self.state.restore(None if obj["state"] is None else PartialRows.unpack(obj["state"]))
         sessions = obj.get("sessions")  # after the state: it shares the state's key ids
-        self.sessions.restore(None if sessions is None else PartialRows.unpack(sessions))
+        self.sessions.restore(
+            None if sessions is None else PartialRows.unpack(sessions),
+            obj.get("session_corrections"),
+        )
+        self._sessions_revising = bool(obj.get("sessions_revising", False))
         if self.counts is not None:
             self.counts.restore(obj.get("counts"))
         self.alerts.restore(obj.get("alerts"))

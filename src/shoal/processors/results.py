@@ -20,7 +20,10 @@ that part. A message without them is the whole window (part 0 of 1).
 
 A *correction* (pipeline with ``allowed_lateness_ms``) is the same message for a window with
 ``revision`` above 1 and ``"correction": true``: late rows were folded into the window, and
-it supersedes every lower revision of the same (pipeline, window, start, partition).
+it supersedes every lower revision of the same (pipeline, window, start, partition). A
+session window's correction may hold *retractions*: a key whose session moved to an earlier
+start (a late piece extended it backwards or joined it to an earlier session) comes with
+``rows`` 0 and ``superseded_by``, its new start; the new session is in that start's message.
 
 Per-key message (``results/<pipeline>/<key>``, retained JSON): one result row plus
 ``pipeline``, ``window``, ``start``, ``end``, ``revision`` and ``emitted_at`` (and
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import msgpack
@@ -40,6 +43,7 @@ import polars as pl
 
 from shoal.processors.combine import LateRows
 from shoal.schemas import SCHEMA_VERSION
+from shoal.schemas.results import RETRACTED
 
 JSON_CONTENT_TYPE: Final = "application/json"
 MSGPACK_CONTENT_TYPE: Final = "application/msgpack"
@@ -90,9 +94,12 @@ def split_windows(
     else:
         groups = list(closed.group_by("window", "start", maintain_order=True))
     out = []
-    for (window, start), part in groups:
+    for (window, start), group in groups:
         name, begin = str(window), int(start)
+        part = group
         revision = revisions.get((name, begin), FIRST_REVISION)
+        if RETRACTED in part.columns and part[RETRACTED].null_count() == part.height:
+            part = part.drop(RETRACTED)  # present only in messages holding a retraction
         if name in sessions:
             end = int(part["end"].max())  # type: ignore[arg-type]
             frame = part.drop("window", "start").select("key", "end", pl.exclude("key", "end"))
@@ -167,7 +174,10 @@ def window_msgpack(result: WindowResult, ctx: Emission) -> bytes:
 def key_messages(
     result: WindowResult, pipeline: str, emitted_at_ms: int
 ) -> list[tuple[str | None, bytes]]:
-    """(key, retained JSON) per key of the window."""
+    """(key, retained JSON) per key of the window (a session's retraction has none)."""
+    if RETRACTED in result.frame.columns:  # its key's session is in another message now
+        result = replace(result, frame=result.frame.filter(pl.col(RETRACTED).is_null()))
+        result = replace(result, frame=result.frame.drop(RETRACTED))
     if result.frame.height == 0:
         return []
     framed = result.frame.select(

@@ -15,6 +15,17 @@ identity fixes its content: sessions of several keys that share a start close to
 session waits while another one with its start is still open (no new session can take that
 start later: a piece that is not late starts after the threshold minus ``gap_ms``).
 
+Corrections (``allowed_lateness_ms`` A > 0; docs/guarantees.md "Session windows"):
+``close_keeping`` replaces ``close``. Closed sessions stay, merged, until the threshold passes
+``last + 2 * gap_ms`` by A. Each entry remembers the ``start`` it was published under
+(``pub``); a late piece that merges into a published session makes its message *dirty*, and
+one that moves the session's start earlier (extending it backwards, or bridging it with an
+earlier session) also leaves a *retraction* behind in the message of the old start: a result
+row with ``rows`` 0 and ``superseded_by`` (the new start). A dirty message is published again,
+whole (every key whose session has that start, plus its retractions), once every session
+with that start may close; its revision is the number of times it has been published, so
+one revision has one content. The counts live in checkpoints with the kept sessions.
+
 Imports only ``processors`` modules below it (no I/O).
 """
 
@@ -36,13 +47,16 @@ from shoal.processors._kernels import (
 )
 from shoal.processors.aggregates import QUANTILES, AggregatePlan
 from shoal.processors.partials import PartialRows, session_rule
-from shoal.processors.sessions import SessionRule
+from shoal.processors.sessions import SessionRule, Sessions
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import KeyIds, results_frame
+from shoal.schemas.results import RETRACTED
 
 Int64Array = npt.NDArray[np.int64]
 
+NOT_PUBLISHED: Final = np.iinfo(np.int64).min
+"""``_Entries.pub`` of an entry whose session has not been published under its start."""
 COMPACT_PIECES: Final = 2_000_000
 """Pending pieces (plus their sketch cells) that trigger a merge between closes."""
 _EVER: Final = 2**62
@@ -52,7 +66,8 @@ _EVER: Final = 2**62
 class _Entries:
     """Session entries of one window: pieces, or sessions once merged.
 
-    ``cells`` are sketch cells whose group is the entry's index in these arrays.
+    ``cells`` are sketch cells whose group is the entry's index in these arrays. ``pub``: the
+    start the entry's session was last published under (``NOT_PUBLISHED``: never, as is).
     """
 
     key: Int64Array
@@ -61,6 +76,7 @@ class _Entries:
     fields: dict[str, npt.NDArray[Any]]
     cells: Int64Array
     counts: Int64Array
+    pub: Int64Array
 
     def __len__(self) -> int:
         return len(self.first)
@@ -77,6 +93,7 @@ class _Entries:
             {f: c[picked] for f, c in self.fields.items()},
             cell_ids(index[owner[keep]], cell_buckets(self.cells[keep])),
             self.counts[keep],
+            self.pub[picked],
         )
 
 
@@ -94,7 +111,23 @@ def _concat(chunks: list[_Entries]) -> _Entries:
             ]
         ),
         np.concatenate([c.counts for c in chunks]),
+        np.concatenate([c.pub for c in chunks]),
     )
+
+
+@dataclass
+class SessionClose:
+    """What ``SessionState.close_keeping`` published in one step.
+
+    ``revisions``: (window name, start) -> revision, for the messages above revision 1.
+    """
+
+    frame: pl.DataFrame | None
+    revisions: dict[tuple[str, int], int]
+    closed: int = 0
+    """Messages published for the first time."""
+    corrections: int = 0
+    """Messages published again (revision above 1)."""
 
 
 class SessionState:
@@ -113,6 +146,15 @@ class SessionState:
         self._chunks: dict[int, list[_Entries]] = {w: [] for w in self.rules}
         self._merged: dict[int, bool] = dict.fromkeys(self.rules, True)
         self._pending = 0
+        self._reset_corrections()
+
+    def _reset_corrections(self) -> None:
+        self.published: dict[tuple[int, int], int] = {}
+        """(window, start) -> the revision last published (kept sessions' messages)."""
+        self.dirty: set[tuple[int, int]] = set()
+        """Published messages whose content changed since (``close_keeping``)."""
+        self.retracted: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}
+        """(window, old start) -> key id -> (new start, new end): sessions that moved."""
 
     @property
     def windows(self) -> frozenset[int]:
@@ -125,8 +167,13 @@ class SessionState:
 
     # -- input -------------------------------------------------------------------------------
 
-    def add(self, rows: PartialRows, keep: npt.NDArray[np.bool_]) -> None:
-        """Append the session pieces of a partial picked by ``keep`` (their sketch follows)."""
+    def add(
+        self, rows: PartialRows, keep: npt.NDArray[np.bool_], pub: Int64Array | None = None
+    ) -> None:
+        """Append the session pieces of a partial picked by ``keep`` (their sketch follows).
+
+        ``pub``: per row, the start it was published under (a checkpoint's; else none was).
+        """
         if rows.last is None or not keep.any():
             return
         for window in self.rules:
@@ -151,6 +198,9 @@ class SessionState:
                     {f: rows.fields[f][taken] for f in self.plan.field_names},
                     cells,
                     counts,
+                    np.full(len(taken), NOT_PUBLISHED, dtype=np.int64)
+                    if pub is None
+                    else pub[taken],
                 )
             )
             self._merged[window] = False
@@ -179,10 +229,45 @@ class SessionState:
             owner = sessions.label[cell_groups(cells)]
             # sorted runs (the merged base, then each chunk): the sort path beats a dense grid
             cells, counts = merge_cells(cell_ids(owner, cell_buckets(cells)), counts)
-        merged = _Entries(sessions.key, sessions.first_ts, sessions.last_ts, fields, cells, counts)
+        pub = np.full(len(sessions), NOT_PUBLISHED, dtype=np.int64)
+        published = entries.pub != NOT_PUBLISHED
+        if published.any():
+            self._note_changes(window, entries, sessions, published)
+            same = published & (entries.pub == sessions.first_ts[sessions.label])
+            pub[sessions.label[same]] = entries.pub[same]
+        merged = _Entries(
+            sessions.key, sessions.first_ts, sessions.last_ts, fields, cells, counts, pub
+        )
         self._chunks[window] = [merged]
         self._merged[window] = True
         return merged
+
+    def _note_changes(
+        self,
+        window: int,
+        entries: _Entries,
+        sessions: Sessions,
+        published: npt.NDArray[np.bool_],
+    ) -> None:
+        """Mark the published messages a merge changes (``dirty``) and the moves (retractions).
+
+        A published session that took in another entry changed; one whose start moved lost
+        its place in the message of its old start.
+        """
+        sizes = np.bincount(sessions.label, minlength=len(sessions))
+        new_first = sessions.first_ts[sessions.label]
+        moved = published & (entries.pub != new_first)
+        grown = published & (sizes[sessions.label] > 1)
+        gap = self.rules[window].gap_ms
+        for i in np.flatnonzero(moved | grown).tolist():
+            label = int(sessions.label[i])
+            first = int(new_first[i])
+            old = int(entries.pub[i])
+            self.dirty.add((window, first))
+            if old != first:
+                self.dirty.add((window, old))
+                end = int(sessions.last_ts[label]) + gap
+                self.retracted.setdefault((window, old), {})[int(entries.key[i])] = (first, end)
 
     # -- closing ----------------------------------------------------------------------------
 
@@ -209,6 +294,127 @@ class SessionState:
         if not frames:
             return None
         return frames[0] if len(frames) == 1 else pl.concat(frames)
+
+    def close_keeping(self, threshold: int | None, allowed_ms: int) -> SessionClose:
+        """``close`` with allowed lateness: publish, keep closed sessions, publish corrections.
+
+        A message (window, start) is published when every session with that start may close
+        (``last + 2 * gap_ms <= threshold``) and it is new or ``dirty``; it holds those
+        sessions and the retractions of sessions that moved away from that start. Published
+        sessions are then forgotten once the threshold passes their close by ``allowed_ms``.
+        """
+        frames: list[pl.DataFrame] = []
+        out = SessionClose(None, {})
+        for window, rule in self.rules.items():
+            entries = self._merge(window)
+            if entries is None:
+                continue
+            closable = (
+                np.zeros(len(entries), dtype=np.bool_)
+                if threshold is None
+                else entries.last + 2 * rule.gap_ms <= threshold
+            )
+            ready = {
+                *entries.first[closable & (entries.pub == NOT_PUBLISHED)].tolist(),
+                *(s for w, s in self.dirty if w == window),
+            }
+            ready -= set(entries.first[~closable].tolist())
+            if ready:
+                starts = np.array(sorted(ready), dtype=np.int64)
+                taking = closable & np.isin(entries.first, starts)
+                frame = self._finish(window, rule, entries.take(taking))
+                frame = self._with_retractions(window, rule, frame, starts, entries)
+                frames.append(frame)
+                entries.pub[taking] = entries.first[taking]
+                name = self.spec.windows[window].name
+                for start in starts.tolist():
+                    self.dirty.discard((window, start))
+                for start in frame["start"].unique(maintain_order=True).to_list():
+                    revision = self.published.get((window, start), 0) + 1
+                    self.published[(window, start)] = revision
+                    if revision > 1:
+                        out.revisions[(name, start)] = revision
+                        out.corrections += 1
+                    else:
+                        out.closed += 1
+            if threshold is not None:
+                self._drop(window, rule, entries, threshold - allowed_ms)
+        if frames:
+            out.frame = frames[0] if len(frames) == 1 else pl.concat(frames, how="diagonal")
+        return out
+
+    def _with_retractions(
+        self,
+        window: int,
+        rule: SessionRule,
+        frame: pl.DataFrame,
+        starts: Int64Array,
+        entries: _Entries,
+    ) -> pl.DataFrame:
+        """``frame`` with the retractions of the messages of ``starts`` (taken out of the map).
+
+        A retraction row has the moved session's key, ``rows`` and ``batches`` 0, null
+        aggregates (``count`` 0), and ``superseded_by``/``end``: where the key's session is
+        now (its current entry holding the old start, else the one noted at the move).
+        """
+        rows: list[tuple[int, int, int, int]] = []  # (old start, key id, new start, new end)
+        for start in starts.tolist():
+            for key, (first, end) in self.retracted.pop((window, start), {}).items():
+                holder = np.flatnonzero(
+                    (entries.key == key) & (entries.first <= start) & (entries.last >= start)
+                )
+                if len(holder) == 0:  # dropped since: where it was at the move
+                    rows.append((start, key, first, end))
+                    continue
+                h = int(holder[0])
+                rows.append((start, key, int(entries.first[h]), int(entries.last[h]) + rule.gap_ms))
+        if not rows:
+            return frame
+        rows.sort()
+        keys = self.keys.keys_of(np.array([r[1] for r in rows], dtype=np.int64))
+        zeros = np.zeros(len(rows), dtype=np.int64)
+        head = pl.DataFrame(
+            {
+                "window": [self.spec.windows[window].name] * len(rows),
+                "start": np.array([r[0] for r in rows], dtype=np.int64),
+                "end": np.array([r[3] for r in rows], dtype=np.int64),
+                "key": keys,
+                "rows": zeros,
+                "batches": zeros,
+                **({"count": zeros} if "count" in frame.columns else {}),
+                RETRACTED: np.array([r[2] for r in rows], dtype=np.int64),
+            }
+        )
+        tombstones = pl.concat([frame.clear(), head], how="diagonal_relaxed")
+        merged = pl.concat([frame, tombstones], how="diagonal_relaxed")
+        return merged.sort("start", maintain_order=True)
+
+    def _drop(self, window: int, rule: SessionRule, entries: _Entries, through: int) -> None:
+        """Forget published sessions closed at or before ``through`` (and their counts)."""
+        gone = (entries.pub != NOT_PUBLISHED) & (entries.last + 2 * rule.gap_ms <= through)
+        if gone.any():
+            self._chunks[window] = [entries.take(~gone)]
+            entries = self._chunks[window][0]
+        held = set(entries.first.tolist())
+        for w, start in [k for k in self.published if k[0] == window]:
+            if start + rule.gap_ms <= through and start not in held:
+                del self.published[(w, start)]
+
+    def reach(self) -> int | None:
+        """The close threshold at which every session held may close (None: none held)."""
+        ends = [
+            int(c.last.max()) + 2 * rule.gap_ms
+            for window, rule in self.rules.items()
+            for c in self._chunks[window]
+            if len(c)
+        ]
+        return max(ends, default=None)
+
+    def kept(self) -> int:
+        """Closed (published) sessions held for corrections."""
+        return sum(
+            int((c.pub != NOT_PUBLISHED).sum()) for chunks in self._chunks.values() for c in chunks
+        )
 
     def close_all(self) -> tuple[pl.DataFrame | None, int | None]:
         """Close every session (a flush); also the close threshold that covers them.
@@ -262,11 +468,43 @@ class SessionState:
             last=entries.last,
         )
 
-    def restore(self, rows: PartialRows | None) -> None:
+    def snapshot_corrections(self) -> dict[str, Any] | None:
+        """What corrections need beyond ``snapshot_rows`` (None: nothing published is kept).
+
+        ``pub`` follows ``snapshot_rows``' order; retractions name their keys.
+        """
+        self.compact()
+        pub = [c[0].pub for c in self._chunks.values() if c and len(c[0])]
+        if not self.published and not self.retracted and not self.dirty:
+            return None
+        return {
+            "pub": np.concatenate(pub).tolist() if pub else [],
+            "published": [[w, s, n] for (w, s), n in sorted(self.published.items())],
+            "dirty": [[w, s] for w, s in sorted(self.dirty)],
+            "retracted": [
+                [w, s, name, first, end]
+                for (w, s), moved in sorted(self.retracted.items())
+                for name, (first, end) in zip(
+                    self.keys.keys_of(np.array(list(moved), dtype=np.int64)).to_list(),
+                    moved.values(),
+                    strict=True,
+                )
+            ],
+        }
+
+    def restore(self, rows: PartialRows | None, corrections: dict[str, Any] | None = None) -> None:
         """Replace the sessions with a snapshot's rows (after the key registry's restore)."""
         self._chunks = {w: [] for w in self.rules}
         self._merged = dict.fromkeys(self.rules, True)
         self._pending = 0
+        self._reset_corrections()
+        if corrections is not None:
+            self.published = {(w, s): n for w, s, n in corrections["published"]}
+            self.dirty = {(w, s) for w, s in corrections["dirty"]}
+            for w, s, name, first, end in corrections["retracted"]:
+                key = int(self.keys.key_ids([name])[0])
+                self.retracted.setdefault((w, s), {})[key] = (first, end)
         if rows is not None and len(rows):
-            self.add(rows, np.ones(len(rows), dtype=np.bool_))
+            pub = None if corrections is None else np.array(corrections["pub"], dtype=np.int64)
+            self.add(rows, np.ones(len(rows), dtype=np.bool_), pub)
             self.compact()

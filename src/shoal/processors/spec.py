@@ -312,12 +312,6 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
         **rules,
     )
     reader.finish()
-    if spec.allowed_lateness_ms and any(w.kind == SESSION_KIND for w in windows):
-        raise reader.error(
-            "allowed_lateness_ms",
-            "allowed_lateness_ms is not supported with session windows yet: their late pieces "
-            "go to the late topic (set it to 0, or use a separate pipeline for sessions)",
-        )
     return spec
 
 

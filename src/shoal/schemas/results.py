@@ -62,7 +62,7 @@ ROW_IDENTITY: Final = (*IDENTITY, "key")
 """Columns that identify one result row."""
 
 INTEGER_FIELDS: Final = frozenset(
-    {"rows", "batches", "count", "end", "index", "first_ts", "last_ts"}
+    {"rows", "batches", "count", "end", "index", "first_ts", "last_ts", "superseded_by"}
 )
 
 DEFAULT_REMEMBER: Final = 100_000
@@ -74,6 +74,11 @@ Identity = tuple[str, str, int, int, int, int]
 CopyKey = tuple[str, str, int, int, int, int, int]
 """``identity`` plus ``rows``: what tells one copy of a window message from another."""
 
+
+RETRACTED: Final = "superseded_by"
+"""The result field of a session window's *retraction*: the key's session moved to this
+earlier start (a late piece reached it within ``allowed_lateness_ms``); the row has ``rows``
+0 and marks that the key left this (window, start) (CONTRACT.md §14, "Corrections")."""
 
 LATEST_OF: Final = ("pipeline", "window", "start", "partition", "key")
 """Columns of one result row across its revisions (``latest_revisions`` keeps one)."""
@@ -91,7 +96,8 @@ def latest_revisions(frame: pl.DataFrame) -> pl.DataFrame:
     A correction (revision above 1, pipelines with ``allowed_lateness_ms``) supersedes the
     lower revisions of its window; a revision never loses rows, so between two copies with
     the same revision (re-published after a combiner restart) the one with more rows is the
-    later. Keeps the first row's order otherwise.
+    later. Keeps the first row's order otherwise. A row whose latest revision is a
+    retraction (``superseded_by``: its session moved to another start) is left out.
     """
     if frame.height == 0:
         return frame
@@ -105,6 +111,8 @@ def latest_revisions(frame: pl.DataFrame) -> pl.DataFrame:
         .unique(subset=subset, keep="first")
         .sort("_order")
     )
+    if RETRACTED in latest.columns:
+        latest = latest.filter(pl.col(RETRACTED).is_null()).drop(RETRACTED)
     return latest.drop("_order", "_slot", strict=False)
 
 

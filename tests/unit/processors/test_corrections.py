@@ -6,8 +6,7 @@ import pytest
 
 from shoal.errors import ConfigError
 from shoal.processors.combine import Combiner, _partial_bytes
-from shoal.processors.results import split_windows
-from shoal.processors.state import ClosedWindows
+from tests.support.crash_replay import Deliveries
 from tests.unit.processors.test_combiner import IDLE, LATENESS, Harness, make_spec, status
 
 ALLOWED = 3_000
@@ -175,30 +174,8 @@ def _restart_with_resends_in_another_order(*, with_log: bool) -> tuple[list[str]
     window's rows per key in the copy a consumer keeps (highest revision, then most rows).
     """
     h = Harness(SPEC)
-    log = bytearray()
-    copies: dict[tuple[int, int], set[tuple[tuple[str, int], ...]]] = {}
-
-    def persist(combiner: Combiner) -> None:
-        write = combiner.take_log()
-        if write is not None:
-            log[:] = write.data if write.replace else bytes(log) + write.data
-
-    def publish(closed: ClosedWindows | None) -> None:
-        if closed is None:
-            return
-        for result in split_windows(closed.frame, closed.revisions):
-            content = tuple(sorted(result.frame.select("key", "count").rows()))
-            copies.setdefault((result.start, result.revision), set()).add(content)
-
-    def deliver(combiner: Combiner, gateway_id: str, seq: int, row: tuple[str, int]) -> None:
-        key, ts = row
-        step = combiner.receive(h.partial(gateway_id, seq, [(key, ts, 1.0)]))
-        for closed in step.replayed:
-            publish(closed)
-        tick = combiner.tick()
-        persist(combiner)
-        publish(tick.closed)
-
+    run = Deliveries(h.partial)
+    deliver, persist, publish = run.deliver, run.persist, run.publish
     for gateway_id, next_seq in (("a", 2), ("b", 1), ("c", 1)):
         h.combiner.receive_status(status(gateway_id, 0, next_seq))
     deliver(h.combiner, "a", 0, ("k", 5_100))
@@ -210,10 +187,10 @@ def _restart_with_resends_in_another_order(*, with_log: bool) -> tuple[list[str]
     deliver(h.combiner, "a", 1, ("k", 7_000))  # threshold 6_500: [5_000, 6_000) closes
     deliver(h.combiner, "b", 1, ("k", 5_400))  # after the close: revision 2
     deliver(h.combiner, "c", 1, ("j", 5_500))  # revision 3
-    assert {r for _, r in copies} == {1, 2, 3}
+    assert {r for _, r in run.copies} == {1, 2, 3}
 
     restored = Combiner(SPEC, 0, h.clock)
-    restored.restore(checkpoint, bytes(log) if with_log else None)
+    restored.restore(checkpoint, bytes(run.log) if with_log else None)
     for gateway_id, seq, row in (("c", 1, ("j", 5_500)), ("b", 1, ("k", 5_400))):
         deliver(restored, gateway_id, seq, row)
     deliver(restored, "a", 1, ("k", 7_000))
@@ -221,13 +198,13 @@ def _restart_with_resends_in_another_order(*, with_log: bool) -> tuple[list[str]
     h.clock.advance(IDLE + 1)
     publish(restored.tick().closed)
 
-    conflicting = [f"revision {r}" for (_, r), seen in copies.items() if len(seen) > 1]
+    conflicting = [f"revision {r}" for _, r in run.conflicting()]
     kept = max(
-        (revision, sum(n for _, n in content), content)
-        for (_, revision), seen in copies.items()
+        (revision, sum(int(str(n)) for _, n in content), content)
+        for (_, revision), seen in run.copies.items()
         for content in seen
     )
-    return conflicting, dict(kept[2])
+    return conflicting, {str(k): int(str(n)) for k, n in kept[2]}
 
 
 def test_a_restart_re_takes_logged_closes_whatever_the_resend_order() -> None:
@@ -249,13 +226,7 @@ def _logged_correction() -> tuple[Harness, bytes, bytes]:
     them re-takes the close (it waits for a1) and then the correction (it waits for b1).
     """
     h = Harness(SPEC)
-    log = bytearray()
-
-    def persist(combiner: Combiner) -> None:
-        write = combiner.take_log()
-        if write is not None:
-            log[:] = write.data if write.replace else bytes(log) + write.data
-
+    run = Deliveries(h.partial)
     for gateway_id, next_seq in (("a", 2), ("b", 1)):
         h.combiner.receive_status(status(gateway_id, 0, next_seq))
     h.send("a", 0, [("k", 5_100, 1.0)])
@@ -266,8 +237,8 @@ def _logged_correction() -> tuple[Harness, bytes, bytes]:
     assert h.combiner.tick().closed is not None  # b quiet: the window closes without it
     h.send("b", 1, [("k", 5_400, 1.0)])  # a correction
     h.combiner.tick()
-    persist(h.combiner)
-    return h, checkpoint, bytes(log)
+    run.persist(h.combiner)
+    return h, checkpoint, bytes(run.log)
 
 
 def test_a_replay_waits_while_its_gateway_sends_and_is_given_up_when_it_is_silent() -> None:

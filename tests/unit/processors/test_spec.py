@@ -413,12 +413,6 @@ def test_session_windows_read_gap_and_max_duration() -> None:
             "windows[0].max_duration_ms",
             "max_duration_ms must be an integer in",
         ),
-        (
-            {"kind": "session", "gap_ms": 1_000},
-            {"allowed_lateness_ms": 5_000},
-            "allowed_lateness_ms",
-            "not supported with session windows",
-        ),
     ],
 )
 def test_session_settings_are_checked(
