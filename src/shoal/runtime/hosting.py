@@ -303,11 +303,12 @@ class CombinerHost:
 
     def _result_names(self) -> dict[str, tuple[str, ...]]:
         registry = self.follower.registry
+        aliases = registry.aliases()  # one pass: this runs on every document change
         out = {}
         for document in registry.deployed():
             if document.computes:
                 own = () if document.released else (document.name,)
-                out[document.name] = (*own, *registry.aliases_of(document.name))
+                out[document.name] = (*own, *aliases.get(document.name, ()))
         return out
 
     def _update(self, slot: Slot, term: _Term, version: int, spec: PipelineSpec) -> None:
