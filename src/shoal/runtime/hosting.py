@@ -54,6 +54,9 @@ from shoal.schemas.topics import Topics
 
 log = logging.getLogger(__name__)
 
+ANNOUNCED_PER_TICK = 100
+"""Partitions an announcement may list and still go out at every tick (``_announce``)."""
+
 
 def _default_id() -> str:
     return f"{os.uname().nodename}-{os.getpid()}"
@@ -360,15 +363,37 @@ class CombinerHost:
         log.info("combiner pool %s: taking %s/%d v%d", self.me, name, partition, version)
 
     async def _announce(self, session: Session) -> None:
+        """Publish the announcement when ``announcement_due`` says so."""
         owns = self.owns()
         now = self.clock.monotonic()
-        if owns == self._announced and now - self._announced_at < self.config.heartbeat_ms / 1000:
+        if not announcement_due(
+            changed=owns != self._announced,
+            since_s=now - self._announced_at,
+            listed=len(owns),
+            tick_s=self.config.tick_ms / 1000,
+            heartbeat_s=self.config.heartbeat_ms / 1000,
+        ):
             return
         announcement = Announcement(self.me, self.clock.now_ms(), owns)
         await session.publish(
             self.config.topics.pool_combiner(self.me), announcement.to_json(), qos=1, retain=True
         )
         self._announced, self._announced_at = owns, now
+
+
+def announcement_due(
+    *, changed: bool, since_s: float, listed: int, tick_s: float, heartbeat_s: float
+) -> bool:
+    """Whether a member announces now, ``since_s`` after its last announcement.
+
+    When what it owns ``changed``, at the next tick; else every heartbeat. But a large
+    announcement (every pool worker and member parses it) goes out at most once per tick per
+    ``ANNOUNCED_PER_TICK`` partitions it lists: 1,000 partitions starting are announced
+    once a second (100 kB each time), not ten times.
+    """
+    if not changed and since_s < heartbeat_s:
+        return False
+    return since_s >= tick_s * (listed // ANNOUNCED_PER_TICK)
 
 
 def _lists(announcement: Announcement, slot: Slot) -> bool:
