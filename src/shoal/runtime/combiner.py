@@ -142,6 +142,13 @@ class CombinerConfig:
             otherwise queue every partial the broker sends it in memory; past this it stops
             reading until half is applied and the rest waits in the broker (its persistent
             session), bounded upstream by the gateways' end-to-end windows.
+        receive_maximum: messages in flight to this partition (MQTT 5 Receive Maximum),
+            each acknowledged once applied, and at most that many waiting to be applied
+            (the session's ``max_buffered_messages``: Mosquitto 2.0.11 sends past a receive
+            maximum once a client acknowledges). A pool combiner hosting many partitions
+            keeps it small: a received message costs ~6 KB in the process (paho's
+            ``Properties`` alone), times the partitions. None: the broker's default,
+            acknowledged on receipt, bounded by ``intake_bytes`` only.
     """
 
     spec: PipelineSpec
@@ -158,6 +165,7 @@ class CombinerConfig:
     version: int | None = None
     version_at_ms: int = 0
     intake_bytes: int = INTAKE_BYTES
+    receive_maximum: int | None = None
 
     @property
     def client_id(self) -> str:
@@ -327,8 +335,9 @@ class CombinerRuntime:
 
         Partials, gateway statuses and control messages arrive here, at most
         ``intake_bytes`` of them waiting in memory (beyond, the session stops reading and
-        TCP holds the broker back). Everything the combiner publishes goes out on
-        ``_open_outputs``: PUBACKs on this connection would wait behind the partials the
+        TCP holds the broker back; with ``receive_maximum``, also at most that many
+        messages, each acknowledged once applied). Everything the combiner publishes goes
+        out on ``_open_outputs``: PUBACKs on this connection would wait behind the partials the
         broker has already written to it, so a checkpoint would wait for its results'
         PUBACKs as long as the backlog takes to apply (Mosquitto 2.0.11 writes a
         subscriber's whole queue at once, see docs/guarantees.md "Overload").
@@ -339,6 +348,9 @@ class CombinerRuntime:
             clean_start=False,
             session_expiry_s=self.config.session_expiry_s,
             max_buffered_bytes=self.config.intake_bytes,
+            receive_maximum=self.config.receive_maximum,
+            manual_ack=self.config.receive_maximum is not None,
+            max_buffered_messages=self.config.receive_maximum,
         )
 
     def _open_outputs(self) -> Session:
@@ -412,6 +424,9 @@ class CombinerRuntime:
         ) as ending:
             async for message in session.messages_until(ending):
                 self._on_message(outputs, message)
+                # With ``receive_maximum``: acknowledged once applied, in arrival order (flow
+                # control, not a confirmation: the checkpoint is what confirms a batch).
+                session.ack(message)
 
     async def _subscribe(self, session: Session) -> None:
         """Subscribe (again: idempotent) until the broker confirms it.

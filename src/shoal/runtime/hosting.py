@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 
 ANNOUNCED_PER_TICK = 100
 """Partitions an announcement may list and still go out at every tick (``_announce``)."""
+MEMBERSHIP_RECEIVE_MAXIMUM = 16
+"""Documents and announcements that may wait for the membership loop (the session's
+``max_buffered_messages``: 1,000 retained documents arrive at once on joining)."""
 
 
 def _default_id() -> str:
@@ -82,6 +85,11 @@ class HostConfig:
         session_expiry_s: how long the broker keeps a partition's partials while it has no
             owner.
         per_key_results: publish the retained per-key result topics.
+        receive_maximum: messages in flight to each hosted partition, acknowledged once
+            applied: with many partitions in one process, what they have not applied yet
+            waits in the broker, so the process's memory does not grow with a backlog. Kept
+            small: a received message costs ~6 KB in the process (paho's ``Properties``
+            alone), times the partitions hosted.
     """
 
     broker: BrokerSettings
@@ -94,6 +102,7 @@ class HostConfig:
     handover_ms: int = 3_000
     session_expiry_s: int = 600
     per_key_results: bool = True
+    receive_maximum: int = 2
 
     @property
     def client_id(self) -> str:
@@ -195,6 +204,8 @@ class CombinerHost:
                     self.config.broker,
                     self.config.client_id,
                     will=Will(presence, b"", qos=1, retain=True),
+                    receive_maximum=MEMBERSHIP_RECEIVE_MAXIMUM,
+                    max_buffered_messages=MEMBERSHIP_RECEIVE_MAXIMUM,
                 )
                 try:
                     async with session:
@@ -356,6 +367,7 @@ class CombinerHost:
             owner=self.me,
             version=version,
             version_at_ms=self._made_at.get(name, 0),
+            receive_maximum=self.config.receive_maximum,
         )
         runtime = CombinerRuntime(config, self.clock, session_factory=self._connect)
         self.terms[slot] = _Term(runtime, asyncio.create_task(runtime.run()), version)
