@@ -223,7 +223,11 @@ class CombinerRuntime:
         self.apply_latency = LatencyHistogram()
         self.result_latency = LatencyHistogram()
         self.checkpoints = 0
+        self.checkpoints_skipped = 0
         self.last_checkpoint_ms: float | None = None
+        self._activity = 0
+        """Messages taken and ticks that changed something (``_idle_since_checkpoint``)."""
+        self._checkpointed_activity = -1
         self.started_at = self.clock.monotonic()
         self._inputs = self._stage_inputs()
         self._writing: asyncio.Future[None] | None = None
@@ -456,6 +460,7 @@ class CombinerRuntime:
     # -- input -------------------------------------------------------------------------------
 
     def _on_message(self, session: Session, message: Message) -> None:
+        self._activity += 1
         if message.topic.startswith(self.config.topics.gateway_status_all()[:-1]):
             self._on_status(session, message)
             return
@@ -872,6 +877,8 @@ class CombinerRuntime:
             since = self.clock.monotonic()
             abandoned = self._replays_abandoned()
             steps = self.chain.tick()
+            if any(st.applied or st.closed or st.replayed or st.late for _, st in steps):
+                self._activity += 1
             self._note_applied(steps, self.clock.now_ms())
             self._write_log()
             if self._replays_abandoned() > abandoned:
@@ -886,6 +893,7 @@ class CombinerRuntime:
                 if step.closed is None:
                     self._emit(session, stage, None, since)  # alert transitions, if any
             retired = self.chain.retire()
+            self._activity += len(retired)
             self._ended += [stage for stage, _ in retired]
             self._write_log()  # their last flush, before it is published
             for stage, closed in retired:
@@ -921,10 +929,31 @@ class CombinerRuntime:
         interval = self.config.spec.checkpoint_interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
+            if self._idle_since_checkpoint():
+                self.checkpoints_skipped += 1
+                continue
             await self._checkpoint(session)
             # Once per checkpoint: what the partials and merges since the last one freed
             # goes back to the system instead of holding the process at its high-water mark.
             release_free_memory()
+
+    def _idle_since_checkpoint(self) -> bool:
+        """Whether a periodic checkpoint has nothing to add to the last one.
+
+        Nothing taken (partial, status, control) and no tick that applied, closed or
+        retired anything since the last checkpoint, no gap to report and no replay under
+        way: the state is what the last checkpoint holds, up to what the passing of time
+        changes (hold timers, idle gateways), which a restore re-derives as after any crash,
+        and the decisions of the close log, which a restore re-takes. Skipping it spares
+        the snapshot and its file's two flushes to disk: a pool combiner hosting 1,000 idle
+        partitions wrote 1,000 checkpoints a second (about 12 ms each on a virtual disk).
+        The checkpoint when the partition stops is never skipped.
+        """
+        return (
+            self._activity == self._checkpointed_activity
+            and not self._gaps
+            and not self.chain.replaying
+        )
 
     async def _checkpoint(self, session: Session) -> None:
         """Snapshot, wait for the outputs it relies on, persist, then confirm.
@@ -937,6 +966,7 @@ class CombinerRuntime:
         if self.chain.replaying:
             await self._confirm(session, self.chain.confirmable(), self._lasting_gaps())
             return
+        activity = self._activity
         snapshot = None
         if self.config.state_dir is not None:
             # Hosted: the chain, with each version's spec (it can outlive its document).
@@ -969,6 +999,7 @@ class CombinerRuntime:
             await asyncio.shield(self._writing)
             self.checkpoints += 1
             self.last_checkpoint_ms = self.clock.now_ms()
+            self._checkpointed_activity = activity
             for stage, generation in generations:
                 stage.core.close_log.settle(generation)
             self._write_log()
