@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 ANNOUNCED_PER_TICK = 100
 """Partitions an announcement may list and still go out at every tick (``_announce``)."""
+ANNOUNCE_ACK_S = 120.0
+"""How long an announcement may wait for its PUBACK before the membership reconnects."""
 MEMBERSHIP_RECEIVE_MAXIMUM = 16
 """Documents and announcements that may wait for the membership loop (the session's
 ``max_buffered_messages``: 1,000 retained documents arrive at once on joining)."""
@@ -159,6 +161,7 @@ class CombinerHost:
         self._wanted_since: dict[Slot, float] = {}
         self._announced: tuple[Owned, ...] | None = None
         self._announced_at = 0.0
+        self._announcing: tuple[float, asyncio.Future[None]] | None = None
         self._own: tuple[bytes, Announcement] | None = None
         """Our last announcement, as sent: when it comes back it is not parsed again (1,000
         partitions: 100 kB of JSON every second)."""
@@ -239,6 +242,7 @@ class CombinerHost:
         )
         await session.publish(self._marker.topic, self._marker.payload, qos=1)
         self._announced = None  # announce again on the new connection
+        self._announcing = None
         log.info("combiner pool %s: joined (state in %s)", self.me, self.config.state_dir)
 
     async def _end_terms(self) -> None:
@@ -382,9 +386,27 @@ class CombinerHost:
         log.info("combiner pool %s: taking %s/%d v%d", self.me, name, partition, version)
 
     async def _announce(self, session: Session) -> None:
-        """Publish the announcement when ``announcement_due`` says so."""
-        owns = self.owns()
+        """Publish the announcement when ``announcement_due`` says so.
+
+        Not awaited in line: on a loaded member (1,000 partitions on a shared machine) a
+        PUBACK took longer than a publish's timeout, and reconnecting the membership for that
+        re-delivered every pipeline document and left the partitions unannounced. A new one
+        goes out once the previous one is acknowledged; one that fails, or waits longer than
+        ``ANNOUNCE_ACK_S``, reconnects.
+
+        Raises:
+            BrokerError: the previous announcement failed or was not acknowledged in time.
+        """
         now = self.clock.monotonic()
+        if self._announcing is not None:
+            sent_at, previous = self._announcing
+            if not previous.done():
+                if now - sent_at > ANNOUNCE_ACK_S:
+                    raise BrokerError(f"no PUBACK for an announcement within {ANNOUNCE_ACK_S} s")
+                return
+            previous.result()  # a refusal or a lost connection raises here
+            self._announcing = None
+        owns = self.owns()
         if not announcement_due(
             changed=owns != self._announced,
             since_s=now - self._announced_at,
@@ -396,9 +418,10 @@ class CombinerHost:
         announcement = Announcement(self.me, self.clock.now_ms(), owns)
         payload = announcement.to_json()
         self._own = (payload, announcement)
-        await session.publish(
-            self.config.topics.pool_combiner(self.me), payload, qos=1, retain=True
-        )
+        topic = self.config.topics.pool_combiner(self.me)
+        started = session.publish_started(topic, payload, qos=1, retain=True)
+        started.add_done_callback(_retrieved)  # a failure at stop is no error
+        self._announcing = (now, started)
         self._announced, self._announced_at = owns, now
 
 
@@ -415,6 +438,11 @@ def announcement_due(
     if not changed and since_s < heartbeat_s:
         return False
     return since_s >= tick_s * (listed // ANNOUNCED_PER_TICK)
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _lists(announcement: Announcement, slot: Slot) -> bool:
