@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 ANNOUNCED_PER_TICK = 100
 """Partitions an announcement may list and still go out at every tick (``_announce``)."""
+MARKS = ".members"
+"""The folder in ``state_dir`` where each member leaves a mark (``_check_shared_state``)."""
 ANNOUNCE_ACK_S = 120.0
 """How long an announcement may wait for its PUBACK before the membership reconnects."""
 MEMBERSHIP_RECEIVE_MAXIMUM = 16
@@ -92,6 +94,9 @@ class HostConfig:
             waits in the broker, so the process's memory does not grow with a backlog. Kept
             small: a received message costs ~6 KB in the process (paho's ``Properties``
             alone), times the partitions hosted.
+        shared_state_grace_ms: how long another live member's mark may be missing from
+            ``state_dir`` before this member reports the folder as not shared with it
+            (``_check_shared_state``).
     """
 
     broker: BrokerSettings
@@ -105,6 +110,7 @@ class HostConfig:
     session_expiry_s: int = 600
     per_key_results: bool = True
     receive_maximum: int = 2
+    shared_state_grace_ms: int = 10_000
 
     @property
     def client_id(self) -> str:
@@ -130,6 +136,8 @@ class HostCounters:
     terms_deposed: int = 0
     terms_failed: int = 0
     announcements_refused: int = 0
+    unshared_state: int = 0
+    """Live members whose mark never appeared in our ``state_dir`` (``_check_shared_state``)."""
 
 
 class CombinerHost:
@@ -166,6 +174,9 @@ class CombinerHost:
         """Our last announcement, as sent: when it comes back it is not parsed again (1,000
         partitions: 100 kB of JSON every second)."""
         self._marker: Marker | None = None
+        self._state_seen: dict[str, float | None] = {}
+        """Other members: when first seen without their mark in our state folder (None:
+        checked, found or reported)."""
 
     @property
     def me(self) -> str:
@@ -244,6 +255,9 @@ class CombinerHost:
         self._announced = None  # announce again on the new connection
         self._announcing = None
         log.info("combiner pool %s: joined (state in %s)", self.me, self.config.state_dir)
+        marks = self.config.state_dir / MARKS
+        marks.mkdir(parents=True, exist_ok=True)
+        (marks / self.me).write_text(self.me)
 
     async def _end_terms(self) -> None:
         for term in self.terms.values():
@@ -295,8 +309,41 @@ class CombinerHost:
         while True:
             await asyncio.sleep(self.config.tick_ms / 1000)
             if self.ready.is_set():
+                self._check_shared_state()
                 self.reconcile()
                 await self._announce(session)
+
+    def _check_shared_state(self) -> None:
+        """Report a live member whose ``state_dir`` is not ours (once, as an ERROR).
+
+        A partition taken over restores the checkpoint its previous owner wrote, so every
+        member must see the same folder (a network or shared mount across hosts). Each member
+        leaves a mark there when it joins (``MARKS``/<id>); one whose mark does not appear in
+        ours within ``shared_state_grace_ms`` writes elsewhere, and a takeover between us
+        would start from nothing.
+        """
+        now = self.clock.monotonic()
+        grace_s = self.config.shared_state_grace_ms / 1000
+        for member in self.members:
+            if member == self.me:
+                continue
+            since = self._state_seen.setdefault(member, now)
+            if since is None:
+                continue
+            if (self.config.state_dir / MARKS / member).exists():
+                self._state_seen[member] = None
+            elif now - since >= grace_s:
+                self._state_seen[member] = None
+                self.counters.unshared_state += 1
+                log.error(
+                    "combiner pool %s: member %s does not share the state folder %s (its mark "
+                    "is not there after %g s): a partition taken over between us would start "
+                    "from an empty checkpoint; give every member the same --state-dir",
+                    self.me,
+                    member,
+                    self.config.state_dir,
+                    grace_s,
+                )
 
     def reconcile(self) -> None:
         """End terms this member no longer owns (or of an old version); start owned ones."""
