@@ -3,9 +3,11 @@
 Control plane, two pool workers and a pool combiner. ``temps`` is deployed, then ``twin``
 with the same spec (name aside): ``twin`` becomes an alias of ``temps`` (``shoal pipeline
 list --json``: one computation, two names, refs 2), the workers keep one shared subscription
-group, and every window message is published on both names' result topics. ``temps`` is then
-deleted while gateways go on publishing: its computation goes on for ``twin`` (released),
-whose results stay exact over every row; ``temps`` gets no more. Deleting ``twin`` ends it.
+group (the broker's own count of shared subscriptions does not change:
+``$SYS/broker/shared_subscriptions/count``), and every window message is published on both
+names' result topics. ``temps`` is then deleted while gateways go on publishing: its
+computation goes on for ``twin`` (released), whose results stay exact over every row;
+``temps`` gets no more. Deleting ``twin`` ends it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import orjson
 import polars as pl
 import pytest
 
+from shoal.broker import AsyncSession
 from shoal.broker.embedded import EmbeddedBroker
+from shoal.broker.session import Message
 from shoal.clock import SystemClock
 from shoal.processors.spec import parse_pipeline
 from shoal.runtime.hosting import CombinerHost
@@ -66,6 +70,23 @@ def groups(workers: list[Worker]) -> list[list[str]]:
     return out
 
 
+async def shared_subscriptions(broker: EmbeddedBroker) -> int:
+    """The broker's count of shared subscriptions (``$SYS/broker/shared_subscriptions/count``,
+    refreshed every ``sys_interval``, 1 s in the dev profile), once two readings 1.2 s apart
+    agree."""
+    last = None
+    for attempt in range(10):
+        async with AsyncSession(broker.settings, f"sys-probe-{attempt}") as probe:
+            await probe.subscribe(["$SYS/broker/shared_subscriptions/count"])
+            got: Message = await asyncio.wait_for(anext(aiter(probe.messages())), 5)
+        value = int(got.payload)
+        if value == last:
+            return value
+        last = value
+        await asyncio.sleep(1.2)
+    raise AssertionError(f"the shared subscription count did not settle (last {last})")
+
+
 def unconfirmed(batches: list[GeneratedBatch], host: CombinerHost) -> list[int] | None:
     return confirmed_by(batches, host, 2)
 
@@ -83,10 +104,17 @@ async def _scenario(broker: EmbeddedBroker, topics: Topics, tmp: Path) -> dict[s
         collector(settings, topics, "temps") as temps_seen,
         collector(settings, topics, "twin") as twin_seen,
     ):
+        before = await shared_subscriptions(broker)
         deployed = await asyncio.to_thread(_cli, broker, topics, "deploy", "-", stdin=TEMPS)
         assert "alias_of" not in deployed
+        await until(lambda: len(host.owns()) == 2, 20, "both partitions subscribed")
+        computing = await shared_subscriptions(broker)
         shared = await asyncio.to_thread(_cli, broker, topics, "deploy", "-", stdin=TWIN)
         assert shared["alias_of"] == "temps"
+        # the broker's own count: both workers joined the computation's shared group (one
+        # shared subscription each); the second name joined none
+        assert computing - before == 2
+        assert await shared_subscriptions(broker) == computing
         assert shared["confirmed"]["workers"]  # the computation it shares is served
         listed = await asyncio.to_thread(_cli, broker, topics, "list")
         by_name = {p["name"]: p for p in listed["pipelines"]}
@@ -143,6 +171,7 @@ async def _scenario(broker: EmbeddedBroker, topics: Topics, tmp: Path) -> dict[s
     assert_matches_oracle(temps_rows, got, spec, scale_of(rows, spec))
     assert temps_rows.height < twin_rows.height  # temps stopped getting results at its delete
     return {
+        "shared_subscriptions": (before, computing),
         "twin_windows": len(twin_seen.windows),
         "temps_windows": len(temps_seen.windows),
         "temps_after_delete": after_delete,

@@ -80,6 +80,13 @@ def _register_pipelines(benches: Any) -> None:
     parser.add_argument("--workers", type=int, default=2, help="pool workers (default 2)")
     parser.add_argument("--batches", type=int, default=20, help="counted batches (default 20)")
     parser.add_argument("--rows", type=int, default=100, help="rows per batch (default 100)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="how long each step may take (default 300; a loaded machine needs more at 1000)",
+    )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the record here")
     parser.set_defaults(run=_run_pipelines)
 
@@ -87,9 +94,11 @@ def _register_pipelines(benches: Any) -> None:
 def _run_pipelines(args: argparse.Namespace) -> int:
     from shoal.loadtest import bench_pipelines as bench  # noqa: PLC0415 - run-time only
 
-    if args.count < 1 or args.workers < 1 or args.batches < 1 or args.rows < 1:
-        raise ConfigError("--count, --workers, --batches and --rows must be positive")
-    config = bench.BenchConfig(args.count, args.workers, args.batches, args.rows)
+    if min(args.count, args.workers, args.batches, args.rows, args.timeout) <= 0:
+        raise ConfigError("--count, --workers, --batches, --rows and --timeout must be positive")
+    config = bench.BenchConfig(
+        args.count, args.workers, args.batches, args.rows, timeout_s=args.timeout
+    )
     print(f"shoal bench pipelines --count {args.count} --workers {args.workers}", flush=True)
     record = bench.run(config)
     print(bench.format_report(record))

@@ -6,6 +6,7 @@ No third-party imports.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 
 from shoal.broker.session import MAX_SUBSCRIPTION_ID, PROTOCOL_OVERHEAD, Message, Session
@@ -72,7 +73,12 @@ class SessionBase(Session):
             user_properties=user_properties,
             message_expiry_s=message_expiry_s,
         )
-        await self.wait_published([fut])
+        with self._answer_awaited():
+            await self.wait_published([fut])
+
+    def _answer_awaited(self) -> contextlib.AbstractContextManager[None]:
+        """Around waiting in line for an answer (a session whose reading may pause reads on)."""
+        return contextlib.nullcontext()
 
     async def wait_published(self, futures: Sequence[asyncio.Future[None]]) -> None:
         """Wait for PUBACKs of publishes started with ``publish_started``.

@@ -59,11 +59,13 @@ class MemoryBroker:
         will: Will | None = None,
         publish_timeout_s: float = 30.0,
         max_buffered_bytes: int | None = None,  # noqa: ARG002 - nothing waits in process here
+        max_buffered_messages: int | None = None,  # noqa: ARG002 - likewise
     ) -> MemorySession:
         """A new, unconnected session (the arguments of ``SessionFactory``).
 
-        ``max_buffered_bytes`` has nothing to bound: a memory session hands over one message
-        at a time from the broker's queue.
+        ``max_buffered_bytes`` and ``max_buffered_messages`` have nothing to bound: a memory
+        session hands over one message at a time from the broker's queue, and this broker
+        holds to the receive maximum.
         """
         return MemorySession(
             self,

@@ -186,6 +186,13 @@ class SessionFactory(Protocol):
         max_buffered_bytes: received bytes that may wait for ``messages`` to take them;
             past it the session stops reading from the broker until half is taken (the
             in-process bound of a consumer slower than its input; None: no bound).
+        max_buffered_messages: received messages that may wait for ``messages`` to take
+            them; at it the session reads no more until one is taken. With
+            ``receive_maximum`` equal to it, the session holds to its receive maximum itself
+            (Mosquitto 2.0.11 sends past it once a client acknowledges; ``shoal.broker._aio``),
+            so a backlog waits in the broker, not in memory. For a caller that iterates
+            ``messages`` once and keeps taking them (awaiting PUBACKs of
+            ``publish_started`` in other tasks, or in line through ``publish``).
     """
 
     def __call__(
@@ -200,6 +207,7 @@ class SessionFactory(Protocol):
         will: Will | None = None,
         publish_timeout_s: float = 30.0,
         max_buffered_bytes: int | None = None,
+        max_buffered_messages: int | None = None,
     ) -> Session:
         """A new, unconnected session."""
 

@@ -58,6 +58,14 @@ class Registry:
         """The deployed aliases sharing the computation of ``name``, by name."""
         return sorted(d.name for d in self._documents.values() if d.deployed and d.alias_of == name)
 
+    def aliases(self) -> dict[str, list[str]]:
+        """``aliases_of`` for every computation that has aliases, in one pass."""
+        out: dict[str, list[str]] = {}
+        for document in self.deployed():  # by name, so each list is sorted
+            if document.alias_of is not None:
+                out.setdefault(document.alias_of, []).append(document.name)
+        return out
+
     def _computation(self, spec_hash: str, name: str) -> PipelineDocument | None:
         """A running computation of ``spec_hash`` under another name, if any."""
         for document in self._documents.values():

@@ -5,7 +5,9 @@ and one pool combiner (``shoal combiner`` without ``--pipeline``), each its own 
 (``POLARS_MAX_THREADS=1``). ``count`` small pipelines (``bench_pool.spec_toml``: count and
 mean over 10 s tumbling windows, one partition, all on the same input) are deployed by
 retaining their documents as the control plane would (``Registry``), while a gateway
-publishes a batch every ``interval_s``; then, in order:
+publishes a batch every ``interval_s`` (by default paced so that the pipelines together get
+``BACKGROUND_PARTIALS_PER_S`` batches a second: every batch is one partial per pipeline for
+the one pool combiner); then, in order:
 
 1. ``deployed_s``: from the first document retained to every pool worker serving all of them
    and the combiner owning every partition;
@@ -18,7 +20,9 @@ publishes a batch every ``interval_s``; then, in order:
    ``duplicated_measurements`` (counted more than once), summed over pipelines;
    ``achieved_meas_per_s`` is ``count x rows published`` over the time from the first
    publish to the last confirmation;
-4. ``worker_rss_mb`` (the largest) and ``combiner_rss_mb``, at the end.
+4. ``worker_rss_mb`` (the largest) and ``combiner_rss_mb``, at the end; the record also has
+   their peaks over the whole run (``worker_rss_peak_mb``, ``combiner_rss_peak_mb``: sampled
+   every ``RSS_EVERY_S``) and the processes' CPU seconds (``cpu_s``, by process).
 
 The machine's load average is in the record (``machine``): the figures of a shared machine
 are not a quiet machine's.
@@ -31,7 +35,7 @@ import contextlib
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +58,10 @@ from shoal.schemas.control import Confirm, GatewayStatus
 from shoal.schemas.topics import Topics
 
 WINDOW_MS = 10_000
+RSS_EVERY_S = 0.5
+MIN_INTERVAL_S = 0.5
+BACKGROUND_PARTIALS_PER_S = 200
+"""The background gateway's default pace: its batches times the pipelines, per second."""
 COMBINER_ID = "bench-pipelines"
 KEYS = (
     "pipelines",
@@ -77,7 +85,8 @@ class BenchConfig:
         workers: pool workers.
         batches: batches of the counting gateway (step 3).
         rows: measurements per batch.
-        interval_s: the background gateway's pace while pipelines are deployed.
+        interval_s: the background gateway's pace while pipelines are deployed (None:
+            ``count / BACKGROUND_PARTIALS_PER_S`` seconds, at least ``MIN_INTERVAL_S``).
         timeout_s: how long each step may take.
     """
 
@@ -85,8 +94,15 @@ class BenchConfig:
     workers: int = 2
     batches: int = 20
     rows: int = 100
-    interval_s: float = 0.5
+    interval_s: float | None = None
     timeout_s: float = 300.0
+
+    @property
+    def pace_s(self) -> float:
+        """Seconds between two background batches."""
+        if self.interval_s is not None:
+            return self.interval_s
+        return max(MIN_INTERVAL_S, self.count / BACKGROUND_PARTIALS_PER_S)
 
 
 @contextlib.contextmanager
@@ -131,6 +147,8 @@ def _config(config: BenchConfig) -> dict[str, Any]:
         "workers": config.workers,
         "batches": config.batches,
         "rows": config.rows,
+        "interval_s": config.pace_s,
+        "timeout_s": config.timeout_s,
         "window_ms": WINDOW_MS,
     }
 
@@ -189,7 +207,9 @@ async def _measure(
             qos=1,
         )
         listener = asyncio.create_task(_listen(session, seen))
-        background = asyncio.create_task(_steady(session, topics, config.interval_s))
+        peaks = [0.0] * len(children)
+        sampler = asyncio.create_task(_sample_rss(children, peaks))
+        background = asyncio.create_task(_steady(session, topics, config.pace_s))
         try:
             deployed_at: dict[str, float] = {}
             started = time.perf_counter()
@@ -204,23 +224,31 @@ async def _measure(
                 ),
                 config.timeout_s,
                 children,
-                "every pipeline served and owned",
+                lambda: (
+                    f"every pipeline served and owned (served {seen.serving}, owned {seen.owned})"
+                ),
             )
             deployed_s = time.perf_counter() - started
             await _until(
                 lambda: len(seen.first_result) >= config.count,
                 config.timeout_s,
                 children,
-                "a first result of every pipeline",
+                lambda: f"a first result of every pipeline ({len(seen.first_result)} had one)",
             )
             waits = sorted(seen.first_result[n] - t for n, t in deployed_at.items())
             first_result_s = _p99(waits) - WINDOW_MS / 1000
             background.cancel()
             figures = await _account(config, session, topics, seen, children)
-            rss = [psutil.Process(c.pid).memory_info().rss / 2**20 for c in children]
+            processes = [psutil.Process(c.pid) for c in children]
+            rss = [p.memory_info().rss / 2**20 for p in processes]
+            cpu = {
+                c.name: round(sum(p.cpu_times()[:2]), 1)
+                for c, p in zip(children, processes, strict=True)
+            }
         finally:
             background.cancel()
             listener.cancel()
+            sampler.cancel()
     return {
         "pipelines": config.count,
         "deployed_s": round(deployed_s, 3),
@@ -228,7 +256,20 @@ async def _measure(
         "worker_rss_mb": round(max(rss[:-1]), 1),
         "combiner_rss_mb": round(rss[-1], 1),
         **figures,
+        "worker_rss_peak_mb": round(max(peaks[:-1]), 1),
+        "combiner_rss_peak_mb": round(peaks[-1], 1),
+        "cpu_s": cpu,
     }
+
+
+async def _sample_rss(children: list[ChildProcess], peaks: list[float]) -> None:
+    """Each child's largest RSS so far, every ``RSS_EVERY_S``."""
+    processes = [psutil.Process(c.pid) for c in children]
+    while True:
+        for index, process in enumerate(processes):
+            with contextlib.suppress(psutil.Error):
+                peaks[index] = max(peaks[index], process.memory_info().rss / 2**20)
+        await asyncio.sleep(RSS_EVERY_S)
 
 
 async def _account(
@@ -239,7 +280,7 @@ async def _account(
     children: list[ChildProcess],
 ) -> dict[str, Any]:
     """Step 3: a known set of rows into fresh windows; each pipeline's count of them."""
-    await asyncio.sleep(config.interval_s * 2)  # the background gateway's last batch lands
+    await asyncio.sleep(config.pace_s * 2)  # the background gateway's last batch lands
     now = int(time.time() * 1000)
     base = (now // WINDOW_MS + 2) * WINDOW_MS  # windows no earlier data reaches
     seen.count_from_ms = base
@@ -326,7 +367,7 @@ async def _until(
     check: Any,
     timeout_s: float,
     children: list[ChildProcess],
-    what: str,
+    what: str | Callable[[], str],
     *,
     fail: bool = True,
 ) -> None:
@@ -337,7 +378,8 @@ async def _until(
             raise ShoalError(f"{dead[0].name} died; its log ends:\n{dead[0].log_tail()}")
         if time.monotonic() > deadline:
             if fail:
-                raise ShoalError(f"bench pipelines: {what}: not within {timeout_s:g} s")
+                said = what() if callable(what) else what
+                raise ShoalError(f"bench pipelines: {said}: not within {timeout_s:g} s")
             return
         await asyncio.sleep(0.1)
 
@@ -351,5 +393,7 @@ def _p99(values: list[float]) -> float:
 def format_report(record: dict[str, Any]) -> str:
     """One line per figure."""
     lines = [f"{key:<24} {record[key]}" for key in KEYS]
+    lines.append(f"{'worker_rss_peak_mb':<24} {record['worker_rss_peak_mb']}")
+    lines.append(f"{'combiner_rss_peak_mb':<24} {record['combiner_rss_peak_mb']}")
     lines.append(f"{'load average':<24} {record['machine']['load_average']}")
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.results import DEADLETTER_HEADROOM, deadletter_message
 from shoal.processors.spec import PipelineSpec
 from shoal.rules.guard import FunctionGuard
+from shoal.runtime._shared_work import SharedWork
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas import Batch, decode_batch, peek_envelope
 from shoal.schemas.topics import Topics, topic_matches
@@ -81,15 +82,18 @@ class BatchHandler:
         worker_id: stamped on partials and dead letters.
         stats: where counters and timings go (shared by a worker's handlers).
         clock: the worker's clock.
+        shared: the decodes and partials a pool worker's handlers share for copies of one
+            batch (``shoal.runtime._shared_work``); None: this handler's own.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0917 - the worker's parts, passed on
         self,
         spec: PipelineSpec,
         topics: Topics,
         worker_id: str,
         stats: WorkerStats,
         clock: Clock,
+        shared: SharedWork | None = None,
     ) -> None:
         self.spec = spec
         self.topics = topics
@@ -97,6 +101,7 @@ class BatchHandler:
         self.stats = stats
         self.clock = clock
         self.builder = PartialBuilder(spec, worker_id)
+        self.shared = shared
         self.filters = tuple(topics.shared(spec.name, topics.under_root(f)) for f in spec.inputs)
         """The pipeline's shared subscriptions: ``$share/<pipeline>/<input>``."""
         self.guard: FunctionGuard | None = None
@@ -125,12 +130,12 @@ class BatchHandler:
         futures: list[asyncio.Future[None]] = []
         partials: list[Partial]
         try:
-            batch, info = self._decode(message, now)
+            batch, info, now = self._decoded(message, now)
             if self.guard is not None:
                 work = self._guarded(session, message, batch, info, now, (started, cpu_started))
                 return [asyncio.ensure_future(work)]
             # The row stage (where/derive) runs inside the builder, on the decoded frame.
-            partials = self.builder.build_batch(batch, info, now)
+            partials = self._built(batch, info, now)
             self._count(batch, partials)
         except InputError as exc:
             partials = self._refuse(session, message, exc, now=now, futures=futures)
@@ -195,6 +200,25 @@ class BatchHandler:
         sent_at_ms = partials[0].batch.sent_at_ms if partials else 0
         if sent_at_ms > 0:
             self.stats.publish_latency.add(float(self.clock.now_ms() - sent_at_ms))
+
+    def _decoded(self, message: Message, now: int) -> tuple[Batch, BatchInfo, int]:
+        """``_decode``, or the decode another pipeline's copy of the batch made (and its time)."""
+        if self.shared is None:
+            return *self._decode(message, now), now
+        return self.shared.decode(
+            message, self.spec.limits, now, lambda: self._decode(message, now)
+        )
+
+    def _built(self, batch: Batch, info: BatchInfo, now: int) -> list[Partial]:
+        """The partials, or those another pipeline with the same fingerprint made (renamed)."""
+        if self.shared is None:
+            return self.builder.build_batch(batch, info, now)
+        return self.shared.partials(
+            batch,
+            self.builder.fingerprint,
+            self.spec.name,
+            lambda: self.builder.build_batch(batch, info, now),
+        )
 
     def _decode(self, message: Message, now: int) -> tuple[Batch, BatchInfo]:
         """The batch's frame and identity, or an ``InputError`` saying why not."""

@@ -54,6 +54,16 @@ from shoal.schemas.topics import Topics
 
 log = logging.getLogger(__name__)
 
+ANNOUNCED_PER_TICK = 100
+"""Partitions an announcement may list and still go out at every tick (``_announce``)."""
+MARKS = ".members"
+"""The folder in ``state_dir`` where each member leaves a mark (``_check_shared_state``)."""
+ANNOUNCE_ACK_S = 120.0
+"""How long an announcement may wait for its PUBACK before the membership reconnects."""
+MEMBERSHIP_RECEIVE_MAXIMUM = 16
+"""Documents and announcements that may wait for the membership loop (the session's
+``max_buffered_messages``: 1,000 retained documents arrive at once on joining)."""
+
 
 def _default_id() -> str:
     return f"{os.uname().nodename}-{os.getpid()}"
@@ -79,6 +89,14 @@ class HostConfig:
         session_expiry_s: how long the broker keeps a partition's partials while it has no
             owner.
         per_key_results: publish the retained per-key result topics.
+        receive_maximum: messages in flight to each hosted partition, acknowledged once
+            applied: with many partitions in one process, what they have not applied yet
+            waits in the broker, so the process's memory does not grow with a backlog. Kept
+            small: a received message costs ~6 KB in the process (paho's ``Properties``
+            alone), times the partitions hosted.
+        shared_state_grace_ms: how long another live member's mark may be missing from
+            ``state_dir`` before this member reports the folder as not shared with it
+            (``_check_shared_state``).
     """
 
     broker: BrokerSettings
@@ -91,6 +109,8 @@ class HostConfig:
     handover_ms: int = 3_000
     session_expiry_s: int = 600
     per_key_results: bool = True
+    receive_maximum: int = 2
+    shared_state_grace_ms: int = 10_000
 
     @property
     def client_id(self) -> str:
@@ -116,6 +136,8 @@ class HostCounters:
     terms_deposed: int = 0
     terms_failed: int = 0
     announcements_refused: int = 0
+    unshared_state: int = 0
+    """Live members whose mark never appeared in our ``state_dir`` (``_check_shared_state``)."""
 
 
 class CombinerHost:
@@ -147,7 +169,14 @@ class CombinerHost:
         self._wanted_since: dict[Slot, float] = {}
         self._announced: tuple[Owned, ...] | None = None
         self._announced_at = 0.0
+        self._announcing: tuple[float, asyncio.Future[None]] | None = None
+        self._own: tuple[bytes, Announcement] | None = None
+        """Our last announcement, as sent: when it comes back it is not parsed again (1,000
+        partitions: 100 kB of JSON every second)."""
         self._marker: Marker | None = None
+        self._state_seen: dict[str, float | None] = {}
+        """Other members: when first seen without their mark in our state folder (None:
+        checked, found or reported)."""
 
     @property
     def me(self) -> str:
@@ -192,6 +221,8 @@ class CombinerHost:
                     self.config.broker,
                     self.config.client_id,
                     will=Will(presence, b"", qos=1, retain=True),
+                    receive_maximum=MEMBERSHIP_RECEIVE_MAXIMUM,
+                    max_buffered_messages=MEMBERSHIP_RECEIVE_MAXIMUM,
                 )
                 try:
                     async with session:
@@ -222,7 +253,11 @@ class CombinerHost:
         )
         await session.publish(self._marker.topic, self._marker.payload, qos=1)
         self._announced = None  # announce again on the new connection
+        self._announcing = None
         log.info("combiner pool %s: joined (state in %s)", self.me, self.config.state_dir)
+        marks = self.config.state_dir / MARKS
+        marks.mkdir(parents=True, exist_ok=True)
+        (marks / self.me).write_text(self.me)
 
     async def _end_terms(self) -> None:
         for term in self.terms.values():
@@ -254,8 +289,12 @@ class CombinerHost:
                 if self.members.pop(member, None) is not None:
                     log.info("combiner pool %s: member %s left", self.me, member)
                 return
+            own = self._own
             try:
-                announcement = Announcement.from_json(message.payload)
+                if own is not None and member == self.me and message.payload == own[0]:
+                    announcement = own[1]
+                else:
+                    announcement = Announcement.from_json(message.payload)
             except ControlError as exc:
                 self.counters.announcements_refused += 1
                 log.warning("combiner pool %s: %s on %s", self.me, exc, message.topic)
@@ -270,8 +309,41 @@ class CombinerHost:
         while True:
             await asyncio.sleep(self.config.tick_ms / 1000)
             if self.ready.is_set():
+                self._check_shared_state()
                 self.reconcile()
                 await self._announce(session)
+
+    def _check_shared_state(self) -> None:
+        """Report a live member whose ``state_dir`` is not ours (once, as an ERROR).
+
+        A partition taken over restores the checkpoint its previous owner wrote, so every
+        member must see the same folder (a network or shared mount across hosts). Each member
+        leaves a mark there when it joins (``MARKS``/<id>); one whose mark does not appear in
+        ours within ``shared_state_grace_ms`` writes elsewhere, and a takeover between us
+        would start from nothing.
+        """
+        now = self.clock.monotonic()
+        grace_s = self.config.shared_state_grace_ms / 1000
+        for member in self.members:
+            if member == self.me:
+                continue
+            since = self._state_seen.setdefault(member, now)
+            if since is None:
+                continue
+            if (self.config.state_dir / MARKS / member).exists():
+                self._state_seen[member] = None
+            elif now - since >= grace_s:
+                self._state_seen[member] = None
+                self.counters.unshared_state += 1
+                log.error(
+                    "combiner pool %s: member %s does not share the state folder %s (its mark "
+                    "is not there after %g s): a partition taken over between us would start "
+                    "from an empty checkpoint; give every member the same --state-dir",
+                    self.me,
+                    member,
+                    self.config.state_dir,
+                    grace_s,
+                )
 
     def reconcile(self) -> None:
         """End terms this member no longer owns (or of an old version); start owned ones."""
@@ -303,11 +375,12 @@ class CombinerHost:
 
     def _result_names(self) -> dict[str, tuple[str, ...]]:
         registry = self.follower.registry
+        aliases = registry.aliases()  # one pass: this runs on every document change
         out = {}
         for document in registry.deployed():
             if document.computes:
                 own = () if document.released else (document.name,)
-                out[document.name] = (*own, *registry.aliases_of(document.name))
+                out[document.name] = (*own, *aliases.get(document.name, ()))
         return out
 
     def _update(self, slot: Slot, term: _Term, version: int, spec: PipelineSpec) -> None:
@@ -352,6 +425,7 @@ class CombinerHost:
             owner=self.me,
             version=version,
             version_at_ms=self._made_at.get(name, 0),
+            receive_maximum=self.config.receive_maximum,
         )
         runtime = CombinerRuntime(config, self.clock, session_factory=self._connect)
         self.terms[slot] = _Term(runtime, asyncio.create_task(runtime.run()), version)
@@ -359,15 +433,63 @@ class CombinerHost:
         log.info("combiner pool %s: taking %s/%d v%d", self.me, name, partition, version)
 
     async def _announce(self, session: Session) -> None:
-        owns = self.owns()
+        """Publish the announcement when ``announcement_due`` says so.
+
+        Not awaited in line: on a loaded member (1,000 partitions on a shared machine) a
+        PUBACK took longer than a publish's timeout, and reconnecting the membership for that
+        re-delivered every pipeline document and left the partitions unannounced. A new one
+        goes out once the previous one is acknowledged; one that fails, or waits longer than
+        ``ANNOUNCE_ACK_S``, reconnects.
+
+        Raises:
+            BrokerError: the previous announcement failed or was not acknowledged in time.
+        """
         now = self.clock.monotonic()
-        if owns == self._announced and now - self._announced_at < self.config.heartbeat_ms / 1000:
+        if self._announcing is not None:
+            sent_at, previous = self._announcing
+            if not previous.done():
+                if now - sent_at > ANNOUNCE_ACK_S:
+                    raise BrokerError(f"no PUBACK for an announcement within {ANNOUNCE_ACK_S} s")
+                return
+            previous.result()  # a refusal or a lost connection raises here
+            self._announcing = None
+        owns = self.owns()
+        if not announcement_due(
+            changed=owns != self._announced,
+            since_s=now - self._announced_at,
+            listed=len(owns),
+            tick_s=self.config.tick_ms / 1000,
+            heartbeat_s=self.config.heartbeat_ms / 1000,
+        ):
             return
         announcement = Announcement(self.me, self.clock.now_ms(), owns)
-        await session.publish(
-            self.config.topics.pool_combiner(self.me), announcement.to_json(), qos=1, retain=True
-        )
+        payload = announcement.to_json()
+        self._own = (payload, announcement)
+        topic = self.config.topics.pool_combiner(self.me)
+        started = session.publish_started(topic, payload, qos=1, retain=True)
+        started.add_done_callback(_retrieved)  # a failure at stop is no error
+        self._announcing = (now, started)
         self._announced, self._announced_at = owns, now
+
+
+def announcement_due(
+    *, changed: bool, since_s: float, listed: int, tick_s: float, heartbeat_s: float
+) -> bool:
+    """Whether a member announces now, ``since_s`` after its last announcement.
+
+    When what it owns ``changed``, at the next tick; else every heartbeat. But a large
+    announcement (every pool worker and member parses it) goes out at most once per tick per
+    ``ANNOUNCED_PER_TICK`` partitions it lists: 1,000 partitions starting are announced
+    once a second (100 kB each time), not ten times.
+    """
+    if not changed and since_s < heartbeat_s:
+        return False
+    return since_s >= tick_s * (listed // ANNOUNCED_PER_TICK)
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _lists(announcement: Announcement, slot: Slot) -> bool:

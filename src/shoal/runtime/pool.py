@@ -48,6 +48,7 @@ from shoal.control.follower import DocumentFollower, Dropped, Served
 from shoal.control.messages import Marker
 from shoal.errors import ControlError
 from shoal.runtime._batches import BatchHandler, WorkerStats
+from shoal.runtime._shared_work import SharedWork
 from shoal.schemas.topics import Topics, topic_matches
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,9 @@ class PoolRoutes:
         self._retiring: dict[str, int] = {}  # marker token -> subscription id
         self._pending: set[str] = set()  # recorded, SUBSCRIBE not granted yet
         self._ids = itertools.cycle(range(1, MAX_SUBSCRIPTION_ID + 1))
+        self.shared = SharedWork(clock.monotonic)
+        """Copies of one batch for several pipelines: decoded once, partials made once per
+        fingerprint (``shoal.runtime._shared_work``)."""
 
     async def join(self, session: Session) -> None:
         """Subscribe every served pipeline again (new identifiers), then follow the documents.
@@ -171,7 +175,9 @@ class PoolRoutes:
             # A new version of the document, not of the spec (released, or a name back).
             self.pipelines[change.name] = replace(old, version=change.version)
             return
-        handler = BatchHandler(change.spec, self.topics, self.worker_id, self.stats, self.clock)
+        handler = BatchHandler(
+            change.spec, self.topics, self.worker_id, self.stats, self.clock, self.shared
+        )
         sid = next(self._ids)
         older = () if old is None else ((old.version, old.handler), *old.older)
         served = _Pipeline(change.version, handler, sid, older)

@@ -57,7 +57,9 @@ class WorkerConfig:
         broker: where the broker is.
         topics: topic namespace.
         worker_id: unique per live worker (also its MQTT client id); generated if empty.
-        receive_maximum: batches in flight to this worker (MQTT 5 Receive Maximum).
+        receive_maximum: batches in flight to this worker (MQTT 5 Receive Maximum; the
+            session also reads no more while that many wait to be handled, its
+            ``max_buffered_messages``: Mosquitto 2.0.11 sends past it once we acknowledge).
         heartbeat_ms: how often metrics are published.
         reconnect_delay_s: pause before reconnecting after a lost connection.
     """
@@ -149,6 +151,7 @@ class Worker:
                 session_expiry_s=0,
                 receive_maximum=self.config.receive_maximum,
                 manual_ack=True,
+                max_buffered_messages=self.config.receive_maximum,
                 will=Will(
                     topics.metrics("worker", self.worker_id),
                     orjson.dumps({"component": "worker", "id": self.worker_id, "state": "gone"}),

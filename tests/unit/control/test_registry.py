@@ -261,6 +261,7 @@ def test_an_identical_spec_under_another_name_is_an_alias_counted_by_reference()
     assert alias.alias_of == "temps"
     assert not alias.computes
     assert registry.aliases_of("temps") == ["temps-2"]
+    assert registry.aliases() == {"temps": ["temps-2"]}  # every computation's, in one pass
     assert PipelineDocument.from_json(alias.to_json()) == alias
     # A shared computation cannot change under its aliases.
     refused = _commit(registry, Request("update", "3", spec_toml=CHANGED))
@@ -290,5 +291,6 @@ def test_deleting_an_alias_keeps_the_computation() -> None:
     assert temps is not None
     assert temps.named
     assert registry.aliases_of("temps") == []
+    assert registry.aliases() == {}
     # Unshared now: it may be updated.
     assert _commit(registry, Request("update", "4", spec_toml=CHANGED)).change == "updated"

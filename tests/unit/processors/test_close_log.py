@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shoal.errors import SchemaError
-from shoal.processors.close_log import CloseLog, Decision
+from shoal.processors.close_log import COMPACT_BYTES, CloseLog, Decision
 
 
 class File:
@@ -13,11 +13,13 @@ class File:
 
     def __init__(self) -> None:
         self.data = b""
+        self.rewrites = 0
 
     def write(self, log: CloseLog) -> None:
         write = log.take()
         if write is not None:
             self.data = write.data if write.replace else self.data + write.data
+            self.rewrites += write.replace
 
 
 def close(threshold: int, **applied: int) -> Decision:
@@ -56,6 +58,29 @@ def test_a_durable_checkpoint_trims_the_log_to_what_follows_it() -> None:
     assert [(d.threshold, dict(d.applied)) for d in decisions] == [(2_000, {"a": 2})]
     # a log older than the checkpoint with no mark of it has nothing for it
     assert CloseLog().load(file.data, generation + 1, {"a": 2}) == []
+
+
+def test_checkpoints_rewrite_the_file_only_once_enough_is_stale() -> None:
+    """Each durable checkpoint drops its entries from memory; the file is rewritten (two
+    flushes to disk) only once the entries it holds before the last checkpoint reach
+    ``COMPACT_BYTES``, and a restore after any checkpoint re-takes exactly what followed it."""
+    log, file = CloseLog(), File()
+    file.write(log)  # the header
+    checkpoints = 0
+    while file.rewrites < 3:
+        checkpoints += 1
+        log.record(close(checkpoints * 1_000, a=checkpoints, b=checkpoints // 2))
+        applied = {"a": checkpoints + 1, "b": checkpoints // 2}
+        generation = log.mark(applied)
+        log.record(close(checkpoints * 1_000 + 500, a=checkpoints + 1, b=checkpoints // 2))
+        file.write(log)  # the snapshot's mark and what follows, before it is taken
+        log.settle(generation)  # the snapshot is durable
+        file.write(log)
+        decisions = CloseLog().load(file.data, generation, applied)
+        assert [d.threshold for d in decisions] == [checkpoints * 1_000 + 500]
+        assert len(file.data) < COMPACT_BYTES + 1_000
+    assert file.rewrites == 3
+    assert checkpoints > 100 * file.rewrites  # not one rewrite per checkpoint
 
 
 def test_a_restored_log_holds_its_replay_until_the_next_checkpoint() -> None:

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
 import polars as pl
 
 from shoal.broker import Message
+from shoal.broker.memory import MemoryBroker
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import FakeClock
 from shoal.processors.partials import BatchInfo, PartialBuilder
@@ -71,3 +76,36 @@ def test_refused_partials_are_counted_in_the_heartbeat() -> None:
     beat = runtime.metrics()
     assert beat["partials_refused"] == 2
     assert beat["foreign_partials"] == 1
+
+
+def test_an_idle_partition_skips_its_periodic_checkpoints(tmp_path: Path) -> None:
+    """A partition that took nothing since its last checkpoint writes none (1,000 idle pool
+    partitions wrote 1,000 files a second); the next message makes the next one due, and the
+    checkpoint at stop is always written."""
+    spec = replace(SPEC, checkpoint_interval_ms=50)
+    memory = MemoryBroker()
+    clock = FakeClock(START)
+    config = CombinerConfig(spec, 0, memory.settings, state_dir=tmp_path)
+    runtime = CombinerRuntime(config, clock, session_factory=memory.session_factory)
+    info = BatchInfo("gw", 0, "s", 1, None, None, START, START, "w")
+    row = {"sensor_id": ["a"], "ts": [START], "value": [1.0], "name": ["t"], "type": ["t"]}
+    frame = pl.DataFrame({**row, "unit": ["C"]}, schema=FRAME_SCHEMA)
+    (partial,) = PartialBuilder(spec, "w").build(frame, info, START)
+
+    async def scenario() -> tuple[int, int, int, int]:
+        task = asyncio.create_task(runtime.run())
+        await asyncio.sleep(0.6)  # a dozen intervals, idle: the first checkpoint only
+        idle = (runtime.checkpoints, runtime.checkpoints_skipped)
+        async with memory.session(memory.settings, "gw-worker") as worker:
+            await worker.publish(Topics().partials(spec.name, 0), partial.encode())
+        await asyncio.sleep(0.3)
+        after = runtime.checkpoints
+        runtime.stop()
+        await task
+        return (*idle, after, runtime.checkpoints)
+
+    (idle_written, idle_skipped, after_message, at_stop) = asyncio.run(scenario())
+    assert idle_written == 1
+    assert idle_skipped >= 5
+    assert after_message == 2  # the message made one due, then idle again
+    assert at_stop == 3
