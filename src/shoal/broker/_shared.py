@@ -96,6 +96,20 @@ class SessionBase(Session):
         """
         return _until_stopped(self.messages(), stop)
 
+    async def message_batches(self, stop: asyncio.Event) -> AsyncIterator[list[Message]]:
+        """Received messages until ``stop`` is set, one per batch (``BatchedSession`` batches).
+
+        Raises:
+            BrokerError: the connection was lost first.
+        """
+        async for message in self.messages_until(stop):
+            yield [message]
+
+    def ack_many(self, messages: Sequence[Message]) -> None:
+        """``ack`` each of ``messages``, in order."""
+        for message in messages:
+            self.ack(message)
+
 
 async def _until_stopped(
     messages: AsyncIterator[Message], stop: asyncio.Event
