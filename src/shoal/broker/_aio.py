@@ -38,15 +38,17 @@ from shoal.broker._paho_glue import (
     subscribe_properties,
     tls_context,
 )
-from shoal.broker._shared import SessionBase, check_size, check_subscription_id
+from shoal.broker._shared import (
+    REPLY_QUIET_S,
+    SessionBase,
+    check_size,
+    check_subscription_id,
+)
 from shoal.broker.session import Message, Will
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
 
 _SUBSCRIBE_ATTEMPTS: Final = 3
-_REPLY_QUIET_S: Final = 10.0
-"""A SUBSCRIBE or UNSUBSCRIBE fails when its reply has not come and nothing else arrived for
-this long (see ``AsyncSession._reply``)."""
 
 T = TypeVar("T")
 
@@ -273,7 +275,7 @@ class AsyncSession(SessionBase):
         gets up to its Receive Maximum of messages first. A fixed timeout would then fail a
         healthy connection whenever the machine is slow (aiomqtt's 10 s did: the adapter
         reconnected, got the same backlog and never got anywhere). So the wait fails only
-        when nothing at all arrived for ``_REPLY_QUIET_S``, or the connection is lost.
+        when nothing at all arrived for ``REPLY_QUIET_S``, or the connection is lost.
 
         Raises:
             BrokerError: the reply failed, the connection was lost, or it went quiet.
@@ -284,7 +286,7 @@ class AsyncSession(SessionBase):
             while True:
                 seen = self._received
                 done, _ = await asyncio.wait(
-                    {task, lost}, timeout=_REPLY_QUIET_S, return_when=asyncio.FIRST_COMPLETED
+                    {task, lost}, timeout=REPLY_QUIET_S, return_when=asyncio.FIRST_COMPLETED
                 )
                 if task in done:
                     return task.result()
@@ -292,7 +294,7 @@ class AsyncSession(SessionBase):
                     raise BrokerError(f"{what} failed: the connection was lost")
                 if self._received == seen:
                     raise BrokerError(
-                        f"{what} failed: no reply and no message for {_REPLY_QUIET_S} s"
+                        f"{what} failed: no reply and no message for {REPLY_QUIET_S} s"
                     )
         except aiomqtt.MqttError as exc:
             raise BrokerError(f"{what} failed: {exc}") from exc

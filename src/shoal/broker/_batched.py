@@ -4,8 +4,8 @@ Why not aiomqtt/paho here (``docs/benchmarks.md``, "Device adapters"): paho buil
 ``Properties`` object for every PUBLISH it reads (tables of all 27 MQTT 5 properties, then a
 ``hasattr`` per property to clear them): 19.6 of the 23.5 us its ``decode_publish`` takes,
 measured. Driven from asyncio in batches, paho alone drains 13,343 messages/s (75 us of CPU
-each) on this machine, a quarter of the adapter's target before any decoding; aiomqtt's
-queue on top costs 280 us per message. ``mqtt5`` (Rust, sans-I/O, by aiomqtt's maintainer;
+each) on this machine, a quarter of the adapter's target before any decoding; through
+aiomqtt's queue, 280 us per message. ``mqtt5`` (Rust, sans-I/O, by aiomqtt's maintainer;
 aiomqtt 3 is built on it) reads a PUBLISH in 0.5 us and reads and writes every packet here; this
 module is the I/O around it that a sans-I/O library leaves to its user: an asyncio
 connection, CONNECT/CONNACK, packet identifiers, QoS 1 acknowledgements both ways,
@@ -34,7 +34,12 @@ from typing import Any, Final, Self
 import mqtt5
 
 from shoal.broker._paho_glue import tls_context
-from shoal.broker._shared import SessionBase, check_size, check_subscription_id
+from shoal.broker._shared import (
+    REPLY_QUIET_S,
+    SessionBase,
+    check_size,
+    check_subscription_id,
+)
 from shoal.broker.session import Message, Will
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
@@ -42,9 +47,6 @@ from shoal.errors import BrokerError
 DEFAULT_BUFFERED_BYTES: Final = 16 * 1024 * 1024
 """Payload bytes that may wait to be taken when the caller sets no bound."""
 _CONNECT_TIMEOUT_S: Final = 10.0
-_REPLY_QUIET_S: Final = 10.0
-"""A SUBSCRIBE or UNSUBSCRIBE fails when its reply has not come and nothing else arrived for
-this long (the broker sends a returning session's queued messages first)."""
 _PACKET_ID_IN_USE: Final = 0x91
 
 
@@ -352,7 +354,7 @@ class BatchedSession(SessionBase):
         self._write(data)
         while True:
             seen = self._received
-            done, _ = await asyncio.wait({reply}, timeout=_REPLY_QUIET_S)
+            done, _ = await asyncio.wait({reply}, timeout=REPLY_QUIET_S)
             if reply in done:
                 try:
                     return reply.result()
@@ -360,7 +362,7 @@ class BatchedSession(SessionBase):
                     raise BrokerError(f"{what} failed: {exc}") from exc
             if self._received == seen:
                 self._replies.pop(packet_id, None)
-                raise BrokerError(f"{what} failed: no reply and no message for {_REPLY_QUIET_S} s")
+                raise BrokerError(f"{what} failed: no reply and no message for {REPLY_QUIET_S} s")
 
     async def subscribe(
         self,

@@ -7,9 +7,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from typing import Final
 
 from shoal.broker.session import MAX_SUBSCRIPTION_ID, PROTOCOL_OVERHEAD, Message, Session
 from shoal.errors import BrokerError, PayloadTooLargeError
+
+REPLY_QUIET_S: Final = 10.0
+"""A SUBSCRIBE or UNSUBSCRIBE fails when its reply has not come and nothing else arrived for
+this long. MQTT keeps a connection's packets in order and a broker sends a returning
+persistent session its queued messages before it answers, so a fixed timeout would fail a
+healthy connection whenever reading them takes longer."""
 
 
 def check_size(topic: str, payload: bytes, limit: int | None) -> None:
