@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from shoal._spawn import spawn_tied
 from shoal.adapters import Adapter, AdapterConfig, load_mapping, parse_mapping
 from shoal.adapters._proto import sparkplug_b_pb2 as pb
 from shoal.adapters.mapping import Mapping
-from shoal.broker import AsyncSession, ThreadedSession
+from shoal.broker import AsyncSession, BatchedSession, ThreadedSession
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.session import Message, unique_client_id
 from shoal.loadtest.devices import DeviceFleet, DevicePublisher
@@ -529,12 +530,15 @@ def test_simulate_devices_exits_0_when_everything_was_acknowledged(tmp_path: Pat
         assert report["sent"] == report["acknowledged"] == (20 if kind != "sparkplug" else 22)
 
 
-class _NoAckSession(AsyncSession):
+class _NoAckSession(BatchedSession):
     """An adapter session whose PUBACKs never leave: a crash between the intake log and the
     acknowledgement, made deterministic."""
 
     def ack(self, message: Message) -> None:
         del message
+
+    def ack_many(self, messages: Sequence[Message]) -> None:
+        del messages
 
 
 def test_redeliveries_after_a_crash_between_log_and_puback_count_once(
@@ -557,7 +561,8 @@ def test_redeliveries_after_a_crash_between_log_and_puback_count_once(
         task = asyncio.create_task(first.run())
         await asyncio.wait_for(first.ready.wait(), 10)
         await asyncio.to_thread(DevicePublisher(broker.settings).run, iter(messages))
-        await until(lambda: first.stats.seals >= 1, 20, "the first adapter to seal")
+        # each read of the socket is one group: the 50 may come in more than one seal
+        await until(lambda: first.stats.rows >= count, 20, "the first adapter to seal all")
         assert first.stats.rows == count  # logged, sealed, and never acknowledged
         task.cancel()  # gone without a PUBACK: the broker still holds every message
         with contextlib.suppress(asyncio.CancelledError):
@@ -577,6 +582,67 @@ def test_redeliveries_after_a_crash_between_log_and_puback_count_once(
         snap = confirmer.snapshot("ad-crash")
     assert second.stats.redeliveries == count  # every one recognised...
     assert second.stats.rows == 0  # ...and none sealed again
+    values = np.sort(np.concatenate(list(snap.rows.values())))
+    assert np.array_equal(values, np.arange(count, dtype=np.float64))
+
+
+class _ImpatientSession(AsyncSession):
+    """A device-side session waiting 1 ms for a reply once connected instead of aiomqtt's 10 s:
+    a loaded machine on which the backlog ahead of a SUBACK takes longer to read than the
+    reply timeout (a resumed session's backlog of 3,000 messages takes far more than 1 ms to
+    read, so the SUBACK always comes late). ``AsyncSession`` was the adapter's session when
+    the defect was seen; ``BatchedSession`` has no fixed reply timeout."""
+
+    async def __aenter__(self) -> _ImpatientSession:
+        await super().__aenter__()
+        self._client.timeout = 0.001
+        return self
+
+
+def test_a_resumed_adapter_drains_the_backlog_queued_ahead_of_its_suback(
+    broker: EmbeddedBroker, topics: Topics, tmp_path: Path
+) -> None:
+    """The broker sends a returning persistent session its queued messages first, so the
+    SUBACK of the adapter's SUBSCRIBE comes after them. Before the fix, a SUBACK later than the
+    reply timeout ended the connection, the next one got the same backlog again and the
+    adapter never got anywhere (seen at load ~25 with aiomqtt's 10 s)."""
+    path = tmp_path / "mapping.toml"
+    _write_unique_mapping(path, topics.root)
+    config = AdapterConfig(
+        load_mapping(path),
+        "ad-backlog",
+        broker=broker.settings,
+        topics=topics,
+        spool_dir=tmp_path / "spool",
+    )
+    count = 3_000
+    messages = _unique_messages(topics.root, count, 1_700_000_000_000)
+
+    async def join() -> None:  # the persistent session and its subscription, then away
+        adapter = Adapter(config)
+        task = asyncio.create_task(adapter.run())
+        await asyncio.wait_for(adapter.ready.wait(), 10)
+        adapter.stop()
+        await task
+
+    async def resume() -> Adapter:
+        adapter = Adapter(config, session_factory=_ImpatientSession)
+        task = asyncio.create_task(adapter.run())
+        try:
+            await until(lambda: adapter.stats.rows >= count, 60, "the backlog sealed")
+            await asyncio.wait_for(adapter.ready.wait(), 10)  # and the SUBACK came
+        finally:
+            adapter.stop()
+            await task
+        return adapter
+
+    with Confirmer(broker.settings, topics, STREAM) as confirmer:
+        asyncio.run(join())
+        DevicePublisher(broker.settings).run(iter(messages))
+        adapter = asyncio.run(resume())
+        assert confirmer.wait_contiguous("ad-backlog", 0, 10)
+        snap = confirmer.snapshot("ad-backlog")
+    assert adapter.stats.rows == count
     values = np.sort(np.concatenate(list(snap.rows.values())))
     assert np.array_equal(values, np.arange(count, dtype=np.float64))
 

@@ -20,13 +20,13 @@ import numpy as np
 import orjson
 import pytest
 
-from shoal.broker import AsyncSession, ThreadedSession
+from shoal.broker import AsyncSession, BatchedSession, ThreadedSession
 from shoal.broker.access import BrokerUser, Role
 from shoal.broker.certs import CertFiles, CertificateAuthority, make_ca, make_certificate
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.probe import probe_broker
 from shoal.broker.profiles import ServerTls
-from shoal.broker.session import unique_client_id
+from shoal.broker.session import SessionFactory, unique_client_id
 from shoal.broker.settings import BrokerSettings, TlsSettings
 from shoal.errors import BrokerError
 from shoal.gateway import Gateway, GatewayConfig
@@ -96,8 +96,10 @@ def _tls(broker: EmbeddedBroker, **tls: Path | bool | None) -> BrokerSettings:
     )
 
 
-async def _round_trip(settings: BrokerSettings, topic: str) -> bytes:
-    async with AsyncSession(settings, unique_client_id("tls")) as session:
+async def _round_trip(
+    settings: BrokerSettings, topic: str, factory: SessionFactory = AsyncSession
+) -> bytes:
+    async with factory(settings, unique_client_id("tls")) as session:
         await session.subscribe([topic])
         await session.publish(topic, b"over tls")
         async for message in session.messages():
@@ -131,7 +133,9 @@ def test_tls_with_the_right_ca_works_for_both_sessions(
     # A worker may both write and read its control topic: a round trip over TLS.
     worker = settings.with_credentials("worker", PASSWORD)
     topic = Topics().control("w-tls")
-    assert asyncio.run(asyncio.wait_for(_round_trip(worker, topic), 10)) == b"over tls"
+    for factory in (AsyncSession, BatchedSession):  # BatchedSession: the adapter's (mqtt5)
+        got = asyncio.run(asyncio.wait_for(_round_trip(worker, topic, factory), 10))
+        assert got == b"over tls", factory
     assert _threaded_connects(settings, 5.0)
 
 
@@ -142,6 +146,8 @@ def test_a_broker_certificate_from_another_ca_is_refused(
     rogue = _tls(tls_broker, ca_file=pki.rogue_ca.cert_file)
     with pytest.raises(BrokerError, match="cannot connect"):
         asyncio.run(asyncio.wait_for(_connect(rogue), 10))
+    with pytest.raises(BrokerError, match="cannot connect"):
+        asyncio.run(asyncio.wait_for(_connect(rogue, BatchedSession), 10))
     assert not _threaded_connects(rogue, 2.0)
     # The system trust store does not know our throwaway CA either.
     system = _tls(tls_broker, ca_file=None)
@@ -155,8 +161,8 @@ def test_plain_mqtt_to_the_tls_port_is_refused(tls_broker: EmbeddedBroker) -> No
     assert probe_broker(tls_broker.settings_host, tls_broker.port, 1.0)
 
 
-async def _connect(settings: BrokerSettings) -> None:
-    async with AsyncSession(settings, unique_client_id("tls")):
+async def _connect(settings: BrokerSettings, factory: SessionFactory = AsyncSession) -> None:
+    async with factory(settings, unique_client_id("tls")):
         pass
 
 
@@ -166,11 +172,13 @@ def test_host_name_is_verified(pki: Pki, tmp_path: Path) -> None:
     tls = ServerTls(files.cert_file, files.key_file, pki.ca.cert_file)
     with EmbeddedBroker("secure", data_dir=tmp_path, users=_users(), tls=tls) as broker:
         strict = _tls(broker, ca_file=pki.ca.cert_file)
-        with pytest.raises(BrokerError, match="cannot connect"):
-            asyncio.run(asyncio.wait_for(_connect(strict), 10))
+        for factory in (AsyncSession, BatchedSession):
+            with pytest.raises(BrokerError, match="cannot connect"):
+                asyncio.run(asyncio.wait_for(_connect(strict, factory), 10))
         assert not _threaded_connects(strict, 2.0)
         lax = _tls(broker, ca_file=pki.ca.cert_file, verify_hostname=False)
         asyncio.run(asyncio.wait_for(_connect(lax), 10))
+        asyncio.run(asyncio.wait_for(_connect(lax, BatchedSession), 10))
         assert _threaded_connects(lax, 5.0)
 
 

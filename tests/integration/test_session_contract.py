@@ -1,8 +1,8 @@
 """What components rely on from a ``Session``, checked on Mosquitto and on the in-memory broker.
 
-The same test body runs against ``AsyncSession`` + a real Mosquitto (``broker`` marker) and
-against ``shoal.broker.memory``: the fake used by fast unit tests behaves like the real thing
-where shoal depends on it.
+The same test body runs against ``AsyncSession`` and ``BatchedSession`` + a real Mosquitto
+(``broker`` marker) and against ``shoal.broker.memory``: the fake used by fast unit tests
+behaves like the real thing where shoal depends on it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from shoal.broker import AsyncSession
+from shoal.broker import AsyncSession, BatchedSession
 from shoal.broker.memory import MemoryBroker
 from shoal.broker.session import Message, Session, SessionFactory
 from shoal.schemas.topics import Topics
@@ -21,7 +21,13 @@ from shoal.schemas.topics import Topics
 Open = Callable[..., Session]
 
 
-@pytest.fixture(params=[pytest.param("mosquitto", marks=pytest.mark.broker), "memory"])
+@pytest.fixture(
+    params=[
+        pytest.param("mosquitto", marks=pytest.mark.broker),
+        pytest.param("mosquitto-batched", marks=pytest.mark.broker),
+        "memory",
+    ]
+)
 def connect(request: pytest.FixtureRequest) -> Open:
     """Opens sessions (client id + factory options) on a broker of this test's own."""
     if request.param == "memory":
@@ -29,7 +35,9 @@ def connect(request: pytest.FixtureRequest) -> Open:
         settings, factory = memory.settings, memory.session_factory
     else:
         settings = request.getfixturevalue("broker").settings
-        factory: SessionFactory = AsyncSession
+        factory: SessionFactory = (
+            BatchedSession if request.param == "mosquitto-batched" else AsyncSession
+        )
     return lambda client_id, **options: factory(settings, client_id, **options)
 
 

@@ -9,9 +9,11 @@ The order that keeps the exactly-once chain from the adapter on (``_commit`` is 
 function that acknowledges, ``_seal`` the one that seals):
 
 1. decode each device message as it arrives (a refusal becomes a dead letter, started now);
-2. when the input pauses (``stall_ms``) or ``max_messages`` wait: append the group's rows to
-   the intake log (``shoal.adapters.intake``), wait for the group's dead letters' (and
-   Sparkplug commands') PUBACKs, then PUBACK the device messages, in arrival order;
+2. per group — what one read of the socket returned (``Session.message_batches``), or, one
+   message at a time, when the input pauses (``stall_ms``) or ``max_messages`` wait —
+   append the group's rows to the intake log (``shoal.adapters.intake``), wait for the
+   group's dead letters' (and Sparkplug commands') PUBACKs, then PUBACK the device messages,
+   in arrival order (``Session.ack_many``: one write);
 3. once ``max_rows`` rows are logged or the oldest waited ``max_delay_ms``: write the seal
    mark, add the rows to the gateway and seal them into its spool (``Gateway.flush``).
 
@@ -36,7 +38,7 @@ from typing import Final, Protocol
 from shoal.adapters.decode import Decoder, Row
 from shoal.adapters.intake import Entry, IntakeLog
 from shoal.adapters.mapping import Mapping, Route
-from shoal.broker import default_gateway_session_factory, default_session_factory
+from shoal.broker import default_gateway_session_factory, default_intake_session_factory
 from shoal.broker.session import (
     GatewaySessionFactory,
     Message,
@@ -56,6 +58,8 @@ _RECONNECT_S: Final = (0.2, 0.5, 1.0, 2.0, 5.0)
 _CLOSE_WAIT_S: Final = 5.0
 """At stop, how long a connected gateway waits for its last confirmations (inside the 8 s
 a stopping process is given, ``shoal._stopping``); an unconnected one does not wait."""
+_ROUTES_KEEP: Final = 100_000
+"""Topics whose route is remembered (cleared when exceeded)."""
 _DEDUPE_KEEP: Final = 100_000
 """(topic, message id) pairs remembered per adapter for routes that name a message id."""
 
@@ -162,7 +166,7 @@ class Adapter:
     Args:
         config: the adapter's settings.
         clock: time source (arrival time stamps, batch age).
-        session_factory: the device-side MQTT session (default ``AsyncSession``).
+        session_factory: the device-side MQTT session (default ``BatchedSession``: batches).
         gateway_session_factory: the gateway's MQTT session (default ``ThreadedSession``).
         decoders: per route index, a decoder to use instead of the built-in one (Sparkplug).
     """
@@ -179,7 +183,7 @@ class Adapter:
         self.config = config
         self.stats = AdapterStats()
         self._clock: Clock = clock or SystemClock()
-        self._connect = session_factory or default_session_factory()
+        self._connect = session_factory or default_intake_session_factory()
         self._gateway_connect = gateway_session_factory or default_gateway_session_factory()
         mapping = config.mapping
         self._decoders: dict[int, MessageDecoder] = {
@@ -204,6 +208,7 @@ class Adapter:
         self._rows_since_s: float | None = None
         self._last_arrival_s = 0.0
         self._seen_ids: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._routes: dict[str, tuple[Route, dict[str, str]] | None] = {}
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self._gateway: Gateway | None = None
@@ -316,10 +321,15 @@ class Adapter:
         self.ready.set()
 
     async def _consume(self, session: Session) -> None:
+        """Take what arrived together as one group: decode it, log it, acknowledge it.
+
+        The broker keeps sending while a group is decoded (up to the Receive Maximum), so
+        acknowledging per read keeps the link busy.
+        """
         max_messages = self.config.mapping.batching.max_messages
-        async for message in session.messages_until(self._stop):
-            self._take(session, message)
-            if len(self._pending.messages) >= max_messages:
+        async for batch in session.message_batches(self._stop):
+            self._take_batch(session, batch)
+            if len(self._pending.messages) >= max_messages or len(batch) > 1:
                 await self._commit(session)
         await self._commit(session)
         self._seal()
@@ -345,21 +355,42 @@ class Adapter:
 
     # -- one message ------------------------------------------------------------------------
 
-    def _take(self, session: Session, message: Message) -> None:
-        """Decode one device message into the pending rows (or a dead letter)."""
-        self.stats.messages += 1
-        self._last_arrival_s = self._clock.monotonic()
-        entry = (message.mid, message.topic, zlib.crc32(message.payload))
+    def _take_batch(self, session: Session, messages: list[Message]) -> None:
+        """Decode device messages that arrived together into the pending rows."""
+        now_s = self._clock.monotonic()
+        now_ms = self._clock.now_ms()
+        self.stats.messages += len(messages)
+        self._last_arrival_s = now_s
         pending = self._pending
         if pending.first_at_s is None:
-            pending.first_at_s = self._clock.monotonic()
-        pending.messages.append(message)
-        if self._intake.is_redelivery(entry):
+            pending.first_at_s = now_s
+        pending.messages.extend(messages)
+        take = self._take
+        for message in messages:
+            take(session, message, now_ms)
+
+    def _route(self, topic: str) -> tuple[Route, dict[str, str]] | None:
+        """The route of ``topic`` (remembered per topic: devices repeat theirs)."""
+        try:
+            return self._routes[topic]
+        except KeyError:
+            pass
+        found = self.config.mapping.route_for(topic)
+        if len(self._routes) >= _ROUTES_KEEP:
+            self._routes.clear()
+        self._routes[topic] = found
+        return found
+
+    def _take(self, session: Session, message: Message, now_ms: int) -> None:
+        """Decode one device message into the pending rows (or a dead letter)."""
+        entry = (message.mid, message.topic, zlib.crc32(message.payload))
+        pending = self._pending
+        if self._intake.armed and self._intake.is_redelivery(entry):
             self.stats.redeliveries += 1
             return  # acknowledged with this group; its rows are logged already
-        mapping = self.config.mapping
-        found = mapping.route_for(message.topic)
+        found = self._route(message.topic)
         if found is None:
+            mapping = self.config.mapping
             patterns = [r.topic.text for r in mapping.routes]
             error = InputError(
                 f"no route of mapping {mapping.name!r} matches topic {message.topic!r}",
@@ -372,7 +403,7 @@ class Adapter:
         route, levels = found
         decoder = self._decoders[route.index]
         try:
-            rows = decoder.decode(message.topic, levels, message.payload, self._clock.now_ms())
+            rows = decoder.decode(message.topic, levels, message.payload, now_ms)
         except InputError as exc:
             self._refuse(session, message, exc)
             rows = []
@@ -444,8 +475,7 @@ class Adapter:
                 self._rows.extend(pending.rows)
             if pending.waits:
                 await session.wait_published(pending.waits)
-            for message in pending.messages:
-                session.ack(message)
+            session.ack_many(pending.messages)
             if len(self._rows) >= self.config.mapping.batching.max_rows:
                 self._seal()
 

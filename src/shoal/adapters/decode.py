@@ -26,6 +26,11 @@ from shoal.schemas._json import json_error
 Row = tuple[str, int, float, str | None, str | None, str | None]
 """One measurement: sensor id, event time (epoch ms), value, name, type, unit."""
 
+Label = tuple[str, str | None, str | None, str | None]
+"""What a metric on a topic is called: sensor id, name, type, unit."""
+
+_MISSING: Final = object()
+
 _MAX_FOUND: Final = 60
 """Characters of a found value quoted in a reason."""
 
@@ -69,7 +74,8 @@ class Decoder:
         self.route = route
         self.max_future_ms = max_future_ms
         self.max_string_bytes = max_string_bytes
-        self._labels: dict[tuple[str, str], tuple[str, str | None, str | None, str | None]] = {}
+        self._labels: dict[tuple[str, str], Label] = {}
+        self._topic_labels: dict[str, dict[str, Label]] = {}  # the same, by topic then field
         self._ts_field = route.timestamp.field if route.timestamp.source == "payload" else None
         self._skip = {f for f in (self._ts_field, route.message_id) if f is not None}
         self._parse_ts = _TS_PARSERS[route.timestamp.unit]
@@ -195,15 +201,26 @@ class Decoder:
         route = self.route
         names = route.fields or tuple(k for k in body if k not in self._skip)
         rows: list[Row] = []
+        labels = self._topic_labels.get(topic)
+        if labels is None:
+            if len(self._topic_labels) >= _CACHE_LIMIT:
+                self._topic_labels.clear()
+            labels = self._topic_labels[topic] = {}
         for field in names:
-            if field not in body:
-                continue  # a device need not send every field every time
-            raw = body[field]
-            if isinstance(raw, bool):
-                value = 1.0 if raw else 0.0
-            elif isinstance(raw, int | float):
+            raw = body.get(field, _MISSING)
+            kind = type(raw)
+            # The common case first, without a call: a finite number whose labels are known.
+            if kind is float or kind is int:
                 value = float(raw)
-            elif isinstance(raw, str) and route.strings == "skip":
+                label = labels.get(field)
+                if label is not None and value - value == 0.0:
+                    rows.append((label[0], ts, value, label[1], label[2], label[3]))
+                    continue
+            elif raw is _MISSING:
+                continue  # a device need not send every field every time
+            elif kind is bool:
+                value = 1.0 if raw else 0.0
+            elif kind is str and route.strings == "skip":
                 continue
             else:
                 reason = {str: "string_metric", type(None): "null_metric"}.get(
@@ -224,8 +241,8 @@ class Decoder:
                     found=quote(raw),
                 )
             self._check_value(topic, value, field, element)
-            sensor_id, name, kind, unit = self.label(topic, levels, field)
-            rows.append((sensor_id, ts, value, name, kind, unit))
+            label = labels[field] = self.label(topic, levels, field)
+            rows.append((label[0], ts, value, label[1], label[2], label[3]))
         if not rows and element is None:
             raise DecodeError(
                 f"{self.where(topic)}: no measurements",
@@ -302,9 +319,7 @@ class Decoder:
                 found=repr(value),
             )
 
-    def label(
-        self, topic: str, levels: dict[str, str], metric: str
-    ) -> tuple[str, str | None, str | None, str | None]:
+    def label(self, topic: str, levels: dict[str, str], metric: str) -> Label:
         """Sensor id, name, type and unit of ``metric`` on ``topic`` (rendered once, cached).
 
         Raises:
@@ -356,6 +371,8 @@ def _bytes_near(payload: bytes, offset: int) -> str:
 
 def _epoch(scale: float) -> Callable[[Any], int | None]:
     def parse(value: Any) -> int | None:
+        if type(value) is int and scale == 1.0:  # epoch ms as an integer: the usual clock
+            return value
         if isinstance(value, bool) or not isinstance(value, int | float):
             return None
         if not math.isfinite(value) or abs(value) > 1e300:

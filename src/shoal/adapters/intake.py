@@ -1,10 +1,10 @@
 """The adapter's intake log: decoded rows made durable before their device messages are acked.
 
-The broker keeps at most its in-flight limit of QoS 1 messages unacknowledged per client
-(``max_inflight_messages``, 64 in shoal's profiles), so acknowledging only after a gateway
-batch is sealed would cap batches at that many messages. Instead the adapter appends each
-group of decoded messages here (one write), acknowledges them, and seals batches of any size
-later. Per group and per seal, in this order:
+The broker keeps at most the adapter's Receive Maximum of QoS 1 messages unacknowledged
+(``max_messages``), so acknowledging only after a gateway batch is sealed would cap batches
+at that many messages and stall the link while a batch fills. Instead the adapter appends
+each group of decoded messages here (one write), acknowledges them, and seals batches of any
+size later. Per group and per seal, in this order:
 
 1. ``append(rows, entries)``: the rows, and which messages they came from (packet id, topic,
    CRC-32 of the payload), one JSON line;
@@ -19,6 +19,9 @@ sealed again, once. A message logged but whose PUBACK had not left yet is delive
 the broker on the persistent session with the same packet id (MQTT 5 §4.4): ``arm`` /
 ``is_redelivery`` recognise the last groups' messages and drop them, each once, within
 ``horizon`` messages after a (re)connect (packet ids repeat only after 65,535 others).
+``horizon`` is the adapter's Receive Maximum: the broker holds at most that many messages
+unacknowledged, so the groups kept (the newest ones covering ``horizon`` messages) hold
+every message the broker can send again, however many PUBACK writes were still queued.
 
 Pure file I/O; never imports the MQTT libraries.
 """
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import Counter
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -41,8 +44,8 @@ Entry = tuple[int, str, int]
 """A device message as the broker would redeliver it: packet id, topic, CRC-32 of payload."""
 
 _KEEP_GROUPS: Final = 2
-"""Groups whose messages count as possible redeliveries: the last one's PUBACKs may still be
-on their way when the next group is written, never those of the one before it."""
+"""Groups kept at least, whatever their size (the last one's PUBACKs may still be on their
+way when the next group is written)."""
 
 COMPACT_BYTES: Final = 64 * 1024 * 1024
 """After a seal, a log larger than this starts afresh (everything in it is sealed)."""
@@ -61,7 +64,8 @@ class IntakeLog:
         self.path = path
         self.horizon = horizon
         self.fsync = fsync
-        self._groups: list[list[Entry]] = []
+        self._groups: deque[list[Entry]] = deque()
+        self._kept = 0  # entries in ``_groups``
         self._armed: Counter[Entry] = Counter()
         self._seen_since_arm = 0
         self._fd: int | None = None
@@ -97,16 +101,23 @@ class IntakeLog:
                     rows = []  # that seal reached the spool (else its rows are still to seal)
                 continue
             rows.extend(cast("Row", tuple(r)) for r in record.get("rows", ()))
-            entries = [(int(m), str(t), int(c)) for m, t, c in record.get("entries", ())]
-            self._groups = [*self._groups[-(_KEEP_GROUPS - 1) :], entries]
+            self._remember([(int(m), str(t), int(c)) for m, t, c in record.get("entries", ())])
         return rows
 
     # -- running ------------------------------------------------------------------------------
 
     def append(self, rows: list[Row], entries: list[Entry]) -> None:
         """Make a group of messages' rows durable (before the messages are acknowledged)."""
-        self._groups = [*self._groups[-(_KEEP_GROUPS - 1) :], entries]
+        self._remember(entries)
         self._write({"rows": rows, "entries": entries})
+
+    def _remember(self, entries: list[Entry]) -> None:
+        """Keep ``entries`` as the newest group; forget groups the broker cannot re-send."""
+        groups = self._groups
+        groups.append(entries)
+        self._kept += len(entries)
+        while len(groups) > _KEEP_GROUPS and self._kept - len(groups[0]) >= self.horizon:
+            self._kept -= len(groups.popleft())
 
     def seal_begin(self, mark: int) -> None:
         """Every logged row is about to be sealed; ``mark`` is the gateway's next seq now."""
@@ -129,6 +140,11 @@ class IntakeLog:
         """A (re)connect: the broker may now re-send the last groups' messages."""
         self._armed = Counter(e for group in self._groups for e in group)
         self._seen_since_arm = 0
+
+    @property
+    def armed(self) -> bool:
+        """Whether re-sends are being looked for (after a (re)connect, within the horizon)."""
+        return bool(self._armed)
 
     def is_redelivery(self, entry: Entry) -> bool:
         """Whether ``entry`` is a message already logged (then it is forgotten: once only)."""

@@ -168,17 +168,19 @@ class Batching:
     Attributes:
         max_rows: seal once this many rows wait.
         max_delay_ms: seal once the oldest waiting message is this old.
-        max_messages: seal once this many device messages wait unacknowledged (also the
-            MQTT Receive Maximum the adapter announces).
-        stall_ms: seal once no message arrived for this long. The broker stops sending
-            when the messages it has in flight to us reach its limit (``max_inflight_messages``,
-            64 in shoal's profiles), and they are acknowledged only after the seal, so a
-            pause in the input usually means the broker waits for us.
+        max_messages: the MQTT Receive Maximum the adapter announces: device messages in
+            flight to it unacknowledged, at most (Mosquitto honours an MQTT 5 client's value
+            above its own ``max_inflight_messages``). Messages are logged and acknowledged
+            per read of the socket, and at the latest when this many wait. It is also how
+            many messages a returning adapter may get before the broker's reply to its
+            SUBSCRIBE (they come first), so keep it to what a read of the socket brings.
+        stall_ms: log and acknowledge a lone message once no other arrived for this long
+            (a read that brought one message; sessions that hand over one message at a time).
     """
 
     max_rows: int = 10_000
     max_delay_ms: int = 200
-    max_messages: int = 10_000
+    max_messages: int = 1_000
     stall_ms: int = 2
 
 

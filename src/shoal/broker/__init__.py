@@ -8,6 +8,7 @@ an in-memory broker for logic tests. ``shoal.broker`` never imports ``shoal.proc
 """
 
 from shoal.broker._aio import AsyncSession
+from shoal.broker._batched import BatchedSession
 from shoal.broker._threaded import ThreadedSession
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.profiles import broker_profiles
@@ -22,6 +23,7 @@ from shoal.broker.settings import BrokerSettings, TlsSettings
 
 __all__ = [
     "AsyncSession",
+    "BatchedSession",
     "BrokerSettings",
     "EmbeddedBroker",
     "Message",
@@ -30,6 +32,7 @@ __all__ = [
     "Will",
     "broker_profiles",
     "default_gateway_session_factory",
+    "default_intake_session_factory",
     "default_session_factory",
     "unique_client_id",
 ]
@@ -43,3 +46,11 @@ def default_session_factory() -> SessionFactory:
 def default_gateway_session_factory() -> GatewaySessionFactory:
     """The ``GatewaySession`` gateways use unless given another: ``ThreadedSession``."""
     return ThreadedSession
+
+
+def default_intake_session_factory() -> SessionFactory:
+    """The ``Session`` for high-rate intake (``shoal adapt``): ``BatchedSession``.
+
+    It hands over what each read of the socket brought at once (``message_batches``).
+    """
+    return BatchedSession

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+import math
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Self, TypeVar
 
 import aiomqtt
 import paho.mqtt.client as paho
@@ -40,12 +41,19 @@ from shoal.broker._paho_glue import (
     subscribe_properties,
     tls_context,
 )
-from shoal.broker._shared import SessionBase, check_size, check_subscription_id
+from shoal.broker._shared import (
+    REPLY_QUIET_S,
+    SessionBase,
+    check_size,
+    check_subscription_id,
+)
 from shoal.broker.session import Message, Will
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
 
 _SUBSCRIBE_ATTEMPTS: Final = 3
+
+T = TypeVar("T")
 
 
 def paho_client_of(client: aiomqtt.Client) -> paho.Client:
@@ -90,6 +98,8 @@ class AsyncSession(SessionBase):
         self._client_obj: aiomqtt.Client | None = None
         self._paho_obj: paho.Client | None = None
         self._gate = _ReadGate(max_buffered_bytes, max_buffered_messages)
+        self._received = 0  # messages received on this connection (a reply's progress)
+        self._link_lost = asyncio.Event()
 
     @property
     def _client(self) -> aiomqtt.Client:
@@ -154,6 +164,7 @@ class AsyncSession(SessionBase):
             on_publish(client, userdata, mid, reason, props)
 
         def message_hook(client: paho.Client, userdata: Any, message: Any) -> None:
+            self._received += 1
             on_message(client, userdata, message)  # aiomqtt queues it
             self._gate.queued(client, len(message.payload))
 
@@ -166,6 +177,7 @@ class AsyncSession(SessionBase):
             # At once, not at __aexit__: a component stopping after the broker died waits
             # for these (a last checkpoint, a drain) and must not wait for the timeout.
             self._fail_pending("connection lost before the PUBACK arrived")
+            self._link_lost.set()
             on_disconnect(*args)
 
         inner.on_connect = connect_hook
@@ -236,36 +248,70 @@ class AsyncSession(SessionBase):
         """
         check_subscription_id(subscription_id)
         options = SubscribeOptions(qos=qos, noLocal=no_local)
-        with self._gate.asking(self._paho):
-            result = await self._subscribe(filters, options, subscription_id)
-        failed = [f for f, code in zip(filters, result, strict=False) if reason_failed(code)]
-        if failed:
-            raise BrokerError(f"the broker refused subscriptions {failed}: {result}")
-
-    async def _subscribe(
-        self, filters: Sequence[str], options: SubscribeOptions, subscription_id: int | None
-    ) -> Any:
+        what = f"subscribe to {list(filters)}"
         for attempt in range(_SUBSCRIBE_ATTEMPTS):
-            try:
-                result = await self._client.subscribe(
+            result = await self._reply(
+                self._client.subscribe(
                     [(f, options) for f in filters],
                     properties=subscribe_properties(subscription_id),
-                )
-            except aiomqtt.MqttError as exc:
-                raise BrokerError(f"subscribe to {list(filters)} failed: {exc}") from exc
+                    timeout=math.inf,  # ``_reply`` decides how long
+                ),
+                what,
+            )
             # Mochi 2.7.9 refuses a SUBSCRIBE whose packet id a queued message holds; the
             # next SUBSCRIBE has another id (``only_packet_id_in_use``).
             if attempt + 1 == _SUBSCRIBE_ATTEMPTS or not only_packet_id_in_use(list(result)):
                 break
-        return result
+        failed = [
+            f
+            for f, code in zip(filters, result, strict=False)
+            if reason_failed(code)  # type: ignore[arg-type]
+        ]
+        if failed:
+            raise BrokerError(f"the broker refused subscriptions {failed}: {result}")
 
     async def unsubscribe(self, filters: Sequence[str]) -> None:
         """Stop new deliveries for these filters (already queued messages still arrive)."""
+        await self._reply(
+            self._client.unsubscribe(list(filters), timeout=math.inf),
+            f"unsubscribe from {list(filters)}",
+        )
+
+    async def _reply(self, call: Coroutine[Any, Any, T], what: str) -> T:
+        """The reply to a SUBSCRIBE or UNSUBSCRIBE, waited for while messages keep coming.
+
+        MQTT keeps a connection's packets in order, so a SUBACK comes after every message the
+        broker had queued for us before it: a persistent session that returns to a backlog
+        gets up to its Receive Maximum of messages first. A fixed timeout would then fail a
+        healthy connection whenever the machine is slow (aiomqtt's 10 s did: the adapter
+        reconnected, got the same backlog and never got anywhere). So the wait fails only
+        when nothing at all arrived for ``REPLY_QUIET_S``, or the connection is lost.
+
+        Raises:
+            BrokerError: the reply failed, the connection was lost, or it went quiet.
+        """
+        task = asyncio.ensure_future(call)
+        lost = asyncio.ensure_future(self._link_lost.wait())
         try:
-            with self._gate.asking(self._paho):
-                await self._client.unsubscribe(list(filters))
+            with self._gate.asking(self._paho):  # the socket is read while we wait
+                while True:
+                    seen = self._received
+                    done, _ = await asyncio.wait(
+                        {task, lost}, timeout=REPLY_QUIET_S, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if task in done:
+                        return task.result()
+                    if lost in done:
+                        raise BrokerError(f"{what} failed: the connection was lost")
+                    if self._received == seen:
+                        raise BrokerError(
+                            f"{what} failed: no reply and no message for {REPLY_QUIET_S} s"
+                        )
         except aiomqtt.MqttError as exc:
-            raise BrokerError(f"unsubscribe from {list(filters)} failed: {exc}") from exc
+            raise BrokerError(f"{what} failed: {exc}") from exc
+        finally:
+            lost.cancel()
+            task.cancel()
 
     def _answer_awaited(self) -> contextlib.AbstractContextManager[None]:
         """``publish`` awaits its PUBACK in line: the socket is read meanwhile (``_ReadGate``)."""

@@ -1,6 +1,7 @@
 """paho-mqtt details both MQTT sessions share: properties, TLS, reason codes, socket options.
 
-Imported only by ``shoal.broker._aio`` and ``shoal.broker._threaded``.
+Imported only by ``shoal.broker._aio`` and ``shoal.broker._threaded`` (and by
+``shoal.broker._batched`` for ``tls_context``).
 """
 
 from __future__ import annotations

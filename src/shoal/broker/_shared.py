@@ -8,9 +8,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from typing import Final
 
 from shoal.broker.session import MAX_SUBSCRIPTION_ID, PROTOCOL_OVERHEAD, Message, Session
 from shoal.errors import BrokerError, PayloadTooLargeError
+
+REPLY_QUIET_S: Final = 10.0
+"""A SUBSCRIBE or UNSUBSCRIBE fails when its reply has not come and nothing else arrived for
+this long. MQTT keeps a connection's packets in order and a broker sends a returning
+persistent session its queued messages before it answers, so a fixed timeout would fail a
+healthy connection whenever reading them takes longer."""
 
 
 def check_size(topic: str, payload: bytes, limit: int | None) -> None:
@@ -101,6 +108,20 @@ class SessionBase(Session):
             BrokerError: the connection was lost first.
         """
         return _until_stopped(self.messages(), stop)
+
+    async def message_batches(self, stop: asyncio.Event) -> AsyncIterator[list[Message]]:
+        """Received messages until ``stop`` is set, one per batch (``BatchedSession`` batches).
+
+        Raises:
+            BrokerError: the connection was lost first.
+        """
+        async for message in self.messages_until(stop):
+            yield [message]
+
+    def ack_many(self, messages: Sequence[Message]) -> None:
+        """``ack`` each of ``messages``, in order."""
+        for message in messages:
+            self.ack(message)
 
 
 async def _until_stopped(

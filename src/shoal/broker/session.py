@@ -170,6 +170,16 @@ class Session(Protocol):
     def messages_until(self, stop: asyncio.Event) -> AsyncIterator[Message]:
         """Received messages until ``stop`` is set (then it simply ends)."""
 
+    def message_batches(self, stop: asyncio.Event) -> AsyncIterator[list[Message]]:
+        """Received messages in arrival order, in the groups they arrived in, until ``stop``.
+
+        A group is what one read of the connection brought (one message each where the
+        session takes them one by one). Raises ``BrokerError`` when the link drops.
+        """
+
+    def ack_many(self, messages: Sequence[Message]) -> None:
+        """``ack`` each of ``messages``, in order."""
+
 
 class SessionFactory(Protocol):
     """Opens a ``Session`` (not yet connected); ``AsyncSession`` itself is one.

@@ -39,19 +39,21 @@ def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
 
 
 def test_redeliveries_of_the_last_groups_are_dropped_once(tmp_path: Path) -> None:
-    log = IntakeLog(tmp_path / "intake.log", horizon=5)
+    log = IntakeLog(tmp_path / "intake.log", horizon=3)  # the Receive Maximum
     log.recover(0)
     log.append([ROW_A], [(1, "t", 1)])
     log.append([ROW_B], [(2, "t", 2), (3, "t", 3)])
     log.append([ROW_C], [(4, "t", 4)])
     log.arm()
-    assert not log.is_redelivery((1, "t", 1))  # two groups back: acknowledged for sure
     assert log.is_redelivery((2, "t", 2))
     assert not log.is_redelivery((2, "t", 2))  # once only
-    assert not log.is_redelivery((4, "t", 99))  # same packet id, other payload
     assert log.is_redelivery((4, "t", 4))
     log.arm()
-    for _ in range(5):
+    # the broker holds at most 3 unacknowledged messages: 2, 3 and 4 at most
+    assert not log.is_redelivery((1, "t", 1))
+    assert not log.is_redelivery((4, "t", 99))  # same packet id, other payload
+    log.arm()
+    for _ in range(3):
         log.is_redelivery((9, "x", 9))
     assert not log.is_redelivery((3, "t", 3))  # beyond the horizon
     # after a restart, the groups come from the file
@@ -59,6 +61,19 @@ def test_redeliveries_of_the_last_groups_are_dropped_once(tmp_path: Path) -> Non
     again.recover(0)
     again.arm()
     assert again.is_redelivery((4, "t", 4))
+
+
+def test_small_groups_are_kept_until_they_cover_the_receive_maximum(tmp_path: Path) -> None:
+    # Groups of one message each: PUBACK writes still queued could span more than two
+    # groups, so the log keeps as many groups as the broker can hold unacknowledged.
+    log = IntakeLog(tmp_path / "intake.log", horizon=3)
+    log.recover(0)
+    for mid in range(1, 6):
+        log.append([ROW_A], [(mid, "t", mid)])
+    log.arm()
+    assert [log.is_redelivery((m, "t", m)) for m in range(3, 6)] == [True, True, True]
+    log.arm()
+    assert not log.is_redelivery((2, "t", 2))  # 3 newer ones fill the Receive Maximum
 
 
 def test_compaction_keeps_unsealed_nothing_and_the_last_groups(tmp_path: Path) -> None:
