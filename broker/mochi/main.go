@@ -502,6 +502,9 @@ func newServer(cfg *Config, logger *slog.Logger) (*built, error) {
 	if err := server.AddHook(newTakeoverHook(server, store), nil); err != nil {
 		return nil, err
 	}
+	if err := server.AddHook(newParentHook(), nil); err != nil {
+		return nil, err
+	}
 	will := &willHook{empty: make(map[string]bool)}
 	if err := server.AddHook(will, nil); err != nil {
 		return nil, err

@@ -136,6 +136,9 @@ func (c *client) send(pk packets.Packet) {
 	case packets.Subscribe:
 		pk.FixedHeader.Qos = 1
 		err = pk.SubscribeEncode(buf)
+	case packets.Unsubscribe:
+		pk.FixedHeader.Qos = 1
+		err = pk.UnsubscribeEncode(buf)
 	case packets.Publish:
 		err = pk.PublishEncode(buf)
 	case packets.Puback:
@@ -348,5 +351,40 @@ func TestPacketIdentifiersOfTheTwoDirectionsDoNotCollide(t *testing.T) {
 	again, _ := dial(t, b.addr, "c", 0)
 	if got := again.publishes(500 * time.Millisecond); !equal(got, []string{"held"}) {
 		t.Fatalf("after a reconnect: %v", got)
+	}
+}
+
+func TestAMultiLevelWildcardAfterAPlusMatchesItsParentLevel(t *testing.T) {
+	// "s/+/+/#" must match "s/a/b" (MQTT 4.7.1.2); Mochi 2.7.9 skipped it (wildcard.go).
+	b := startBroker(t, new(probeHook))
+	c, _ := dial(t, b.addr, "sp", 0)
+	ack, _ := c.subscribe(1, "s/+/+/#")
+	if len(ack.ReasonCodes) != 1 || ack.ReasonCodes[0] != 1 {
+		t.Fatalf("SUBACK codes %v, want [1]", ack.ReasonCodes)
+	}
+	publish(t, b.server, "s/n/NBIRTH", "node")
+	publish(t, b.server, "s/n/DBIRTH/d", "device")
+	publish(t, b.server, "s/n", "too short")
+	if got := c.publishes(300 * time.Millisecond); !equal(got, []string{"node", "device"}) {
+		t.Fatalf("got %v, want each of node and device once", got)
+	}
+	shared, _ := dial(t, b.addr, "sh", 0)
+	shared.subscribe(1, "$share/g/s/+/#")
+	publish(t, b.server, "s/m", "parent")
+	if got := shared.publishes(300 * time.Millisecond); !equal(got, []string{"parent"}) {
+		t.Fatalf("shared member got %v", got)
+	}
+	c.publishes(100 * time.Millisecond)
+	c.send(packets.Packet{
+		FixedHeader: packets.FixedHeader{Type: packets.Unsubscribe},
+		PacketID:    100, // not one of the unacknowledged messages' (Mochi refuses that, 0x91)
+		Filters:     packets.Subscriptions{{Filter: "s/+/+/#"}},
+	})
+	if pk := c.next(); pk.FixedHeader.Type != packets.Unsuback || len(pk.ReasonCodes) != 1 || pk.ReasonCodes[0] != 0 {
+		t.Fatalf("UNSUBACK expected with one code, got %+v %v", pk.FixedHeader, pk.ReasonCodes)
+	}
+	publish(t, b.server, "s/n/NBIRTH", "after")
+	if got := c.publishes(300 * time.Millisecond); len(got) != 0 {
+		t.Fatalf("after UNSUBSCRIBE: %v", got)
 	}
 }
