@@ -282,6 +282,14 @@ func publishMosquittoCounters(server *mqtt.Server, every time.Duration) {
 // batch in five never reach the worker (docs/brokers.md). Unless honour_receive_maximum is
 // set, the hook gives every session no send quota, which Mochi reads as "no limit": messages
 // are written at once and back-pressure is TCP's.
+//
+// The quota goes before the session is taken over and registered (OnSessionEstablish):
+// Mochi sets it from the client's Receive Maximum when it connects (and again when it copies
+// a resumed session's messages), and the client can be dealt messages from its registration
+// on, while its queue is still being re-sent. With the quota set only once the session was
+// established, messages beyond it in that time were parked, and then never sent (until the
+// next reconnect): a resumed subscriber with a small Receive Maximum (a worker asks for 8)
+// did not get what was dealt to it while its queue was re-sent.
 type flowHook struct {
 	mqtt.HookBase
 	honourReceiveMaximum bool
@@ -289,7 +297,16 @@ type flowHook struct {
 
 func (h *flowHook) ID() string { return "shoal-flow" }
 
-func (h *flowHook) Provides(b byte) bool { return b == mqtt.OnSessionEstablished }
+func (h *flowHook) Provides(b byte) bool {
+	return b == mqtt.OnSessionEstablish || b == mqtt.OnSessionEstablished
+}
+
+func (h *flowHook) OnSessionEstablish(cl *mqtt.Client, _ packets.Packet) {
+	if !h.honourReceiveMaximum {
+		cl.Properties.Props.ReceiveMaximum = 0 // what Mochi resets the quota to on a resume
+		cl.State.Inflight.ResetSendQuota(0)
+	}
+}
 
 func (h *flowHook) OnSessionEstablished(cl *mqtt.Client, _ packets.Packet) {
 	if !h.honourReceiveMaximum {
@@ -368,7 +385,43 @@ func run(configPath string) error {
 	if err != nil {
 		return err
 	}
+	b, err := newServer(cfg, logger)
+	if err != nil {
+		return err
+	}
+	server := b.server
+	signals := make(chan os.Signal, 4)
+	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	if err := server.Serve(); err != nil {
+		return err
+	}
+	go publishMosquittoCounters(server, time.Duration(server.Options.SysTopicResendInterval)*time.Second)
+	logger.Warn("shoal-mochi listening", "version", mqtt.Version, "listen", cfg.Listen)
+	for sig := range signals {
+		if sig == syscall.SIGHUP {
+			fresh, err := readConfig(configPath)
+			if err != nil {
+				logger.Error("reload failed, keeping the users", "error", err)
+				continue
+			}
+			b.access.load(fresh)
+			logger.Warn("users reloaded", "users", len(fresh.Users))
+			continue
+		}
+		break
+	}
+	return server.Close()
+}
 
+// built is a shoal-mochi server and the hooks run() and the tests reach.
+type built struct {
+	server *mqtt.Server
+	access *accessHook
+	store  *boltStore // nil without persistence
+}
+
+// newServer: Mochi with shoal's capabilities, hooks and listeners, not yet serving.
+func newServer(cfg *Config, logger *slog.Logger) (*built, error) {
 	caps := mqtt.NewDefaultServerCapabilities()
 	caps.MaximumPacketSize = cfg.MaximumPacketSize
 	if cfg.MaximumInflight > 0 {
@@ -410,84 +463,71 @@ func run(configPath string) error {
 	access := new(accessHook)
 	access.load(cfg)
 	if err := server.AddHook(access, nil); err != nil {
-		return err
+		return nil, err
 	}
 	if cfg.MaximumPacketSize > 0 {
 		announce := &announceHook{maximumPacketSize: cfg.MaximumPacketSize}
 		if err := server.AddHook(announce, nil); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	order := new(orderHook)
 	order.next.Store(time.Now().Unix() << 16)
 	if err := server.AddHook(order, nil); err != nil {
-		return err
+		return nil, err
 	}
 	flow := &flowHook{honourReceiveMaximum: cfg.HonourReceiveMaximum}
+	var store *boltStore
 	if cfg.StoreFile != "" {
 		// NoSync: every change is written to the file (the page cache) at once, so a killed
 		// broker loses nothing; only a machine crash can lose the last writes.
-		err := server.AddHook(new(boltStore), &bolt.Options{
+		store = new(boltStore)
+		err := server.AddHook(store, &bolt.Options{
 			Path:    cfg.StoreFile,
 			Options: &bbolt.Options{Timeout: 2 * time.Second, NoSync: true},
 		})
 		if err != nil {
-			return fmt.Errorf("store %s: %w", cfg.StoreFile, err)
+			return nil, fmt.Errorf("store %s: %w", cfg.StoreFile, err)
 		}
 	}
 	if err := server.AddHook(flow, nil); err != nil {
-		return err
+		return nil, err
 	}
 	if err := server.AddHook(new(sysWriteHook), nil); err != nil {
-		return err
+		return nil, err
 	}
-	if err := server.AddHook(&packetIDHook{held: make(map[string]packets.Packet)}, nil); err != nil {
-		return err
+	if err := server.AddHook(newPacketIDHook(server), nil); err != nil {
+		return nil, err
+	}
+	if err := server.AddHook(newTakeoverHook(server, store), nil); err != nil {
+		return nil, err
+	}
+	if err := server.AddHook(newParentHook(), nil); err != nil {
+		return nil, err
 	}
 	will := &willHook{empty: make(map[string]bool)}
 	if err := server.AddHook(will, nil); err != nil {
-		return err
+		return nil, err
 	}
 	for i, address := range cfg.Listen {
 		tcp := listeners.NewTCP(listeners.Config{ID: fmt.Sprintf("tcp%d", i), Address: address})
 		l := &emptyWillListener{Listener: tcp, hook: will}
 		if err := server.AddListener(l); err != nil {
-			return fmt.Errorf("listener %s: %w", address, err)
+			return nil, fmt.Errorf("listener %s: %w", address, err)
 		}
 	}
 	for i, tl := range cfg.TLS {
 		conf, err := tlsConfig(tl)
 		if err != nil {
-			return fmt.Errorf("TLS listener %s: %w", tl.Address, err)
+			return nil, fmt.Errorf("TLS listener %s: %w", tl.Address, err)
 		}
 		tcp := listeners.NewTCP(listeners.Config{ID: fmt.Sprintf("tls%d", i), Address: tl.Address, TLSConfig: conf})
 		l := &emptyWillListener{Listener: tcp, hook: will}
 		if err := server.AddListener(l); err != nil {
-			return fmt.Errorf("TLS listener %s: %w", tl.Address, err)
+			return nil, fmt.Errorf("TLS listener %s: %w", tl.Address, err)
 		}
 	}
-
-	signals := make(chan os.Signal, 4)
-	signal.Notify(signals, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	if err := server.Serve(); err != nil {
-		return err
-	}
-	go publishMosquittoCounters(server, time.Duration(sysInterval)*time.Second)
-	logger.Warn("shoal-mochi listening", "version", mqtt.Version, "listen", cfg.Listen)
-	for sig := range signals {
-		if sig == syscall.SIGHUP {
-			fresh, err := readConfig(configPath)
-			if err != nil {
-				logger.Error("reload failed, keeping the users", "error", err)
-				continue
-			}
-			access.load(fresh)
-			logger.Warn("users reloaded", "users", len(fresh.Users))
-			continue
-		}
-		break
-	}
-	return server.Close()
+	return &built{server: server, access: access, store: store}, nil
 }
 
 func main() {

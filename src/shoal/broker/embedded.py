@@ -40,6 +40,10 @@ from shoal.errors import BrokerError, ConfigError
 from shoal.schemas.topics import Topics
 
 _START_ATTEMPTS: Final = 3
+MOCHI_STORE_LOAD_S: Final = 60.0
+"""How long a Mochi broker restarted on a store may take to listen: it reads the whole store
+(one JSON record per queued message) first; a chaos run's 400 MB backlog took 15 s at load
+average 12, past the usual start-up wait (docs/brokers.md)."""
 BROKERS: Final = ("mosquitto", "mochi")
 BROKER_ENV: Final = "SHOAL_EMBEDDED_BROKER"
 
@@ -256,7 +260,7 @@ class EmbeddedBroker:
                 self._tls_port = None  # _render picks another one if the profile has TLS
             self._render()
             process = self._process = self._spawn(binary)
-            if process.wait_listening(self.settings_host, self.port, self.startup_timeout_s):
+            if process.wait_listening(self.settings_host, self.port, self.listen_timeout_s()):
                 try:
                     self._start_bridge()
                 except BrokerError:
@@ -276,6 +280,13 @@ class EmbeddedBroker:
         raise BrokerError(
             f"{self.broker} could not find a free port after {_START_ATTEMPTS} attempts"
         )
+
+    def listen_timeout_s(self) -> float:
+        """How long ``start`` waits for the listener: longer for Mochi on an existing store."""
+        store = self.data_dir / "mochi.db"
+        if self.broker == "mochi" and store.exists() and store.stat().st_size > 0:
+            return max(self.startup_timeout_s, MOCHI_STORE_LOAD_S)
+        return self.startup_timeout_s
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop mosquitto gracefully (SIGTERM: it saves its state), then SIGKILL if needed."""

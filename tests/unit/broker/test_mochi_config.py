@@ -9,6 +9,7 @@ import pytest
 
 from shoal.broker._mochi import UNMAPPED, mochi_config, options
 from shoal.broker.access import BrokerUser, Role
+from shoal.broker.embedded import MOCHI_STORE_LOAD_S, EmbeddedBroker
 from shoal.broker.profiles import fill, profile_template
 from shoal.errors import ConfigError
 from shoal.schemas.topics import Topics
@@ -91,3 +92,13 @@ def test_every_option_of_every_profile_is_translated_or_listed_as_unmapped() -> 
 def test_an_option_without_an_equivalent_is_refused() -> None:
     with pytest.raises(ConfigError, match="no equivalent for Mosquitto's 'bridge_protocol'"):
         mochi_config("bridge_protocol mqttv50\n", [], Topics(), Path("/d"), Path("/d/log"))
+
+
+def test_a_mochi_restarted_on_a_store_is_given_longer_to_listen(tmp_path: Path) -> None:
+    # Mochi reads its whole store before it listens (a chaos run's backlog took 15 s).
+    mochi = EmbeddedBroker("dev", data_dir=tmp_path, broker="mochi", startup_timeout_s=10.0)
+    mosquitto = EmbeddedBroker("dev", data_dir=tmp_path, broker="mosquitto", startup_timeout_s=10.0)
+    assert mochi.listen_timeout_s() == 10.0  # a first start: no store yet
+    (tmp_path / "mochi.db").write_bytes(b"\0" * 4096)
+    assert mochi.listen_timeout_s() == MOCHI_STORE_LOAD_S
+    assert mosquitto.listen_timeout_s() == 10.0
