@@ -55,6 +55,7 @@ from shoal.schemas import DEFAULT_LIMITS, Topics
 log = logging.getLogger(__name__)
 
 _RECONNECT_S: Final = (0.2, 0.5, 1.0, 2.0, 5.0)
+_ANNOUNCE_POLL_S: Final = 0.02  # how often ``ready`` checks that the gateway is announced
 _CLOSE_WAIT_S: Final = 5.0
 """At stop, how long a connected gateway waits for its last confirmations (inside the 8 s
 a stopping process is given, ``shoal._stopping``); an unconnected one does not wait."""
@@ -318,6 +319,11 @@ class Adapter:
         filters = self.config.mapping.subscriptions
         await session.subscribe(filters, qos=1)
         log.info("adapter %s: subscribed to %s", self.config.adapter_id, ", ".join(filters))
+        # Ready once the pipeline knows its gateway too: device messages taken before that
+        # may fall into windows other gateways' progress has closed already (late rows).
+        # The PUBACK that announces it arrives on the gateway's own network thread: polled.
+        while not self.gateway.announced():  # noqa: ASYNC110 - set by another thread
+            await asyncio.sleep(_ANNOUNCE_POLL_S)
         self.ready.set()
 
     async def _consume(self, session: Session) -> None:

@@ -148,6 +148,8 @@ class Gateway:
         self._closed = False
         self._status_due_s = 0.0
         self._publish_from_s = 0.0
+        self._status_handle: PublishHandle | None = None
+        self._announced = False
         self._recover()
 
     # -- public API ------------------------------------------------------------------------
@@ -652,10 +654,26 @@ class Gateway:
     def _publish_status(self, session: GatewaySession) -> PublishHandle | None:
         self._status_due_s = self._clock.monotonic() + self.config.status_interval_ms / 1000.0
         try:
-            return session.publish(self._status_topic, self.status().to_json(), qos=1, retain=True)
+            handle = session.publish(
+                self._status_topic, self.status().to_json(), qos=1, retain=True
+            )
         except BrokerError as exc:
             log.debug("gateway %s: status not published: %s", self.config.gateway_id, exc)
             return None
+        self._status_handle = handle
+        return handle
+
+    def announced(self) -> bool:
+        """Whether the broker has acknowledged a status of this gateway.
+
+        From then on combiners know the gateway and hold their windows for its batches: a
+        gateway that starts sending before it is announced may find the first windows closed
+        by others' progress (its rows are then late).
+        """
+        if not self._announced:
+            handle = self._status_handle
+            self._announced = handle is not None and handle.is_acknowledged()
+        return self._announced
 
     # -- background thread -------------------------------------------------------------------
 
