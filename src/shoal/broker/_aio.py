@@ -21,7 +21,7 @@ import contextlib
 import math
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Final, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 import aiomqtt
 import paho.mqtt.client as paho
@@ -33,25 +33,25 @@ from shoal.broker._paho_glue import (
     adopt_send_quota,
     connect_properties,
     message_properties,
-    only_packet_id_in_use,
     payload_format,
     publish_error,
     publish_properties,
     reason_failed,
+    reason_value,
     subscribe_properties,
     tls_context,
 )
 from shoal.broker._shared import (
-    REPLY_QUIET_S,
+    SUBSCRIBE_ATTEMPTS,
     SessionBase,
     check_size,
     check_subscription_id,
+    only_packet_id_in_use,
+    reply_while_receiving,
 )
 from shoal.broker.session import Message, Will
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
-
-_SUBSCRIBE_ATTEMPTS: Final = 3
 
 T = TypeVar("T")
 
@@ -249,7 +249,7 @@ class AsyncSession(SessionBase):
         check_subscription_id(subscription_id)
         options = SubscribeOptions(qos=qos, noLocal=no_local)
         what = f"subscribe to {list(filters)}"
-        for attempt in range(_SUBSCRIBE_ATTEMPTS):
+        for attempt in range(SUBSCRIBE_ATTEMPTS):
             result = await self._reply(
                 self._client.subscribe(
                     [(f, options) for f in filters],
@@ -260,7 +260,8 @@ class AsyncSession(SessionBase):
             )
             # Mochi 2.7.9 refuses a SUBSCRIBE whose packet id a queued message holds; the
             # next SUBSCRIBE has another id (``only_packet_id_in_use``).
-            if attempt + 1 == _SUBSCRIBE_ATTEMPTS or not only_packet_id_in_use(list(result)):
+            codes = [reason_value(code) for code in result]
+            if attempt + 1 == SUBSCRIBE_ATTEMPTS or not only_packet_id_in_use(codes):
                 break
         failed = [
             f
@@ -278,14 +279,7 @@ class AsyncSession(SessionBase):
         )
 
     async def _reply(self, call: Coroutine[Any, Any, T], what: str) -> T:
-        """The reply to a SUBSCRIBE or UNSUBSCRIBE, waited for while messages keep coming.
-
-        MQTT keeps a connection's packets in order, so a SUBACK comes after every message the
-        broker had queued for us before it: a persistent session that returns to a backlog
-        gets up to its Receive Maximum of messages first. A fixed timeout would then fail a
-        healthy connection whenever the machine is slow (aiomqtt's 10 s did: the adapter
-        reconnected, got the same backlog and never got anywhere). So the wait fails only
-        when nothing at all arrived for ``REPLY_QUIET_S``, or the connection is lost.
+        """``call``'s reply, waited for while messages keep coming (``reply_while_receiving``).
 
         Raises:
             BrokerError: the reply failed, the connection was lost, or it went quiet.
@@ -294,19 +288,7 @@ class AsyncSession(SessionBase):
         lost = asyncio.ensure_future(self._link_lost.wait())
         try:
             with self._gate.asking(self._paho):  # the socket is read while we wait
-                while True:
-                    seen = self._received
-                    done, _ = await asyncio.wait(
-                        {task, lost}, timeout=REPLY_QUIET_S, return_when=asyncio.FIRST_COMPLETED
-                    )
-                    if task in done:
-                        return task.result()
-                    if lost in done:
-                        raise BrokerError(f"{what} failed: the connection was lost")
-                    if self._received == seen:
-                        raise BrokerError(
-                            f"{what} failed: no reply and no message for {REPLY_QUIET_S} s"
-                        )
+                return await reply_while_receiving(task, lambda: self._received, what, lost)
         except aiomqtt.MqttError as exc:
             raise BrokerError(f"{what} failed: {exc}") from exc
         finally:

@@ -35,10 +35,12 @@ import mqtt5
 
 from shoal.broker._paho_glue import tls_context
 from shoal.broker._shared import (
-    REPLY_QUIET_S,
+    SUBSCRIBE_ATTEMPTS,
     SessionBase,
     check_size,
     check_subscription_id,
+    only_packet_id_in_use,
+    reply_while_receiving,
 )
 from shoal.broker.session import Message, Will
 from shoal.broker.settings import BrokerSettings
@@ -47,7 +49,6 @@ from shoal.errors import BrokerError
 DEFAULT_BUFFERED_BYTES: Final = 16 * 1024 * 1024
 """Payload bytes that may wait to be taken when the caller sets no bound."""
 _CONNECT_TIMEOUT_S: Final = 10.0
-_PACKET_ID_IN_USE: Final = 0x91
 
 
 class _Connection(asyncio.Protocol):
@@ -355,17 +356,13 @@ class BatchedSession(SessionBase):
         reply: asyncio.Future[list[int]] = asyncio.get_running_loop().create_future()
         self._replies[packet_id] = reply
         self._write(data)
-        while True:
-            seen = self._received
-            done, _ = await asyncio.wait({reply}, timeout=REPLY_QUIET_S)
-            if reply in done:
-                try:
-                    return reply.result()
-                except BrokerError as exc:
-                    raise BrokerError(f"{what} failed: {exc}") from exc
-            if self._received == seen:
-                self._replies.pop(packet_id, None)
-                raise BrokerError(f"{what} failed: no reply and no message for {REPLY_QUIET_S} s")
+        try:
+            return await reply_while_receiving(reply, lambda: self._received, what)
+        except BrokerError as exc:
+            self._replies.pop(packet_id, None)
+            if reply.done():  # the reply itself failed (a lost connection fails them all)
+                raise BrokerError(f"{what} failed: {exc}") from exc
+            raise
 
     async def subscribe(
         self,
@@ -385,14 +382,13 @@ class BatchedSession(SessionBase):
         ]
         what = f"subscribe to {list(filters)}"
         codes: list[int] = []
-        for _ in range(3):
+        for _ in range(SUBSCRIBE_ATTEMPTS):
             pid = self._packet_id()
             packet = mqtt5.SubscribePacket(pid, topic_filters, subscription_id=subscription_id)
             codes = await self._request(pid, packet.write(), what)
-            failed = [c for c in codes if c >= 0x80]
             # Mochi 2.7.9 refuses a SUBSCRIBE whose packet id a queued message holds; the
-            # next SUBSCRIBE has another id (docs/brokers.md).
-            if not failed or any(c != _PACKET_ID_IN_USE for c in failed):
+            # next SUBSCRIBE has another id (``only_packet_id_in_use``).
+            if not only_packet_id_in_use(codes):
                 break
         refused = [f for f, c in zip(filters, codes, strict=False) if c >= 0x80]
         if refused:

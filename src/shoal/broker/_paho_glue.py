@@ -154,21 +154,8 @@ def reason_failed(reason: ReasonCode | int) -> bool:
     return reason != 0
 
 
-PACKET_ID_IN_USE: Final = 0x91
-
-
-def only_packet_id_in_use(codes: Sequence[ReasonCode | int]) -> bool:
-    """Whether every failed code is "Packet Identifier in use" (0x91): try again.
-
-    Mochi MQTT 2.7.9 checks a SUBSCRIBE's packet identifier against the messages it holds
-    *for* the client, so a resumed session with queued messages refuses a SUBSCRIBE whose
-    identifier one of them carries (identifiers are per direction in MQTT; docs/brokers.md).
-    """
-    failed = [c for c in codes if reason_failed(c)]
-    return bool(failed) and all(int(_value(c)) == PACKET_ID_IN_USE for c in failed)
-
-
-def _value(code: ReasonCode | int) -> int:
+def reason_value(code: ReasonCode | int) -> int:
+    """The number of a reason code (paho's object, or already an int)."""
     return code.value if isinstance(code, ReasonCode) else code
 
 

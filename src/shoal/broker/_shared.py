@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
-from typing import Final
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Final, TypeVar
 
 from shoal.broker.session import MAX_SUBSCRIPTION_ID, PROTOCOL_OVERHEAD, Message, Session
 from shoal.errors import BrokerError, PayloadTooLargeError
@@ -18,6 +18,56 @@ REPLY_QUIET_S: Final = 10.0
 this long. MQTT keeps a connection's packets in order and a broker sends a returning
 persistent session its queued messages before it answers, so a fixed timeout would fail a
 healthy connection whenever reading them takes longer."""
+
+SUBSCRIBE_ATTEMPTS: Final = 3
+"""SUBSCRIBEs sent while the broker answers only "Packet Identifier in use" (0x91)."""
+
+PACKET_ID_IN_USE: Final = 0x91
+
+T = TypeVar("T")
+
+
+def only_packet_id_in_use(codes: Sequence[int]) -> bool:
+    """Whether every failed reason code (0x80 and up) is "Packet Identifier in use": try again.
+
+    Mochi MQTT 2.7.9 checks a SUBSCRIBE's packet identifier against the messages it holds
+    *for* the client, so a resumed session with queued messages refuses a SUBSCRIBE whose
+    identifier one of them carries (identifiers are per direction in MQTT; docs/brokers.md).
+    """
+    failed = [c for c in codes if c >= 0x80]
+    return bool(failed) and all(c == PACKET_ID_IN_USE for c in failed)
+
+
+async def reply_while_receiving(
+    reply: asyncio.Future[T],
+    received: Callable[[], int],
+    what: str,
+    lost: asyncio.Future[Any] | None = None,
+) -> T:
+    """The reply to a SUBSCRIBE or UNSUBSCRIBE, waited for while messages keep coming.
+
+    MQTT keeps a connection's packets in order, so a SUBACK comes after every message the
+    broker had queued for us before it: a persistent session that returns to a backlog gets
+    up to its Receive Maximum of messages first. A fixed timeout would then fail a healthy
+    connection whenever the machine is slow (aiomqtt's 10 s did: the adapter reconnected,
+    got the same backlog and never got anywhere). So the wait fails only when ``received()``
+    (messages so far) did not move for ``REPLY_QUIET_S``, or ``lost`` completes.
+
+    Raises:
+        BrokerError: the connection was lost or went quiet (a failed ``reply`` raises its own).
+    """
+    waiting: set[asyncio.Future[Any]] = {reply} if lost is None else {reply, lost}
+    while True:
+        seen = received()
+        done, _ = await asyncio.wait(
+            waiting, timeout=REPLY_QUIET_S, return_when=asyncio.FIRST_COMPLETED
+        )
+        if reply in done:
+            return reply.result()
+        if lost is not None and lost in done:
+            raise BrokerError(f"{what} failed: the connection was lost")
+        if received() == seen:
+            raise BrokerError(f"{what} failed: no reply and no message for {REPLY_QUIET_S} s")
 
 
 def check_size(topic: str, payload: bytes, limit: int | None) -> None:
