@@ -317,6 +317,7 @@ def _adapters_phase(
         started = time.monotonic()
         adapter_cpu = _Cpu(*(p.pid for p in procs))
         broker_cpu = _Cpu(broker.pid)
+        sink_cpu = _Cpu(sink.pid)
         deadline = started + 600
         while sink.counts.rows < expected_rows and time.monotonic() < deadline:
             for proc in procs:
@@ -325,6 +326,7 @@ def _adapters_phase(
             sink.wait_rows(expected_rows, 0.1)
         seconds = time.monotonic() - started
         adapter_cpu_s, broker_cpu_s = adapter_cpu.seconds(), broker_cpu.seconds()
+        sink_cpu_s = sink_cpu.seconds()
     finally:
         for proc in procs:
             proc.terminate()
@@ -344,6 +346,10 @@ def _adapters_phase(
         "seconds": round(seconds, 2),
         "adapter_cpu_s_per_1000_msgs": _per_1000(adapter_cpu_s, messages),
         "broker_cpu_s_per_1000_msgs": _per_1000(broker_cpu_s, messages),
+        "sink_cpu_s_per_1000_msgs": _per_1000(sink_cpu_s, messages),
+        # adapters + broker + counting sink over the phase, in cores: near the machine's
+        # count, the phase was bound by CPU, not by the adapters' design
+        "cores_busy": round((adapter_cpu_s + broker_cpu_s + sink_cpu_s) / seconds, 2),
         "load_1m": round(load_1m, 2),
         "publish_s": round(publish_s, 2),
     }
@@ -381,5 +387,10 @@ def run(kind: str, *, devices: int = 1000, steps: int = 100, publishers: int = 2
     if len(phases) > 1:
         record["two_adapters_speedup"] = round(
             phases[1]["device_msgs_per_s"] / max(1e-9, one["device_msgs_per_s"]), 2
+        )
+        # The most a second adapter can add here if the work per message stays what the
+        # one-adapter phase measured: the machine's cores over what that phase kept busy.
+        record["two_adapters_ceiling"] = round(
+            min(2.0, record["cores"] / max(1e-9, one["cores_busy"])), 2
         )
     return record
