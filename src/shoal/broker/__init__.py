@@ -7,6 +7,7 @@ paho, the only modules that import them live in this package). ``shoal.broker.me
 an in-memory broker for logic tests. ``shoal.broker`` never imports ``shoal.processors``.
 """
 
+from shoal.broker import _lean_properties
 from shoal.broker._aio import AsyncSession
 from shoal.broker._batched import BatchedSession
 from shoal.broker._threaded import ThreadedSession
@@ -36,6 +37,8 @@ __all__ = [
     "default_session_factory",
     "unique_client_id",
 ]
+
+_lean_properties.install()
 
 
 def default_session_factory() -> SessionFactory:
