@@ -5,11 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from shoal._cli.common import add_broker_options, broker_settings, load_spec, topics
+from shoal.errors import ConfigError
+
+if TYPE_CHECKING:
+    from shoal.processors.spec import PipelineSpec
+
+DOCUMENTS_TIMEOUT_S = 5.0
 
 
 def register(sub: Any) -> None:
@@ -30,7 +37,10 @@ def register(sub: Any) -> None:
         "--pipeline",
         default="default",
         metavar="NAME|FILE",
-        help="pipeline spec, by name in processors/ or a TOML file (default: default)",
+        help=(
+            "the pipeline: a name deployed at run time (`shoal pipeline list`), else one in "
+            "processors/, or a TOML file (default: default)"
+        ),
     )
     parser.add_argument(
         "--wait",
@@ -51,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from shoal.scaler.monitor import PipelineMonitor  # noqa: PLC0415
     from shoal.view.status import format_status, pipeline_status  # noqa: PLC0415
 
-    spec = load_spec(args.pipeline)
+    spec = _spec(args)
     monitor = PipelineMonitor(spec, topics(args), SystemClock())
     settings = broker_settings(args)
 
@@ -77,3 +87,28 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     return 0
+
+
+def _spec(args: argparse.Namespace) -> PipelineSpec:
+    """The pipeline to watch: a TOML file, else the deployed one of that name, else processors/.
+
+    A deployed pipeline is what runs under its name, so it comes before a file of the same
+    name in processors/; an alias is watched as the computation it shares.
+    """
+    from shoal.control.canonical import canonicalize  # noqa: PLC0415
+    from shoal.control.client import ControlClient  # noqa: PLC0415
+
+    if Path(args.pipeline).suffix == ".toml" or Path(args.pipeline).exists():
+        return load_spec(args.pipeline)
+    client = ControlClient(broker_settings(args), topics(args), timeout_s=DOCUMENTS_TIMEOUT_S)
+    documents = {d.name: d for d in asyncio.run(client.documents())}
+    document = documents.get(args.pipeline)
+    if document is not None and document.alias_of is not None:
+        document = documents.get(document.alias_of)
+    if document is None or document.spec is None:
+        try:
+            return load_spec(args.pipeline)  # not deployed: by name in processors/
+        except ConfigError as exc:
+            deployed = sorted(name for name, d in documents.items() if d.named)
+            raise ConfigError(f"{exc}; deployed: {', '.join(deployed) or 'none'}") from exc
+    return canonicalize(document.spec).spec
