@@ -613,7 +613,7 @@ class CombinerRuntime:
             await session.wait_published(outputs)
             reply = self.flush_confirmation(request_id, windows)
             await session.publish(self.config.topics.control(reply_to), reply)
-        except BrokerError as exc:
+        except (BrokerError, OSError) as exc:  # OSError: its close-log write failed
             log.warning(
                 "combiner %s: flush %s not confirmed: %s", self.config.client_id, request_id, exc
             )
