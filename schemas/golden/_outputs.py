@@ -170,6 +170,10 @@ NOTES: Final = {
     "confirm-missing": "with seqs the partition has waited for while holding later ones",
     "gateway-status": "a gateway's retained status",
     "control-flush": "close every open window now (shoal up, benchmarks, operators)",
+    "control-flush-confirmed": (
+        "shoal pipeline flush: the same, each partition to confirm on the asker's control topic"
+    ),
+    "control-flushed": "partition 1 confirms: its 3 flushed windows are at the broker",
     "control-drain": "a worker leaves without losing a batch",
     "control-reset-stats": "benchmarks: forget warm-up latencies",
     "control-marker": "a draining worker's marker to itself (Worker._drain_when_asked)",
@@ -579,6 +583,18 @@ def _control(s: _Scenario) -> None:
             else TOPICS.control(WORKER_ID)
         )
         s.add(name, "control", topic, orjson.dumps(command))
+    asker = "shoal-pipeline-3f9a1c2e"
+    request = {"cmd": "flush", "id": "9c1d0e7a5b3f2468", "reply": asker}
+    s.add(
+        "control-flush-confirmed",
+        "control",
+        TOPICS.combiner_control(spec.name),
+        orjson.dumps(request),
+    )
+    pooled = replace(spec, partitions=2)
+    config = CombinerConfig(pooled, 1, BrokerSettings(), owner="c0", version=2)
+    reply = CombinerRuntime(config, s.clock).flush_confirmation(request["id"], 3)
+    s.add("control-flushed", "control", TOPICS.control(asker), reply)
 
 
 _COMBINER_FIXED: Final = {"uptime_s": 42.125}

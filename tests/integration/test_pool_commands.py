@@ -1,7 +1,8 @@
 """``shoal pipeline flush NAME`` and ``shoal pipeline drain`` on the pools, on a real Mosquitto.
 
 A pipeline whose gateways stay "active" (long idle timeout) keeps its windows open; ``flush``
-makes its combiner partitions emit them at once, equal to the oracle over every row. ``drain``
+makes its combiner partitions emit them at once, equal to the oracle over every row, and
+returns once each partition confirmed (``not_flushed`` when no combiner answers). ``drain``
 makes every pool worker leave without losing a batch and exit; then no pool worker is left.
 """
 
@@ -36,9 +37,11 @@ SPEC = (
 )
 
 
-def _cli(broker: EmbeddedBroker, topics: Topics, *args: str, stdin: str = "") -> tuple[int, dict]:
+def _cli(
+    broker: EmbeddedBroker, topics: Topics, *args: str, stdin: str = "", timeout: str = "10"
+) -> tuple[int, dict]:
     argv = [sys.executable, "-m", "shoal.cli", "pipeline", *args, "--json"]
-    argv += ["--broker", broker.settings.url, "--topic-root", topics.root, "--timeout", "10"]
+    argv += ["--broker", broker.settings.url, "--topic-root", topics.root, "--timeout", timeout]
     done = subprocess.run(
         argv, input=stdin, capture_output=True, text=True, timeout=60, check=False
     )
@@ -64,10 +67,15 @@ async def _scenario(broker: EmbeddedBroker, topics: Topics, tmp: Path) -> None:
         code, answer = await asyncio.to_thread(_cli, broker, topics, "flush", "nope")
         assert (code, answer["reason"]) == (1, "unknown_pipeline")
         code, answer = await asyncio.to_thread(_cli, broker, topics, "flush", "held")
-        assert (code, answer["computation"]) == (0, "held")
+        assert (code, answer["computation"]) == (0, "held"), answer
+        # Each partition confirmed, once the broker had what its flush published.
+        assert answer["partitions"] == 2
+        assert sorted(answer["confirmed"]) == ["0", "1"]
+        assert {c["owner"] for c in answer["confirmed"].values()} == {"c0"}
+        assert answer["windows"] == sum(c["windows"] for c in answer["confirmed"].values()) > 0
         last_end = int(all_rows(batches)["ts"].max()) // 2000 * 2000 + 2000
         await until(
-            lambda: any(m["end"] == last_end for m in seen.windows), 10, "the last window flushed"
+            lambda: any(m["end"] == last_end for m in seen.windows), 2, "the last window flushed"
         )
         assert len(seen.windows) > closed_before
         await asyncio.sleep(0.3)
@@ -77,6 +85,11 @@ async def _scenario(broker: EmbeddedBroker, topics: Topics, tmp: Path) -> None:
         await until(lambda: all(t.done() for t in tasks[:2]), 10, "pool workers exited")
         code, answer = await asyncio.to_thread(_cli, broker, topics, "drain")
         assert (code, answer["reason"]) == (2, "no_workers")
+        # No combiner left: nobody confirms a flush, and the command says so.
+        host.stop()
+        await until(tasks[2].done, 20, "the pool combiner stopped")
+        code, answer = await asyncio.to_thread(_cli, broker, topics, "flush", "held", timeout="2")
+        assert (code, answer["reason"], answer["confirmed"]) == (2, "not_flushed", {}), answer
     spec = parse_pipeline(tomllib.loads(SPEC))
     rows = all_rows(batches)
     expected, _ = expected_results(rows, spec)

@@ -111,8 +111,11 @@ WRITES = {
         "confirm_gw2",
         "metrics_combiner",
         "deadletter_p",
+        "control_worker",  # the answer to a flush goes to the asker's control topic
     },
-    "combiner-q": {"results_q", "confirm_gw1_q", "metrics_combiner", "deadletter_q"},
+    "combiner-q": {
+        *("results_q", "confirm_gw1_q", "metrics_combiner", "deadletter_q", "control_worker"),
+    },
     "combiners": RESULTS
     | CONFIRMS
     | {"late_p", "metrics_combiner", "deadletter_p", "deadletter_q", "pool_member"}

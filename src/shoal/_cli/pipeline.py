@@ -73,8 +73,17 @@ def register(sub: Any) -> None:
     flush = actions.add_parser(
         "flush",
         help="close every open window of a pipeline now (its combiner partitions emit them)",
+        description="Every combiner partition of the pipeline (of the computation an alias "
+        "shares) closes and publishes its open windows, then confirms once the broker has "
+        "them. Exit 0 when every partition confirmed, 1 when the pipeline is not deployed, 2 "
+        "when not every partition confirmed within --timeout (not_flushed).",
     )
     flush.add_argument("name", metavar="NAME")
+    flush.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="return once the command is published; do not wait for the partitions to confirm",
+    )
     _common(flush)
     drain = actions.add_parser(
         "drain",
@@ -189,9 +198,12 @@ def _wait_served(client: ControlClient, args: argparse.Namespace, result: Result
 
 
 def _flush(client: ControlClient, args: argparse.Namespace) -> int:
-    """Exit 0 once the command is published (QoS 1); 1: not deployed; 2: broker trouble."""
+    """Exit 0 once every partition confirmed (--no-wait: once the command is published).
+
+    1: not deployed; 2: not every partition confirmed within --timeout, or broker trouble.
+    """
     try:
-        document = asyncio.run(client.flush(args.name))
+        flushed = asyncio.run(client.flush(args.name, wait=not args.no_wait))
     except ControlError as exc:
         if exc.reason != "unknown_pipeline":
             raise
@@ -199,11 +211,36 @@ def _flush(client: ControlClient, args: argparse.Namespace) -> int:
             _print_json({"ok": False, "reason": exc.reason, "field": "name", "message": str(exc)})
         print(f"shoal pipeline flush: refused: {exc.reason}: {exc}", file=sys.stderr)
         return 1
-    computation = document.alias_of or document.name
+    computation = flushed.computation
+    if args.no_wait:
+        if args.json:
+            _print_json({"ok": True, **flushed.as_dict(), "confirmed": None})
+        else:
+            print(f"flush sent to the combiner partitions of {computation!r} (not waited for)")
+        return 0
+    if flushed.missing:
+        message = (
+            f"partition(s) {flushed.missing} of {computation!r} did not confirm the flush within "
+            f"{args.timeout:g} s ({len(flushed.replies)} of {flushed.partitions} did); is a "
+            "combiner running for them (`shoal combiner`)?"
+        )
+        if args.json:
+            _print_json(
+                {"ok": False, "reason": "not_flushed", "message": message, **flushed.as_dict()}
+            )
+        print(f"shoal pipeline flush: not_flushed: {message}", file=sys.stderr)
+        return 2
     if args.json:
-        _print_json({"ok": True, "name": document.name, "computation": computation})
+        _print_json({"ok": True, **flushed.as_dict()})
     else:
-        print(f"flush sent to the combiner partitions of {computation!r}")
+        by = ", ".join(
+            f"{p}: {r.get('owner') or r.get('combiner')}"
+            for p, r in sorted(flushed.replies.items())
+        )
+        print(
+            f"flushed {computation!r}: {flushed.windows} window(s) published; partitions "
+            f"confirmed by {by}"
+        )
     return 0
 
 

@@ -12,10 +12,11 @@ Roles (``R`` is the topic root, ``P`` the role's pipeline, ``G`` a gateway id)::
                  R/shoal/pipelines/+ (the deployed pipelines' documents), R/shoal/combiners/+
     combiner P   read  R/shoal/partials/P/+, R/shoal/gateway/+, R/shoal/control/combiners/P
                  write R/results/P, R/results/P/#, R/shoal/late/P, R/shoal/confirm/+/P/+,
-                       R/shoal/metrics/combiner/+, R/shoal/alerts/P/#, R/shoal/deadletter/P
+                       R/shoal/metrics/combiner/+, R/shoal/alerts/P/#, R/shoal/deadletter/P,
+                       R/shoal/control/+ (answers to a flush)
     combiner     (the pool: no P) as above for every pipeline (P a wildcard), and read
                  R/shoal/pipelines/+; readwrite R/shoal/combiners/+ (membership),
-                 R/shoal/control/+ (its join marker)
+                 R/shoal/control/+ (its join marker, answers to a flush)
     dashboard    read  R/results/# (or R/results/P and R/results/P/# for one pipeline), and
                  likewise the alerts (R/shoal/alerts/#), late rows (R/shoal/late/#), dead
                  letters (R/shoal/deadletter/#) and pipeline documents (R/shoal/pipelines/+);
@@ -141,8 +142,12 @@ def combiner_rules(pipeline: str | None, topics: Topics) -> list[Rule]:
         rules += [
             Rule("read", topics.pipeline_documents()),
             Rule("readwrite", topics.pool_combiners()),
+            # Its join marker, and the answers to `shoal pipeline flush` (§21).
             Rule("readwrite", topics.control("+")),
         ]
+    else:
+        # The answers to `shoal pipeline flush`, on the asker's control topic (§21).
+        rules.append(Rule("write", topics.control("+")))
     return rules
 
 

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
@@ -227,27 +228,50 @@ class ControlClient:
             reason="not_owned",
         )
 
-    async def flush(self, name: str) -> PipelineDocument:
+    async def flush(self, name: str, *, wait: bool = True) -> Flushed:
         """Ask every combiner partition of ``name`` to close its open windows now.
 
         An alias flushes the computation it shares. The command is the combiners' own
-        (``shoal/control/combiner/<pipeline>``, ``{"cmd": "flush"}``, CONTRACT.md §21),
-        published with QoS 1; the partitions act on it when it arrives (a partition without an
-        owner at that moment does not: its session is clean of commands).
+        (``shoal/control/combiners/<pipeline>``, ``{"cmd": "flush"}``, CONTRACT.md §21),
+        published with QoS 1, with an ``id`` and this client as ``reply``: each partition
+        answers on ``shoal/control/<client>`` (``flushed``) once what the flush published is
+        acknowledged by the broker. ``wait`` (default): return once every partition answered,
+        or after the timeout with those that did (``Flushed.missing`` names the others: a
+        partition without an owner, or whose combiner is behind).
 
         Raises:
             ControlError: ``name`` is not deployed (``unknown_pipeline``), or ``timeout``.
         """
-        documents = {d.name: d for d in await self.documents() if d.named}
+        documents = {d.name: d for d in await self.documents() if d.deployed}
         document = documents.get(name)
-        if document is None:
+        if document is None or not document.named:
             raise ControlError(f"pipeline {name!r} is not deployed", reason="unknown_pipeline")
         computation = document.alias_of or name
+        spec = (documents.get(computation) or document).spec or {}
+        partitions = int(spec.get("partitions", 1))
         client = unique_client_id("shoal-pipeline")
+        request_id = os.urandom(8).hex()
+        flushed = Flushed(document, computation, partitions, request_id)
         async with self.session_factory(self.settings, client) as session:
-            command = orjson.dumps({"cmd": "flush"})
-            await session.publish(self.topics.combiner_control(computation), command, qos=1)
-        return document
+            reply_topic = self.topics.control(client)
+            if wait:
+                await session.subscribe([reply_topic], qos=1)
+            command = {"cmd": "flush"}
+            if wait:
+                command |= {"id": request_id, "reply": client}
+            await session.publish(
+                self.topics.combiner_control(computation), orjson.dumps(command), qos=1
+            )
+            if not wait:
+                return flushed
+            with _deadline(self.timeout_s) as stop:
+                async for message in session.messages_until(stop):
+                    reply = _flushed(message.payload, request_id)
+                    if reply is not None and 0 <= reply["partition"] < partitions:
+                        flushed.replies[reply["partition"]] = reply
+                    if len(flushed.replies) == partitions:
+                        return flushed
+        return flushed  # not every partition answered in time: ``Flushed.missing``
 
     async def drain(
         self, workers: list[str] | None = None, *, quiet_s: float = 2.0
@@ -304,6 +328,57 @@ class ControlClient:
             f"(last heartbeat states: { {w: last.get(w, ('none', 0.0))[0] for w in left} })",
             reason="not_drained",
         )
+
+
+@dataclass
+class Flushed:
+    """What ``flush`` asked and heard: the partitions' ``flushed`` replies, by partition."""
+
+    document: PipelineDocument
+    computation: str
+    partitions: int
+    request_id: str
+    replies: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def missing(self) -> list[int]:
+        """The partitions that did not answer (yet)."""
+        return sorted(set(range(self.partitions)) - self.replies.keys())
+
+    @property
+    def windows(self) -> int:
+        """Windows the flush published, over the partitions that answered."""
+        return sum(int(r.get("windows", 0)) for r in self.replies.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        """What ``shoal pipeline flush --json`` prints (with ``ok``)."""
+        return {
+            "name": self.document.name,
+            "computation": self.computation,
+            "id": self.request_id,
+            "partitions": self.partitions,
+            "windows": self.windows,
+            "confirmed": {
+                str(p): {k: r.get(k) for k in ("combiner", "owner", "version", "windows", "at")}
+                for p, r in sorted(self.replies.items())
+            },
+        }
+
+
+def _flushed(payload: bytes, request_id: str) -> dict[str, Any] | None:
+    """A partition's ``flushed`` reply to ``request_id``; None for anything else."""
+    try:
+        body: Any = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    if (
+        not isinstance(body, dict)
+        or body.get("cmd") != "flushed"
+        or body.get("id") != request_id
+        or not isinstance(body.get("partition"), int)
+    ):
+        return None
+    return body
 
 
 def _beat(payload: bytes) -> tuple[str, str] | None:

@@ -20,7 +20,9 @@ What makes "the same" hold when a close depended on timing (a gateway idle or re
 it ran) is the close log (``shoal.processors.close_log``), a file beside the checkpoint: every
 close is appended to it before its results are published (and flushed to disk first when it
 publishes anything), and a restored core re-takes the logged closes, each once the batches
-applied before it are back. No checkpoint is taken while it does; once a checkpoint is
+applied before it are back. The writes run on the process's close-log thread (one for every
+partition it hosts, flushing them together); what they decide waits in the outputs, not the
+event loop (``_write_log``). No checkpoint is taken while it does; once a checkpoint is
 durable the log keeps only what came after it. A partition holding a chain of spec versions
 (``shoal.processors.versions``) keeps one log per stage, ``combiner.closes.v<version>``
 (a pipeline from a file: ``combiner.closes``); a stage's file goes once a durable checkpoint
@@ -41,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -51,6 +52,7 @@ import orjson
 import polars as pl
 
 from shoal.broker import default_session_factory
+from shoal.broker.held import HeldSession
 from shoal.broker.session import Message, Session, SessionFactory
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
@@ -64,6 +66,7 @@ from shoal.errors import (
     StateCapError,
     UsageError,
 )
+from shoal.processors.close_log import LogWrite
 from shoal.processors.combine import Combiner, LateRows, Step
 from shoal.processors.partials import Partial
 from shoal.processors.result_parts import (
@@ -93,6 +96,7 @@ from shoal.processors.versions import Chain, Stage
 from shoal.rules import alert_payload
 from shoal.runtime._fence import CheckpointLock
 from shoal.runtime._heap import release_free_memory
+from shoal.runtime._log_writer import LogWriter, shared_writer, write_atomically, write_now
 from shoal.runtime._tasks import pause, supervised
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas.control import MAX_MISSING, Confirm, GatewayStatus
@@ -151,6 +155,8 @@ class CombinerConfig:
             keeps it small: a received message costs ~6 KB in the process (paho's
             ``Properties`` alone), times the partitions. None: the broker's default,
             acknowledged on receipt, bounded by ``intake_bytes`` only.
+        host_ticks: the pool member ticks this partition (``CombinerRuntime.tick``, every
+            ``tick_ms``), one timer for all the partitions it hosts instead of one each.
     """
 
     spec: PipelineSpec
@@ -168,6 +174,7 @@ class CombinerConfig:
     version_at_ms: int = 0
     intake_bytes: int = INTAKE_BYTES
     receive_maximum: int | None = None
+    host_ticks: bool = False
 
     @property
     def client_id(self) -> str:
@@ -206,10 +213,19 @@ class CombinerRuntime:
         clock: Clock | None = None,
         *,
         session_factory: SessionFactory | None = None,
+        log_writer: LogWriter | None = None,
     ) -> None:
         self.config = config
         self.clock = clock or SystemClock()
         self._connect = session_factory or default_session_factory()
+        self._log_writer = log_writer or shared_writer()
+        self._log_written: asyncio.Future[None] | None = None
+        """The last close-log write submitted (they complete in order)."""
+        self._outputs: HeldSession | None = None
+        """The outputs of the connection being served, held behind close-log writes."""
+        self._log_failure: BaseException | None = None
+        self._ticks_failed: asyncio.Future[None] | None = None
+        """While serving with ``host_ticks``: fails with the error of a tick."""
         self.chain = self._new_chain()
         self._stop = asyncio.Event()
         self._unacked: list[asyncio.Future[None]] = []
@@ -316,26 +332,30 @@ class CombinerRuntime:
             await self._run_term()
             return
         first = True
-        while not self._stop.is_set():
-            if not first:
-                # Outputs in flight on the lost connection may never have arrived, and partials
-                # applied since the last checkpoint are unconfirmed anyway: resume from the
-                # checkpoint and let the gateways re-send.
-                self._reload()
-            first = False
-            session, outputs = self._open_session(), self._open_outputs()
-            try:
-                async with session, outputs:
-                    await self._serve(session, outputs)
-                    await self._checkpoint(outputs)
-            except BrokerError as exc:
-                if self._stop.is_set():
-                    _stopped_without_checkpoint(self.config.client_id, exc)
-                    break
-                log.warning("combiner %s: %s; reconnecting", self.config.client_id, exc)
-                await pause(0.5, self._stop)
-            finally:
-                self._unacked.clear()
+        try:
+            while not self._stop.is_set():
+                if not first:
+                    # Outputs in flight on the lost connection may never have arrived, and
+                    # partials applied since the last checkpoint are unconfirmed anyway: resume
+                    # from the checkpoint (and the logs as written) and let the gateways re-send.
+                    await self._logs_written()
+                    self._reload()
+                first = False
+                session, outputs = self._open_session(), self._open_outputs()
+                try:
+                    async with session, outputs:
+                        await self._serve_held(session, outputs)
+                except BrokerError as exc:
+                    if self._stop.is_set():
+                        _stopped_without_checkpoint(self.config.client_id, exc)
+                        break
+                    log.warning("combiner %s: %s; reconnecting", self.config.client_id, exc)
+                    await pause(0.5, self._stop)
+                finally:
+                    self._unacked.clear()
+                    self._outputs = None
+        finally:
+            await self._logs_written()
 
     def _open_session(self) -> Session:
         """The partition's persistent intake session (its client id fences the partition).
@@ -379,8 +399,7 @@ class CombinerRuntime:
             async with session, outputs:
                 await lock.acquire(LOCK_TIMEOUT_S)
                 self._reload_hosted(state_dir)
-                await self._serve(session, outputs)
-                await self._checkpoint(outputs)
+                await self._serve_held(session, outputs)
         except BrokerError as exc:
             if self._stop.is_set():
                 _stopped_without_checkpoint(self.config.client_id, exc)
@@ -390,11 +409,26 @@ class CombinerRuntime:
         finally:
             self.serving = False
             self._unacked.clear()
+            self._outputs = None
             if self._writing is not None:
                 # A checkpoint write in a thread outlives a cancelled task: the lock is only
                 # given up once no write of this term can land after the next owner's.
                 await asyncio.wait({self._writing})
+            await self._logs_written()  # so do the close-log writes (the writer's thread)
             lock.release()
+
+    async def _serve_held(self, session: Session, outputs: Session) -> None:
+        """Serve, then a last checkpoint; every publish held until the log writes before it.
+
+        What a close decides is published only once its log entry is written (and on disk,
+        when it publishes anything): see ``_write_log``.
+        """
+        held = HeldSession(outputs)
+        if self._log_written is not None:
+            held.hold_until(self._log_written)
+        self._outputs = held
+        await self._serve(session, held)
+        await self._checkpoint(held)
 
     def _reload_hosted(self, state_dir: Path) -> None:
         """Restore the newest checkpoint; one of another spec (a new version) is set aside."""
@@ -531,15 +565,25 @@ class CombinerRuntime:
 
     def _on_control(self, session: Session, message: Message) -> None:
         try:
-            command = orjson.loads(message.payload).get("cmd")
+            body = orjson.loads(message.payload)
+            command = body.get("cmd")
         except (orjson.JSONDecodeError, AttributeError):
-            command = None
+            body, command = {}, None
         if command == "flush":
             log.info("combiner %s: flushing every open window", self.config.client_id)
             flushed = [(stage, stage.core.flush_step()) for stage in self.chain.stages]
             self._write_log()
+            started = len(self._unacked)
             for stage, step in flushed:
                 self._publish_step(session, stage, step)
+            reply = flush_reply_to(body)
+            if reply is not None:
+                windows = sum(_windows_in(step.closed) for _, step in flushed)
+                task = asyncio.create_task(
+                    self._confirm_flush(session, *reply, self._unacked[started:], windows)
+                )
+                self._key_tasks.add(task)
+                task.add_done_callback(self._key_tasks.discard)
         elif command == "reset_stats":
             # Benchmarks measure steady state: forget the warm-up's latencies.
             self.apply_latency = LatencyHistogram()
@@ -550,6 +594,47 @@ class CombinerRuntime:
                 self.config.client_id,
                 message.payload[:100],
             )
+
+    async def _confirm_flush(
+        self,
+        session: Session,
+        request_id: str,
+        reply_to: str,
+        outputs: list[asyncio.Future[None]],
+        windows: int,
+    ) -> None:
+        """Tell ``shoal pipeline flush`` that this partition flushed (CONTRACT.md §21).
+
+        Once what the flush published (its windows, late rows, alerts) is acknowledged by
+        the broker, after its close-log entry is on disk: the reply says the results are
+        there to be read.
+        """
+        try:
+            await session.wait_published(outputs)
+            reply = self.flush_confirmation(request_id, windows)
+            await session.publish(self.config.topics.control(reply_to), reply)
+        except (BrokerError, OSError) as exc:  # OSError: its close-log write failed
+            log.warning(
+                "combiner %s: flush %s not confirmed: %s", self.config.client_id, request_id, exc
+            )
+
+    def flush_confirmation(self, request_id: str, windows: int) -> bytes:
+        """The ``flushed`` reply of this partition to flush ``request_id`` (CONTRACT.md §21)."""
+        spec = self.config.spec
+        return orjson.dumps(
+            {
+                "cmd": "flushed",
+                "id": request_id,
+                "pipeline": spec.name,
+                "partition": self.config.partition,
+                "partitions": spec.partitions,
+                "combiner": self.config.client_id,
+                "owner": self.config.owner,
+                "version": self.config.version,
+                "windows": windows,
+                "at": self.clock.now_ms(),
+            }
+        )
 
     # -- output ------------------------------------------------------------------------------
 
@@ -913,46 +998,78 @@ class CombinerRuntime:
     # -- timers ------------------------------------------------------------------------------
 
     async def _ticker(self, session: Session) -> None:
+        """Tick every ``tick_ms``: a partition of its own (pinned).
+
+        A pool member's partitions are ticked by the member, one timer for all of them
+        (``tick``, ``CombinerConfig.host_ticks``); this then only waits for a failure of
+        those ticks, to end the term with it.
+        """
+        if self.config.host_ticks:
+            self._ticks_failed = asyncio.get_running_loop().create_future()
+            try:
+                await self._ticks_failed
+            finally:
+                self._ticks_failed = None
+            return
         while True:
             await asyncio.sleep(self.config.tick_ms / 1000)
-            since = self.clock.monotonic()
-            abandoned = self._replays_abandoned()
-            steps = self.chain.tick()
-            if any(st.applied or st.closed or st.replayed or st.late for _, st in steps):
-                self._activity += 1
-            self._note_applied(steps, self.clock.now_ms())
-            self._write_log()
-            if self._replays_abandoned() > abandoned:
-                log.warning(
-                    "combiner %s: gave up re-taking logged closes: the gateways they wait "
-                    "for sent nothing for %d ms; running freely",
-                    self.config.client_id,
-                    self.config.spec.hold_bound_ms,
-                )
-            for stage, step in steps:
-                self._publish_step(session, stage, step, since)
-                if step.closed is None:
-                    self._emit(session, stage, None, since)  # alert transitions, if any
-            retired = self.chain.retire()
-            self._activity += len(retired)
-            self._ended += [stage for stage, _ in retired]
-            self._write_log()  # their last flush, before it is published
-            for stage, closed in retired:
-                self._emit(session, stage, closed, since)
-                log.info(
-                    "combiner %s: v%s closed its last window (before %s)",
-                    self.config.client_id,
-                    stage.version,
-                    stage.until_ms,
-                )
-            self._report_function_failures(session)
+            self._tick(session)
+
+    def tick(self) -> None:
+        """One tick of a pool member's partition (``CombinerConfig.host_ticks``).
+
+        Does nothing unless the partition is serving a connection; a failure ends the term
+        (as it would in a ticker of its own).
+        """
+        failed, session = self._ticks_failed, self._outputs
+        if failed is None or failed.done() or session is None:
+            return
+        try:
+            self._tick(session)
+        except Exception as exc:  # noqa: BLE001 - handed to the term, which ends with it
+            failed.set_exception(exc)
+
+    def _tick(self, session: Session) -> None:
+        """Look at timers (idle gateways, holds, replays), close, retire, compact."""
+        since = self.clock.monotonic()
+        abandoned = self._replays_abandoned()
+        steps = self.chain.tick()
+        if any(st.applied or st.closed or st.replayed or st.late for _, st in steps):
+            self._activity += 1
+        self._note_applied(steps, self.clock.now_ms())
+        self._write_log()
+        if self._replays_abandoned() > abandoned:
+            log.warning(
+                "combiner %s: gave up re-taking logged closes: the gateways they wait "
+                "for sent nothing for %d ms; running freely",
+                self.config.client_id,
+                self.config.spec.hold_bound_ms,
+            )
+        for stage, step in steps:
+            self._publish_step(session, stage, step, since)
+            if step.closed is None:
+                self._emit(session, stage, None, since)  # alert transitions, if any
+        retired = self.chain.retire()
+        self._activity += len(retired)
+        self._ended += [stage for stage, _ in retired]
+        self._write_log()  # their last flush, before it is published
+        for stage, closed in retired:
+            self._emit(session, stage, closed, since)
+            log.info(
+                "combiner %s: v%s closed its last window (before %s)",
+                self.config.client_id,
+                stage.version,
+                stage.until_ms,
+            )
+        self._report_function_failures(session)
+        if self._unacked:
             self._unacked = [f for f in self._unacked if not f.done() or f.exception() is not None]
-            # Merge pending state between messages (incrementally, so it is cheap), so that
-            # closing a window finds almost nothing left to merge.
-            for stage in self.chain.stages:
-                if stage.core.state.pending_rows:
-                    stage.core.state.compact()
-            self._render_ahead()
+        # Merge pending state between messages (incrementally, so it is cheap), so that
+        # closing a window finds almost nothing left to merge.
+        for stage in self.chain.stages:
+            if stage.core.state.pending_rows:
+                stage.core.state.compact()
+        self._render_ahead()
 
     def _render_ahead(self) -> None:
         """Encode the windows the core finalised ahead of their close, between messages.
@@ -1026,6 +1143,9 @@ class CombinerRuntime:
         await session.wait_published(outputs)
         awaited = {id(f) for f in outputs}
         self._unacked = [f for f in self._unacked if id(f) not in awaited]
+        # The snapshot's marks are in its logs before the snapshot exists.
+        await self._logs_written()
+        self._raise_log_failure()
         if snapshot is not None and self.config.state_dir is not None:
             if self._writing is not None and not self._writing.done():
                 # One write at a time: a periodic checkpoint cancelled at stop leaves its thread
@@ -1035,7 +1155,7 @@ class CombinerRuntime:
                     await asyncio.shield(self._writing)
             self._writing = asyncio.ensure_future(
                 asyncio.to_thread(
-                    _write_atomically, self.config.state_dir / CHECKPOINT_FILE, snapshot
+                    write_atomically, self.config.state_dir / CHECKPOINT_FILE, snapshot
                 )
             )
             await asyncio.shield(self._writing)
@@ -1213,22 +1333,58 @@ class CombinerRuntime:
         return path.read_bytes() if path.exists() else None
 
     def _write_log(self) -> None:
-        """Write every stage's new close-log entries (before publishing what they decide)."""
+        """Start writing every stage's new close-log entries; publishes started later wait.
+
+        The order "a close's log entry written (on disk, when it publishes anything) before
+        anything it decides is published" holds without waiting here: the writes go to the
+        process's writer thread (``shoal.runtime._log_writer``, a group commit shared by
+        every partition it hosts), and the outputs hold every publish started after a write
+        until it is done (``HeldSession``); the checkpoint waits for them before its
+        snapshot is written, and a term ends (the checkpoint lock released, or the logs read
+        again after a reconnect) only once they are done. A write that failed ends the
+        partition here (as the write done in line did): nothing it decided is published.
+
+        Raises:
+            OSError: an earlier close-log write failed.
+        """
         if self.config.state_dir is None:
             return
+        self._raise_log_failure()
         for stage in [*self.chain.stages, *self._ended]:
             write = stage.core.take_log()
+            if write is not None:
+                self._submit_log(self.config.state_dir / close_log_name(stage.version), write)
+
+    def _submit_log(self, path: Path, write: LogWrite | None) -> None:
+        """Hand ``write`` (None: delete the file) to the writer, after those before it."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # a pinned partition restoring before its event loop runs
             if write is None:
-                continue
-            path = self.config.state_dir / close_log_name(stage.version)
-            if write.replace:
-                _write_atomically(path, write.data)
-                continue
-            with path.open("ab") as fh:
-                fh.write(write.data)
-                if write.sync:
-                    fh.flush()
-                    os.fsync(fh.fileno())
+                path.unlink(missing_ok=True)
+            else:
+                write_now(path, write)
+            return
+        writer = self._log_writer
+        done = writer.unlink(path) if write is None else writer.submit(path, write)
+        done.add_done_callback(self._log_done)
+        self._log_written = done
+        if self._outputs is not None:
+            self._outputs.hold_until(done)
+
+    def _log_done(self, done: asyncio.Future[None]) -> None:
+        if self._log_failure is None and not done.cancelled():
+            self._log_failure = done.exception()
+
+    def _raise_log_failure(self) -> None:
+        if self._log_failure is not None:
+            raise self._log_failure
+
+    async def _logs_written(self) -> None:
+        """Wait until every close-log write submitted so far is done (failed or not)."""
+        last = self._log_written
+        if last is not None and not last.done():
+            await asyncio.wait({last})
 
     def _forget_logs(self, ended: list[Stage], *, keep: list[Stage]) -> None:
         """Delete the logs of ended stages: the durable checkpoint no longer holds them."""
@@ -1238,7 +1394,7 @@ class CombinerRuntime:
             self._ended.remove(stage)
             name = close_log_name(stage.version)
             if name not in kept:
-                (self.config.state_dir / name).unlink(missing_ok=True)
+                self._submit_log(self.config.state_dir / name, None)
 
     def _replays_abandoned(self) -> int:
         return sum(s.core.counters.replays_abandoned for s in self.chain.stages)
@@ -1303,6 +1459,28 @@ def _log_files(state_dir: Path) -> list[Path]:
     ]
 
 
+def flush_reply_to(body: dict[str, Any]) -> tuple[str, str] | None:
+    """(request id, the client to answer on ``shoal/control/<client>``) of a flush command.
+
+    None for a flush that asks for no answer (``shoal up``, the benchmarks), or whose
+    ``reply`` is not one topic level (it could not name the asker's own topic).
+    """
+    request_id, reply_to = body.get("id"), body.get("reply")
+    if not isinstance(request_id, str) or not isinstance(reply_to, str):
+        return None
+    if not reply_to or any(c in reply_to for c in "/+#"):
+        log.warning("combiner: flush %s: reply %r is not one topic level", request_id, reply_to)
+        return None
+    return request_id, reply_to
+
+
+def _windows_in(closed: ClosedWindows | None) -> int:
+    """How many windows (window, start) a step closed."""
+    if closed is None or closed.empty:
+        return 0
+    return closed.frame.select("window", "start").n_unique()
+
+
 def _parse_canonical(mapping: dict[str, Any]) -> PipelineSpec:
     return canonicalize(mapping).spec
 
@@ -1314,18 +1492,3 @@ def _without_keys(frame: pl.DataFrame, keys: set[str | None]) -> pl.DataFrame:
     if None in keys:
         drop = drop | pl.col("key").is_null()
     return frame.filter(~drop.fill_null(value=False))
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp")  # the checkpoint and the close log, side by side
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)

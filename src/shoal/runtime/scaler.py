@@ -28,7 +28,7 @@ from shoal.scaler.http import MetricsServer, prometheus_text
 from shoal.scaler.monitor import PipelineMonitor, Snapshot
 from shoal.scaler.policy import Bounds, Decision, Signals, make_policy
 from shoal.scaler.signals import signals_from
-from shoal.schemas.topics import Topics
+from shoal.schemas.topics import Topics, topic_matches
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,11 @@ class PoolMonitor:
         self.clock = clock
         self.follower = DocumentFollower(topics)
         self.monitors: dict[str, PipelineMonitor] = {}
+        self._status, self._confirms = topics.gateway_status_all(), topics.confirm_all()
+        self._standing: dict[str, Message] = {}
+        """The latest gateway status and confirmation on each topic: what a computation
+        deployed later starts from (statuses come before the documents when the scaler
+        subscribes, and a gateway may not speak again for a while)."""
 
     def filters(self) -> list[str]:
         """Gateways' status, confirmations, heartbeats and the pipeline documents."""
@@ -62,14 +67,19 @@ class PoolMonitor:
             if isinstance(change, Served):
                 current = self.monitors.get(change.name)
                 if current is None or current.spec.partitions != change.spec.partitions:
-                    self.monitors[change.name] = PipelineMonitor(
-                        change.spec, self.topics, self.clock
-                    )
+                    monitor = PipelineMonitor(change.spec, self.topics, self.clock)
+                    for standing in self._standing.values():
+                        monitor.on_message(standing)
+                    self.monitors[change.name] = monitor
                 else:
                     current.spec = change.spec
             elif isinstance(change, Dropped):
                 self.monitors.pop(change.name, None)
             return
+        if topic_matches(self._status, message.topic) or topic_matches(
+            self._confirms, message.topic
+        ):
+            self._standing[message.topic] = message
         for monitor in self.monitors.values():
             monitor.on_message(message)
 

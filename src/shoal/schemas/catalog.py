@@ -185,7 +185,7 @@ MESSAGES: Final[tuple[MessageKind, ...]] = (
         1,
         False,
         None,
-        "operators, a worker to itself",
+        "operators, a worker to itself, a combiner answering a flush",
         internal=True,
     ),
     MessageKind(

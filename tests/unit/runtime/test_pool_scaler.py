@@ -67,3 +67,17 @@ def test_the_pool_lag_is_the_sum_over_deployed_computations() -> None:
 def test_no_deployed_pipeline_means_no_lag() -> None:
     snap = PoolMonitor(T, FakeClock()).snapshot()
     assert (snap.lag_batches, snap.lag_rows, snap.workers) == (0, 0, ())
+
+
+def test_a_computation_deployed_after_the_statuses_starts_from_them() -> None:
+    """Subscribing, the scaler gets the retained gateway statuses and confirmations before
+    (or between) the documents; a gateway may not speak again for a while. Found by
+    tests/integration/test_pool_scaler_live.py: the pool's lag stayed 0."""
+    registry = Registry()
+    monitor = PoolMonitor(T, FakeClock())
+    monitor.on_message(status("g1", next_seq=11, first_unconfirmed=0, rows=1_100))
+    monitor.on_message(confirm("g1", 7, pipeline="a"))
+    for document in documents(registry, Request("deploy", "1", spec_toml=spec("a"))):
+        monitor.on_message(as_message(document))
+    snap = monitor.snapshot()
+    assert (snap.lag_batches, snap.lag_rows) == (3, 1_100)
