@@ -96,6 +96,7 @@ from shoal.processors.versions import Chain, Stage
 from shoal.rules import alert_payload
 from shoal.runtime._fence import CheckpointLock
 from shoal.runtime._heap import release_free_memory
+from shoal.runtime._heartbeat import heartbeat_payload
 from shoal.runtime._log_writer import LogWriter, shared_writer, write_atomically, write_now
 from shoal.runtime._tasks import pause, supervised
 from shoal.runtime.latency import LatencyHistogram
@@ -1222,7 +1223,7 @@ class CombinerRuntime:
             "combiner", f"{self.config.spec.name}-{self.config.partition}"
         )
         while True:
-            await session.publish(topic, orjson.dumps(self.metrics()), qos=0)
+            await session.publish(topic, heartbeat_payload(self.metrics()), qos=0)
             await asyncio.sleep(self.config.heartbeat_ms / 1000)
 
     def metrics(self) -> dict[str, object]:

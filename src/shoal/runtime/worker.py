@@ -37,6 +37,7 @@ from shoal.control.messages import Marker
 from shoal.errors import BrokerError
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime._batches import BatchHandler, WorkerCounters, WorkerStats
+from shoal.runtime._heartbeat import heartbeat_payload
 from shoal.runtime._routes import PinnedRoutes, Routes
 from shoal.runtime._tasks import pause, supervised
 from shoal.runtime.latency import LatencyHistogram
@@ -307,7 +308,7 @@ class Worker:
         topic = self.config.topics.metrics("worker", self.worker_id)
         while True:
             try:
-                await session.publish(topic, orjson.dumps(self.metrics()), qos=0)
+                await session.publish(topic, heartbeat_payload(self.metrics()), qos=0)
             except BrokerError:
                 return
             self._beat_now.clear()
