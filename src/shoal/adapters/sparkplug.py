@@ -1,7 +1,8 @@
 """Sparkplug B (v3.0) device messages to rows: births, aliases, deaths, seq gaps, rebirth.
 
 Topics are ``<namespace>/<group>/<type>/<node>[/<device>]`` (the route's ``topic`` is the
-namespace, ``spBv1.0``). Payloads are decoded with the official ``sparkplug_b.proto``
+namespace, ``spBv1.0``): the device level is there for device messages (``D...``) only, and
+no level is empty. Payloads are decoded with the official ``sparkplug_b.proto``
 (``shoal.adapters._proto``) through ``protobuf``. Per edge node the decoder keeps what the
 specification asks a host application to keep:
 
@@ -24,21 +25,26 @@ bytes, files, data sets, templates and arrays are refused with reason ``string_m
 ``strings = "skip"``; the message's numeric metrics are kept either way. Null metrics carry
 no reading and are left out. ``bdSeq`` and ``Node Control/*``/``Device Control/*`` metrics are
 bookkeeping, not readings.
+
+Cost: protobuf's C runtime (upb) parses the payload; what is left in Python is a handful of
+field reads per metric. What can be worked out once is: per topic its parts, template values
+and rendered labels (``_Place``); per birth, for each alias, the metric's name, datatype and
+whether it is a reading (``_Declared``); per (value field, datatype) the conversion.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final, NamedTuple
 
 from google.protobuf.message import DecodeError as ProtobufDecodeError
 
 from shoal.adapters._proto import sparkplug_b_pb2 as pb
-from shoal.adapters.decode import Decoder, Row
+from shoal.adapters.decode import Decoder, Label, Row
 from shoal.adapters.mapping import Route
 from shoal.errors import DecodeError, InputError, SchemaError
-from shoal.schemas import DEFAULT_LIMITS
+from shoal.schemas import DEFAULT_LIMITS, MAX_TS_MS, MIN_TS_MS
 
 REBIRTH_METRIC: Final = "Node Control/Rebirth"
 REBIRTH_EVERY_MS: Final = 5_000
@@ -53,19 +59,70 @@ _UNSIGNED_32: Final = {pb.UInt8, pb.UInt16, pb.UInt32}
 _STRINGS: Final = {pb.String, pb.Text, pb.UUID}
 _BOOKKEEPING: Final = ("Node Control/", "Device Control/")
 _NUMERIC: Final = {*_SIGNED_32, *_UNSIGNED_32, pb.Int64, pb.UInt64, pb.Float, pb.Double, pb.Boolean}
+_CACHE_LIMIT: Final = 100_000
+"""Topics (and metric names per topic) remembered; cleared when exceeded."""
 
 
-@dataclass
+def _signed_32(raw: int) -> float:
+    return float(raw - (1 << 32) if raw >= 1 << 31 else raw)
+
+
+def _signed_64(raw: int) -> float:
+    return float(raw - (1 << 64) if raw >= 1 << 63 else raw)
+
+
+_CONVERT: Final[dict[tuple[str | None, int], Callable[[Any], float]]] = {
+    **{("int_value", t): _signed_32 for t in _SIGNED_32},
+    **{("int_value", t): float for t in _UNSIGNED_32},
+    ("long_value", pb.Int64): _signed_64,
+    ("long_value", pb.UInt64): float,
+    ("float_value", pb.Float): float,
+    ("double_value", pb.Double): float,
+    ("boolean_value", pb.Boolean): float,  # float(True) is 1.0
+}
+"""(the metric's value field, its datatype) -> the value as a float (signed integers travel
+as two's complement in the proto's unsigned fields); a pair not here is not a number."""
+
+
+class _Declared(NamedTuple):
+    """A metric as a birth certificate declared it."""
+
+    name: str
+    datatype: int
+    skip: bool  # bookkeeping, or not among the route's fields: not a reading
+    field: str | None  # the value field its datatype travels in (None: not a number)
+    convert: Callable[[Any], float] | None  # that field's value as a float
+
+
+_FIELDS: Final = {datatype: field for field, datatype in _CONVERT}
+"""The value field each numeric datatype travels in."""
+
+
+class _Place(NamedTuple):
+    """What one topic says, worked out once per topic."""
+
+    kind: str
+    group: str
+    node: str
+    device: str | None
+    base: dict[str, str]  # the templates' values
+    labels: dict[str, Label]  # by metric name
+    state: _Node  # the node's (shared by all its topics)
+
+
+_Tables = tuple[dict[int, _Declared], dict[str, int]]
+"""A birth's metrics: by alias, and each name's datatype."""
+
+
+@dataclass(slots=True)
 class _Node:
     """What a host application knows of one edge node."""
 
     born: bool = False
     bd_seq: int | None = None
     seq: int | None = None
-    aliases: dict[int, tuple[str, int]] = field(default_factory=dict)  # alias -> (name, type)
-    types: dict[str, int] = field(default_factory=dict)  # name -> datatype
-    devices: dict[str, dict[int, tuple[str, int]]] = field(default_factory=dict)
-    device_types: dict[str, dict[str, int]] = field(default_factory=dict)
+    tables: _Tables = field(default_factory=lambda: ({}, {}))
+    devices: dict[str, _Tables] = field(default_factory=dict)
     rebirth_at_ms: int | None = None
 
 
@@ -110,7 +167,11 @@ class SparkplugDecoder(Decoder):
         self.rebirth = rebirth
         self.sparkplug = SparkplugStats()
         self._nodes: dict[tuple[str, str], _Node] = {}
+        self._places: dict[str, _Place] = {}
+        self._declarations: dict[tuple[str, int], _Declared] = {}
         self._namespace_levels = len(route.topic.text.split("/"))
+        self._wanted = frozenset(route.fields)
+        self._arrival = route.timestamp.source == "arrival"
         self._commands: list[tuple[str, bytes]] = []
         self._refusals: list[InputError] = []
 
@@ -138,17 +199,11 @@ class SparkplugDecoder(Decoder):
             DecodeError: not a Sparkplug B topic or payload, data before birth, an unknown
                 alias.
         """
-        parts = topic.split("/")[self._namespace_levels :]
-        if len(parts) not in (3, 4) or parts[1] not in _TYPES:
-            raise DecodeError(
-                f"{self.where(topic)}: not a Sparkplug B topic",
-                reason="bad_topic",
-                expected=f"{self.route.topic.text}/<group>/<NBIRTH|NDATA|...>/<node>[/<device>]",
-                found=repr(topic),
-            )
-        group, kind, node = parts[0], parts[1], parts[2]
-        device = parts[3] if len(parts) == 4 else None
-        if kind in ("NCMD", "DCMD"):
+        place = self._places.get(topic)
+        if place is None:
+            place = self._place(topic, levels)
+        kind = place.kind
+        if kind in {"NCMD", "DCMD"}:
             return []  # commands to nodes (ours among them), not readings
         try:
             message = pb.Payload.FromString(payload)
@@ -159,13 +214,12 @@ class SparkplugDecoder(Decoder):
                 expected="a protobuf-encoded org.eclipse.tahu.protobuf.Payload",
                 found=f"{len(payload)} bytes starting {payload[:16]!r}",
             ) from None
-        state = self._nodes.setdefault((group, node), _Node())
-        base = {**levels, "group": group, "node": node, "device": device or NODE_DEVICE}
+        group, node, device, state = place.group, place.node, place.device, place.state
         if kind == "NDEATH":
             self._node_death(state, message)
             return []
         if kind == "NBIRTH":
-            return self._node_birth(topic, state, message, base, now_ms)
+            return self._node_birth(topic, place, state, message, now_ms)
         if not state.born:
             self._ask_rebirth(state, group, node, now_ms)
             raise DecodeError(
@@ -175,21 +229,16 @@ class SparkplugDecoder(Decoder):
                 expected="an NBIRTH of the node first",
                 found=f"{kind} with seq {message.seq}",
             )
-        self._check_seq(state, message, (group, node), now_ms)
-        if kind == "DDEATH":
-            state.devices.pop(device or "", None)
-            state.device_types.pop(device or "", None)
-            self.sparkplug.deaths += 1
-            return []
-        if kind == "DBIRTH":
-            assert device is not None
-            aliases, types = self._birth_tables(topic, message)
-            state.devices[device] = aliases
-            state.device_types[device] = types
-            self.sparkplug.births += 1
-            return self._rows(topic, message, (aliases, types), base, now_ms)
+        seq = message.seq
+        if seq or message.HasField("seq"):  # a message without one is not counted
+            last = state.seq
+            if last is not None and seq != (last + 1) % 256:
+                self.sparkplug.seq_gaps += 1
+                self._ask_rebirth(state, group, node, now_ms)
+            state.seq = seq
         if kind == "DDATA":
-            if device not in state.devices:
+            tables = state.devices.get(device) if device is not None else None
+            if tables is None:
                 self._ask_rebirth(state, group, node, now_ms)
                 raise DecodeError(
                     f"{self.where(topic)}: DDATA from device {device!r} of node {group}/{node} "
@@ -198,24 +247,64 @@ class SparkplugDecoder(Decoder):
                     expected="a DBIRTH of the device first",
                     found=f"DDATA with seq {message.seq}",
                 )
-            tables = (state.devices[device], state.device_types[device])
-            return self._rows(topic, message, tables, base, now_ms)
-        return self._rows(topic, message, (state.aliases, state.types), base, now_ms)  # NDATA
+            return self._rows(topic, place, message, tables, now_ms)
+        if kind == "NDATA":
+            return self._rows(topic, place, message, state.tables, now_ms)
+        if kind == "DDEATH":
+            state.devices.pop(device or "", None)
+            self.sparkplug.deaths += 1
+            return []
+        # DBIRTH (a device message's topic names its device: ``_place``)
+        tables = state.devices[device or ""] = self._birth_tables(topic, message)
+        self.sparkplug.births += 1
+        return self._rows(topic, place, message, tables, now_ms)
+
+    def _place(self, topic: str, levels: dict[str, str]) -> _Place:
+        """What ``topic`` says (remembered).
+
+        Raises:
+            DecodeError: it is not ``<namespace>/<group>/<type>/<node>[/<device>]``.
+        """
+        parts = topic.split("/")[self._namespace_levels :]
+        if (
+            len(parts) not in (3, 4)
+            or parts[1] not in _TYPES
+            or (len(parts) == 4) != parts[1].startswith("D")  # device messages name the device
+            or not all(parts)
+        ):
+            raise DecodeError(
+                f"{self.where(topic)}: not a Sparkplug B topic",
+                reason="bad_topic",
+                expected=f"{self.route.topic.text}/<group>/<NBIRTH|NDATA|...>/<node>, or "
+                f"{self.route.topic.text}/<group>/<DBIRTH|DDATA|...>/<node>/<device>",
+                found=repr(topic),
+            )
+        group, kind, node = parts[0], parts[1], parts[2]
+        device = parts[3] if len(parts) == 4 else None
+        base = {**levels, "group": group, "node": node, "device": device or NODE_DEVICE}
+        state = self._nodes.get((group, node))
+        if state is None:
+            state = self._nodes[group, node] = _Node()
+        place = _Place(kind, group, node, device, base, {}, state)
+        if len(self._places) >= _CACHE_LIMIT:
+            self._places.clear()
+        self._places[topic] = place
+        return place
 
     # -- the state machine -----------------------------------------------------------------------
 
     def _node_birth(
-        self, topic: str, state: _Node, message: pb.Payload, base: dict[str, str], now_ms: int
+        self, topic: str, place: _Place, state: _Node, message: pb.Payload, now_ms: int
     ) -> list[Row]:
-        aliases, types = self._birth_tables(topic, message)
+        tables = self._birth_tables(topic, message)
         state.born = True
         state.seq = message.seq if message.HasField("seq") else 0
-        state.aliases, state.types = aliases, types
-        state.devices, state.device_types = {}, {}
+        state.tables = tables
+        state.devices = {}
         state.rebirth_at_ms = None
         state.bd_seq = _bd_seq(message)
         self.sparkplug.births += 1
-        return self._rows(topic, message, (aliases, types), base, now_ms)
+        return self._rows(topic, place, message, tables, now_ms)
 
     def _node_death(self, state: _Node, message: pb.Payload) -> None:
         bd_seq = _bd_seq(message)
@@ -230,20 +319,9 @@ class SparkplugDecoder(Decoder):
         state.born = False
         state.seq = None
         state.rebirth_at_ms = None  # data from a dead node earns a request at once
-        state.aliases, state.types = {}, {}
-        state.devices, state.device_types = {}, {}
+        state.tables = ({}, {})
+        state.devices = {}
         self.sparkplug.deaths += 1
-
-    def _check_seq(
-        self, state: _Node, message: pb.Payload, node: tuple[str, str], now_ms: int
-    ) -> None:
-        if not message.HasField("seq"):
-            return
-        expected = None if state.seq is None else (state.seq + 1) % 256
-        if expected is not None and message.seq != expected:
-            self.sparkplug.seq_gaps += 1
-            self._ask_rebirth(state, *node, now_ms)
-        state.seq = message.seq
 
     def _ask_rebirth(self, state: _Node, group: str, node: str, now_ms: int) -> None:
         if not self.rebirth:
@@ -261,13 +339,11 @@ class SparkplugDecoder(Decoder):
         )
         self.sparkplug.rebirths += 1
 
-    def _birth_tables(
-        self, topic: str, message: pb.Payload
-    ) -> tuple[dict[int, tuple[str, int]], dict[str, int]]:
-        aliases: dict[int, tuple[str, int]] = {}
+    def _birth_tables(self, topic: str, message: pb.Payload) -> _Tables:
+        aliases: dict[int, _Declared] = {}
         types: dict[str, int] = {}
         for index, metric in enumerate(message.metrics):
-            self._check_name(topic, metric, index)
+            self._check_name(topic, metric.name, index)
             if not metric.name:
                 raise DecodeError(
                     f"{self.where(topic)}: birth metric {index} has no name",
@@ -278,12 +354,31 @@ class SparkplugDecoder(Decoder):
                 )
             types[metric.name] = metric.datatype
             if metric.HasField("alias"):
-                aliases[metric.alias] = (metric.name, metric.datatype)
+                aliases[metric.alias] = self._declared(metric.name, metric.datatype)
         return aliases, types
 
-    def _check_name(self, topic: str, metric: pb.Payload.Metric, index: int) -> None:
+    def _declared(self, name: str, datatype: int) -> _Declared:
+        """What a metric of this name and datatype is (remembered: nodes repeat theirs)."""
+        key = (name, datatype)
+        declared = self._declarations.get(key)
+        if declared is None:
+            field = _FIELDS.get(datatype)
+            convert = None if field is None else _CONVERT[field, datatype]
+            declared = _Declared(name, datatype, self._not_a_reading(name), field, convert)
+            if len(self._declarations) >= _CACHE_LIMIT:
+                self._declarations.clear()
+            self._declarations[key] = declared
+        return declared
+
+    def _not_a_reading(self, name: str) -> bool:
+        """Whether metric ``name`` is bookkeeping or left out by the route: not a reading."""
+        wanted = self._wanted
+        return (
+            name == "bdSeq" or name.startswith(_BOOKKEEPING) or bool(wanted and name not in wanted)
+        )
+
+    def _check_name(self, topic: str, name: object, index: int) -> None:
         """Refuse a metric name that is not UTF-8 (protobuf then hands over the raw bytes)."""
-        name: object = metric.name
         if not isinstance(name, str):
             raise DecodeError(
                 f"{self.where(topic)}: the name of metric {index} is not UTF-8 text",
@@ -296,73 +391,109 @@ class SparkplugDecoder(Decoder):
     # -- metrics to rows -------------------------------------------------------------------------
 
     def _rows(
-        self,
-        topic: str,
-        message: pb.Payload,
-        tables: tuple[dict[int, tuple[str, int]], dict[str, int]],
-        base: dict[str, str],
-        now_ms: int,
+        self, topic: str, place: _Place, message: pb.Payload, tables: _Tables, now_ms: int
     ) -> list[Row]:
+        """The message's readings, one row per numeric metric.
+
+        The hot path (data by alias): per metric its name, alias, datatype, null flag, value
+        field and timestamp are read; everything else about it was worked out from the birth.
+        """
         aliases, types = tables
         rows: list[Row] = []
-        wanted = set(self.route.fields)
-        arrival = self.route.timestamp.source == "arrival"
-        default_ts = message.timestamp if message.HasField("timestamp") else now_ms
+        arrival = self._arrival
+        default_ts, high = self._times(message, now_ms)
+        labels = place.labels
+        declared_for = aliases.get
         for index, metric in enumerate(message.metrics):
-            self._check_name(topic, metric, index)
-            if metric.name:
-                name = metric.name
-                datatype = metric.datatype or types.get(name, pb.Unknown)
-            elif metric.HasField("alias") and metric.alias in aliases:
-                name, datatype = aliases[metric.alias]
-                datatype = metric.datatype or datatype
+            name = metric.name
+            if name:  # by name (births, and nodes that do not use aliases)
+                self._check_name(topic, name, index)
+                declared = self._declared(name, metric.datatype or types.get(name, pb.Unknown))
             else:
-                raise DecodeError(
-                    f"{self.where(topic)}: metric {index} has alias {metric.alias}, which the "
-                    "birth certificate did not declare",
-                    reason="unknown_alias",
-                    field=f"metrics[{index}]",
-                    expected=f"one of the birth's aliases {sorted(aliases)[:20]}",
-                    found=f"alias {metric.alias}",
-                )
-            if name == "bdSeq" or name.startswith(_BOOKKEEPING) or (wanted and name not in wanted):
+                alias = metric.alias
+                found = declared_for(alias)
+                if found is None or (not alias and not metric.HasField("alias")):
+                    raise self._unknown_alias(topic, index, alias, aliases)
+                declared = found
+                override = metric.datatype
+                if override and override != declared.datatype:
+                    declared = self._declared(declared.name, override)
+            name, datatype, skip, field, convert = declared
+            if skip:
                 continue
             if metric.is_null:
                 self.sparkplug.nulls += 1
                 continue
-            value = self._value(topic, metric, name, datatype, index)
-            if value is None:
+            which = metric.WhichOneof("value")
+            if which != field or convert is None or which is None:
+                self._not_a_number(topic, name, datatype, which, index)
                 continue
-            if arrival:
-                ts = now_ms
-            else:
-                ts = metric.timestamp if metric.HasField("timestamp") else default_ts
-                ts = self.check_ts(topic, ts, now_ms, f"{name}.timestamp", None)
-            sensor_id, label, kind, unit = self.label(topic, base, name)
-            rows.append((sensor_id, ts, value, label, kind, unit))
+            value = convert(getattr(metric, which))
+            if value - value != 0.0:  # inf or nan
+                self._not_finite(topic, name, value)
+                continue
+            ts = now_ms if arrival else metric.timestamp or _zero_or(metric, default_ts)
+            if not MIN_TS_MS <= ts <= high:
+                self.check_ts(topic, ts, now_ms, f"{name}.timestamp", None)  # raises
+            label = labels.get(name) or self._label(topic, place, name)
+            rows.append((label[0], ts, value, label[1], label[2], label[3]))
         return rows
 
-    def _value(
-        self, topic: str, metric: pb.Payload.Metric, name: str, datatype: int, index: int
-    ) -> float | None:
-        """The metric's value as a float; None when it is left out (refusals recorded)."""
-        kind = metric.WhichOneof("value")
-        value = _number(metric, datatype, kind)
-        if value is not None:
-            if math.isfinite(value):
-                return value
-            self._refusals.append(
-                SchemaError(
-                    f"{self.where(topic)}: metric {name!r} is not finite",
-                    reason="not_finite",
-                    field=name,
-                    expected="a finite number",
-                    found=repr(value),
-                )
+    def _times(self, message: pb.Payload, now_ms: int) -> tuple[int, int]:
+        """The default timestamp of the message's metrics, and the latest one taken.
+
+        The default is the message's timestamp, or the arrival time if it has none (or the
+        route says ``source = "arrival"``).
+        """
+        if self._arrival:
+            default_ts = now_ms
+        else:
+            default_ts = message.timestamp
+            if not default_ts and not message.HasField("timestamp"):
+                default_ts = now_ms
+        high = MAX_TS_MS
+        if self.max_future_ms is not None:
+            high = min(high, now_ms + self.max_future_ms)
+        return default_ts, high
+
+    def _label(self, topic: str, place: _Place, name: str) -> Label:
+        """Metric ``name``'s label on ``topic``, remembered in ``place``."""
+        labels = place.labels
+        label = self.label(topic, place.base, name)
+        if len(labels) >= _CACHE_LIMIT:
+            labels.clear()
+        labels[name] = label
+        return label
+
+    def _unknown_alias(
+        self, topic: str, index: int, alias: int, aliases: dict[int, _Declared]
+    ) -> DecodeError:
+        return DecodeError(
+            f"{self.where(topic)}: metric {index} has alias {alias}, which the "
+            "birth certificate did not declare",
+            reason="unknown_alias",
+            field=f"metrics[{index}]",
+            expected=f"one of the birth's aliases {sorted(aliases)[:20]}",
+            found=f"alias {alias}",
+        )
+
+    def _not_finite(self, topic: str, name: str, value: float) -> None:
+        self._refusals.append(
+            SchemaError(
+                f"{self.where(topic)}: metric {name!r} is not finite",
+                reason="not_finite",
+                field=name,
+                expected="a finite number",
+                found=repr(value),
             )
-            return None
+        )
+
+    def _not_a_number(
+        self, topic: str, name: str, datatype: int, kind: str | None, index: int
+    ) -> None:
+        """Record the refusal of a metric that is not a number (unless strings are skipped)."""
         if self.route.strings == "skip":
-            return None
+            return
         known = datatype in pb.DataType.values()
         type_name = pb.DataType.Name(datatype) if known else f"datatype {datatype}"
         if datatype in _STRINGS:
@@ -382,28 +513,11 @@ class SparkplugDecoder(Decoder):
                 found=f"{type_name} in {kind or 'no value field'}",
             )
         )
-        return None
 
 
-def _number(metric: pb.Payload.Metric, datatype: int, kind: str | None) -> float | None:
-    """A numeric metric's value (signed integers are two's complement); None otherwise."""
-    if kind == "int_value" and datatype in _SIGNED_32:
-        raw = metric.int_value
-        return float(raw - (1 << 32) if raw >= 1 << 31 else raw)
-    if kind == "int_value" and datatype in _UNSIGNED_32:
-        return float(metric.int_value)
-    if kind == "long_value" and datatype == pb.Int64:
-        raw = metric.long_value
-        return float(raw - (1 << 64) if raw >= 1 << 63 else raw)
-    if kind == "long_value" and datatype == pb.UInt64:
-        return float(metric.long_value)
-    if kind == "float_value" and datatype == pb.Float:
-        return float(metric.float_value)
-    if kind == "double_value" and datatype == pb.Double:
-        return float(metric.double_value)
-    if kind == "boolean_value" and datatype == pb.Boolean:
-        return 1.0 if metric.boolean_value else 0.0
-    return None
+def _zero_or(metric: pb.Payload.Metric, default_ts: int) -> int:
+    """The timestamp of a metric whose timestamp reads 0: 0 if it says so, else the default."""
+    return 0 if metric.HasField("timestamp") else default_ts
 
 
 def _bd_seq(message: pb.Payload) -> int | None:

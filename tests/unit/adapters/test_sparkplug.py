@@ -109,3 +109,43 @@ def test_strings_skipped_when_the_route_says_so() -> None:
     text.metrics.add(name="state", datatype=pb.String, string_value="running")
     assert _feed(d, f"{NS}/g/NDATA/n1", text.SerializeToString()) == []
     assert d.take_refusals() == []
+
+
+@pytest.mark.parametrize(
+    "topic",
+    [
+        f"{NS}/g/DBIRTH/n1",  # a device message without its device
+        f"{NS}/g/DDATA/n1",
+        f"{NS}/g/DDEATH/n1",
+        f"{NS}/g/NDATA/n1/dev0",  # a node message with one
+        f"{NS}/g/DBIRTH/n1/",  # an empty level
+        f"{NS}//NBIRTH/n1",
+    ],
+)
+def test_topics_that_do_not_name_what_the_message_type_needs_are_refused(topic: str) -> None:
+    d = _decoder()
+    _feed(d, f"{NS}/g/NBIRTH/n1", node_birth(NOW, 0, 0))
+    found = parse_mapping({"routes": [{"topic": NS, "format": "sparkplug"}]}).route_for(topic)
+    levels = found[1] if found is not None else {}
+    with pytest.raises(InputError) as caught:
+        d.decode(topic, levels, device_message(0, NOW, 1, 1.0, 1, birth=True), NOW)
+    assert caught.value.reason == "bad_topic"
+    assert "<node>/<device>" in str(caught.value)
+
+
+def test_a_metric_with_neither_name_nor_alias_is_not_alias_zero() -> None:
+    d = _decoder()
+    _feed(d, f"{NS}/g/NBIRTH/n1", node_birth(NOW, 0, 0))
+    birth = pb.Payload(timestamp=NOW, seq=1)
+    birth.metrics.add(name="temp", alias=0, datatype=pb.Double, double_value=1.5)
+    assert _feed(d, f"{NS}/g/DBIRTH/n1/dev0", birth.SerializeToString())[0][2] == 1.5
+    by_alias = pb.Payload(timestamp=NOW, seq=2)
+    by_alias.metrics.add(alias=0, double_value=2.5)
+    assert [r[2:4] for r in _feed(d, f"{NS}/g/DDATA/n1/dev0", by_alias.SerializeToString())] == [
+        (2.5, "temp")
+    ]
+    anonymous = pb.Payload(timestamp=NOW, seq=3)
+    anonymous.metrics.add(double_value=3.5)
+    with pytest.raises(InputError) as caught:
+        _feed(d, f"{NS}/g/DDATA/n1/dev0", anonymous.SerializeToString())
+    assert caught.value.reason == "unknown_alias"
