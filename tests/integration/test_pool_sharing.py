@@ -110,17 +110,22 @@ async def _scenario(broker: EmbeddedBroker, topics: Topics, tmp: Path) -> dict[s
         collector(settings, topics, "temps") as temps_seen,
         collector(settings, topics, "twin") as twin_seen,
     ):
-        before = await shared_subscriptions(broker)
+        # Mosquitto's own count; Mochi publishes no such counter (docs/brokers.md)
+        counted = broker.broker == "mosquitto"
+        before = await shared_subscriptions(broker) if counted else None
         deployed = await asyncio.to_thread(_cli, broker, topics, "deploy", "-", stdin=TEMPS)
         assert "alias_of" not in deployed
         await until(lambda: len(host.owns()) == 2, 20, "both partitions subscribed")
-        computing = await shared_subscriptions(broker, expect=before + 2)
+        computing = (
+            await shared_subscriptions(broker, expect=before + 2) if before is not None else None
+        )
         shared = await asyncio.to_thread(_cli, broker, topics, "deploy", "-", stdin=TWIN)
         assert shared["alias_of"] == "temps"
         # the broker's own count: both workers joined the computation's shared group (one
         # shared subscription each); the second name joined none
-        assert computing - before == 2
-        assert await shared_subscriptions(broker) == computing
+        if before is not None and computing is not None:
+            assert computing - before == 2
+            assert await shared_subscriptions(broker) == computing
         assert shared["confirmed"]["workers"]  # the computation it shares is served
         listed = await asyncio.to_thread(_cli, broker, topics, "list")
         by_name = {p["name"]: p for p in listed["pipelines"]}
