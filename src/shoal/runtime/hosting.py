@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shoal.broker import default_session_factory
+from shoal.broker import default_output_session_factory, default_session_factory
 from shoal.broker.session import Message, Session, SessionFactory, Will
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
@@ -154,6 +154,7 @@ class CombinerHost:
         self.config = config
         self.clock = clock or SystemClock()
         self._connect = session_factory or default_session_factory()
+        self._connect_outputs = session_factory or default_output_session_factory()
         self.follower = DocumentFollower(config.topics)
         self.deployed: dict[str, tuple[int, PipelineSpec]] = {}
         self._made_at: dict[str, int] = {}  # name -> when its current version was made
@@ -427,7 +428,12 @@ class CombinerHost:
             version_at_ms=self._made_at.get(name, 0),
             receive_maximum=self.config.receive_maximum,
         )
-        runtime = CombinerRuntime(config, self.clock, session_factory=self._connect)
+        runtime = CombinerRuntime(
+            config,
+            self.clock,
+            session_factory=self._connect,
+            output_session_factory=self._connect_outputs,
+        )
         self.terms[slot] = _Term(runtime, asyncio.create_task(runtime.run()), version)
         self.counters.terms_started += 1
         log.info("combiner pool %s: taking %s/%d v%d", self.me, name, partition, version)
