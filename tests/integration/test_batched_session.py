@@ -121,3 +121,47 @@ def test_batches_are_what_a_read_brought_and_reading_pauses_past_the_bound(
     assert BOUND <= waiting <= BOUND + READ  # one read past the bound at most
     assert max(map(len, batches)) > 1  # a read brings many
     assert pauses >= 1
+
+
+def test_qos0_publishes_of_one_turn_go_out_together_and_in_order(
+    broker: EmbeddedBroker, topics: Topics
+) -> None:
+    """A combiner's per-key results: thousands of QoS 0 publishes in a turn, a few writes.
+
+    Gathered packets go out at the end of the turn (or once ``CORK_BYTES`` are gathered, or
+    before anything else is written), so the broker gets them all, in order, and a QoS 1
+    publish started after them in the same turn arrives after them.
+    """
+    count, size = 2_000, 300  # 600 kB: at least three writes of CORK_BYTES
+    subscribe = BatchedSession(broker.settings, "keys-reader")
+
+    async def scenario() -> tuple[list[Message], int, list[Message]]:
+        async with subscribe, BatchedSession(broker.settings, "keys-writer") as writer:
+            await subscribe.subscribe([topics.under_root("keys/#")], qos=1)
+            before = writer.writes
+            for i in range(count):
+                writer.publish_started(topics.under_root(f"keys/{i}"), _payload(i, size), qos=0)
+            fence = writer.publish_started(topics.under_root("keys/fence"), b"fence")
+            await asyncio.wait_for(writer.wait_published([fence]), 10)
+            writes = writer.writes - before
+            got: list[Message] = []
+            async for batch in subscribe.message_batches(asyncio.Event()):
+                got += batch
+                if len(got) == count + 1:
+                    break
+            # A turn with QoS 0 publishes only: written at its end, nothing else needed.
+            for i in range(3):
+                writer.publish_started(topics.under_root(f"keys/late{i}"), b"late", qos=0)
+            more: list[Message] = []
+            async with asyncio.timeout(10):
+                async for batch in subscribe.message_batches(asyncio.Event()):
+                    more += batch
+                    if len(more) == 3:
+                        break
+            return got, writes, more
+
+    got, writes, more = asyncio.run(scenario())
+    assert [m.payload for m in got[:count]] == [_payload(i, size) for i in range(count)]
+    assert got[-1].payload == b"fence"
+    assert 3 <= writes <= 5  # 2,000 packets and the fence in a handful of writes
+    assert [m.topic for m in more] == [topics.under_root(f"keys/late{i}") for i in range(3)]

@@ -1,7 +1,8 @@
 """A live pipeline for tests: in-process workers and combiners on a broker.
 
 The broker is Mosquitto (``AsyncSession``, the default) or, given ``MemoryBroker.session_factory``,
-the in-memory one.
+the in-memory one. On Mosquitto, combiners publish on the session they publish on in
+production (``default_output_session_factory``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import orjson
 import polars as pl
 
-from shoal.broker import AsyncSession
+from shoal.broker import AsyncSession, default_output_session_factory
 from shoal.broker.session import Message, SessionFactory, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
@@ -166,6 +167,11 @@ class InProcessPipeline:
                     per_key_results=False,
                 ),
                 session_factory=session_factory,
+                output_session_factory=(
+                    default_output_session_factory()
+                    if session_factory is AsyncSession
+                    else session_factory
+                ),
             )
             for p in range(spec.partitions)
         ]
@@ -187,7 +193,9 @@ class InProcessPipeline:
         index = partition  # combiner tasks come first
         old = self.combiners[partition]
         await _cancel(self.tasks[index], old.stop)
-        fresh = CombinerRuntime(old.config, session_factory=old._connect)
+        fresh = CombinerRuntime(
+            old.config, session_factory=old._connect, output_session_factory=old._connect_outputs
+        )
         self.combiners[partition] = fresh
         self.tasks[index] = asyncio.create_task(fresh.run())
 

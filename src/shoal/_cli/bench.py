@@ -121,6 +121,11 @@ def _register_pipeline(benches: Any) -> None:
         help="simulated gateways' spool (default memory: gateways are separate devices)",
     )
     pipeline.add_argument("--json", type=Path, metavar="FILE", help="also write the record(s) here")
+    pipeline.add_argument(
+        "--run-dir",
+        type=Path,
+        help="keep logs, spools and checkpoints here (a new or empty folder; not with --max)",
+    )
     pipeline.set_defaults(run=run_pipeline)
 
 
@@ -205,6 +210,9 @@ def run_pipeline(args: argparse.Namespace) -> int:
         raise ConfigError("--workers must be at least 1")
     if args.sensors is not None and args.sensors < 1:
         raise ConfigError("--sensors must be at least 1")
+    used = args.run_dir is not None and args.run_dir.exists() and any(args.run_dir.iterdir())
+    if args.run_dir is not None and (args.max or used):
+        raise ConfigError("--run-dir needs a new or empty folder and one run (not --max)")
     source = spec_path(args.pipeline)
     if args.window is not None:
         source = write_variant(source, args.window, Path(tempfile.mkdtemp(prefix="shoal-bench-")))
@@ -222,6 +230,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
         duration_s=args.duration or (20.0 if args.max else 30.0),
         per_key_results=not args.no_key_topics,
         gateway_spool=args.gateway_spool,
+        run_dir=args.run_dir,
     )
     if args.max:
         result = bench.run_max(config, sys.stderr)

@@ -34,6 +34,7 @@ __all__ = [
     "broker_profiles",
     "default_gateway_session_factory",
     "default_intake_session_factory",
+    "default_output_session_factory",
     "default_session_factory",
     "unique_client_id",
 ]
@@ -55,5 +56,16 @@ def default_intake_session_factory() -> SessionFactory:
     """The ``Session`` for high-rate intake (``shoal adapt``): ``BatchedSession``.
 
     It hands over what each read of the socket brought at once (``message_batches``).
+    """
+    return BatchedSession
+
+
+def default_output_session_factory() -> SessionFactory:
+    """The ``Session`` a combiner publishes its results on: ``BatchedSession``.
+
+    It writes a window's message once (paho copies what is left of a large packet again
+    after every partial write) and the per-key results of a window in a few writes, and
+    builds no paho ``Properties``/``ReasonCode`` objects per message (docs/benchmarks.md,
+    "Window close → result").
     """
     return BatchedSession

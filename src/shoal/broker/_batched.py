@@ -19,6 +19,10 @@ writes their PUBACKs in one write. Past ``max_buffered_bytes`` of payload waitin
 the connection stops reading (TCP holds the broker back: Mosquitto 2.0.11 stops honouring
 Receive Maximum after the first PUBACKs), except while one of our publishes waits for its
 PUBACK (a consumer may wait for it before taking more).
+
+Sending: QoS 0 publishes started in one turn of the event loop go out in one write at the end
+of it (up to ``CORK_BYTES``), in order with everything else written: a combiner publishing a
+window's 10,000 per-key results makes a few hundred system calls instead of 10,000.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ from shoal.errors import BrokerError
 
 DEFAULT_BUFFERED_BYTES: Final = 16 * 1024 * 1024
 """Payload bytes that may wait to be taken when the caller sets no bound."""
+CORK_BYTES: Final = 256 * 1024
+"""QoS 0 packets gathered for one write at most (``publish_started``): past it, written now."""
 _CONNECT_TIMEOUT_S: Final = 10.0
 
 
@@ -145,7 +151,11 @@ class BatchedSession(SessionBase):
         self._last_in = 0.0
         self._last_out = 0.0
         self._keepalive: asyncio.Task[None] | None = None
+        self._corked: list[bytes] = []  # QoS 0 packets for the write at the end of this turn
+        self._corked_bytes = 0
         self.pauses = 0
+        self.writes = 0
+        """Writes handed to the connection (QoS 0 packets gathered count once)."""
 
     # -- connection -------------------------------------------------------------------------
 
@@ -235,11 +245,41 @@ class BatchedSession(SessionBase):
                     self._write(mqtt5.PingReqPacket().write())
 
     def _write(self, data: bytes) -> None:
+        """Write ``data`` now, after the QoS 0 packets gathered so far (``_write_soon``)."""
         conn = self._conn
         if self._gone is not None or conn is None or conn.transport is None:
+            self._corked.clear()
+            self._corked_bytes = 0
             raise BrokerError(f"not connected to {self.settings.url}: {self._gone or 'closed'}")
+        if self._corked:
+            self._corked.append(data)
+            data = b"".join(self._corked)
+            self._corked.clear()
+            self._corked_bytes = 0
         conn.transport.write(data)
+        self.writes += 1
         self._last_out = time.monotonic()
+
+    def _write_soon(self, data: bytes) -> None:
+        """Gather a QoS 0 packet for one write at the end of this turn of the event loop.
+
+        Raises:
+            BrokerError: not connected (the packet is not sent).
+        """
+        if self._gone is not None or self._conn is None or self._conn.transport is None:
+            raise BrokerError(f"not connected to {self.settings.url}: {self._gone or 'closed'}")
+        if not self._corked:
+            asyncio.get_running_loop().call_soon(self._flush_corked)
+        self._corked.append(data)
+        self._corked_bytes += len(data)
+        if self._corked_bytes >= CORK_BYTES:
+            self._flush_corked()
+
+    def _flush_corked(self) -> None:
+        """Write the gathered QoS 0 packets (lost with the connection, as QoS 0 may be)."""
+        if self._corked:
+            with contextlib.suppress(BrokerError):
+                self._write(self._corked.pop())
 
     def _lost(self, why: str) -> None:
         """The connection is over: fail what waits for the broker, wake the consumer."""
@@ -431,7 +471,7 @@ class BatchedSession(SessionBase):
                 message_expiry_interval=message_expiry_s,
             ).write()
             if pid is None:
-                self._write(data)
+                self._write_soon(data)
                 fut.set_result(None)
                 return fut
             self._published[pid] = fut

@@ -68,6 +68,8 @@ class PipelineBenchConfig:
         attributes: the gateways send the attribute columns even when the pipeline does
             not read them (comparisons on the same input; a pipeline that reads them
             always gets them).
+        run_dir: keep the run's logs, spools and checkpoints here (None: a temporary
+            folder, removed at the end).
     """
 
     spec: PipelineSpec
@@ -84,6 +86,7 @@ class PipelineBenchConfig:
     sensors_per_gateway: int | None = None
     window_kind: str | None = None
     attributes: bool = False
+    run_dir: Path | None = None
 
     @property
     def sensors(self) -> int:
@@ -125,6 +128,7 @@ def _run_pipeline(config: PipelineBenchConfig, progress: TextIO | None) -> dict[
             spec_source=config.spec_source,
             workers=config.workers,
             per_key_results=config.per_key_results,
+            run_dir=config.run_dir,
         )
     )
     try:

@@ -159,7 +159,8 @@ def window_json(result: WindowResult, ctx: Emission, rows: bytes | None = None) 
     ``rows``: ``json_rows(result)`` if already encoded (ahead of the close).
     """
     head = orjson.dumps(_header(result, ctx))
-    return head[:-1] + b',"results":' + (json_rows(result) if rows is None else rows) + b"}"
+    body = json_rows(result) if rows is None else rows
+    return b"".join((head[:-1], b',"results":', body, b"}"))  # one copy of the (large) rows
 
 
 def window_msgpack(result: WindowResult, ctx: Emission) -> bytes:

@@ -39,6 +39,10 @@ from shoal.rules import RESULT_BASE_SCHEMA
 COMPACT_ROWS: Final = 2_000_000
 """Pending rows (state + sketch) that trigger a merge: bounds memory between window closes."""
 
+TIDY_SHARE: Final = 4
+"""Between closes, pending rows are merged once they are 1/``TIDY_SHARE`` of all rows held
+(``WindowState.tidy``)."""
+
 KEY_LIST_CACHE: Final = 256
 """Key lists remembered (about one per gateway and window)."""
 
@@ -223,6 +227,19 @@ class WindowState:
             ids[i] = slot
         result: npt.NDArray[np.int64] = ids[inverse.reshape(-1)]
         return result
+
+    def tidy(self) -> None:
+        """Merge pending rows between messages once they are a sizeable share of the state.
+
+        A merge sorts everything held, pending and merged alike: merging after every partial
+        or two (a combiner's tick) would cost the whole state each time. Merging once the
+        pending rows are 1/``TIDY_SHARE`` of all rows costs a bounded multiple of what was
+        appended, and keeps at most that share unmerged. Closing needs none of it: a
+        window is finalised ahead (``prepare``) and its rows are taken from merged and
+        pending chunks alike (``close``).
+        """
+        if self._pending_rows and self._pending_rows * TIDY_SHARE >= self.rows:
+            self.compact()
 
     def compact(self) -> None:
         """Merge all pending state into one sorted set of arrays (the form ``close`` needs).

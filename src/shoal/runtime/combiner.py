@@ -51,7 +51,7 @@ from typing import Any, Final
 import orjson
 import polars as pl
 
-from shoal.broker import default_session_factory
+from shoal.broker import default_output_session_factory, default_session_factory
 from shoal.broker.held import HeldSession
 from shoal.broker.session import Message, Session, SessionFactory
 from shoal.broker.settings import BrokerSettings
@@ -205,7 +205,9 @@ def rooted_client_id(topics: Topics, name: str) -> str:
 class CombinerRuntime:
     """Runs one combiner partition until ``stop`` (see the module docstring).
 
-    ``session_factory`` opens its MQTT sessions (default: ``default_session_factory()``).
+    ``session_factory`` opens its intake session (default: ``default_session_factory()``),
+    ``output_session_factory`` the one it publishes on (default: ``session_factory`` when
+    given, else ``default_output_session_factory()``).
     """
 
     def __init__(
@@ -215,6 +217,7 @@ class CombinerRuntime:
         *,
         session_factory: SessionFactory | None = None,
         log_writer: LogWriter | None = None,
+        output_session_factory: SessionFactory | None = None,
     ) -> None:
         self.config = config
         self.clock = clock or SystemClock()
@@ -227,6 +230,9 @@ class CombinerRuntime:
         self._log_failure: BaseException | None = None
         self._ticks_failed: asyncio.Future[None] | None = None
         """While serving with ``host_ticks``: fails with the error of a tick."""
+        self._connect_outputs = output_session_factory or (
+            session_factory or default_output_session_factory()
+        )
         self.chain = self._new_chain()
         self._stop = asyncio.Event()
         self._unacked: list[asyncio.Future[None]] = []
@@ -387,7 +393,7 @@ class CombinerRuntime:
         Its client id follows the intake's, so a second combiner for the partition takes
         this one over too. Clean: nothing is ever delivered to it.
         """
-        return self._connect(self.config.broker, f"{self.config.client_id}-out")
+        return self._connect_outputs(self.config.broker, f"{self.config.client_id}-out")
 
     async def _run_term(self) -> None:
         """One ownership term: session, then lock, restore, serve; never reconnects."""
@@ -1065,11 +1071,10 @@ class CombinerRuntime:
         self._report_function_failures(session)
         if self._unacked:
             self._unacked = [f for f in self._unacked if not f.done() or f.exception() is not None]
-        # Merge pending state between messages (incrementally, so it is cheap), so that
-        # closing a window finds almost nothing left to merge.
+        # Merge pending state between messages once enough is pending (``tidy``: each
+        # merge sorts the whole state); closing finds its windows finalised ahead.
         for stage in self.chain.stages:
-            if stage.core.state.pending_rows:
-                stage.core.state.compact()
+            stage.core.state.tidy()
         self._render_ahead()
 
     def _render_ahead(self) -> None:

@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shoal.broker import default_session_factory
+from shoal.broker import default_output_session_factory, default_session_factory
 from shoal.broker.session import Message, Session, SessionFactory, Will
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
@@ -157,6 +157,7 @@ class CombinerHost:
         self.config = config
         self.clock = clock or SystemClock()
         self._connect = session_factory or default_session_factory()
+        self._connect_outputs = session_factory or default_output_session_factory()
         self.follower = DocumentFollower(config.topics)
         self.deployed: dict[str, tuple[int, PipelineSpec]] = {}
         self._made_at: dict[str, int] = {}  # name -> when its current version was made
@@ -448,7 +449,12 @@ class CombinerHost:
             receive_maximum=self.config.receive_maximum,
             host_ticks=True,
         )
-        runtime = CombinerRuntime(config, self.clock, session_factory=self._connect)
+        runtime = CombinerRuntime(
+            config,
+            self.clock,
+            session_factory=self._connect,
+            output_session_factory=self._connect_outputs,
+        )
         self.terms[slot] = _Term(runtime, asyncio.create_task(runtime.run()), version)
         self.counters.terms_started += 1
         log.info("combiner pool %s: taking %s/%d v%d", self.me, name, partition, version)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from shoal.processors.aggregates import AGGREGATES
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder, PartialRows
 from shoal.processors.spec import PipelineSpec
-from shoal.processors.state import WindowState
+from shoal.processors.state import TIDY_SHARE, WindowState
 from tests.support.datasets import frame_of
 from tests.unit.processors.test_registry import (
     WINDOW_EXAMPLES,
@@ -96,3 +96,28 @@ def test_prepared_peeked_and_closed_windows_equal_the_reference(
         assert got.height == expected.height
         if got.height:
             assert_same(got, expected, spec)
+
+
+def test_tidy_merges_only_once_pending_rows_are_a_share_of_the_state() -> None:
+    """A combiner's tick calls ``tidy``: a merge sorts everything held, so it waits until the
+    rows appended since the last one are 1/``TIDY_SHARE`` of all; the results are the same."""
+    spec = spec_of({"kind": "tumbling", "size_ms": 1_000}, ["count", "mean", "p50"])
+    first = [(f"k{i}", 10, float(i)) for i in range(400)]  # 400 keys: the merged base
+    small = [[(f"k{i}", 20 + b, float(i + b)) for i in range(40)] for b in range(12)]
+    batches = [first, *small]
+    partials = partial_rows(spec, batches)
+    state = WindowState(spec, spec.plan())
+    state.add(partials[0])
+    state.tidy()  # all of it pending: merged
+    assert state.pending_rows == 0
+    tidied = []
+    for partial in partials[1:]:
+        state.add(partial)
+        pending = state.pending_rows
+        due = pending * TIDY_SHARE >= state.rows
+        state.tidy()
+        assert state.pending_rows == (0 if due else pending)
+        tidied.append(due)
+    assert not tidied[0]  # one small partial next to 400 keys waits
+    assert any(tidied)  # a few of them are worth a merge
+    assert_same(state.close(2**62).frame, reference(spec, batches), spec)
