@@ -11,8 +11,9 @@
 // inflight/receive maximum), persistent sessions in a bbolt file, and, when users are
 // given, password authentication and per-user ACL rules with Mosquitto's semantics (a
 // union of grants, everything else denied). Workarounds for Mochi 2.7.9 defects shoal found
-// are in store.go and will.go, and in the hooks below. SIGHUP re-reads the users from the config
-// file; SIGTERM/SIGINT close the server (the store is written as it changes).
+// are in store.go, sessions.go, takeover.go, wildcard.go and will.go, and in the hooks
+// below. SIGHUP re-reads the users from the config file; SIGTERM/SIGINT close the server
+// (the store is written as it changes).
 package main
 
 import (
@@ -481,7 +482,10 @@ func newServer(cfg *Config, logger *slog.Logger) (*built, error) {
 	if cfg.StoreFile != "" {
 		// NoSync: every change is written to the file (the page cache) at once, so a killed
 		// broker loses nothing; only a machine crash can lose the last writes.
-		store = new(boltStore)
+		store = &boltStore{restored: func(id string) bool {
+			_, ok := server.Clients.Get(id)
+			return ok
+		}}
 		err := server.AddHook(store, &bolt.Options{
 			Path:    cfg.StoreFile,
 			Options: &bbolt.Options{Timeout: 2 * time.Second, NoSync: true},
@@ -489,6 +493,9 @@ func newServer(cfg *Config, logger *slog.Logger) (*built, error) {
 		if err != nil {
 			return nil, fmt.Errorf("store %s: %w", cfg.StoreFile, err)
 		}
+	}
+	if err := server.AddHook(&expiryHook{server: server}, nil); err != nil {
+		return nil, err
 	}
 	if err := server.AddHook(flow, nil); err != nil {
 		return nil, err

@@ -37,10 +37,23 @@ import (
 	"github.com/mochi-mqtt/server/v2/packets"
 )
 
-// boltStore is Mochi's bolt storage hook with the in-flight packet identifiers restored.
+// boltStore is Mochi's bolt storage hook with the in-flight packet identifiers restored, and
+// only the records of restored sessions loaded (sessions.go).
 type boltStore struct {
 	bolt.Hook
+	// restored: whether the server restored the session of a client id. Mochi loads the
+	// stored clients before their subscriptions and in-flight messages, so the server's
+	// clients answer it (newServer sets it; nil: every record is loaded).
+	restored func(clientID string) bool
+	started  atomic.Bool  // the store is loaded: records are read as they are from then on
+	orphans  atomic.Int64 // records of ended sessions not loaded (and deleted) at start-up
 }
+
+// Provides: bolt's events, and OnStarted (the store is loaded).
+func (h *boltStore) Provides(b byte) bool { return b == mqtt.OnStarted || h.Hook.Provides(b) }
+
+// OnStarted: Mochi has loaded the store.
+func (h *boltStore) OnStarted() { h.started.Store(true) }
 
 // OnQosPublish stores a message sent for the first time. Mochi calls it again for every
 // message it re-sends to a reconnecting session (DUP set), rewriting the same record (its
@@ -81,7 +94,8 @@ func isInboundAck(pk packets.Packet) bool {
 	return pk.FixedHeader.Type == packets.Puback && pk.Created != 0
 }
 
-// StoredInflightMessages returns the stored in-flight messages, each with its packet id.
+// StoredInflightMessages returns the stored in-flight messages of the restored sessions,
+// each with its packet id.
 func (h *boltStore) StoredInflightMessages() ([]storage.Message, error) {
 	messages, err := h.Hook.StoredInflightMessages()
 	for i := range messages {
@@ -89,7 +103,10 @@ func (h *boltStore) StoredInflightMessages() ([]storage.Message, error) {
 			messages[i].PacketID = packetIDFromKey(messages[i].ID)
 		}
 	}
-	return messages, err
+	if err != nil {
+		return messages, err
+	}
+	return h.storedInflightOfRestored(messages), nil
 }
 
 // packetIDFromKey reads the packet id at the end of an in-flight record's key

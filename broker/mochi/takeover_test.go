@@ -52,9 +52,15 @@ type broker struct {
 // free port.
 func startBroker(t *testing.T, probe *probeHook) *broker {
 	t.Helper()
+	return startBrokerOn(t, filepath.Join(t.TempDir(), "mochi.db"), probe)
+}
+
+// startBrokerOn: startBroker on the store file `store` (a new one, or one left behind).
+func startBrokerOn(t *testing.T, store string, probe *probeHook) *broker {
+	t.Helper()
 	cfg := &Config{
 		AllowAnonymous:       true,
-		StoreFile:            filepath.Join(t.TempDir(), "mochi.db"),
+		StoreFile:            store,
 		MaximumInflight:      65535,
 		ReceiveMaximum:       65535,
 		MaximumClientWrites:  65535,
@@ -97,6 +103,12 @@ type client struct {
 
 func dial(t *testing.T, addr, id string, receiveMaximum uint16) (*client, packets.Packet) {
 	t.Helper()
+	return dialSession(t, addr, id, receiveMaximum, 3600)
+}
+
+// dialSession: dial with a session expiry interval (0: the session ends with the connection).
+func dialSession(t *testing.T, addr, id string, receiveMaximum uint16, expiry uint32) (*client, packets.Packet) {
+	t.Helper()
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -113,7 +125,7 @@ func dial(t *testing.T, addr, id string, receiveMaximum uint16) (*client, packet
 			ClientIdentifier: id,
 		},
 		Properties: packets.Properties{
-			SessionExpiryInterval:     3600,
+			SessionExpiryInterval:     expiry,
 			SessionExpiryIntervalFlag: true,
 			ReceiveMaximum:            receiveMaximum,
 		},
