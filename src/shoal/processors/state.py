@@ -554,7 +554,12 @@ class WindowState:
         if not dropping:
             return 0
         self._prepared = None
-        slot_arr = np.array(sorted(dropping), dtype=np.int64)
+        self._discard(dropping)
+        return len(dropping)
+
+    def _discard(self, slots: list[int]) -> None:
+        """Remove the state rows and sketch cells of ``slots`` and release them."""
+        slot_arr = np.array(sorted(slots), dtype=np.int64)
         _take_slots(
             self._groups, self._columns, KEY_BITS, slot_arr, first_sorted=self._groups_merged
         )
@@ -563,8 +568,7 @@ class WindowState:
             self._cells, counts, KEY_BITS + BUCKET_BITS, slot_arr, first_sorted=self._cells_merged
         )
         self._counts = [c["count"] for c in counts]
-        self._release(dropping)
-        return len(dropping)
+        self._release(slots)
 
     def _drop_with_panes(self, through_ms: int) -> int:
         """``drop`` with panes: windows' own slots, and panes whose windows all ended."""
@@ -573,20 +577,7 @@ class WindowState:
         self._prepared = None
         dropping = [slot for slot, (_, _, end) in self._slot_info.items() if end <= through_ms]
         if dropping:
-            slot_arr = np.array(sorted(dropping), dtype=np.int64)
-            _take_slots(
-                self._groups, self._columns, KEY_BITS, slot_arr, first_sorted=self._groups_merged
-            )
-            counts = [{"count": c} for c in self._counts]
-            _take_slots(
-                self._cells,
-                counts,
-                KEY_BITS + BUCKET_BITS,
-                slot_arr,
-                first_sorted=self._cells_merged,
-            )
-            self._counts = [c["count"] for c in counts]
-            self._release(dropping)
+            self._discard(dropping)
         self.panes.drop(through_ms)  # a pane's slot ends with its newest window
         if held:
             # Not ``through_ms`` itself: after a flush (2**62) rows of later windows are
