@@ -117,3 +117,51 @@ def test_count_and_session_windows(postgres: EmbeddedPostgres) -> None:
     table = read_table(postgres.dsn, "visits").sort("key")
     assert table["end"].to_list() == [r["end"] for r in session["results"]]
     assert table["slot"].to_list() == [session["start"]] * 2
+
+
+def test_a_session_retraction_is_stored_with_no_rows_and_its_new_start(
+    postgres: EmbeddedPostgres,
+) -> None:
+    """A late piece moved t2's session to an earlier start: revision 2 of the old start's
+    message retracts t2 (rows 0, ``superseded_by`` the new start) and the new start's message
+    holds the session. Latest revision wins per (window, start, key) in any order, so the
+    old row becomes the retraction and never comes back; copies change nothing."""
+    first = golden("result-window-session.json")
+    retraction = golden("result-window-session-correction.json")
+    moved_to = retraction["results"][1]["superseded_by"]
+    moved = {
+        **first,
+        "start": moved_to,
+        "end": first["results"][1]["end"],
+        "keys": 1,
+        "rows": 3,
+        "emitted_at": retraction["emitted_at"],
+        "results": [{**first["results"][1], "rows": 3, "count": 3, "mean": 5.0}],
+    }
+    orders = {
+        "in_order": [first, retraction, moved, retraction],
+        "retraction_first": [moved, retraction, first],
+    }
+    for table, order in orders.items():
+        sink = PostgresSink(PostgresConfig(postgres.dsn, "visits", f"visits_{table}"))
+        write(sink, *order)
+        got = read_table(postgres.dsn, f"visits_{table}")
+        rows = {(r["slot"], r["key"]): r for r in got.iter_rows(named=True)}
+        assert set(rows) == {(first["start"], "t1"), (first["start"], "t2"), (moved_to, "t2")}
+        gone = rows[(first["start"], "t2")]
+        assert (gone["revision"], gone["rows"], gone["batches"], gone["count"]) == (2, 0, 0, 0)
+        assert gone["mean"] is None
+        assert gone["superseded_by"] == moved_to
+        assert gone["correction"] is True
+        kept = rows[(first["start"], "t1")]
+        assert (kept["revision"], kept["rows"], kept["superseded_by"]) == (2, 3, None)
+        new = rows[(moved_to, "t2")]
+        assert (new["revision"], new["rows"], new["start"]) == (1, 3, moved_to)
+        assert new["superseded_by"] is None
+        assert sink.stats.rows_unchanged == 2  # the copy, or revision 1 after revision 2
+    with psycopg.connect(postgres.dsn) as conn:
+        kind = conn.execute(
+            "SELECT data_type FROM information_schema.columns "
+            "WHERE table_name = 'visits_in_order' AND column_name = 'superseded_by'"
+        ).fetchone()
+    assert kind == ("bigint",)  # an epoch-ms start, exact

@@ -68,6 +68,24 @@ def fan_out(  # noqa: PLR0917 - the kernel's inputs, as partial_state takes them
         as (index into the groups, bucket, count), or None).
     """
     g, state, sketch = partial_state(pane * width + key, ts, value, fields, bucket)
+    return fan_out_state(g, state, sketch, fan, width, fields)
+
+
+def fan_out_state(  # noqa: PLR0917 - fan_out's second half, with its inputs
+    g: Int64Array,
+    state: dict[str, npt.NDArray[Any]],
+    sketch: Sketch | None,
+    fan: int,
+    width: int,
+    fields: Sequence[FieldKernels],
+) -> tuple[Int64Array, dict[str, npt.NDArray[Any]], Sketch | None]:
+    """``fan_out`` from one batch's state per (pane slot, key) instead of its rows.
+
+    ``g``: group ids ``pane slot * width + key``, ascending and unique; ``state`` aligned with
+    them; ``sketch`` (index into ``g`` ascending, bucket, count) or None. A combiner uses it
+    to turn a batch's pane partial into the window rows a worker used to send
+    (``partials.expand_panes``).
+    """
     windows, ranges, chosen = _pane_ranges(g // width, fan)
     rg, rstate, rsketch = _range_state(g, state, sketch, ranges, width, fields)
     # Every window takes its range's block of state rows (sorted by key), in slot order.

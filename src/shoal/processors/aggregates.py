@@ -253,6 +253,19 @@ BATCHES = StateField(
     partial_np=_ones,
     merge_np=_reduce(np.add, "batches"),
 )
+PANE_CONTINUED = StateField(
+    "continued",
+    "int",
+    partial=pl.lit(0, dtype=pl.Int64),
+    merge=pl.col("continued").sum(),
+    partial_np=lambda runs: np.zeros(len(runs.starts), dtype=np.int64),
+    merge_np=_reduce(np.add, "continued"),
+)
+"""A combiner's pane state only (``state.WindowState``, panes of sliding windows): batches
+with a row in this pane whose previous pane with a row of the key is the one just before; a
+pane's ``batches`` then counts the batches whose run of consecutive panes starts here, so a
+window's distinct batches are its panes' ``batches`` plus its first pane's ``continued``.
+Not in ``STATE_FIELDS``: never in partials or plans."""
 SUM = _folded("sum", np.add, pl.Expr.sum)
 MIN = _folded("min", np.minimum, pl.Expr.min)
 MAX = _folded("max", np.maximum, pl.Expr.max)

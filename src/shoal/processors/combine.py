@@ -72,7 +72,13 @@ from shoal.clock import Clock
 from shoal.errors import SchemaError, StateCapError, UsageError
 from shoal.processors.close_log import CloseLog, Decision, LogWrite
 from shoal.processors.count import CountState
-from shoal.processors.partials import EventRows, Partial, PartialRows, spec_fingerprint
+from shoal.processors.partials import (
+    EventRows,
+    Partial,
+    PartialRows,
+    pane_partials,
+    spec_fingerprint,
+)
 from shoal.processors.progress import GatewayProgress, ProgressTracker
 from shoal.processors.session_state import SessionClose, SessionState
 from shoal.processors.spec import PipelineSpec
@@ -210,6 +216,7 @@ class Combiner:
         self._sessions_revising = False  # session pieces behind the close since the last one
         self._field_names = frozenset(self.plan.field_names)
         self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
+        self._pane_mode = np.array(pane_partials(spec), dtype=np.bool_)
         self._names = [w.name for w in spec.windows]
         self._session_names = frozenset(self._names[i] for i in self.sessions.windows)
         self._prepared_for: int | None = None
@@ -342,6 +349,8 @@ class Combiner:
         rows = partial.rows
         if partial.events is not None:
             late = self._apply_events(batch.gateway_id, batch.seq, partial.events)
+        if rows is not None and len(rows) and self._pane_mode.any():
+            rows = self._apply_panes(rows, self.tracker.watermark(batch.gateway_id))
         if rows is not None and len(rows):
             wm_before = self.tracker.watermark(batch.gateway_id)
             end = rows.start + self._sizes[rows.window.astype(np.int64)]
@@ -385,6 +394,24 @@ class Combiner:
         offset = batch.received_at_ms - batch.sent_at_ms if batch.sent_at_ms > 0 else None
         self.tracker.applied(batch.gateway_id, batch.max_ts, now, clock_offset_ms=offset)
         return late
+
+    def _apply_panes(self, rows: PartialRows, wm_before: int | None) -> PartialRows | None:
+        """Take a batch's pane rows into the pane state if on time; the rows left to apply.
+
+        On time: the oldest window of every pane (ending a step after the pane's start) is
+        neither ``lateness_ms`` behind the gateway's earlier data nor closed
+        (``WindowState.take_panes``, which expands the rows into window rows otherwise).
+        """
+        lateness, closed = self.spec.lateness_ms, self.closed_through
+
+        def on_time(oldest_end: npt.NDArray[np.int64]) -> bool:
+            return (wm_before is None or bool((oldest_end + lateness > wm_before).all())) and (
+                closed is None or bool((oldest_end > closed).all())
+            )
+
+        rest, memberships = self.state.take_panes(rows, on_time)
+        self.counters.rows_applied += memberships
+        return rest
 
     def _apply_events(self, gateway_id: str, seq: int, events: EventRows) -> LateRows | None:
         """Count windows: buffer a batch's on-time rows; the late ones are reported.
@@ -861,6 +888,7 @@ class Combiner:
             raise UsageError(f"{self.spec.name}: no snapshot while the close log is replayed")
         generation = self.close_log.mark(self._vector())
         state = self.state.snapshot_rows()
+        panes, panes_forgotten = self.state.snapshot_panes()
         sessions = self.sessions.snapshot_rows()
         gateways = [
             {
@@ -895,6 +923,14 @@ class Combiner:
                 "counters": asdict(self.counters),
                 "gateways": gateways,
                 "state": None if state is None else state.pack(),
+                **(
+                    {}
+                    if panes is None and panes_forgotten is None
+                    else {
+                        "panes": None if panes is None else panes.pack(),
+                        "panes_forgotten": panes_forgotten,
+                    }
+                ),
                 "sessions": None if sessions is None else sessions.pack(),
                 **({} if self.counts is None else {"counts": self.counts.snapshot()}),
                 **({"alerts": self.alerts.snapshot()} if self.spec.alerts else {}),
@@ -966,6 +1002,10 @@ class Combiner:
             progress.released = g.get("released", False)
             self.tracker.gateways[progress.gateway_id] = progress
         self.state.restore(None if obj["state"] is None else PartialRows.unpack(obj["state"]))
+        panes = obj.get("panes")
+        self.state.restore_panes(
+            None if panes is None else PartialRows.unpack(panes), obj.get("panes_forgotten")
+        )
         sessions = obj.get("sessions")  # after the state: it shares the state's key ids
         self.sessions.restore(
             None if sessions is None else PartialRows.unpack(sessions),

@@ -237,16 +237,18 @@ class _EntryStore:
         self.chunks: list[_Chunk] = []
         self._squash = squash
         self._floor = 0
+        self._held = 0  # entries in the chunks, dead runs included
 
     def __len__(self) -> int:
-        return sum(len(c.entries) for c in self.chunks)
+        return self._held
 
     def add(self, entries: _Entries) -> None:
         """Entries of this step."""
         if len(entries):
             self.chunks.append(_Chunk.of(entries))
-            if len(self) > 2 * self._floor + 65_536 or len(self.chunks) > MAX_ENTRY_CHUNKS:
-                self.replace(self.all())
+            self._held += len(entries)
+            if self._held > 2 * self._floor + 65_536 or len(self.chunks) > MAX_ENTRY_CHUNKS:
+                self._hold(self.all())
 
     def take(self, keys: Int64Array) -> _Entries:
         """Take out every entry of ``keys`` (sorted, unique)."""
@@ -254,6 +256,7 @@ class _EntryStore:
             return _Entries.empty()
         parts = [e for e in (c.take(keys) for c in self.chunks) if e is not None]
         self.chunks = [c for c in self.chunks if c.alive.any()]
+        self._held = sum(len(c.entries) for c in self.chunks)
         return _Entries.concat(parts)
 
     def all(self) -> _Entries:
@@ -269,17 +272,63 @@ class _EntryStore:
 
     def replace(self, entries: _Entries) -> None:
         """Hold exactly ``entries`` (repeats merged)."""
-        entries = self._squash(entries)
+        self._hold(self._squash(entries))
+
+    def _hold(self, entries: _Entries) -> None:
+        """Hold exactly ``entries``, whose repeats are merged already (one squash, not two)."""
         self.chunks = [_Chunk.of(entries)] if len(entries) else []
-        self._floor = len(entries)
+        self._floor = self._held = len(entries)
 
 
 def _distinct(entries: _Entries) -> _Entries:
-    """Batch entries: each (key, gateway, seq) once.
+    """Batch entries: each (key, gateway, seq) once, sorted by (key, gateway, seq).
 
-    Repeats next to each other (a key's rows of one batch, in event order) go first, with
-    one linear pass, so that the sort sees about one entry per key and batch.
+    The three columns are packed into one int64 when their spans fit (gateway ids are
+    dense, seqs of one step close together: always, in practice), so one sort of one column
+    does what a three-key ``lexsort`` would; repeats next to each other (a key's rows of one
+    batch, in event order) are dropped first with one linear pass, so that the sort sees
+    about one entry per key and batch.
     """
+    packed = _pack_entries(entries)
+    if packed is None:
+        return _distinct_lexsort(entries)
+    values, shift_a, shift_b, base_b = packed
+    if len(values) > 1:
+        values = values[np.concatenate(([True], values[1:] != values[:-1]))]
+    values = np.sort(values)
+    if len(values) > 1:
+        values = values[np.concatenate(([True], values[1:] != values[:-1]))]
+    mask_b = (1 << shift_b) - 1
+    return _Entries(
+        (values >> shift_a).astype(np.int32),
+        (values >> shift_b) & ((1 << (shift_a - shift_b)) - 1),
+        (values & mask_b) + base_b,
+    )
+
+
+def _pack_entries(entries: _Entries) -> tuple[Int64Array, int, int, int] | None:
+    """Entries as one non-negative int64 ``key << shift_a | a << shift_b | (b - base_b)``.
+
+    Ordered as (key, a, b); returns (packed, shift_a, shift_b, base_b), or None when the
+    columns' spans do not fit in 63 bits (or ``key`` or ``a`` is negative).
+    """
+    if len(entries) == 0:
+        return None
+    key, a, b = entries.key, entries.a, entries.b
+    if int(key.min()) < 0 or int(a.min()) < 0:
+        return None
+    base_b = int(b.min())
+    bits_b = max(1, (int(b.max()) - base_b).bit_length())
+    bits_a = max(1, int(a.max()).bit_length())
+    if int(key.max()).bit_length() + bits_a + bits_b > 63:
+        return None
+    shift_b, shift_a = bits_b, bits_a + bits_b
+    values = (key.astype(np.int64) << shift_a) | (a.astype(np.int64) << shift_b) | (b - base_b)
+    return values, shift_a, shift_b, base_b
+
+
+def _distinct_lexsort(entries: _Entries) -> _Entries:
+    """``_distinct`` for entries whose columns do not pack into one int64."""
     key, a, b = entries.key, entries.a, entries.b
     if len(key) > 1:
         fresh = np.ones(len(key), dtype=bool)
@@ -424,17 +473,17 @@ class CountState:
         each window's last row lies in it). With ``flush``, every key's unfinished window is
         emitted too, with fewer than ``n`` rows.
         """
-        final = self._take_final(threshold, flush=flush)
+        final = self._in_event_order(self._take_final(threshold, flush=flush))
         if len(final) == 0 and not flush:
             return self.empty_result()
-        final = final.take(self._event_order(final))
         frames = [self._fill(i, final, span, flush=flush) for i in range(len(self.windows))]
         frames = [f for f in frames if f.height]
         return pl.concat(frames) if frames else self.empty_result()
 
-    def _take_final(self, threshold: int, *, flush: bool) -> _Rows:
+    def _take_final(self, threshold: int, *, flush: bool) -> list[_Rows]:
+        """The buffered rows with ``ts < threshold`` (all when ``flush``), as chunks."""
         if flush:
-            final, self._pending = _Rows.concat(self._pending), []
+            final, self._pending = self._pending, []
             return final
         taken: list[_Rows] = []
         kept: list[_Rows] = []
@@ -448,18 +497,43 @@ class CountState:
             else:
                 kept.append(chunk)
         self._pending = kept
-        return _Rows.concat(taken)
+        return taken
 
-    def _event_order(self, rows: _Rows) -> Int64Array:
-        """Positions of ``rows`` sorted by key, then ``COUNT_ORDER`` (gateways by name)."""
+    def _gateway_ranks(self) -> Int64Array:
+        """Per gateway id, its rank among the gateways' names (``COUNT_ORDER`` sorts by name)."""
         names = self._gateway_names
         rank = np.empty(len(names), dtype=np.int64)
         rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
+        return rank
+
+    def _in_event_order(self, chunks: list[_Rows]) -> _Rows:
+        """Buffered chunks as one set of rows sorted by key, then ``COUNT_ORDER``.
+
+        Each chunk is one batch's rows (one gateway and seq) in row order, as ``add`` buffers
+        them. Concatenated in (gateway name, seq) order, the rows are in (gateway, seq, row)
+        order already, so one stable sort by (key, ts), packed into one int64 with the
+        position as tie-break, gives the order ``_event_order``'s five-key ``lexsort`` does
+        (which it falls back to for chunks of another shape, or spans that do not pack).
+        """
+        chunks = [c for c in chunks if len(c)]
+        rank = self._gateway_ranks()
+        batches = [(int(rank[c.gateway[0]]), int(c.seq[0])) for c in chunks]
+        if not all(_one_batch(c) for c in chunks) or len(set(batches)) != len(batches):
+            rows = _Rows.concat(chunks)
+            return rows.take(self._event_order(rows))
+        by_batch = sorted(range(len(chunks)), key=batches.__getitem__)
+        rows = _Rows.concat([chunks[i] for i in by_batch])
+        order = _key_ts_order(rows)
+        return rows if order is None else rows.take(order)
+
+    def _event_order(self, rows: _Rows) -> Int64Array:
+        """Positions of ``rows`` sorted by key, then ``COUNT_ORDER`` (gateways by name)."""
+        rank = self._gateway_ranks()
         order: Int64Array = np.lexsort(
             (
                 rows.row,
                 rows.seq,
-                rank[rows.gateway] if len(names) else rows.gateway,
+                rank[rows.gateway] if len(rank) else rows.gateway,
                 rows.ts,
                 rows.key,
             )
@@ -715,6 +789,45 @@ def _number(held: _Unfinished, final: _Rows, n: int, *, flush: bool) -> _Groups:
         first_ts=first_ts,
         last_ts=np.concatenate((final.ts[last], held.last_ts[extra])),
     )
+
+
+def _one_batch(chunk: _Rows) -> bool:
+    """Whether ``chunk`` holds rows of one batch only (one gateway and seq), in row order."""
+    if len(chunk) < 2:
+        return True
+    return bool(
+        (chunk.gateway == chunk.gateway[0]).all()
+        and (chunk.seq == chunk.seq[0]).all()
+        and (chunk.row[1:] > chunk.row[:-1]).all()
+    )
+
+
+def _key_ts_order(rows: _Rows) -> Int64Array | None:
+    """A stable order of ``rows`` by (key, ts) (None: already in it).
+
+    (key, ts, position) packed into one int64 when they fit (one unstable sort of unique
+    values); else a stable argsort of (key, ts) packed; else a two-key ``lexsort``.
+    """
+    n = len(rows)
+    if n < 2:
+        return None
+    key = rows.key.astype(np.int64)
+    low = int(rows.ts.min())
+    bits_ts = max(1, (int(rows.ts.max()) - low).bit_length())
+    bits_key = max(1, int(key.max()).bit_length())
+    if int(key.min()) < 0 or bits_key + bits_ts > 63:
+        by_two: Int64Array = np.lexsort((rows.ts, key))
+        return by_two
+    packed = (key << bits_ts) | (rows.ts - low)
+    if (packed[1:] >= packed[:-1]).all():
+        return None
+    bits_pos = (n - 1).bit_length()
+    if bits_key + bits_ts + bits_pos <= 63:
+        sorted_ = np.sort((packed << bits_pos) | np.arange(n, dtype=np.int64))
+        result: Int64Array = sorted_ & ((1 << bits_pos) - 1)
+        return result
+    stable: Int64Array = np.argsort(packed, kind="stable")
+    return stable
 
 
 def _row_batches(final: _Rows, g: _Groups) -> _Entries:

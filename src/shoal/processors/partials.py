@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
@@ -27,8 +28,8 @@ import numpy.typing as npt
 import polars as pl
 
 from shoal.errors import ConfigError, SchemaError
-from shoal.processors._kernels import partial_state
-from shoal.processors._panes import fan_out
+from shoal.processors._kernels import FieldKernels, partial_state
+from shoal.processors._panes import fan_out, fan_out_state
 from shoal.processors.aggregates import LAST_TS, STATE_FIELDS
 from shoal.processors.sessions import SESSION_KIND, SessionRule
 from shoal.processors.sketch import LogBuckets
@@ -79,12 +80,79 @@ def _window_print(window: WindowSpec) -> tuple[object, ...]:
     """
     aligned = (window.name, window.size_ms, window.slide_ms)
     if window.kind == "sliding":
-        return (*aligned, window.kind)
+        # "panes": partials carry state per pane, not per window (``pane_partials``).
+        return (*aligned, window.kind, "panes")
     if window.by_count:
         return (*aligned, window.kind, window.count)
     if window.kind != SESSION_KIND:
         return aligned
     return (*aligned, window.kind, window.gap_ms, window.max_duration_ms)
+
+
+def pane_partials(spec: PipelineSpec) -> list[bool]:
+    """Per window of ``spec``, whether its partials carry state per *pane*, not per window.
+
+    Sliding windows of more than one step, in specs without session windows (whose
+    partials carry a per-row ``last`` that panes do not): a worker sends one state row per
+    (pane of ``step_ms``, key) with ``start`` the pane's start, instead of ``size/step``
+    window rows, and the combiner keeps panes and assembles each window from its panes when
+    it closes (``state.WindowState``; docs/architecture.md "Panes in the combiner"). The
+    fingerprint of a sliding window says so (``_window_print``): a worker and a combiner of
+    different versions never mix the two forms.
+    """
+    if any(w.kind == SESSION_KIND for w in spec.windows):
+        return [False] * len(spec.windows)
+    return [w.kind == "sliding" and w.windows_per_row > 1 for w in spec.windows]
+
+
+def expand_panes(
+    rows: PartialRows, spec: PipelineSpec, fields: Sequence[FieldKernels]
+) -> PartialRows:
+    """The window rows a batch's pane rows stand for (``pane_partials``).
+
+    Per window, the merge of the batch's panes it holds, ``batches`` 1, as a worker computes
+    them for hopping windows (``_panes.fan_out_state``). ``rows``: pane rows of one batch,
+    each (window, start, key) once.
+    """
+    parts: list[PartialRows] = []
+    for index in np.unique(rows.window).tolist():
+        window = spec.windows[index]
+        fan, slide = window.windows_per_row, window.slide_ms
+        mine = rows.take(np.flatnonzero(rows.window == index))
+        key_ids = np.empty(len(mine), dtype=np.int64)
+        names: dict[str | None, int] = {}
+        for i, key in enumerate(mine.keys):
+            key_ids[i] = names.setdefault(key, len(names))
+        width = len(names)
+        pane = mine.start // slide
+        lowest = int(pane.min())
+        g = (pane - lowest) * width + key_ids
+        order = np.argsort(g, kind="stable")
+        mine, g = mine.take(order), g[order]
+        sketch = None
+        if mine.sketch_row is not None:
+            assert mine.sketch_bucket is not None
+            assert mine.sketch_count is not None
+            by_row = np.argsort(mine.sketch_row, kind="stable")
+            sketch = (
+                mine.sketch_row[by_row],
+                mine.sketch_bucket[by_row],
+                mine.sketch_count[by_row],
+            )
+        out_g, state, out_sketch = fan_out_state(g, dict(mine.fields), sketch, fan, width, fields)
+        key_names = list(names)
+        parts.append(
+            PartialRows(
+                window=np.full(len(out_g), index, dtype=np.uint8),
+                start=(out_g // width + lowest - (fan - 1)) * slide,
+                keys=[key_names[i] for i in (out_g % width).tolist()],
+                fields=state,
+                sketch_row=None if out_sketch is None else out_sketch[0],
+                sketch_bucket=None if out_sketch is None else out_sketch[1],
+                sketch_count=None if out_sketch is None else out_sketch[2],
+            )
+        )
+    return concat_rows(parts)
 
 
 def session_rule(window: WindowSpec) -> SessionRule | None:
@@ -559,6 +627,7 @@ class PartialBuilder:
             for w, rule in zip(spec.windows, self._rules, strict=True)
         ]
         self._has_sessions = any(rule is not None for rule in self._rules)
+        self._panes = pane_partials(spec)
         # With sessions, aligned groups carry ``last`` too: the LAST_TS kernel computes it
         # with the state (merged per pane like any field), dropped from the fields unless
         # the plan has it.
@@ -707,7 +776,11 @@ class PartialBuilder:
                 rows_ts, rows_value = np.repeat(ts, per_row), np.repeat(value, per_row)
                 rows_key = np.repeat(key_ids, per_row)
                 rows_bucket = None if bucket_all is None else np.repeat(bucket_all, per_row)
-            if assigned.fan > 1:  # hopping: state per pane, then per window (``_panes``)
+            pane_start = 0  # pane partials: a pane's start is its newest window's
+            if self._panes[index]:
+                pane_start = (assigned.fan - 1) * assigned.step
+            if assigned.fan > 1 and not self._panes[index]:
+                # hopping: state per pane, then per window (``_panes``)
                 g, state, sketch = fan_out(
                     assigned.slot,
                     assigned.fan,
@@ -730,7 +803,7 @@ class PartialBuilder:
             parts.append(
                 PartialRows(
                     window=np.full(len(g), index, dtype=np.uint8),
-                    start=assigned.starts(g // width),
+                    start=assigned.starts(g // width) + pane_start,
                     keys=_names_of(key_names, g % width),
                     fields=state,
                     sketch_row=None if sketch is None else sketch[0],
@@ -739,7 +812,7 @@ class PartialBuilder:
                     last=last,
                 )
             )
-        return self._split(batch, _concat(parts), now_ms)
+        return self._split(batch, concat_rows(parts), now_ms)
 
     def rejected(self, batch: BatchInfo, now_ms: int) -> list[Partial]:
         """Empty partials marking a dead-lettered batch as handled (it still advances seq)."""
@@ -783,7 +856,7 @@ def _names_of(names: list[str | None], ids: npt.NDArray[np.int64]) -> list[str |
     return [names[i] for i in ids.tolist()]
 
 
-def _concat(parts: list[PartialRows]) -> PartialRows:
+def concat_rows(parts: list[PartialRows]) -> PartialRows:
     """One ``PartialRows`` from several (sketch rows renumbered)."""
     if len(parts) == 1:
         return parts[0]

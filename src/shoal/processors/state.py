@@ -10,8 +10,8 @@ applied", whatever the order.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import numpy as np
@@ -29,8 +29,15 @@ from shoal.processors._kernels import (
     merge_cells,
     merge_state,
 )
-from shoal.processors.aggregates import LAST_TS, QUANTILES, AggregatePlan
-from shoal.processors.partials import PartialRows
+from shoal.processors.aggregates import (
+    BATCHES,
+    LAST_TS,
+    PANE_CONTINUED,
+    QUANTILES,
+    AggregatePlan,
+    N,
+)
+from shoal.processors.partials import PartialRows, concat_rows, expand_panes, pane_partials
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.windows import WINDOW_KINDS, kind_of
@@ -129,23 +136,48 @@ class ClosedWindows:
 
 
 class WindowState:
-    """Merged state of every open (window, start, key) of one partition."""
+    """Merged state of every open (window, start, key) of one partition.
 
-    def __init__(self, spec: PipelineSpec, plan: AggregatePlan) -> None:
+    Windows whose partials carry panes (``partials.pane_partials``: sliding windows) keep
+    state per (pane, key) in a second ``WindowState`` (``panes``), whose slots are
+    (window, pane start) and whose ``end`` is the pane's newest window's end (when the pane
+    is no longer needed); a window of such a kind is the merge of the state of its own slot
+    (rows a combiner expanded from panes, see ``Combiner``) and of its ``size/step`` panes,
+    assembled when it is finalised (``_finish_windows``). Windows ending at or before
+    ``pane_forgotten`` are closed (or dropped): panes still held for newer windows do not
+    bring them back.
+    """
+
+    def __init__(self, spec: PipelineSpec, plan: AggregatePlan, keys: KeyIds | None = None) -> None:
         self.spec = spec
         self.plan = plan
         self.buckets = LogBuckets(spec.sketch_accuracy)
         self._fields = plan.field_names
         self._sizes = np.array([w.size_ms for w in spec.windows], dtype=np.int64)
+        self._slides = np.array([w.slide_ms for w in spec.windows], dtype=np.int64)
         self._names = [w.name for w in spec.windows]
         self._triggered = spec.needs_last_ts
         self._empty: pl.DataFrame | None = None
-        self.keys = KeyIds()
+        self._owns_keys = keys is None
+        self.keys = KeyIds() if keys is None else keys
         """The partition's key ids (``SessionState`` shares them)."""
+        is_pane = pane_partials(spec) if keys is None else [False] * len(spec.windows)
+        self._pane_mode = np.array(is_pane, dtype=bool)
+        self.panes: WindowState | None = None
+        """State per (pane, key) of the windows whose partials carry panes (None: none)."""
+        if self._pane_mode.any():
+            pane_plan = replace(plan, fields=(*plan.fields, PANE_CONTINUED))
+            self.panes = WindowState(spec, pane_plan, keys=self.keys)
+        self.pane_forgotten: int | None = None
+        """Windows ending at or before this were closed or dropped (pane windows only)."""
         self._reset()
 
     def _reset(self) -> None:
-        self.keys.clear()
+        if self._owns_keys:
+            self.keys.clear()
+        if self.panes is not None:
+            self.panes._reset()
+        self.pane_forgotten = None
         self._slots: dict[tuple[int, int], int] = {}
         self._slot_info: dict[int, tuple[int, int, int]] = {}  # slot -> (window, start, end)
         self._free_slots: list[int] = []
@@ -160,17 +192,20 @@ class WindowState:
 
     @property
     def rows(self) -> int:
-        """State rows held (merged and pending, sketch cells included)."""
-        return sum(len(g) for g in self._groups) + sum(len(c) for c in self._cells)
+        """State rows held (merged and pending, sketch cells included; panes too)."""
+        held = sum(len(g) for g in self._groups) + sum(len(c) for c in self._cells)
+        return held + (0 if self.panes is None else self.panes.rows)
 
     @property
     def pending_rows(self) -> int:
-        """Rows appended since the last merge."""
-        return self._pending_rows
+        """Rows appended since the last merge (panes too)."""
+        return self._pending_rows + (0 if self.panes is None else self.panes.pending_rows)
 
     def open_windows(self) -> int:
         """Distinct (window, start) pairs with state."""
-        return len(self._slots)
+        if self.panes is None:
+            return len(self._slots)
+        return len(self._held_windows(None, None))
 
     # -- input -------------------------------------------------------------------------------
 
@@ -204,6 +239,62 @@ class WindowState:
             self._pending_rows += int(used.sum())
         if self._pending_rows >= COMPACT_ROWS:
             self.compact()
+
+    def take_panes(
+        self, rows: PartialRows, on_time: Callable[[npt.NDArray[np.int64]], bool]
+    ) -> tuple[PartialRows | None, int]:
+        """Take one batch's pane rows (``pane_partials``) into the pane state if they can.
+
+        They can when ``on_time`` (given the end of each pane's oldest window, a step after
+        the pane's start) says every window of every pane still takes rows, and no key has
+        two panes 2 to ``fan - 1`` apart (a window could hold both without the panes between).
+        Each batch's run of consecutive panes of a key is then counted once per window
+        (``PANE_CONTINUED``). Otherwise the pane rows are expanded into the window rows a
+        worker sends for a hopping window (``partials.expand_panes``), and the caller judges
+        lateness and corrections for each window as ever.
+
+        Returns the rows left to the caller (those of other windows, and expanded ones; None:
+        none) and how many window memberships (rows times windows) went into the pane state.
+        """
+        window = rows.window.astype(np.int64)
+        is_pane = self._pane_mode[window]
+        if self.panes is None or not is_pane.any():
+            return rows, 0
+        panes, others = rows, None
+        if not is_pane.all():
+            panes = rows.take(np.flatnonzero(is_pane))
+            others = rows.take(np.flatnonzero(~is_pane))
+        pane_window = window[is_pane]
+        slide = self._slides[pane_window]
+        fan = self._sizes[pane_window] // slide
+        continued = None
+        if on_time(panes.start + slide):
+            key_ids = self.keys.key_ids(panes.keys)
+            continued = _continued(panes.start, pane_window, key_ids, slide, fan)
+        if continued is None:
+            expanded = expand_panes(panes, self.spec, self.plan.fields)
+            return (expanded if others is None else concat_rows([others, expanded])), 0
+        batches = panes.fields[BATCHES.name]
+        fields = {
+            **panes.fields,
+            BATCHES.name: np.where(continued, 0, batches),
+            PANE_CONTINUED.name: np.where(continued, batches, 0),
+        }
+        self._add_panes(replace(panes, fields=fields))
+        return others, int((panes.fields[N.name] * fan).sum())
+
+    def _add_panes(self, rows: PartialRows) -> None:
+        """Append pane rows (``start``: the pane's; fields with ``continued``)."""
+        assert self.panes is not None
+        prepared = self._prepared
+        if prepared is not None:
+            # a pane of a prepared window (a gateway behind the others): finalise it again
+            size = self._sizes[rows.window.astype(np.int64)]
+            for w, s in prepared.windows:
+                if ((rows.window == w) & (rows.start >= s) & (rows.start < s + size)).any():
+                    self._prepared = None
+                    break
+        self.panes.add(rows)
 
     def _slot_ids(
         self, window: npt.NDArray[np.int64], start: npt.NDArray[np.int64]
@@ -247,6 +338,8 @@ class WindowState:
         Sketch cells merge incrementally (sorted insert) when little is pending next to an
         already merged base, which keeps the merge before a window closes short.
         """
+        if self.panes is not None:
+            self.panes.compact()
         if self._pending_rows == 0:
             return
         if self._groups:
@@ -276,10 +369,16 @@ class WindowState:
 
     def next_end(self) -> int | None:
         """The earliest window end among held windows (None: nothing held)."""
+        if self.panes is not None:
+            return min(
+                (s + int(self._sizes[w]) for w, s in self._held_windows(None, None)), default=None
+            )
         return min((end for _, _, end in self._slot_info.values()), default=None)
 
     def windows_between(self, after: int | None, through: int) -> list[tuple[int, int]]:
         """(window index, start) of held windows ending in ``(after, through]``."""
+        if self.panes is not None:
+            return self._held_windows(after, through)
         return sorted(
             (w, s)
             for w, s, end in self._slot_info.values()
@@ -288,7 +387,32 @@ class WindowState:
 
     def windows_through(self, through: int) -> int:
         """Held windows ending at or before ``through`` (closed ones kept for corrections)."""
+        if self.panes is not None:
+            return len(self._held_windows(None, through))
         return sum(1 for _, _, end in self._slot_info.values() if end <= through)
+
+    def _held_windows(self, after: int | None, through: int | None) -> list[tuple[int, int]]:
+        """Held (window index, start) ending in ``(after, through]``, sorted.
+
+        Windows with a slot of their own, and windows holding a held pane that end after
+        ``pane_forgotten``.
+        """
+        assert self.panes is not None
+        lowest = self.pane_forgotten
+        if after is not None and (lowest is None or after > lowest):
+            lowest = after
+        held = {
+            (w, s)
+            for w, s, end in self._slot_info.values()
+            if (through is None or end <= through) and (after is None or end > after)
+        }
+        for w, pane, _ in self.panes._slot_info.values():
+            size, step = int(self._sizes[w]), self.spec.windows[w].slide_ms
+            for s in range(pane - size + step, pane + 1, step):
+                end = s + size
+                if (through is None or end <= through) and (lowest is None or end > lowest):
+                    held.add((w, s))
+        return sorted(held)
 
     def peek(self, windows: list[tuple[int, int]]) -> pl.DataFrame:
         """Final results of ``windows`` ((window index, start) pairs) without removing them.
@@ -296,9 +420,130 @@ class WindowState:
         For closed windows kept for corrections: their state stays, late rows may still
         merge into it. Windows without state give no rows.
         """
+        if self.panes is not None:
+            frame = self._finish_windows(windows)
+            return self.empty_result() if frame is None else frame
         slots = np.array(sorted(self._slots[w] for w in windows if w in self._slots), np.int64)
         frame = self._finish_slots(slots)
         return self.empty_result() if frame is None else frame
+
+    def _finish_windows(self, windows: list[tuple[int, int]]) -> pl.DataFrame | None:
+        """Final results of ``windows`` (sorted), left in place (None: no state).
+
+        Each is the merge of its own slot's state and, for a pane kind, of its panes'.
+
+        Gives every pane window a slot of its own (empty until a row is expanded into it),
+        so that results carry its (window, start, end) like any other; ``close`` and
+        ``drop`` release them.
+        """
+        assert self.panes is not None
+        if not windows:
+            return None
+        self.compact()
+        wanted = np.array([w for w, _ in windows], dtype=np.int64)
+        slots = self._slot_ids(wanted, np.array([s for _, s in windows], dtype=np.int64))
+        groups_parts: list[npt.NDArray[np.int64]] = []
+        state_parts: list[dict[str, npt.NDArray[Any]]] = []
+        cells_parts: list[npt.NDArray[np.int64]] = []
+        counts_parts: list[npt.NDArray[np.int64]] = []
+        order = np.argsort(slots)
+        if self._groups:
+            rows = _slot_runs(self._groups[0], slots[order], KEY_BITS)
+            groups_parts.append(self._groups[0][rows])
+            state_parts.append({f: c[rows] for f, c in self._columns[0].items()})
+            if self._cells:
+                runs = _slot_runs(self._cells[0], slots[order], KEY_BITS + BUCKET_BITS)
+                cells_parts.append(self._cells[0][runs])
+                counts_parts.append(self._counts[0][runs])
+        assembled = self._from_panes(
+            [(w, s, int(m)) for (w, s), m in zip(windows, slots.tolist(), strict=True)]
+        )
+        if assembled is not None:
+            groups_parts.append(assembled[0])
+            state_parts.append(assembled[1])
+            cells_parts.append(assembled[2])
+            counts_parts.append(assembled[3])
+        groups = np.concatenate(groups_parts) if groups_parts else np.zeros(0, np.int64)
+        if len(groups) == 0:
+            return None
+        columns = {f: np.concatenate([p[f] for p in state_parts]) for f in self._fields}
+        groups, state = merge_state(groups, columns, self.plan.fields)
+        cells, counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        if cells_parts and sum(len(c) for c in cells_parts):
+            cells, counts = merge_cells(
+                np.concatenate(cells_parts), np.concatenate(counts_parts), KEY_BITS
+            )
+        return self._finish(groups, state, cells, counts)
+
+    def _from_panes(
+        self, windows: list[tuple[int, int, int]]
+    ) -> (
+        tuple[
+            npt.NDArray[np.int64],
+            dict[str, npt.NDArray[Any]],
+            npt.NDArray[np.int64],
+            npt.NDArray[np.int64],
+        ]
+        | None
+    ):
+        """Unmerged state rows and sketch cells of pane windows ``(window, start, slot)``.
+
+        Each window's panes' rows, regrouped under the window's slot. ``batches`` is the
+        panes' (runs starting in them) plus the first pane's ``continued``.
+        """
+        panes = self.panes
+        assert panes is not None
+        if not panes._groups:
+            return None
+        base = panes._groups[0]
+        columns = panes._columns[0]
+        lo: list[int] = []
+        hi: list[int] = []
+        cell_lo: list[int] = []
+        cell_hi: list[int] = []
+        target: list[int] = []
+        first: list[bool] = []
+        has_cells = bool(panes._cells) and len(panes._cells[0]) > 0
+        cells = panes._cells[0] if has_cells else None
+        for w, s, slot in windows:
+            if not self._pane_mode[w]:
+                continue
+            step = self.spec.windows[w].slide_ms
+            for i, pane in enumerate(range(s, s + int(self._sizes[w]), step)):
+                pane_slot = panes._slots.get((w, pane))
+                if pane_slot is None:
+                    continue
+                lo.append(int(np.searchsorted(base, pane_slot << KEY_BITS)))
+                hi.append(int(np.searchsorted(base, (pane_slot + 1) << KEY_BITS)))
+                if cells is not None:
+                    shift = KEY_BITS + BUCKET_BITS
+                    cell_lo.append(int(np.searchsorted(cells, pane_slot << shift)))
+                    cell_hi.append(int(np.searchsorted(cells, (pane_slot + 1) << shift)))
+                target.append(slot)
+                first.append(i == 0)
+        if not target:
+            return None
+        starts, lengths = np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64) - lo
+        rows = gather_runs(starts, lengths)
+        key_mask = (1 << KEY_BITS) - 1
+        slot_of = np.repeat(np.array(target, dtype=np.int64), lengths)
+        groups = (slot_of << KEY_BITS) | (base[rows] & key_mask)
+        state = {f: columns[f][rows] for f in self._fields}
+        leading = np.repeat(np.array(first, dtype=bool), lengths)
+        state[BATCHES.name] = state[BATCHES.name] + np.where(
+            leading, columns[PANE_CONTINUED.name][rows], 0
+        )
+        out_cells, out_counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        if cells is not None:
+            cell_starts = np.array(cell_lo, dtype=np.int64)
+            cell_lengths = np.array(cell_hi, dtype=np.int64) - cell_starts
+            picked = gather_runs(cell_starts, cell_lengths)
+            cell_slot = np.repeat(np.array(target, dtype=np.int64), cell_lengths)
+            pane_cells = cells[picked]
+            key_and_bucket = pane_cells & ((1 << (KEY_BITS + BUCKET_BITS)) - 1)
+            out_cells = (cell_slot << (KEY_BITS + BUCKET_BITS)) | key_and_bucket
+            out_counts = panes._counts[0][picked]
+        return groups, state, out_cells, out_counts
 
     def _finish_slots(self, slots: npt.NDArray[np.int64]) -> pl.DataFrame | None:
         """Final results of the windows of ``slots`` (sorted), left in place (None: no state)."""
@@ -320,11 +565,18 @@ class WindowState:
 
     def drop(self, through_ms: int) -> int:
         """Forget every window ending at or before ``through_ms`` (no results); how many."""
+        if self.panes is not None:
+            return self._drop_with_panes(through_ms)
         dropping = [slot for slot, (_, _, end) in self._slot_info.items() if end <= through_ms]
         if not dropping:
             return 0
         self._prepared = None
-        slot_arr = np.array(sorted(dropping), dtype=np.int64)
+        self._discard(dropping)
+        return len(dropping)
+
+    def _discard(self, slots: list[int]) -> None:
+        """Remove the state rows and sketch cells of ``slots`` and release them."""
+        slot_arr = np.array(sorted(slots), dtype=np.int64)
         _take_slots(
             self._groups, self._columns, KEY_BITS, slot_arr, first_sorted=self._groups_merged
         )
@@ -333,8 +585,24 @@ class WindowState:
             self._cells, counts, KEY_BITS + BUCKET_BITS, slot_arr, first_sorted=self._cells_merged
         )
         self._counts = [c["count"] for c in counts]
-        self._release(dropping)
-        return len(dropping)
+        self._release(slots)
+
+    def _drop_with_panes(self, through_ms: int) -> int:
+        """``drop`` with panes: windows' own slots, and panes whose windows all ended."""
+        assert self.panes is not None
+        held = self._held_windows(None, through_ms)
+        self._prepared = None
+        dropping = [slot for slot, (_, _, end) in self._slot_info.items() if end <= through_ms]
+        if dropping:
+            self._discard(dropping)
+        self.panes.drop(through_ms)  # a pane's slot ends with its newest window
+        if held:
+            # Not ``through_ms`` itself: after a flush (2**62) rows of later windows are
+            # still on time, and their panes' windows must not count as forgotten.
+            last = max(s + int(self._sizes[w]) for w, s in held)
+            if self.pane_forgotten is None or last > self.pane_forgotten:
+                self.pane_forgotten = last
+        return len(held)
 
     @property
     def prepared_frame(self) -> pl.DataFrame | None:
@@ -350,6 +618,13 @@ class WindowState:
         than taking the windows' rows out of the state.
         """
         self._prepared = None
+        if self.panes is not None:
+            windows = self._held_windows(None, through_ms)
+            frame = self._finish_windows(windows)
+            if frame is not None:
+                slots = np.array(sorted(self._slots[w] for w in windows), dtype=np.int64)
+                self._prepared = _Prepared(slots, frame, tuple(windows))
+            return
         slots = np.array(
             sorted(slot for slot, (_, _, end) in self._slot_info.items() if end <= through_ms),
             dtype=np.int64,
@@ -365,6 +640,8 @@ class WindowState:
         (merged or pending), so a close costs what the closing windows hold, not what the
         open ones have gathered since the last merge.
         """
+        if self.panes is not None:
+            return self._close_with_panes(through_ms)
         prepared, self._prepared = self._prepared, None
         closing = [slot for slot, (_, _, end) in self._slot_info.items() if end <= through_ms]
         if not closing:
@@ -401,6 +678,18 @@ class WindowState:
         result = self._finish(done_groups, done, done_cells, done_counts)
         self._release(closing)
         return ClosedWindows(result)
+
+    def _close_with_panes(self, through_ms: int) -> ClosedWindows:
+        """``close`` with panes: finalise every window ending by then, then forget them."""
+        prepared, self._prepared = self._prepared, None
+        windows = self._held_windows(None, through_ms)
+        frame: pl.DataFrame | None
+        if prepared is not None and prepared.windows == tuple(windows):
+            frame = prepared.frame
+        else:
+            frame = self._finish_windows(windows)
+        self._drop_with_panes(through_ms)
+        return ClosedWindows(self.empty_result() if frame is None else frame)
 
     def _finish(
         self,
@@ -512,11 +801,24 @@ class WindowState:
         return rows
 
     def restore(self, rows: PartialRows | None) -> None:
-        """Replace the state with a snapshot's rows."""
+        """Replace the state with a snapshot's rows (panes: ``restore_panes`` next)."""
         self._reset()
         if rows is not None and len(rows):
             self.add(rows)
             self.compact()
+
+    def snapshot_panes(self) -> tuple[PartialRows | None, int | None]:
+        """The pane state in the partials' layout (with ``continued``) and ``pane_forgotten``."""
+        if self.panes is None:
+            return None, None
+        return self.panes.snapshot_rows(), self.pane_forgotten
+
+    def restore_panes(self, rows: PartialRows | None, forgotten: int | None) -> None:
+        """Replace the pane state with a snapshot's (after ``restore``: key ids are shared)."""
+        if self.panes is None:
+            return
+        self.panes.restore(rows)
+        self.pane_forgotten = forgotten
 
 
 def result_columns(spec: PipelineSpec, plan: AggregatePlan) -> list[pl.Expr | str]:
@@ -577,6 +879,31 @@ class _Prepared:
 
     slots: npt.NDArray[np.int64]
     frame: pl.DataFrame
+    windows: tuple[tuple[int, int], ...] = ()
+    """With panes: the (window index, start) pairs finalised."""
+
+
+def _continued(
+    start: npt.NDArray[np.int64],
+    window: npt.NDArray[np.int64],
+    key_ids: npt.NDArray[np.int64],
+    slide: npt.NDArray[np.int64],
+    fan: npt.NDArray[np.int64],
+) -> npt.NDArray[np.bool_] | None:
+    """Per pane row of one batch, whether its key's run of consecutive panes began earlier.
+
+    That is, whether the key's previous pane with a row in the batch is the one just before.
+    None when a key has two panes 2 to ``fan - 1`` apart.
+    """
+    order = np.lexsort((start, key_ids, window))
+    w, k, s = window[order], key_ids[order], start[order]
+    same = (w[1:] == w[:-1]) & (k[1:] == k[:-1])
+    apart = (s[1:] - s[:-1]) // slide[order][1:]
+    if (same & (apart >= 2) & (apart < fan[order][1:])).any():
+        return None
+    continued = np.zeros(len(order), dtype=np.bool_)
+    continued[order[1:]] = same & (apart == 1)
+    return continued
 
 
 def _take_slots(

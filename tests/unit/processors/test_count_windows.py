@@ -418,3 +418,71 @@ def test_entry_chunks_take_by_key_merge_repeats_and_stay_bounded() -> None:
     assert held.key.tolist().count(1) == 1  # batch 0 of key 1, once
     assert held.b[held.key == 2].tolist() == [9]
     assert len(store) <= 2 * len(held) + 65_536
+
+
+# -- the close step's sorts (issue 14: count windows at 100,000 keys) -----------------------
+
+entries_strategy = st.lists(
+    st.tuples(st.integers(0, 40), st.integers(0, 5), st.integers(0, 2**40)), max_size=80
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(entries=entries_strategy, wide=st.booleans())
+def test_distinct_batches_packed_equal_the_three_key_sort(
+    entries: list[tuple[int, int, int]], wide: bool
+) -> None:
+    """One sort of packed (key, gateway, seq) gives what the lexsort gives; seqs too far
+    apart to pack fall back to the lexsort."""
+    key = np.array([e[0] for e in entries], dtype=np.int32)
+    a = np.array([e[1] for e in entries], dtype=np.int64)
+    b = np.array([e[2] for e in entries], dtype=np.int64)
+    if wide and len(b):
+        b[0] = 2**62  # spans more than 63 bits with the key and gateway bits
+    from shoal.processors.count import _distinct, _distinct_lexsort, _Entries  # noqa: PLC0415
+
+    got = _distinct(_Entries(key, a, b))
+    want = _distinct_lexsort(_Entries(key, a, b))
+    for column in ("key", "a", "b"):
+        assert getattr(got, column).tolist() == getattr(want, column).tolist()
+    assert got.key.dtype == np.int32
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    batches=st.lists(
+        st.tuples(
+            st.sampled_from(["gw-b", "gw-a", "gw-c"]),
+            st.integers(0, 6),
+            st.lists(st.tuples(st.integers(0, 9), st.integers(-5, 5)), min_size=1, max_size=12),
+        ),
+        max_size=8,
+        unique_by=lambda b: (b[0], b[1]),
+    ),
+    cut=st.integers(-6, 6),
+)
+def test_final_rows_come_out_in_event_order(
+    batches: list[tuple[str, int, list[tuple[int, int]]]], cut: int
+) -> None:
+    """Chunks concatenated by (gateway name, seq) and sorted once by (key, ts) give the
+    five-key lexsort's order (``COUNT_ORDER`` within each key)."""
+    from shoal.processors.count import CountState, _Rows  # noqa: PLC0415
+
+    spec = spec_for([{"kind": "count", "n": 3}])
+    state = CountState(spec, spec.plan())
+    for gateway, seq, rows in batches:
+        keys = sorted({f"k{k}" for k, _ in rows})
+        events = EventRows(
+            keys=list(keys),
+            key=np.array([keys.index(f"k{k}") for k, _ in rows], dtype=np.int64),
+            ts=np.array([t for _, t in rows], dtype=np.int64),
+            row=np.arange(len(rows), dtype=np.int64) * 2,
+            value=np.zeros(len(rows)),
+        )
+        state.add(events, gateway, seq, np.ones(len(rows), dtype=bool))
+    chunks = state._take_final(cut, flush=False)
+    got = state._in_event_order(chunks)
+    everything = _Rows.concat(chunks)
+    want = everything.take(state._event_order(everything))
+    for column in ("key", "ts", "gateway", "seq", "row"):
+        assert getattr(got, column).tolist() == getattr(want, column).tolist()

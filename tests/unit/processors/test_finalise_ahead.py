@@ -27,6 +27,7 @@ from tests.support.datasets import frame_of
 from tests.unit.processors.test_registry import (
     WINDOW_EXAMPLES,
     Row,
+    add_partial,
     assert_same,
     reference,
     rows_strategy,
@@ -73,7 +74,7 @@ def test_prepared_peeked_and_closed_windows_equal_the_reference(
     before = data.draw(st.integers(0, len(order)), label="applied before prepare")
     state = WindowState(spec, spec.plan())
     for index in order[:before]:
-        state.add(partials[index])
+        add_partial(state, partials[index])
         if data.draw(st.booleans(), label="compact"):
             state.compact()
     early = [batches[i] for i in order[:before]]
@@ -87,7 +88,7 @@ def test_prepared_peeked_and_closed_windows_equal_the_reference(
         assert_same(prepared, want_early, spec)
         assert_same(state.peek(state.windows_between(None, through)), want_early, spec)
     for index in order[before:]:  # may reach prepared windows: they are finalised again
-        state.add(partials[index])
+        add_partial(state, partials[index])
         if data.draw(st.booleans(), label="compact"):
             state.compact()
     want = reference(spec, batches)

@@ -33,7 +33,7 @@ from shoal.processors.aggregates import (
     STATE_FIELDS,
 )
 from shoal.processors.count import CountState
-from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
+from shoal.processors.partials import BatchInfo, Partial, PartialBuilder, PartialRows
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.processors.state import WindowState
@@ -73,6 +73,14 @@ def spec_of(window: dict[str, Any], aggregates: list[str]) -> PipelineSpec:
     return parse_pipeline({"name": "registry", "windows": [window], "aggregates": aggregates})
 
 
+def add_partial(state: WindowState, rows: PartialRows) -> None:
+    """A partial's rows into ``state`` as a combiner takes them when none is late: pane rows
+    (sliding windows) into the pane state, unless a key's panes have a gap (then expanded)."""
+    rest, _ = state.take_panes(rows, lambda oldest_end: True)
+    if rest is not None:
+        state.add(rest)
+
+
 def hot_path(spec: PipelineSpec, batches: list[list[Row]], data: st.DataObject) -> pl.DataFrame:
     """Partials per batch, over the wire, merged in a drawn order with drawn compactions."""
     builder = PartialBuilder(spec, "w")
@@ -93,7 +101,7 @@ def hot_path(spec: PipelineSpec, batches: list[list[Row]], data: st.DataObject) 
     for index in data.draw(st.permutations(range(len(partials))), label="order"):
         rows = partials[index].rows
         assert rows is not None
-        state.add(rows)
+        add_partial(state, rows)
         if data.draw(st.booleans(), label="compact"):
             state.compact()
     return state.close(2**62).frame

@@ -87,3 +87,146 @@ def test_the_fingerprint_tells_a_sliding_window_from_a_hopping_one() -> None:
         windows=[{"kind": "hopping", "size_ms": 2_000, "slide_ms": 1_000, "name": "w"}]
     )
     assert spec_fingerprint(sliding) != spec_fingerprint(hopping)
+
+
+# -- panes in the combiner ------------------------------------------------------------------
+#
+# Partials of a sliding window carry state per (pane of step_ms, key); the combiner keeps
+# panes and assembles a window from them when it closes, unless a batch is late for some of
+# its windows or leaves a gap of 2 to fan - 1 panes for a key, which it expands into window
+# rows first. Whatever the path, every (window, key) must equal what a hopping window of the
+# same size and slide computes over the same batches (the worker's fan-out, the path sliding
+# windows took before), restricted to the keys the trigger emits.
+
+PANED = {"kind": "sliding", "size_ms": 4_000, "step_ms": 1_000, "name": "w"}
+HOPPING = {"kind": "hopping", "size_ms": 4_000, "slide_ms": 1_000, "name": "w"}
+COLUMNS = ["window", "start", "end", "key", "rows", "batches", "count", "sum", "min", "max", "p50"]
+
+
+def lockstep(
+    batches: list[list[tuple[str, int, float]]], **changes: object
+) -> tuple[Harness, Harness, pl.DataFrame, pl.DataFrame]:
+    """The same batches (seq order, one gateway) into a sliding and a hopping combiner;
+    everything closed (flushed at the end), as frames sorted by window start and key."""
+    paned, hopping = (
+        Harness(make_spec(windows=[window], **changes)) for window in (PANED, HOPPING)
+    )
+    for h in (paned, hopping):
+        h.announce("gw")
+        for seq, rows in enumerate(batches):
+            h.send("gw", seq, rows)
+            closed = h.combiner.tick().closed  # corrections may close at the same threshold
+            if closed is not None and closed.frame.height:
+                h.emitted.append(closed.frame)
+    frames = []
+    for h in (paned, hopping):
+        flushed = h.combiner.flush().frame
+        frames.append(pl.concat([*h.emitted, flushed]).select(COLUMNS).sort("start", "key"))
+    return paned, hopping, frames[0], frames[1]
+
+
+def assert_within_hopping(sliding: pl.DataFrame, hopping: pl.DataFrame) -> None:
+    """Every sliding result equals the hopping result of its (window start, key)."""
+    assert sliding.height > 0
+    joined = sliding.join(hopping, on=["start", "key"], how="left", suffix="_h")
+    for column in COLUMNS:
+        if column not in ("start", "key"):
+            assert joined[column].to_list() == joined[f"{column}_h"].to_list(), column
+
+
+def test_on_time_batches_are_kept_as_panes_and_equal_hopping_windows() -> None:
+    # seq 1 spans panes 2..3 for k (consecutive: one run, counted once per window)
+    batches = [
+        [("k", 1_100, 1.0), ("j", 1_900, 2.0)],
+        [("k", 2_500, 3.0), ("k", 3_200, 4.0), ("j", 3_900, 5.0)],
+        [("k", 4_100, 6.0), ("j", 5_000, 7.0)],
+        [("k", 9_000, 8.0)],
+    ]
+    paned, _, sliding, hopping = lockstep(batches)
+    assert_within_hopping(sliding, hopping)
+    window = sliding.filter((pl.col("start") == 0) & (pl.col("key") == "k"))
+    assert window.select("rows", "batches").rows() == [(3, 2)]
+    assert paned.combiner.counters.rows_late == 0
+
+
+def test_panes_hold_state_once_per_pane_not_per_window() -> None:
+    h = Harness(make_spec(windows=[PANED]))
+    h.announce("gw")
+    h.send("gw", 0, [("k", 1_100, 1.0), ("k", 2_500, 3.0), ("j", 2_600, 2.0)])
+    state = h.combiner.state
+    assert state.panes is not None
+    assert state.rows == state.panes.rows  # nothing per window
+    state.compact()
+    assert state.panes.rows == 3 + 3  # three (pane, key) rows and their sketch cells
+    assert h.combiner.counters.rows_applied == 3 * 4  # memberships, as for hopping windows
+
+
+def test_a_key_with_a_gap_between_panes_is_expanded_into_windows() -> None:
+    # k in panes 1 and 3 of one batch (2 apart, within one window of 4): expanded
+    batches = [
+        [("k", 1_100, 1.0), ("k", 3_200, 4.0), ("j", 3_900, 5.0)],
+        [("k", 4_100, 6.0), ("j", 5_000, 7.0)],
+        [("k", 9_000, 8.0)],
+    ]
+    h = Harness(make_spec(windows=[PANED]))
+    h.announce("gw")
+    h.send("gw", 0, batches[0])
+    state = h.combiner.state
+    assert state.panes is not None
+    assert state.rows > state.panes.rows == 0  # window rows, no pane rows
+    _, _, sliding, hopping = lockstep(batches)
+    assert_within_hopping(sliding, hopping)
+    both = sliding.filter((pl.col("start") == 0) & (pl.col("key") == "k"))
+    assert both.select("rows", "batches").rows() == [(2, 1)]
+
+
+def test_a_batch_late_for_its_oldest_windows_only_is_expanded() -> None:
+    """Rows at 1_500 after the gateway reached 3_200: late for [-2000, 2000) only."""
+    batches = [
+        [("k", 1_100, 1.0), ("j", 3_200, 2.0)],
+        [("k", 1_500, 3.0), ("j", 3_300, 4.0)],
+        [("k", 2_500, 5.0), ("j", 4_000, 6.0)],
+        [("k", 9_000, 8.0)],
+    ]
+    paned, hopping_h, sliding, hopping = lockstep(batches)
+    assert_within_hopping(sliding, hopping)
+    late = paned.combiner.counters.rows_late
+    assert late == hopping_h.combiner.counters.rows_late == 1  # one membership: one window
+    assert sorted(r["start"] for x in paned.late for r in x.frame.iter_rows(named=True)) == [-2_000]
+
+
+def test_late_rows_within_the_allowance_correct_paned_windows() -> None:
+    batches = [
+        [("k", 1_100, 1.0), ("j", 3_200, 2.0)],
+        [("j", 6_000, 4.0)],  # threshold 5_500: [1000, 5000) and earlier close
+        [("k", 4_500, 3.0)],  # behind by the lateness: corrections, expanded
+        [("k", 12_000, 8.0)],
+    ]
+    paned, _, sliding, hopping = lockstep(batches, allowed_lateness_ms=5_000)
+    latest = sliding.unique(["start", "key"], keep="last", maintain_order=True)
+    latest_h = hopping.unique(["start", "key"], keep="last", maintain_order=True)
+    assert_within_hopping(latest, latest_h)
+    assert paned.combiner.counters.corrections_emitted > 0
+
+
+def test_panes_survive_a_checkpoint() -> None:
+    batches = [
+        [("k", 1_100, 1.0), ("j", 1_900, 2.0)],
+        [("k", 2_500, 3.0), ("k", 3_200, 4.0), ("j", 3_900, 5.0)],
+    ]
+    h = Harness(make_spec(windows=[PANED]))
+    h.announce("gw")
+    for seq, rows in enumerate(batches):
+        h.send("gw", seq, rows)
+    h.send("gw", 2, [("j", 5_700, 7.0)])  # threshold 5_200: closes [1000, 5000) and before
+    h.tick()
+    restored = Combiner(h.spec, 0, h.clock)
+    restored.restore(h.combiner.snapshot())
+    h.combiner = restored
+    h.send("gw", 3, [("k", 9_000, 8.0)])
+    h.tick()
+    h.emitted.append(h.combiner.flush().frame)
+    sliding = pl.concat(h.emitted).select(COLUMNS).sort("start", "key")
+    _, _, whole, hopping = lockstep([*batches, [("j", 5_700, 7.0)], [("k", 9_000, 8.0)]])
+    assert sliding.equals(whole)  # each window once, none lost or repeated by the restore
+    assert_within_hopping(sliding, hopping)
