@@ -92,6 +92,14 @@ def bad_spec(name: str, body: str) -> dict[str, Any]:
     }
 
 
+async def deploy(control: Any, raw: dict[str, Any]) -> None:
+    """Deploy ``raw`` (a spec mapping) as version 1 and wait until a pool worker serves it."""
+    text = tomli_w.dumps(raw, multiline_strings=True)
+    result = await control.request(Request("deploy", raw["name"], spec_toml=text))
+    assert result.ok, result.message
+    assert await control.served(raw["name"], 1)
+
+
 def dead_rows(records: list[bytes]) -> tuple[int, set[tuple[str, int]], set[str]]:
     """(rows, (gateway, seq) pairs, reasons) of dead letters (each batch counted once)."""
     rows, seen, reasons = 0, set(), set()
@@ -144,10 +152,7 @@ def test_bad_functions_do_not_harm_a_healthy_pipeline_or_the_worker(
             await combiners.start()
             specs = [healthy_raw, *(bad_spec(n, body) for n, (body, _) in BAD.items())]
             for raw in specs:
-                text = tomli_w.dumps(raw, multiline_strings=True)
-                result = await control.request(Request("deploy", raw["name"], spec_toml=text))
-                assert result.ok, result.message
-                assert await control.served(raw["name"], 1)
+                await deploy(control, raw)
             await publish_batches(
                 settings,
                 topics,
@@ -322,10 +327,7 @@ def test_a_hanging_udaf_merge_in_a_combiner(
             combiner.start()
             pid = combiner.pid
             for raw in (healthy_raw, hangs_raw):
-                text = tomli_w.dumps(raw, multiline_strings=True)
-                result = await control.request(Request("deploy", raw["name"], spec_toml=text))
-                assert result.ok, result.message
-                assert await control.served(raw["name"], 1)
+                await deploy(control, raw)
                 assert await control.owned(raw["name"], 1)
             await publish_batches(
                 settings,
