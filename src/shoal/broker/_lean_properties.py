@@ -61,8 +61,9 @@ class LeanProperties(Properties):
 
     def clear(self) -> None:
         """Remove every property set (``unpack`` starts with this)."""
-        for name in [n for n in self.__dict__ if n != "packetType"]:
-            delattr(self, name)
+        if len(self.__dict__) > 1:  # a fresh object (every parsed packet) has nothing set
+            for name in [n for n in self.__dict__ if n != "packetType"]:
+                delattr(self, name)
 
 
 def install() -> None:
