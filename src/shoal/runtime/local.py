@@ -52,6 +52,8 @@ SIMULATOR_CONFIRM_WAIT_S: Final = SETTLE_LIMIT_S + 60.0
 """``--wait-confirmed`` for simulators that ``settle`` stops: they keep their gateways until
 everything is confirmed (a memory spool is gone with its process, so a simulator that left
 early would turn a backlog into loss); ``settle`` aborts them if it gives up first."""
+LAST_STATUS_GRACE_S: Final = 0.5
+"""How long ``settle`` lets the exited simulators' last gateway status reach the monitor."""
 DEFAULT_SIMULATED_GATEWAYS: Final = tuple(f"sim-gw{i:03d}" for i in range(64))
 RSS_EVERY_S: Final = 30.0
 
@@ -308,9 +310,13 @@ class LocalPipeline:
         """Start ``shoal simulate`` with ``args`` against this broker.
 
         A pipeline keyed on an attribute, or whose row stage reads one, gets gateways that
-        send the attributes.
+        send the attributes. Unless ``args`` say otherwise, the simulator keeps its gateways
+        at the end until everything it sent is confirmed (``--wait-confirmed
+        SIMULATOR_CONFIRM_WAIT_S``): what ``settle`` relies on to account a run exactly.
         """
         conn = connection_args(self.broker.settings, self.topics)
+        if "--wait-confirmed" not in args:
+            args = [*args, "--wait-confirmed", str(SIMULATOR_CONFIRM_WAIT_S)]
         if self.config.spec.reads_attributes and "--attributes" not in args:
             args = [*args, "--attributes"]
         simulator = ChildProcess(
@@ -450,11 +456,21 @@ class LocalPipeline:
             if simulator.alive():
                 simulator.signal(signal.SIGINT)
         ran = bool(self.simulators)
-        await self._drain(
-            lambda s: s.lag_batches == 0 and (s.rows_generated > 0 or not ran),
-            timeout_s,
-            progress,
-        )
+        exited_at: list[float] = []
+
+        def drained(snap: Snapshot) -> bool:
+            # A stopped simulator seals what it holds and exits once all of it is confirmed,
+            # after publishing its gateways' last status; until then the monitor's lag may be
+            # from before that last batch (lag 0 at the very moment of the signal). So: every
+            # simulator gone, its last status given a moment to arrive, and no lag left.
+            if any(simulator.alive() for simulator in self.simulators):
+                return False
+            if not exited_at:
+                exited_at.append(self.clock.monotonic())
+            settled = self.clock.monotonic() - exited_at[0] >= LAST_STATUS_GRACE_S
+            return settled and snap.lag_batches == 0 and (snap.rows_generated > 0 or not ran)
+
+        await self._drain(drained, timeout_s, progress)
         waited = self.clock.monotonic() - stopped
         for simulator in self.simulators:
             await asyncio.to_thread(simulator.wait, 10.0)
