@@ -110,7 +110,12 @@ def _register_pipeline(benches: Any) -> None:
         help="replace the pipeline's windows by one preset window of this kind "
         "(shoal.loadtest.bench_windows.WINDOW_PRESETS: " + ", ".join(sorted(WINDOW_PRESETS)) + ")",
     )
-    pipeline.add_argument("--max", action="store_true", help="find the highest sustained rate")
+    pipeline.add_argument(
+        "--max",
+        action="store_true",
+        help="find the highest sustained rate: start at --rate, step up 1.6 x while sustained"
+        " (down while not), then bisect",
+    )
     pipeline.add_argument(
         "--no-key-topics", action="store_true", help="skip per-key retained results"
     )

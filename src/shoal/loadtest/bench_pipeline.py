@@ -405,37 +405,64 @@ def machine() -> dict[str, Any]:
     }
 
 
+MAX_STEPS_DOWN: Final = 6
+"""``--max`` steps down at most this many times when its first rate is not sustained."""
+
+
 def run_max(
     config: PipelineBenchConfig,
     progress: TextIO | None = None,
     *,
     factor: float = 1.6,
     refine: int = 2,
+    step: Callable[[PipelineBenchConfig, TextIO | None], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Step the offered rate up until a step is not sustained; refine by bisection."""
+    """Step the offered rate up until a step is not sustained; refine by bisection.
+
+    ``step`` runs one step (default: the whole pipeline at that rate; tests pass a model).
+    """
+    run_step = step or _step
     steps: list[dict[str, Any]] = []
     good: dict[str, Any] | None = None
     bad_rate: float | None = None
     rate = config.rate
     while bad_rate is None:
-        record = _step(replace(config, rate=rate), progress)
+        record = run_step(replace(config, rate=rate), progress)
         steps.append(record)
         if record["sustained"]:
             good = record
             rate *= factor
         else:
             bad_rate = rate
-    low = good["rate_per_sensor"] if good else 0.0
+    # Started above the maximum: step down until a rate is sustained (or give up), so a
+    # first guess that was too high still finds the maximum instead of reporting nothing.
+    for _ in range(MAX_STEPS_DOWN):
+        if good is not None:
+            break
+        rate = bad_rate / factor
+        record = run_step(replace(config, rate=rate), progress)
+        steps.append(record)
+        if record["sustained"]:
+            good = record
+        else:
+            bad_rate = rate
+    if good is None:  # nothing sustained even at the lowest rate tried
+        return _max_record(None, steps)
+    low = good["rate_per_sensor"]
     for _ in range(refine):
         if bad_rate - low < 0.05 * bad_rate:
             break
-        middle = (low + bad_rate) / 2 if low else bad_rate / factor
-        record = _step(replace(config, rate=middle), progress)
+        middle = (low + bad_rate) / 2
+        record = run_step(replace(config, rate=middle), progress)
         steps.append(record)
         if record["sustained"]:
             good, low = record, middle
         else:
             bad_rate = middle
+    return _max_record(good, steps)
+
+
+def _max_record(good: dict[str, Any] | None, steps: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "max_sustained_meas_per_s": good["achieved_meas_per_s"] if good else 0.0,
         "max_sustained_offered_meas_per_s": good["offered_meas_per_s"] if good else 0.0,
