@@ -153,6 +153,8 @@ class BatchedSession(SessionBase):
         self._keepalive: asyncio.Task[None] | None = None
         self._corked: list[bytes] = []  # QoS 0 packets for the write at the end of this turn
         self._corked_bytes = 0
+        self._pings: deque[asyncio.Future[None] | None] = deque()
+        """PINGREQs written, oldest first: a ``sync`` waits for its PINGRESP (None: keep-alive)."""
         self.pauses = 0
         self.writes = 0
         """Writes handed to the connection (QoS 0 packets gathered count once)."""
@@ -243,6 +245,33 @@ class BatchedSession(SessionBase):
             if now - self._last_out >= keepalive_s / 2:
                 with contextlib.suppress(BrokerError):
                     self._write(mqtt5.PingReqPacket().write())
+                    self._pings.append(None)
+
+    async def sync(self) -> None:
+        """Return once the broker has processed everything written on this connection so far.
+
+        A PINGREQ written after it, answered: a broker reads a connection's packets in order
+        and handles a PUBLISH (routed, retained) before it reads the next packet, so its
+        PINGRESP comes after every earlier publish, QoS 0 ones included, took effect.
+
+        Raises:
+            BrokerError: the connection was lost, or no PINGRESP within the publish timeout.
+        """
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._write(mqtt5.PingReqPacket().write())
+        self._pings.append(answered)
+        try:
+            async with asyncio.timeout(self._publish_timeout_s):
+                await answered
+        except TimeoutError as exc:
+            raise BrokerError(f"no PINGRESP within {self._publish_timeout_s} s") from exc
+
+    def abort(self, why: str) -> None:
+        """Drop the connection now, without sending what is still buffered (a TCP reset)."""
+        self._lost(why)
+        conn = self._conn
+        if conn is not None and conn.transport is not None:
+            conn.transport.abort()
 
     def _write(self, data: bytes) -> None:
         """Write ``data`` now, after the QoS 0 packets gathered so far (``_write_soon``)."""
@@ -287,7 +316,9 @@ class BatchedSession(SessionBase):
             return
         self._gone = why
         error = BrokerError(f"connection to {self.settings.url} lost: {why}")
-        for fut in (*self._replies.values(), *self._published.values()):
+        pings = [p for p in self._pings if p is not None]
+        self._pings.clear()
+        for fut in (*self._replies.values(), *self._published.values(), *pings):
             if not fut.done():
                 fut.set_exception(error)
         self._replies.clear()
@@ -354,7 +385,11 @@ class BatchedSession(SessionBase):
                 self._connack.set_result(packet)
         elif kind is mqtt5.DisconnectPacket:
             self._lost(f"the broker disconnected us: {packet.reason_code.name}")
-        elif kind is not mqtt5.PingRespPacket:
+        elif kind is mqtt5.PingRespPacket:
+            answered = self._pings.popleft() if self._pings else None
+            if answered is not None and not answered.done():
+                answered.set_result(None)
+        else:
             self._lost(f"the broker sent an unexpected {kind.__name__}")
             self._close()
 
