@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -57,13 +58,46 @@ CORK_BYTES: Final = 256 * 1024
 _CONNECT_TIMEOUT_S: Final = 10.0
 
 
-class _Connection(asyncio.Protocol):
+READ_BYTES: Final = 256 * 1024
+"""What one read of the socket takes at most (asyncio's own read size)."""
+BOUNDED_READ_BYTES: Final = 4 * 1024
+"""What one read takes at most for a session bounded in messages (``max_buffered_messages``):
+a pool combiner hosts a thousand partition intakes with a bound of 2 messages each, and a
+256 KiB read would take every partial the broker had written to the socket into the process
+(Mosquitto sends past the Receive Maximum once a client acknowledges) before the bound stops
+the next read. In 4 KiB reads the rest stays in the kernel's socket buffer; a larger packet
+takes several reads."""
+_reads = threading.local()
+
+
+def _read_buffer() -> bytearray:
+    """This thread's buffer that sockets are read into, one for every session.
+
+    Each read is copied out at once (``_Connection.buffer_updated``).
+    """
+    buffer: bytearray | None = getattr(_reads, "buffer", None)
+    if buffer is None:
+        buffer = _reads.buffer = bytearray(READ_BYTES)
+    return buffer
+
+
+class _Connection(asyncio.BufferedProtocol):
     """Bytes in, packets out: every complete packet of each chunk, read with ``mqtt5.read``."""
 
-    def __init__(self, session: BatchedSession) -> None:
+    def __init__(self, session: BatchedSession, read_bytes: int = READ_BYTES) -> None:
         self.session = session
         self.transport: asyncio.Transport | None = None
         self._buffer = bytearray()
+        self._read_bytes = read_bytes
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the next read goes: ``read_bytes`` of this thread's read buffer."""
+        del sizehint
+        return memoryview(_read_buffer())[: self._read_bytes]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """``nbytes`` were read into the read buffer: take the packets they complete."""
+        self.data_received(memoryview(_read_buffer())[:nbytes])
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -72,7 +106,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.session._lost(f"the connection was closed{f' ({exc})' if exc else ''}")
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes | memoryview) -> None:
         session = self.session
         session._last_in = time.monotonic()
         buffer = self._buffer
@@ -153,6 +187,8 @@ class BatchedSession(SessionBase):
         self._keepalive: asyncio.Task[None] | None = None
         self._corked: list[bytes] = []  # QoS 0 packets for the write at the end of this turn
         self._corked_bytes = 0
+        self._pings: deque[asyncio.Future[None] | None] = deque()
+        """PINGREQs written, oldest first: a ``sync`` waits for its PINGRESP (None: keep-alive)."""
         self.pauses = 0
         self.writes = 0
         """Writes handed to the connection (QoS 0 packets gathered count once)."""
@@ -166,8 +202,9 @@ class BatchedSession(SessionBase):
         self._connack = loop.create_future()
         try:
             async with asyncio.timeout(_CONNECT_TIMEOUT_S):
+                read_bytes = READ_BYTES if self._message_limit is None else BOUNDED_READ_BYTES
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self),
+                    lambda: _Connection(self, read_bytes),
                     settings.host,
                     settings.port,
                     ssl=context,
@@ -243,6 +280,33 @@ class BatchedSession(SessionBase):
             if now - self._last_out >= keepalive_s / 2:
                 with contextlib.suppress(BrokerError):
                     self._write(mqtt5.PingReqPacket().write())
+                    self._pings.append(None)
+
+    async def sync(self) -> None:
+        """Return once the broker has processed everything written on this connection so far.
+
+        A PINGREQ written after it, answered: a broker reads a connection's packets in order
+        and handles a PUBLISH (routed, retained) before it reads the next packet, so its
+        PINGRESP comes after every earlier publish, QoS 0 ones included, took effect.
+
+        Raises:
+            BrokerError: the connection was lost, or no PINGRESP within the publish timeout.
+        """
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._write(mqtt5.PingReqPacket().write())
+        self._pings.append(answered)
+        try:
+            async with asyncio.timeout(self._publish_timeout_s):
+                await answered
+        except TimeoutError as exc:
+            raise BrokerError(f"no PINGRESP within {self._publish_timeout_s} s") from exc
+
+    def abort(self, why: str) -> None:
+        """Drop the connection now, without sending what is still buffered (a TCP reset)."""
+        self._lost(why)
+        conn = self._conn
+        if conn is not None and conn.transport is not None:
+            conn.transport.abort()
 
     def _write(self, data: bytes) -> None:
         """Write ``data`` now, after the QoS 0 packets gathered so far (``_write_soon``)."""
@@ -287,7 +351,9 @@ class BatchedSession(SessionBase):
             return
         self._gone = why
         error = BrokerError(f"connection to {self.settings.url} lost: {why}")
-        for fut in (*self._replies.values(), *self._published.values()):
+        pings = [p for p in self._pings if p is not None]
+        self._pings.clear()
+        for fut in (*self._replies.values(), *self._published.values(), *pings):
             if not fut.done():
                 fut.set_exception(error)
         self._replies.clear()
@@ -354,7 +420,11 @@ class BatchedSession(SessionBase):
                 self._connack.set_result(packet)
         elif kind is mqtt5.DisconnectPacket:
             self._lost(f"the broker disconnected us: {packet.reason_code.name}")
-        elif kind is not mqtt5.PingRespPacket:
+        elif kind is mqtt5.PingRespPacket:
+            answered = self._pings.popleft() if self._pings else None
+            if answered is not None and not answered.done():
+                answered.set_result(None)
+        else:
             self._lost(f"the broker sent an unexpected {kind.__name__}")
             self._close()
 

@@ -3,18 +3,25 @@
 ``shoal combiner`` without ``--pipeline`` runs a ``CombinerHost``. Over one connection of its
 own it follows the retained pipeline documents (``shoal.control.follower``) and the pool's
 membership (``shoal/combiners/+``, ``shoal.control.assignment.Announcement``), announces
-itself there (retained; its Will clears it when the process dies), and computes which
-partitions it owns (rendezvous hashing over the live members). Each owned partition runs as
-a ``CombinerRuntime`` term (``CombinerConfig.hosted``) over that partition's own persistent
-session, whose client id is derived from (root, pipeline, partition).
+itself there (retained, on its outputs connection, whose Will clears it when the process
+dies), and computes which partitions it owns (rendezvous hashing over the live members).
+Each owned partition runs as a ``CombinerRuntime`` term (``CombinerConfig.hosted``) over that
+partition's own persistent intake session (a ``BatchedSession``), whose client id is derived
+from (root, pipeline, partition), and publishes on the member's one outputs connection
+(``PooledOutputs``) through a lease that ends with the term. The member's one timer ticks
+every partition and makes its heartbeat and periodic checkpoint due (``CombinerRuntime.tick``).
 
 Exactly one owner at a time (docs/architecture.md, "The combiner pool"):
 
 * the **broker fences** the partition: a second CONNECT with its client id takes the session
-  over (queued partials move with it) and closes the previous owner's connection, which can
-  then neither receive nor publish a result or confirmation;
+  over (queued partials move with it) and closes the previous owner's intake connection,
+  which ends its term;
 * the **checkpoint lock** (``_fence``) makes the new owner restore only after the deposed one
-  finished its last write, and no deposed writer overwrite the new owner's checkpoint;
+  finished its last write, and no deposed writer overwrite the new owner's checkpoint; the
+  deposed term releases it only after its outputs lease ended (nothing it published can
+  reach the broker after that, ``shoal.broker.pooled``), and the new owner publishes nothing
+  before it holds the lock: a deposed owner's last publishes come before the next owner's
+  first;
 * the **assignment** decides who should own: a deposed term is started again only if the
   host still owns the partition after ``retry_ms`` (no ping-pong once views agree), and a
   partition another live member still lists is taken only after it let go or after
@@ -33,7 +40,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shoal.broker import default_output_session_factory, default_session_factory
+from shoal.broker import (
+    default_intake_session_factory,
+    default_output_session_factory,
+    default_session_factory,
+)
+from shoal.broker.pooled import PooledOutputs
 from shoal.broker.session import Message, Session, SessionFactory, Will
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
@@ -42,7 +54,7 @@ from shoal.control.follower import DocumentFollower, Dropped, Served
 from shoal.control.messages import Marker
 from shoal.errors import BrokerError, ControlError
 from shoal.processors.spec import PipelineSpec
-from shoal.runtime._tasks import pause, supervised
+from shoal.runtime._tasks import ignore_outcome, pause, supervised
 from shoal.runtime.combiner import (
     STATE_ROOT,
     CombinerConfig,
@@ -157,7 +169,15 @@ class CombinerHost:
         self.config = config
         self.clock = clock or SystemClock()
         self._connect = session_factory or default_session_factory()
-        self._connect_outputs = session_factory or default_output_session_factory()
+        self._connect_intake = session_factory or default_intake_session_factory()
+        self.outputs = PooledOutputs(
+            session_factory or default_output_session_factory(),
+            config.broker,
+            f"{config.client_id}-out",
+            will=Will(config.topics.pool_combiner(self.me), b"", qos=1, retain=True),
+        )
+        """The one connection every hosted partition publishes on (``shoal.broker.pooled``);
+        the member's announcements go out on it too, and its Will clears them."""
         self.follower = DocumentFollower(config.topics)
         self.deployed: dict[str, tuple[int, PipelineSpec]] = {}
         self._made_at: dict[str, int] = {}  # name -> when its current version was made
@@ -220,24 +240,26 @@ class CombinerHost:
         topics = self.config.topics
         presence = topics.pool_combiner(self.me)
         ticking = asyncio.create_task(self._ticks())
+        publishing = asyncio.create_task(self.outputs.run())
         try:
             while not self._stop.is_set():
                 session = self._connect(
                     self.config.broker,
                     self.config.client_id,
-                    will=Will(presence, b"", qos=1, retain=True),
                     receive_maximum=MEMBERSHIP_RECEIVE_MAXIMUM,
                     max_buffered_messages=MEMBERSHIP_RECEIVE_MAXIMUM,
                 )
                 try:
                     async with session:
                         await self._join(session)
-                        async with supervised(self._stop, self._reconciler(session)) as ending:
+                        async with supervised(self._stop, self._reconciler()) as ending:
                             async for message in session.messages_until(ending):
                                 self._on_message(message)
                         if self._stop.is_set():
                             await self._end_terms()
-                            await session.publish(presence, b"", qos=1, retain=True)
+                            outputs = self.outputs.current  # after its announcements
+                            if outputs is not None:
+                                await outputs.publish(presence, b"", qos=1, retain=True)
                 except BrokerError as exc:
                     if self._stop.is_set():
                         break
@@ -246,7 +268,8 @@ class CombinerHost:
         finally:
             await self._end_terms()
             ticking.cancel()
-            await asyncio.gather(ticking, return_exceptions=True)
+            publishing.cancel()  # after the terms: their leases have ended
+            await asyncio.gather(ticking, publishing, return_exceptions=True)
 
     async def _ticks(self) -> None:
         """Tick every partition this member runs, every ``tick_ms``: one timer for all.
@@ -326,13 +349,13 @@ class CombinerHost:
 
     # -- ownership ---------------------------------------------------------------------------
 
-    async def _reconciler(self, session: Session) -> None:
+    async def _reconciler(self) -> None:
         while True:
             await asyncio.sleep(self.config.tick_ms / 1000)
             if self.ready.is_set():
                 self._check_shared_state()
                 self.reconcile()
-                await self._announce(session)
+                self._announce()
 
     def _check_shared_state(self) -> None:
         """Report a live member whose ``state_dir`` is not ours (once, as an ERROR).
@@ -450,36 +473,41 @@ class CombinerHost:
             host_ticks=True,
         )
         runtime = CombinerRuntime(
-            config,
-            self.clock,
-            session_factory=self._connect,
-            output_session_factory=self._connect_outputs,
+            config, self.clock, session_factory=self._connect_intake, shared_outputs=self.outputs
         )
         self.terms[slot] = _Term(runtime, asyncio.create_task(runtime.run()), version)
         self.counters.terms_started += 1
         log.info("combiner pool %s: taking %s/%d v%d", self.me, name, partition, version)
 
-    async def _announce(self, session: Session) -> None:
-        """Publish the announcement when ``announcement_due`` says so.
+    def _announce(self) -> None:
+        """Publish the announcement when ``announcement_due`` says so, on the outputs connection.
+
+        On the outputs connection, whose Will clears it: an announcement can then only be
+        retained while the connection that will clear it is open, and a dead member's
+        partitions are taken over only once the broker has read everything that connection
+        carried (its results and confirmations come before the Will). None goes out while it
+        is being reopened.
 
         Not awaited in line: on a loaded member (1,000 partitions on a shared machine) a
-        PUBACK took longer than a publish's timeout, and reconnecting the membership for that
-        re-delivered every pipeline document and left the partitions unannounced. A new one
-        goes out once the previous one is acknowledged; one that fails, or waits longer than
-        ``ANNOUNCE_ACK_S``, reconnects.
-
-        Raises:
-            BrokerError: the previous announcement failed or was not acknowledged in time.
+        PUBACK took longer than a publish's timeout. A new one goes out once the previous one
+        is acknowledged; one that fails is sent again, and one that waits longer than
+        ``ANNOUNCE_ACK_S`` resets the outputs connection (its Will fires, its partitions end
+        and start again).
         """
         now = self.clock.monotonic()
         if self._announcing is not None:
             sent_at, previous = self._announcing
             if not previous.done():
                 if now - sent_at > ANNOUNCE_ACK_S:
-                    raise BrokerError(f"no PUBACK for an announcement within {ANNOUNCE_ACK_S} s")
+                    self.outputs.reset(f"no PUBACK for an announcement within {ANNOUNCE_ACK_S} s")
+                    self._announcing, self._announced = None, None
                 return
-            previous.result()  # a refusal or a lost connection raises here
             self._announcing = None
+            if previous.cancelled() or previous.exception() is not None:
+                self._announced = None  # lost with its connection: announce again
+        outputs = self.outputs.current
+        if outputs is None:
+            return
         owns = self.owns()
         if not announcement_due(
             changed=owns != self._announced,
@@ -493,8 +521,8 @@ class CombinerHost:
         payload = announcement.to_json()
         self._own = (payload, announcement)
         topic = self.config.topics.pool_combiner(self.me)
-        started = session.publish_started(topic, payload, qos=1, retain=True)
-        started.add_done_callback(_retrieved)  # a failure at stop is no error
+        started = outputs.publish_started(topic, payload, qos=1, retain=True)
+        started.add_done_callback(ignore_outcome)  # a failure at stop is no error
         self._announcing = (now, started)
         self._announced, self._announced_at = owns, now
 
@@ -512,11 +540,6 @@ def announcement_due(
     if not changed and since_s < heartbeat_s:
         return False
     return since_s >= tick_s * (listed // ANNOUNCED_PER_TICK)
-
-
-def _retrieved(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def _lists(announcement: Announcement, slot: Slot) -> bool:
