@@ -36,6 +36,40 @@ def test_the_cap_is_read_from_limits_with_a_default_and_checked() -> None:
         assert caught.value.field == "limits.max_state_cells"
 
 
+def test_count_windows_count_their_buffered_rows_against_the_cap() -> None:
+    # count-window partials carry rows (``events``), not state: they were never capped
+    spec = parse_pipeline(
+        {
+            "name": "c",
+            "windows": [{"kind": "count", "n": 1_000_000}],
+            "aggregates": ["count", "sum"],
+            "lateness_ms": 0,
+            "idle_timeout_ms": 1_000,
+            "limits": {"max_state_cells": 1_000},
+        }
+    )
+    clock = FakeClock()
+    builder = PartialBuilder(spec, "w1")
+    core = Combiner(spec, 0, clock)
+    core.receive_status(GatewayStatus("g", "s", 10, 0, 10, 0, None, 0, 0, 0))
+
+    def send(seq: int, rows: int, ts: int) -> tuple[int, list[tuple[Partial, StateCapError]]]:
+        frame = keyed_frame(["k"] * rows, np.arange(ts, ts + rows, dtype=np.int64), np.ones(rows))
+        batch = BatchInfo("g", seq, "s", 0, None, None, 0, 0, "w1")
+        step = core.receive(builder.build(frame, batch, clock.now_ms())[0])
+        return step.applied, step.over_cap
+
+    assert send(0, 600, 100) == (1, [])
+    held = core.state_cells
+    assert held >= 600  # the rows wait for their window of a million to fill
+    applied, refused = send(1, 600, 1_000)
+    assert applied == 0
+    [(partial, error)] = refused
+    assert partial.events is not None
+    assert (error.cells, error.incoming, error.cap) == (held, 600, 1_000)
+    assert core.state_cells == held  # nothing of it applied
+
+
 def test_a_partial_over_the_cap_is_refused_whole_and_its_seq_moves_on() -> None:
     spec = parse_pipeline(
         {
