@@ -315,7 +315,7 @@ class Combiner:
     def state_cells(self) -> int:
         """Cells of open state that ``max_state_cells`` bounds (unmerged pieces included)."""
         counts = 0 if self.counts is None else self.counts.held_cells
-        return self.state.rows + self.sessions.open_sessions() + counts
+        return self.state.rows + self.sessions.held_cells() + counts
 
     def _over_cap(self, partial: Partial) -> StateCapError | None:
         """The error if applying ``partial`` could grow the state beyond ``max_state_cells``.

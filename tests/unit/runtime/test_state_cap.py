@@ -40,14 +40,16 @@ def test_the_cap_is_read_from_limits_with_a_default_and_checked() -> None:
 Sender = Callable[[int, list[str], int], tuple[int, list[tuple[Partial, StateCapError]]]]
 
 
-def capped_core(window: dict[str, object], spread_ms: int) -> tuple[Combiner, Sender]:
+def capped_core(
+    window: dict[str, object], spread_ms: int, *, p50: bool = False
+) -> tuple[Combiner, Sender]:
     """A combiner capped at 1,000 cells, one gateway announced, and a sender of batches
     (seq, one row per key name at ts, ts + spread_ms, ...) -> (applied, over cap)."""
     spec = parse_pipeline(
         {
             "name": "c",
             "windows": [window],
-            "aggregates": ["count", "sum"],
+            "aggregates": ["count", "sum", *(["p50"] if p50 else [])],
             "lateness_ms": 0,
             "idle_timeout_ms": 1_000,
             "limits": {"max_state_cells": 1_000},
@@ -82,6 +84,17 @@ def test_count_windows_count_their_buffered_rows_against_the_cap() -> None:
     assert partial.events is not None
     assert (error.cells, error.incoming, error.cap) == (held, 600, 1_000)
     assert core.state_cells == held  # nothing of it applied
+
+
+def test_session_sketch_cells_count_against_the_cap() -> None:
+    core, send = capped_core({"kind": "session", "gap_ms": 10_000}, spread_ms=1, p50=True)
+    assert send(0, [f"k{i}" for i in range(300)], 100) == (1, [])
+    # 300 sessions, each with one sketch cell: both count, as the incoming side counted them
+    assert core.state_cells == 600
+    applied, refused = send(1, [f"j{i}" for i in range(300)], 1_000)
+    assert applied == 0
+    [(_, error)] = refused
+    assert (error.cells, error.incoming) == (600, 600)
 
 
 def test_a_partial_over_the_cap_is_refused_whole_and_its_seq_moves_on() -> None:
