@@ -203,9 +203,9 @@ def _combiner_families(f: Families, runtime: CombinerRuntime) -> None:
     f.gauge("shoal_combiner_pending_bytes", "Bytes of those batches.", at, tracker.pending_weight)
     f.gauge(
         "shoal_combiner_state_rows",
-        "Open window state rows (and open sessions).",
+        "Open window state cells, what max_state_cells caps (all window kinds).",
         at,
-        core.state.rows + core.sessions.open_sessions(),
+        core.state_cells,
     )
     f.gauge(
         "shoal_combiner_kept_windows",

@@ -314,7 +314,8 @@ class Combiner:
     @property
     def state_cells(self) -> int:
         """Cells of open state that ``max_state_cells`` bounds (unmerged pieces included)."""
-        return self.state.rows + self.sessions.open_sessions()
+        counts = 0 if self.counts is None else self.counts.held_cells
+        return self.state.rows + self.sessions.held_cells() + counts
 
     def _over_cap(self, partial: Partial) -> StateCapError | None:
         """The error if applying ``partial`` could grow the state beyond ``max_state_cells``.
@@ -323,11 +324,13 @@ class Combiner:
         into cells already held). Past the cap the state is merged first, so the decision
         depends only on which batches were applied, never on when merging happened to run.
         """
-        rows = partial.rows
-        if rows is None or partial.batch.status != "ok":
+        rows, events = partial.rows, partial.events
+        if (rows is None and events is None) or partial.batch.status != "ok":
             return None
         cap = self.spec.max_state_cells
-        incoming = len(rows) + (0 if rows.sketch_bucket is None else len(rows.sketch_bucket))
+        incoming = 0 if events is None else len(events)  # count windows: buffered rows
+        if rows is not None:
+            incoming += len(rows) + (0 if rows.sketch_bucket is None else len(rows.sketch_bucket))
         if self.state_cells + incoming <= cap:
             return None
         self.state.compact()

@@ -434,6 +434,18 @@ class CountState:
         )
 
     @property
+    def held_cells(self) -> int:
+        """What this state holds, in state cells (``max_state_cells``).
+
+        Buffered rows, each unfinished window's keys and their batch and sketch entries,
+        finished window ids.
+        """
+        held = sum(len(p) for p in self._pending) + sum(len(d) for d in self._done)
+        for tail in self._tails:
+            held += int(np.count_nonzero(tail.count)) + len(tail.batches) + len(tail.cells)
+        return held
+
+    @property
     def tail_rows(self) -> int:
         """Final rows waiting for their window to fill (all count windows)."""
         return sum(int(t.count.sum()) for t in self._tails)

@@ -165,6 +165,10 @@ class SessionState:
         """Entries held (sessions, and pieces not merged yet)."""
         return sum(len(c) for chunks in self._chunks.values() for c in chunks)
 
+    def held_cells(self) -> int:
+        """State cells held (``max_state_cells``): entries and their sketch cells."""
+        return sum(len(c) + len(c.cells) for chunks in self._chunks.values() for c in chunks)
+
     # -- input -------------------------------------------------------------------------------
 
     def add(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -36,12 +37,19 @@ def test_the_cap_is_read_from_limits_with_a_default_and_checked() -> None:
         assert caught.value.field == "limits.max_state_cells"
 
 
-def test_a_partial_over_the_cap_is_refused_whole_and_its_seq_moves_on() -> None:
+Sender = Callable[[int, list[str], int], tuple[int, list[tuple[Partial, StateCapError]]]]
+
+
+def capped_core(
+    window: dict[str, object], spread_ms: int, *, p50: bool = False
+) -> tuple[Combiner, Sender]:
+    """A combiner capped at 1,000 cells, one gateway announced, and a sender of batches
+    (seq, one row per key name at ts, ts + spread_ms, ...) -> (applied, over cap)."""
     spec = parse_pipeline(
         {
             "name": "c",
-            "windows": [{"kind": "tumbling", "size_ms": 1_000}],
-            "aggregates": ["count", "sum"],
+            "windows": [window],
+            "aggregates": ["count", "sum", *(["p50"] if p50 else [])],
             "lateness_ms": 0,
             "idle_timeout_ms": 1_000,
             "limits": {"max_state_cells": 1_000},
@@ -52,12 +60,48 @@ def test_a_partial_over_the_cap_is_refused_whole_and_its_seq_moves_on() -> None:
     core = Combiner(spec, 0, clock)
     core.receive_status(GatewayStatus("g", "s", 10, 0, 10, 0, None, 0, 0, 0))
 
-    def send(seq: int, keys: int, ts: int) -> tuple[int, list[tuple[Partial, StateCapError]]]:
-        names = [f"k{seq}-{i}" for i in range(keys)]
-        frame = keyed_frame(names, np.full(keys, ts, np.int64), np.ones(keys))
+    def send(
+        seq: int, names: list[str], ts: int
+    ) -> tuple[int, list[tuple[Partial, StateCapError]]]:
+        rows = len(names)
+        frame = keyed_frame(names, ts + spread_ms * np.arange(rows, dtype=np.int64), np.ones(rows))
         batch = BatchInfo("g", seq, "s", 0, None, None, 0, 0, "w1")
         step = core.receive(builder.build(frame, batch, clock.now_ms())[0])
         return step.applied, step.over_cap
+
+    return core, send
+
+
+def test_count_windows_count_their_buffered_rows_against_the_cap() -> None:
+    # count-window partials carry rows (``events``), not state: they were never capped
+    core, send = capped_core({"kind": "count", "n": 1_000_000}, spread_ms=1)
+    assert send(0, ["k"] * 600, 100) == (1, [])
+    held = core.state_cells
+    assert held >= 600  # the rows wait for their window of a million to fill
+    applied, refused = send(1, ["k"] * 600, 1_000)
+    assert applied == 0
+    [(partial, error)] = refused
+    assert partial.events is not None
+    assert (error.cells, error.incoming, error.cap) == (held, 600, 1_000)
+    assert core.state_cells == held  # nothing of it applied
+
+
+def test_session_sketch_cells_count_against_the_cap() -> None:
+    core, send = capped_core({"kind": "session", "gap_ms": 10_000}, spread_ms=1, p50=True)
+    assert send(0, [f"k{i}" for i in range(300)], 100) == (1, [])
+    # 300 sessions, each with one sketch cell: both count, as the incoming side counted them
+    assert core.state_cells == 600
+    applied, refused = send(1, [f"j{i}" for i in range(300)], 1_000)
+    assert applied == 0
+    [(_, error)] = refused
+    assert (error.cells, error.incoming) == (600, 600)
+
+
+def test_a_partial_over_the_cap_is_refused_whole_and_its_seq_moves_on() -> None:
+    core, sender = capped_core({"kind": "tumbling", "size_ms": 1_000}, spread_ms=0)
+
+    def send(seq: int, keys: int, ts: int) -> tuple[int, list[tuple[Partial, StateCapError]]]:
+        return sender(seq, [f"k{seq}-{i}" for i in range(keys)], ts)
 
     assert send(0, 600, 100) == (1, [])
     applied, refused = send(1, 600, 200)  # 600 + 600 > 1,000: refused whole
