@@ -1004,9 +1004,13 @@ class CombinerRuntime:
                     return  # the term ended: its outputs are closed
                 part = replace(result, frame=result.frame.slice(offset, KEY_SLICE))
                 for key, payload in key_messages(part, name, at_ms):
-                    session.publish_started(
+                    sent = session.publish_started(
                         topics.result_key(name, key), payload, qos=0, retain=True
                     )
+                    if not sent.done():  # held behind the close log: its outcome comes later
+                        sent.add_done_callback(_retrieved)
+                    elif (error := sent.exception()) is not None:
+                        raise error  # the connection is gone: the rest would fail alike
         except BrokerError as exc:
             log.warning("combiner %s: per-key results interrupted: %s", self.config.client_id, exc)
         finally:
@@ -1520,6 +1524,12 @@ class CombinerRuntime:
         self._rendered = None
         self._ended = []
         self._restore(self.config.state_dir / CHECKPOINT_FILE)
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """Take a per-key publish's outcome (QoS 0: lost with the connection, as it may be)."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _stopped_without_checkpoint(client_id: str, exc: BrokerError) -> None:
