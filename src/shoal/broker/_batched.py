@@ -154,6 +154,8 @@ class BatchedSession(SessionBase):
         self._corked: list[bytes] = []  # QoS 0 packets for the write at the end of this turn
         self._corked_bytes = 0
         self.pauses = 0
+        self.reads = 0
+        """Chunks read from the connection (each handed over as one batch, when it held any)."""
         self.writes = 0
         """Writes handed to the connection (QoS 0 packets gathered count once)."""
 
@@ -360,6 +362,7 @@ class BatchedSession(SessionBase):
 
     def _delivered(self) -> None:
         """A chunk was read: wake the consumer; stop reading if too much waits."""
+        self.reads += 1
         if (
             self._over_limit()
             and not self._published
@@ -534,6 +537,8 @@ class BatchedSession(SessionBase):
         Raises:
             BrokerError: the connection was lost first.
         """
+        if self._waiting:
+            return True  # the common case under load: no task, no future
         stopper = None if stop is None else asyncio.ensure_future(stop.wait())
         try:
             while not self._waiting:
