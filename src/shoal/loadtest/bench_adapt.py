@@ -386,7 +386,7 @@ def _adapters_phase(
         # count, the phase was bound by CPU, not by the adapters' design
         "cores_busy": round((adapter_cpu_s + broker_cpu_s + sink_cpu_s) / seconds, 2),
         # the whole machine, other sessions and the kernel included: cores minus idle
-        "machine_cores_busy": round(psutil.cpu_count() - idle_s / seconds, 2),
+        "machine_cores_busy": round((psutil.cpu_count() or 1) - idle_s / seconds, 2),
         "device_msgs_per_ack_write": _per_ack_write(logs),
         "load_1m": round(load_1m, 2),
         "publish_s": round(publish_s, 2),
