@@ -37,6 +37,10 @@ def test_bench_adapt_json_runs_every_floor_and_loses_nothing(tmp_path: Path) -> 
         assert phase["adapter_cpu_s_per_1000_msgs"] > 0
         assert phase["adapter_rss_mb"] > 0
         assert phase["cores_busy"] > 0
+        assert phase["machine_cores_busy"] > 0
+        # every message acknowledged, in writes of at least one message each
+        assert phase["device_msgs_per_ack_write"] >= 1
+        assert phase["broker_wakeups_per_1000_msgs"] >= 0
     assert 1.0 <= record["two_adapters_ceiling"] <= 2.0
     floors = record["floors"]
     assert floors["batched"]["msgs"] == messages

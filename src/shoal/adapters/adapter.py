@@ -139,6 +139,8 @@ class AdapterStats:
         redeliveries: broker re-sends of messages already in the intake log, dropped.
         duplicates: device re-sends dropped by message id.
         commands: messages published to devices (Sparkplug rebirth requests).
+        groups: groups of device messages logged and acknowledged (one intake-log write and
+            one PUBACK write each): ``messages / groups`` is how many a write acknowledges.
     """
 
     messages: int = 0
@@ -148,6 +150,7 @@ class AdapterStats:
     redeliveries: int = 0
     duplicates: int = 0
     commands: int = 0
+    groups: int = 0
 
 
 @dataclass
@@ -482,6 +485,7 @@ class Adapter:
             if pending.waits:
                 await session.wait_published(pending.waits)
             session.ack_many(pending.messages)
+            self.stats.groups += 1
             if len(self._rows) >= self.config.mapping.batching.max_rows:
                 self._seal()
 

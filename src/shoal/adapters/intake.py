@@ -22,6 +22,9 @@ the broker on the persistent session with the same packet id (MQTT 5 §4.4): ``a
 ``horizon`` is the adapter's Receive Maximum: the broker holds at most that many messages
 unacknowledged, so the groups kept (the newest ones covering ``horizon`` messages) hold
 every message the broker can send again, however many PUBACK writes were still queued.
+A broker that does not hold to it (Mosquitto 2.0.11 after the first PUBACKs) sends more,
+and one read, hence one group, may then hold more than ``horizon`` messages; the re-sends
+are looked for within as many deliveries as the kept groups hold, whichever is more.
 
 Pure file I/O; never imports the MQTT libraries.
 """
@@ -68,6 +71,7 @@ class IntakeLog:
         self._kept = 0  # entries in ``_groups``
         self._armed: Counter[Entry] = Counter()
         self._seen_since_arm = 0
+        self._window = horizon  # deliveries after a (re)connect looked at
         self._fd: int | None = None
         self._size = 0
 
@@ -140,6 +144,8 @@ class IntakeLog:
         """A (re)connect: the broker may now re-send the last groups' messages."""
         self._armed = Counter(e for group in self._groups for e in group)
         self._seen_since_arm = 0
+        # The broker re-sends what it holds unacknowledged first: at most the kept groups.
+        self._window = max(self.horizon, self._kept)
 
     @property
     def armed(self) -> bool:
@@ -151,7 +157,7 @@ class IntakeLog:
         if not self._armed:
             return False
         self._seen_since_arm += 1
-        if self._seen_since_arm > self.horizon:
+        if self._seen_since_arm > self._window:
             self._armed.clear()
             return False
         if self._armed[entry] > 0:

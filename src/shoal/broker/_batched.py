@@ -190,6 +190,8 @@ class BatchedSession(SessionBase):
         self._pings: deque[asyncio.Future[None] | None] = deque()
         """PINGREQs written, oldest first: a ``sync`` waits for its PINGRESP (None: keep-alive)."""
         self.pauses = 0
+        self.reads = 0
+        """Chunks read from the connection (each handed over as one batch, when it held any)."""
         self.writes = 0
         """Writes handed to the connection (QoS 0 packets gathered count once)."""
 
@@ -430,6 +432,7 @@ class BatchedSession(SessionBase):
 
     def _delivered(self) -> None:
         """A chunk was read: wake the consumer; stop reading if too much waits."""
+        self.reads += 1
         if (
             self._over_limit()
             and not self._published
@@ -604,6 +607,8 @@ class BatchedSession(SessionBase):
         Raises:
             BrokerError: the connection was lost first.
         """
+        if self._waiting:
+            return True  # the common case under load: no task, no future
         stopper = None if stop is None else asyncio.ensure_future(stop.wait())
         try:
             while not self._waiting:

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import multiprocessing
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -116,11 +117,16 @@ def _publish_all(broker: EmbeddedBroker, kind: str, count: int, steps: int, proc
 
 
 class _Cpu:
-    """CPU seconds (user + system) of processes between ``__init__`` and ``seconds()``."""
+    """CPU seconds (user + system) of processes between ``__init__`` and ``seconds()``.
+
+    Also how often they went to sleep (voluntary context switches, ``sleeps()``): for the
+    broker, about how many times it was woken up for work.
+    """
 
     def __init__(self, *pids: int | None) -> None:
         self._procs = [psutil.Process(p) for p in pids if p is not None]
         self._start = [self._used(p) for p in self._procs]
+        self._sleeps = [self._slept(p) for p in self._procs]
 
     @staticmethod
     def _used(proc: psutil.Process) -> float:
@@ -130,8 +136,33 @@ class _Cpu:
             return 0.0
         return float(times.user + times.system + times.children_user + times.children_system)
 
+    @staticmethod
+    def _slept(proc: psutil.Process) -> int:
+        try:
+            return int(proc.num_ctx_switches().voluntary)
+        except psutil.Error:
+            return 0
+
     def seconds(self) -> float:
         return sum(self._used(p) - s for p, s in zip(self._procs, self._start, strict=True))
+
+    def sleeps(self) -> int:
+        return sum(self._slept(p) - s for p, s in zip(self._procs, self._sleeps, strict=True))
+
+
+class _MachineIdle:
+    """Idle CPU seconds of the whole machine (``/proc/stat``) since ``__init__``."""
+
+    def __init__(self) -> None:
+        self._start = self._idle()
+
+    @staticmethod
+    def _idle() -> float:
+        times = psutil.cpu_times()
+        return float(times.idle + getattr(times, "iowait", 0.0))
+
+    def seconds(self) -> float:
+        return self._idle() - self._start
 
 
 def _per_1000(cpu_s: float, messages: int) -> float:
@@ -251,6 +282,7 @@ def _floors(broker: EmbeddedBroker, kind: str, load: tuple[int, int, int]) -> di
             "seconds": round(seconds, 2),
             "subscriber_cpu_s_per_1000_msgs": _per_1000(sub_cpu_s, got),
             "broker_cpu_s_per_1000_msgs": _per_1000(broker_cpu.seconds(), got),
+            "broker_wakeups_per_1000_msgs": _per_1000(broker_cpu.sleeps(), got),
             "load_1m": round(load_1m, 2),
         }
     asyncio.run(_drop(broker.settings, [ids[n] for n in names]))
@@ -318,6 +350,7 @@ def _adapters_phase(
         adapter_cpu = _Cpu(*(p.pid for p in procs))
         broker_cpu = _Cpu(broker.pid)
         sink_cpu = _Cpu(sink.pid)
+        idle = _MachineIdle()
         deadline = started + 600
         while sink.counts.rows < expected_rows and time.monotonic() < deadline:
             for proc in procs:
@@ -326,7 +359,8 @@ def _adapters_phase(
             sink.wait_rows(expected_rows, 0.1)
         seconds = time.monotonic() - started
         adapter_cpu_s, broker_cpu_s = adapter_cpu.seconds(), broker_cpu.seconds()
-        sink_cpu_s = sink_cpu.seconds()
+        sink_cpu_s, idle_s = sink_cpu.seconds(), idle.seconds()
+        broker_wakeups = broker_cpu.sleeps()
     finally:
         for proc in procs:
             proc.terminate()
@@ -346,13 +380,31 @@ def _adapters_phase(
         "seconds": round(seconds, 2),
         "adapter_cpu_s_per_1000_msgs": _per_1000(adapter_cpu_s, messages),
         "broker_cpu_s_per_1000_msgs": _per_1000(broker_cpu_s, messages),
+        "broker_wakeups_per_1000_msgs": _per_1000(broker_wakeups, messages),
         "sink_cpu_s_per_1000_msgs": _per_1000(sink_cpu_s, messages),
         # adapters + broker + counting sink over the phase, in cores: near the machine's
         # count, the phase was bound by CPU, not by the adapters' design
         "cores_busy": round((adapter_cpu_s + broker_cpu_s + sink_cpu_s) / seconds, 2),
+        # the whole machine, other sessions and the kernel included: cores minus idle
+        "machine_cores_busy": round((psutil.cpu_count() or 1) - idle_s / seconds, 2),
+        "device_msgs_per_ack_write": _per_ack_write(logs),
         "load_1m": round(load_1m, 2),
         "publish_s": round(publish_s, 2),
     }
+
+
+_GROUPS: Final = re.compile(r"adapter \S+: (\d+) messages, .* (\d+) groups acknowledged")
+
+
+def _per_ack_write(logs: list[Path]) -> float | None:
+    """Device messages per PUBACK write, from each adapter's last counters line (at exit)."""
+    messages = groups = 0
+    for log in logs:
+        found = _GROUPS.findall(log.read_text(errors="replace"))
+        if found:
+            messages += int(found[-1][0])
+            groups += int(found[-1][1])
+    return round(messages / groups, 1) if groups else None
 
 
 _FILTERS: Final = {"json": "sensors/+/+", "raw": "home/+/+", "sparkplug": "spBv1.0/#"}

@@ -76,6 +76,24 @@ def test_small_groups_are_kept_until_they_cover_the_receive_maximum(tmp_path: Pa
     assert not log.is_redelivery((2, "t", 2))  # 3 newer ones fill the Receive Maximum
 
 
+def test_a_group_larger_than_the_receive_maximum_is_recognised_whole(tmp_path: Path) -> None:
+    # Mosquitto 2.0.11 stops holding to the Receive Maximum after the first PUBACKs: one
+    # read (one group) then brings thousands of messages. Logged, PUBACK not yet written,
+    # kill -9: the broker re-sends all of them first, and every one is recognised.
+    log = IntakeLog(tmp_path / "intake.log", horizon=3)
+    log.recover(0)
+    log.append([ROW_A], [(1, "t", 1)])
+    big = [(mid, "t", mid) for mid in range(2, 12)]  # 10 messages, horizon 3
+    log.append([ROW_B] * len(big), big)
+    log.arm()
+    assert [log.is_redelivery(e) for e in big] == [True] * len(big)
+    assert not log.is_redelivery((12, "t", 12))  # new: counted
+    log.arm()
+    for _ in range(11):  # 11 = the kept groups' messages: then the look-up ends
+        log.is_redelivery((99, "x", 99))
+    assert not log.is_redelivery((11, "t", 11))
+
+
 def test_compaction_keeps_unsealed_nothing_and_the_last_groups(tmp_path: Path) -> None:
     path = tmp_path / "intake.log"
     log = IntakeLog(path)
