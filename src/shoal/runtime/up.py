@@ -133,12 +133,12 @@ class Up:
     async def _run(self) -> Accounting:
         started = self.local.clock.monotonic()
         url = self.local.broker.settings.url
+        if self.config.control_plane or self.config.pool:
+            self._line(f"control plane running: shoal pipeline list --broker {url}")
         if self.config.pool:
             message = await self.local.deploy(self._spec_toml())
             self._line(f"deployed through the control plane: {message}")
-            self._line(f"pool workers and combiners: shoal pipeline deploy FILE --broker {url}")
-        elif self.config.control_plane:
-            self._line(f"control plane running: shoal pipeline list --broker {url}")
+            self._line(f"pool workers serve more: shoal pipeline deploy FILE --broker {url}")
         async with self.local.watching() as session:
             await asyncio.sleep(1.5)  # let workers and combiners subscribe before data flows
             server = await self._start_scaler()
