@@ -96,7 +96,7 @@ def test_up_runs_a_control_plane_that_shoal_pipeline_talks_to(tmp_path: Path) ->
 
 def test_up_serves_a_pipeline_deployed_while_it_runs(tmp_path: Path) -> None:
     """`shoal up` as a user starts it; a second pipeline deployed, served and deleted."""
-    argv = [*SHOAL, "up", "--duration", "30", "--scenario", "A", "--rate", "5", "--batch"]
+    argv = [*SHOAL, "up", "--duration", "120", "--scenario", "A", "--rate", "5", "--batch"]
     argv += ["1000", "--scale", "off", "--workers", "2", "--run-dir", str(tmp_path)]
     argv += ["--view-port", "-1"]
     up = spawn_tied(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -137,7 +137,8 @@ def test_up_serves_a_pipeline_deployed_while_it_runs(tmp_path: Path) -> None:
         listed = shoal("pipeline", "list", "--json")
         names = [p["name"] for p in json.loads(listed.stdout)["pipelines"] if not p.get("deleted")]
         assert names == ["default"], listed.stdout
-        out, _ = up.communicate(timeout=150)
+        up.send_signal(signal.SIGINT)  # Ctrl-C: settle and account, as a user stops it
+        out, _ = up.communicate(timeout=120)
     finally:
         up.kill()  # a hung run must not outlive the test (its children die with it)
         up.wait(10)
