@@ -57,7 +57,7 @@ def test_up_runs_a_demo_and_accounts_for_every_measurement(tmp_path: Path) -> No
 
 def test_up_runs_a_control_plane_that_shoal_pipeline_talks_to(tmp_path: Path) -> None:
     argv = [*SHOAL, "up", "--duration", "60", "--scenario", "none", "--scale", "off"]
-    argv += ["--workers", "1", "--run-dir", str(tmp_path)]
+    argv += ["--workers", "1", "--run-dir", str(tmp_path), "--pinned"]
     up = spawn_tied(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert up.stdout is not None
@@ -78,7 +78,7 @@ def test_up_runs_a_control_plane_that_shoal_pipeline_talks_to(tmp_path: Path) ->
             )
 
         spec = 'name = "extra"\n[[windows]]\nsize_ms = 5000\n'
-        # `shoal up` runs no pool worker (yet): stored is what can be confirmed here.
+        # `shoal up --pinned` runs no pool worker: stored is what can be confirmed here.
         deployed = pipeline("deploy", "-", "--no-wait", stdin=spec)
         assert deployed.returncode == 0, deployed.stderr
         listed = pipeline("list")
@@ -92,6 +92,61 @@ def test_up_runs_a_control_plane_that_shoal_pipeline_talks_to(tmp_path: Path) ->
             up.kill()  # a hung run must not outlive the test (its children die with it)
             up.wait(10)
     assert up.returncode == 0
+
+
+def test_up_serves_a_pipeline_deployed_while_it_runs(tmp_path: Path) -> None:
+    """`shoal up` as a user starts it; a second pipeline deployed, served and deleted."""
+    argv = [*SHOAL, "up", "--duration", "120", "--scenario", "A", "--rate", "5", "--batch"]
+    argv += ["1000", "--scale", "off", "--workers", "2", "--run-dir", str(tmp_path)]
+    argv += ["--view-port", "-1"]
+    up = spawn_tied(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert up.stdout is not None
+        lines = [up.stdout.readline()]
+        while lines[-1] and "deployed through the control plane" not in lines[-1]:
+            lines.append(up.stdout.readline())
+        assert "pipeline 'default' deployed v1" in lines[-1], "".join(lines)
+        url = next(x for x in lines if "control plane running" in x).rsplit("--broker ", 1)[1]
+        broker = ["--broker", url.strip()]
+
+        def shoal(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*SHOAL, *args, *broker],
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=90,
+                check=False,
+            )
+
+        # A different computation (not an alias of default): its own results.
+        spec = 'name = "extra"\n[[windows]]\nsize_ms = 2000\n'
+        deployed = shoal("pipeline", "deploy", "-", "--json", "--timeout", "30", stdin=spec)
+        assert deployed.returncode == 0, deployed.stdout + deployed.stderr
+        assert json.loads(deployed.stdout)["confirmed"]["workers"], deployed.stdout
+        for name in ("extra", "default"):
+            tail = shoal("tail", name, "--json", "--count", "1", "--timeout", "40")
+            windows = [json.loads(x) for x in tail.stdout.splitlines()]
+            assert windows, f"no result for {name}: {tail.stderr}"
+            assert all(w["pipeline"] == name for w in windows), windows[0]
+        status = shoal("status", "--pipeline", "extra")
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert "pipeline extra" in status.stdout, status.stdout
+        deleted = shoal("pipeline", "delete", "extra", "--json")
+        assert deleted.returncode == 0, deleted.stderr
+        listed = shoal("pipeline", "list", "--json")
+        names = [p["name"] for p in json.loads(listed.stdout)["pipelines"] if not p.get("deleted")]
+        assert names == ["default"], listed.stdout
+        up.send_signal(signal.SIGINT)  # Ctrl-C: settle and account, as a user stops it
+        out, _ = up.communicate(timeout=120)
+    finally:
+        up.kill()  # a hung run must not outlive the test (its children die with it)
+        up.wait(10)
+    assert up.returncode == 0, out[-3000:]
+    assert "verdict: zero loss" in out
+    generated = int(out.split("measurements generated")[1].split()[0].replace(",", ""))
+    assert int(out.split("counted in results")[1].split()[0].replace(",", "")) == generated
+    assert generated >= 1_000
 
 
 @pytest.mark.skipif(not DIES_WITH_PARENT, reason="PR_SET_PDEATHSIG is Linux-only")

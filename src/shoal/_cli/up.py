@@ -48,6 +48,14 @@ def register(sub: Any) -> None:
         action="store_false",
         help="do not run the control plane (`shoal control`) that `shoal pipeline` talks to",
     )
+    parser.add_argument(
+        "--pinned",
+        action="store_true",
+        help="run workers and combiners pinned to this one pipeline (the pre-pool layout) "
+        "instead of pool workers and combiners that serve every pipeline deployed with "
+        "`shoal pipeline deploy`; implied by --no-control-plane and by profiles with access "
+        "control (their component roles name one pipeline)",
+    )
     scaling = parser.add_argument_group("scaling")
     scaling.add_argument(
         "--scale",
@@ -98,9 +106,15 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--trace drives simulated gateways; drop --scenario none")
     if args.time_scale <= 0:
         raise ConfigError("--time-scale must be positive")
+    from shoal._cli.common import spec_path  # noqa: PLC0415
+    from shoal._resources import resource_dir  # noqa: PLC0415
+
+    has_acl = (resource_dir("broker") / f"{args.profile}.acl").is_file()
+    pool = not (args.pinned or not args.control_plane or has_acl)
     config = UpConfig(
         spec=load_spec(args.pipeline),
-        spec_source=args.pipeline,
+        spec_source=str(spec_path(args.pipeline)),
+        pool=pool,
         workers=args.workers if args.scale == "off" else bounds.clamp(args.workers),
         profile=args.profile,
         scenario=scenario,

@@ -22,6 +22,7 @@ import shutil
 import signal
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +39,7 @@ from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.session import Session, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
-from shoal.errors import UsageError
+from shoal.errors import ConfigError, ControlError, UsageError
 from shoal.processors.spec import PipelineSpec
 from shoal.scaler.backends import LocalBackend
 from shoal.scaler.monitor import PipelineMonitor, Snapshot
@@ -76,6 +77,10 @@ class LocalPipelineConfig:
         control_plane: also run the control plane (``shoal control``, process ``control``),
             so that ``shoal pipeline`` can be used against this broker; with access control
             it logs in with the ``control`` role.
+        pool: run pool combiners (one per partition) and pool workers instead of components
+            pinned to the spec (implies ``control_plane``); the spec is then not running until
+            it is deployed through the control plane (``deploy``). Profiles without access
+            control only (the component roles of an ACL profile name one pipeline).
     """
 
     spec: PipelineSpec
@@ -87,6 +92,7 @@ class LocalPipelineConfig:
     gateway_ids: tuple[str, ...] = ()
     broker_overrides: tuple[tuple[str, str], ...] = ()
     control_plane: bool = False
+    pool: bool = False
 
 
 @dataclass
@@ -265,6 +271,9 @@ class LocalPipeline:
         self.sampler.watch("broker", self.broker.pid)
         spec = self.config.spec
         conn = connection_args(self.broker.settings, self.topics)
+        if self.config.pool:
+            self._start_pool(conn)
+            return
         for p in range(spec.partitions):
             argv = [
                 "combiner",
@@ -283,6 +292,51 @@ class LocalPipeline:
             self._start_child("control", ["control", *conn])
         self.backend.scale_to(self.config.workers)
 
+    def _start_pool(self, conn: list[str]) -> None:
+        if self.users:
+            raise ConfigError(
+                f"profile {self.config.profile!r} has access control: its component roles "
+                "name one pipeline, so it runs pinned components only"
+            )
+        self._start_child("control", ["control", *conn])
+        for p in range(self.config.spec.partitions):
+            argv = ["combiner", "--id", f"combiner-{p}", "--state-dir", str(self.run_dir / "state")]
+            if not self.config.per_key_results:
+                argv.append("--no-key-topics")
+            self._start_child(f"combiner-{p}", [*argv, *conn])
+        self.backend.scale_to(self.config.workers)
+
+    async def deploy(self, spec_toml: str, timeout_s: float = 30.0) -> str:
+        """Deploy ``spec_toml`` through the control plane, as ``shoal pipeline deploy`` does.
+
+        Returns once a pool worker serves the version and pool combiners own its partitions;
+        raises ``ControlError`` when refused or not running in time.
+        """
+        from shoal.control.client import ControlClient  # noqa: PLC0415
+        from shoal.control.messages import Request  # noqa: PLC0415
+
+        control = self.process("control")
+        deadline = self.clock.monotonic() + timeout_s
+        # A request sent before the control plane subscribed would go unanswered.
+        while "shoal control: ready" not in control.log_tail():
+            if not control.alive() or self.clock.monotonic() > deadline:
+                raise ControlError(
+                    f"the control plane did not start: {control.log_tail()}", reason="timeout"
+                )
+            await asyncio.sleep(0.1)
+        client = ControlClient(self.credentials("admin"), self.topics, timeout_s=timeout_s)
+        result = await client.request(Request("deploy", uuid.uuid4().hex, spec_toml=spec_toml))
+        if not result.ok or result.name is None or result.version is None:
+            raise ControlError(
+                result.message, reason=result.reason or "refused", field=result.field
+            )
+        name, version = result.name, result.version
+        if result.alias_of is not None:
+            name, version = result.alias_of, 1
+        workers = await client.served(name, version)
+        await client.owned(name, version)
+        return f"{result.message}; served by pool worker(s) {', '.join(workers)}"
+
     @property
     def workers(self) -> list[ChildProcess]:
         """Live workers (the backend replaces crashed ones and drains surplus ones)."""
@@ -296,9 +350,10 @@ class LocalPipeline:
     def _spawn_worker(self) -> ChildProcess:
         name = f"worker-{next(self._worker_numbers)}"
         conn = connection_args(self.broker.settings, self.topics)
+        pinned = () if self.config.pool else ("--pipeline", self.config.spec_source)
         child = ChildProcess(
             name,
-            shoal_argv("worker", "--pipeline", self.config.spec_source, *conn),
+            shoal_argv("worker", *pinned, *conn),
             self.logs / f"{name}.log",
             self._child_env("worker"),
         )

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from shoal._stopping import stop_signals
 from shoal.clock import Clock
+from shoal.control.canonical import inline_files
 from shoal.errors import ConfigError
 from shoal.processors.spec import PipelineSpec
 from shoal.runtime.loadtrace import GatewayLoad, Trace, TraceDriver
@@ -57,6 +58,9 @@ class UpConfig:
         metrics_port: serve the scaler's Prometheus and KEDA endpoints here (None: no).
         control_plane: run the control plane too, for ``shoal pipeline`` (CONTRACT.md §22).
         view_port: serve the ``shoal view`` page here (0: any free port; None: no page).
+        pool: pool workers and combiners, the pipeline deployed through the control plane
+            (as ``shoal pipeline deploy``), so more pipelines can be deployed on them while
+            this runs; False: components pinned to this pipeline.
     """
 
     spec: PipelineSpec
@@ -76,6 +80,7 @@ class UpConfig:
     metrics_port: int | None = None
     control_plane: bool = True
     view_port: int | None = None
+    pool: bool = False
 
 
 class Up:
@@ -93,7 +98,8 @@ class Up:
                 workers=config.workers,
                 profile=config.profile,
                 run_dir=config.run_dir,
-                control_plane=config.control_plane,
+                control_plane=config.control_plane or config.pool,
+                pool=config.pool,
             ),
             clock,
         )
@@ -126,11 +132,13 @@ class Up:
 
     async def _run(self) -> Accounting:
         started = self.local.clock.monotonic()
-        if self.config.control_plane:
-            self._line(
-                "control plane running: shoal pipeline list --broker "
-                f"{self.local.broker.settings.url}"
-            )
+        url = self.local.broker.settings.url
+        if self.config.control_plane or self.config.pool:
+            self._line(f"control plane running: shoal pipeline list --broker {url}")
+        if self.config.pool:
+            message = await self.local.deploy(self._spec_toml())
+            self._line(f"deployed through the control plane: {message}")
+            self._line(f"pool workers serve more: shoal pipeline deploy FILE --broker {url}")
         async with self.local.watching() as session:
             await asyncio.sleep(1.5)  # let workers and combiners subscribe before data flows
             server = await self._start_scaler()
@@ -144,6 +152,11 @@ class Up:
             accounting = await self.local.settle(session)
         self._print_summary(accounting, self.local.clock.monotonic() - started)
         return accounting
+
+    def _spec_toml(self) -> str:
+        """The spec as ``shoal pipeline deploy FILE`` sends it (function files inlined)."""
+        path = Path(self.config.spec_source)
+        return inline_files(path.read_text("utf-8"), path.parent)
 
     def _start_view(self) -> ViewServer | None:
         """Serve the dashboard page (``shoal view``) and print its address."""
