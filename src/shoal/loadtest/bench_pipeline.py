@@ -229,6 +229,12 @@ async def _measure(
             first, last, accounting.applied, WARMUP_S + elapsed + accounting.waited_s
         )
         combiners = local.monitor.snapshot().combiners
+        if handle is None or publish_to_partial is None:
+            # No worker heartbeat with batch timings yet when the load stopped (a short run at a
+            # low rate on a busy machine): take them from the heartbeats after the drain.
+            workers = local.monitor.snapshot().worker_metrics
+            handle = handle or _worst(workers, "handle_ms")
+            publish_to_partial = publish_to_partial or _worst(workers, "publish_to_partial_ms")
     simulator = _read_json(summary_path)
     alert_latency = (
         None
