@@ -510,7 +510,6 @@ class LocalPipeline:
         for simulator in self.simulators:
             if simulator.alive():
                 simulator.signal(signal.SIGINT)
-        ran = bool(self.simulators)
         exited_at: list[float] = []
 
         def drained(snap: Snapshot) -> bool:
@@ -522,8 +521,9 @@ class LocalPipeline:
                 return False
             if not exited_at:
                 exited_at.append(self.clock.monotonic())
+            # (A simulator that died before generating anything leaves nothing to wait for.)
             settled = self.clock.monotonic() - exited_at[0] >= LAST_STATUS_GRACE_S
-            return settled and snap.lag_batches == 0 and (snap.rows_generated > 0 or not ran)
+            return settled and snap.lag_batches == 0
 
         await self._drain(drained, timeout_s, progress)
         waited = self.clock.monotonic() - stopped

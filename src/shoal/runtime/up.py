@@ -14,7 +14,7 @@ import datetime as dt
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Final, TextIO
 
 from shoal._stopping import stop_signals
 from shoal.clock import Clock
@@ -35,6 +35,9 @@ from shoal.scaler.policy import Bounds
 from shoal.view.server import PageConfig, ViewServer
 from shoal.view.status import gateway_notes, partition_notes, pipeline_status
 
+LOAD_START_WAIT_S: Final = 30.0
+"""``--duration`` counts from the first measurements, or from this long after the load started."""
+
 
 @dataclass(frozen=True, slots=True)
 class UpConfig:
@@ -49,7 +52,8 @@ class UpConfig:
         rate: measurements per second per sensor.
         batch: rows per batch.
         encoding: batch encoding.
-        duration_s: stop after this long (None: until Ctrl-C).
+        duration_s: stop after this long of load, counted from the first measurements (None:
+            until Ctrl-C).
         run_dir: logs and state (None: a temporary folder).
         refresh_s: view refresh period.
         scale: scaling policy (``lag``, ``cpu``, ``rps``), None for a fixed worker count.
@@ -254,9 +258,18 @@ class Up:
             self._line(f"scale: {text}")
 
     async def _show(self, started: float) -> None:
-        deadline = None if self.config.duration_s is None else started + self.config.duration_s
+        # The duration is of load: it counts from the first measurements the monitor sees (a
+        # simulator starting on a busy machine can take seconds to import), or from
+        # LOAD_START_WAIT_S after the load was started if none come.
+        clock = self.local.clock
+        load_from, deadline = clock.monotonic(), None
         while not self._stop.is_set():
-            if deadline is not None and self.local.clock.monotonic() >= deadline:
+            now = clock.monotonic()
+            if deadline is None and self.config.duration_s is not None:
+                running = self.local.monitor.snapshot().rows_generated > 0
+                if running or now - load_from >= LOAD_START_WAIT_S:
+                    deadline = now + self.config.duration_s
+            if deadline is not None and now >= deadline:
                 return
             dead = self.local.dead_children()
             if dead:
