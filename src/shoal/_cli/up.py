@@ -30,7 +30,12 @@ def register(sub: Any) -> None:
     parser.add_argument("--rate", type=float, default=25.0, help="measurements/s per sensor")
     parser.add_argument("--batch", type=int, default=4_000, help="rows per batch (default 4000)")
     parser.add_argument("--encoding", default="binary", help="batch encoding (default binary)")
-    parser.add_argument("--duration", type=float, default=None, help="stop after N seconds")
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="stop after N seconds of load, counted from the first measurements (default: Ctrl-C)",
+    )
     parser.add_argument("--profile", default="dev", help="broker profile (default dev)")
     add_embedded_broker_option(parser)
     parser.add_argument("--run-dir", type=Path, default=None, help="keep logs and state here")
