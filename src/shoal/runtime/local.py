@@ -365,13 +365,11 @@ class LocalPipeline:
         """Start ``shoal simulate`` with ``args`` against this broker.
 
         A pipeline keyed on an attribute, or whose row stage reads one, gets gateways that
-        send the attributes. Unless ``args`` say otherwise, the simulator keeps its gateways
-        at the end until everything it sent is confirmed (``--wait-confirmed
-        SIMULATOR_CONFIRM_WAIT_S``): what ``settle`` relies on to account a run exactly.
+        send the attributes. A simulator that ``settle`` is to account exactly keeps its
+        gateways until everything it sent is confirmed: give it ``--wait-confirmed`` (``up``
+        and the benchmarks pass ``SIMULATOR_CONFIRM_WAIT_S``).
         """
         conn = connection_args(self.broker.settings, self.topics)
-        if "--wait-confirmed" not in args:
-            args = [*args, "--wait-confirmed", str(SIMULATOR_CONFIRM_WAIT_S)]
         if self.config.spec.reads_attributes and "--attributes" not in args:
             args = [*args, "--attributes"]
         simulator = ChildProcess(
