@@ -217,11 +217,10 @@ async def _measure(
         measured = (start, start + elapsed)
         last = _applied_mark(local)
         window_cpu = _window_cpu(cpu_first, local.sampler.cpu_seconds(), elapsed)
-        handle = _worst(local.monitor.snapshot().worker_metrics, "handle_ms")
-        publish_to_partial = _worst(
-            local.monitor.snapshot().worker_metrics, "publish_to_partial_ms"
-        )
-        lag_at_end = local.monitor.snapshot().lag_rows
+        at_end = local.monitor.snapshot()
+        handle = _worst(at_end.worker_metrics, "handle_ms")
+        publish_to_partial = _worst(at_end.worker_metrics, "publish_to_partial_ms")
+        lag_at_end = at_end.lag_rows
         accounting = await local.settle(
             session, progress=None if progress is None else _drain_progress(progress)
         )

@@ -1008,7 +1008,7 @@ class CombinerRuntime:
                         topics.result_key(name, key), payload, qos=0, retain=True
                     )
                     if not sent.done():  # held behind the close log: its outcome comes later
-                        sent.add_done_callback(_retrieved)
+                        sent.add_done_callback(ignore_outcome)
                     elif (error := sent.exception()) is not None:
                         raise error  # the connection is gone: the rest would fail alike
         except BrokerError as exc:
@@ -1524,12 +1524,6 @@ class CombinerRuntime:
         self._rendered = None
         self._ended = []
         self._restore(self.config.state_dir / CHECKPOINT_FILE)
-
-
-def _retrieved(future: asyncio.Future[None]) -> None:
-    """Take a per-key publish's outcome (QoS 0: lost with the connection, as it may be)."""
-    if not future.cancelled():
-        future.exception()
 
 
 def _stopped_without_checkpoint(client_id: str, exc: BrokerError) -> None:

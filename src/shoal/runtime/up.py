@@ -264,11 +264,10 @@ class Up:
         clock = self.local.clock
         load_from, deadline = clock.monotonic(), None
         while not self._stop.is_set():
-            now = clock.monotonic()
-            if deadline is None and self.config.duration_s is not None:
-                running = self.local.monitor.snapshot().rows_generated > 0
-                if running or now - load_from >= LOAD_START_WAIT_S:
-                    deadline = now + self.config.duration_s
+            now, snap = clock.monotonic(), self.local.monitor.snapshot()
+            started_load = snap.rows_generated > 0 or now - load_from >= LOAD_START_WAIT_S
+            if deadline is None and self.config.duration_s is not None and started_load:
+                deadline = now + self.config.duration_s
             if deadline is not None and now >= deadline:
                 return
             dead = self.local.dead_children()
@@ -277,7 +276,7 @@ class Up:
                     f"component(s) exited unexpectedly: {', '.join(dead)}; see {self.local.logs}"
                 )
                 return
-            elapsed = self.local.clock.monotonic() - started
+            elapsed = now - started
             if self._driver is not None:
                 trace = self._driver.trace
                 if elapsed >= trace.duration_s and self.config.duration_s is None:
@@ -286,7 +285,7 @@ class Up:
                 self._driver.update(elapsed)
             if self.scaler is not None:
                 self.scaler.tick()
-            self._draw(self.local.monitor.snapshot(), elapsed)
+            self._draw(snap, elapsed)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.config.refresh_s):
                     await self._stop.wait()
