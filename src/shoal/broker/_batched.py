@@ -56,6 +56,10 @@ DEFAULT_BUFFERED_BYTES: Final = 16 * 1024 * 1024
 CORK_BYTES: Final = 256 * 1024
 """QoS 0 packets gathered for one write at most (``publish_started``): past it, written now."""
 _CONNECT_TIMEOUT_S: Final = 10.0
+_CLOSE_TIMEOUT_S: Final = 1.0
+"""How long leaving a session waits for its connection to be closed before it aborts it: a
+TLS close waits for the broker's close_notify, and a loop that ends first (``asyncio.run``)
+would leave the socket open behind it."""
 
 
 READ_BYTES: Final = 256 * 1024
@@ -87,6 +91,8 @@ class _Connection(asyncio.BufferedProtocol):
     def __init__(self, session: BatchedSession, read_bytes: int = READ_BYTES) -> None:
         self.session = session
         self.transport: asyncio.Transport | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        """Done once the transport is closed (``connection_lost``)."""
         self._buffer = bytearray()
         self._read_bytes = read_bytes
 
@@ -104,6 +110,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.transport = transport
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
         self.session._lost(f"the connection was closed{f' ({exc})' if exc else ''}")
 
     def data_received(self, data: bytes | memoryview) -> None:
@@ -262,6 +270,13 @@ class BatchedSession(SessionBase):
                 self._write(mqtt5.DisconnectPacket().write())
         self._lost("the session was closed")
         self._close()
+        conn = self._conn
+        if conn is not None and conn.transport is not None:
+            try:
+                async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                    await asyncio.shield(conn.closed)
+            except TimeoutError:
+                conn.transport.abort()
 
     def _close(self) -> None:
         conn = self._conn
