@@ -51,9 +51,7 @@ from shoal.processors.combine import Combiner, LateRows
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.result_parts import json_body_size, msgpack_body_size, split_result
 from shoal.processors.results import (
-    DEADLETTER_HEADROOM,
     Emission,
-    deadletter_message,
     key_messages,
     late_message,
     split_windows,
@@ -67,6 +65,7 @@ from shoal.runtime.combiner import CombinerConfig, CombinerRuntime
 from shoal.runtime.worker import Worker, WorkerConfig
 from shoal.schemas import Encoding, decode_batch, encode_batch, peek_envelope
 from shoal.schemas.control import Confirm, GatewayStatus
+from shoal.schemas.deadletter import DEADLETTER_HEADROOM, deadletter_message
 from shoal.schemas.topics import Topics
 
 T0: Final = 1_700_000_000_000

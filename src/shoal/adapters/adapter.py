@@ -49,8 +49,8 @@ from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
 from shoal.errors import BrokerError, InputError, SchemaError, SpoolError
 from shoal.gateway import Gateway, GatewayConfig
-from shoal.processors.results import DEADLETTER_HEADROOM, deadletter_message
 from shoal.schemas import DEFAULT_LIMITS, Topics
+from shoal.schemas.deadletter import DEADLETTER_HEADROOM, deadletter_message
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,8 @@ from typing import Final
 import msgpack
 import polars as pl
 
-from shoal.processors.results import DEADLETTER_HEADROOM, WindowResult, json_rows
+from shoal.processors.results import WindowResult, json_rows
+from shoal.schemas.deadletter import DEADLETTER_HEADROOM
 
 HEADER_ROOM: Final = 2048
 """Bytes of a window message kept for its header (names, numbers, ``part``/``parts``)."""

@@ -19,12 +19,12 @@ from shoal.broker.session import Message, Session
 from shoal.clock import Clock
 from shoal.errors import FunctionError, InputError
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
-from shoal.processors.results import DEADLETTER_HEADROOM, deadletter_message
 from shoal.processors.spec import PipelineSpec
 from shoal.rules.guard import FunctionGuard
 from shoal.runtime._shared_work import SharedWork
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas import Batch, decode_batch, peek_envelope
+from shoal.schemas.deadletter import DEADLETTER_HEADROOM, deadletter_message
 from shoal.schemas.topics import Topics, topic_matches
 
 log = logging.getLogger(__name__)

@@ -79,12 +79,10 @@ from shoal.processors.result_parts import (
     split_result,
 )
 from shoal.processors.results import (
-    DEADLETTER_HEADROOM,
     JSON_CONTENT_TYPE,
     MSGPACK_CONTENT_TYPE,
     Emission,
     WindowResult,
-    deadletter_message,
     json_rows,
     key_messages,
     late_message,
@@ -103,6 +101,7 @@ from shoal.runtime._log_writer import LogWriter, shared_writer, write_atomically
 from shoal.runtime._tasks import ignore_outcome, pause, supervised
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas.control import MAX_MISSING, Confirm, GatewayStatus
+from shoal.schemas.deadletter import DEADLETTER_HEADROOM, deadletter_message
 from shoal.schemas.topics import Topics, topic_matches
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ import msgpack
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shoal.processors.results import deadletter_message
+from shoal.schemas.deadletter import deadletter_message
 
 ERROR = {"error": "DecodeError", "reason": "bad_json", "field": None, "row": None}
 
