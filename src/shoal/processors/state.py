@@ -10,7 +10,7 @@ applied", whatever the order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -21,6 +21,7 @@ import polars as pl
 from shoal.errors import ConfigError
 from shoal.processors._kernels import (
     BUCKET_BITS,
+    FieldKernels,
     add_cells,
     cell_buckets,
     cell_groups,
@@ -49,6 +50,10 @@ COMPACT_ROWS: Final = 2_000_000
 TIDY_SHARE: Final = 4
 """Between closes, pending rows are merged once they are 1/``TIDY_SHARE`` of all rows held
 (``WindowState.tidy``)."""
+
+INSERT_SHARE: Final = 4
+"""``compact`` inserts pending rows into the merged base (no re-sort) while they are fewer than
+1/``INSERT_SHARE`` of it."""
 
 KEY_LIST_CACHE: Final = 256
 """Key lists remembered (about one per gateway and window)."""
@@ -343,9 +348,22 @@ class WindowState:
         if self._pending_rows == 0:
             return
         if self._groups:
-            groups = np.concatenate(self._groups)
-            columns = {f: np.concatenate([c[f] for c in self._columns]) for f in self._fields}
-            merged_groups, merged = merge_state(groups, columns, self.plan.fields)
+            groups = np.concatenate(self._groups[1:] if self._groups_merged else self._groups)
+            columns = {
+                f: np.concatenate([c[f] for c in self._columns[self._groups_merged :]])
+                for f in self._fields
+            }
+            if self._groups_merged and len(groups) * INSERT_SHARE < len(self._groups[0]):
+                merged_groups, merged = _insert_state(
+                    self._groups[0], self._columns[0], groups, columns, self.plan.fields
+                )
+            else:
+                if self._groups_merged:  # the merged base first: the same order as above
+                    groups = np.concatenate((self._groups[0], groups))
+                    columns = {
+                        f: np.concatenate((self._columns[0][f], c)) for f, c in columns.items()
+                    }
+                merged_groups, merged = merge_state(groups, columns, self.plan.fields)
             self._groups, self._columns = [merged_groups], [merged]
             self._groups_merged = True
         if self._cells:
@@ -904,6 +922,45 @@ def _continued(
     continued = np.zeros(len(order), dtype=np.bool_)
     continued[order[1:]] = same & (apart == 1)
     return continued
+
+
+def _insert_state(
+    base: npt.NDArray[np.int64],
+    base_columns: dict[str, npt.NDArray[Any]],
+    groups: npt.NDArray[np.int64],
+    columns: dict[str, npt.NDArray[Any]],
+    fields: Sequence[FieldKernels],
+) -> tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[Any]]]:
+    """Merge a few pending state rows into a large merged base: sorted inserts, no re-sort.
+
+    Only the base rows of the groups that have pending rows are merged with them, the base's
+    row first, then the pending rows in their order: exactly the rows, in the order, that a
+    merge of the whole (base, then pending) gives each group, so the result is the same to
+    the last bit of every float field. A pane kind's state takes rows for its newest panes
+    only, and re-sorting every pane of every key at each step was most of a combiner's
+    merging (``compact``).
+    """
+    at = np.searchsorted(base, groups)
+    known = at < len(base)
+    known[known] = base[at[known]] == groups[known]
+    touched = np.unique(at[known])
+    merged_groups, merged = merge_state(
+        np.concatenate((base[touched], groups)),
+        {f: np.concatenate((base_columns[f][touched], c)) for f, c in columns.items()},
+        fields,
+    )
+    where = np.searchsorted(base, merged_groups)
+    found = where < len(base)
+    found[found] = base[where[found]] == merged_groups[found]
+    new = where[~found]
+    # a found row's index once the new rows are inserted before it
+    moved = where[found] + np.searchsorted(new, where[found], side="right")
+    out_columns = {}
+    for name, column in base_columns.items():
+        out = np.insert(column, new, merged[name][~found])
+        out[moved] = merged[name][found]
+        out_columns[name] = out
+    return np.insert(base, new, merged_groups[~found]), out_columns
 
 
 def _take_slots(
