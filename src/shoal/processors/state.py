@@ -14,11 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+import msgpack
 import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, SchemaError
 from shoal.processors._kernels import (
     BUCKET_BITS,
     FieldKernels,
@@ -38,7 +39,14 @@ from shoal.processors.aggregates import (
     AggregatePlan,
     N,
 )
-from shoal.processors.partials import PartialRows, concat_rows, expand_panes, pane_partials
+from shoal.processors.partials import (
+    PartialRows,
+    concat_rows,
+    expand_panes,
+    pack_with_key_ids,
+    pane_partials,
+    unpack_with_key_names,
+)
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.windows import WINDOW_KINDS, kind_of
@@ -54,6 +62,9 @@ TIDY_SHARE: Final = 4
 INSERT_SHARE: Final = 4
 """``compact`` inserts pending rows into the merged base (no re-sort) while they are fewer than
 1/``INSERT_SHARE`` of it."""
+
+PACKED_NAME_CHUNKS: Final = 64
+"""Chunks of packed key names kept for checkpoints before they are packed afresh as one."""
 
 KEY_LIST_CACHE: Final = 256
 """Key lists remembered (about one per gateway and window)."""
@@ -85,6 +96,21 @@ class KeyIds:
         self.names = [] if names is None else list(names)
         self._ids = {k: i for i, k in enumerate(self.names)}
         self._lists = {}
+        self._packed: list[bytes] = []
+        self._packed_count = 0
+
+    def packed_names(self) -> list[bytes]:
+        """The names in id order, as MsgPack arrays to read in turn (``unpack_names``).
+
+        Names only ever get added: each call packs the names added since the last one, so a
+        checkpoint pays for new keys only.
+        """
+        if self._packed_count < len(self.names):
+            if len(self._packed) >= PACKED_NAME_CHUNKS:
+                self._packed, self._packed_count = [], 0
+            self._packed.append(_packb(self.names[self._packed_count :]))
+            self._packed_count = len(self.names)
+        return list(self._packed)
 
     def key_ids(self, keys: list[str | None]) -> npt.NDArray[np.int64]:
         """The id of each key (new keys get the next ids).
@@ -194,6 +220,10 @@ class WindowState:
         self._groups_merged = False
         self._cells_merged = False
         self._prepared: _Prepared | None = None
+        self.touched: set[tuple[int, int]] = set()
+        """(window, start) that took rows since the last ``snapshot_panes`` (panes only)."""
+        self._pane_blobs: dict[tuple[int, int], bytes] = {}
+        """Per held pane (window, start), its packed state as of the last ``snapshot_panes``."""
 
     @property
     def rows(self) -> int:
@@ -311,6 +341,8 @@ class WindowState:
         for i, packed in enumerate(unique.tolist()):
             w, s = packed >> 55, (packed & (2**55 - 1)) - 2**54
             slot = self._slots.get((w, s))
+            if not self._owns_keys:  # the pane state (``snapshot_panes``)
+                self.touched.add((w, s))
             if slot is None:
                 slot = self._free_slots.pop() if self._free_slots else len(self._slot_info)
                 if slot >= SLOT_LIMIT:
@@ -825,18 +857,111 @@ class WindowState:
             self.add(rows)
             self.compact()
 
-    def snapshot_panes(self) -> tuple[PartialRows | None, int | None]:
-        """The pane state in the partials' layout (with ``continued``) and ``pane_forgotten``."""
-        if self.panes is None:
-            return None, None
-        return self.panes.snapshot_rows(), self.pane_forgotten
+    def snapshot_panes(self) -> tuple[dict[str, Any] | None, int | None]:
+        """The pane state, pane by pane, and ``pane_forgotten``.
 
-    def restore_panes(self, rows: PartialRows | None, forgotten: int | None) -> None:
-        """Replace the pane state with a snapshot's (after ``restore``: key ids are shared)."""
+        ``{"keys": packed key names (``KeyIds.packed_names``), "panes": [[window index, pane
+        start, packed state], ...]}``, each pane's state packed with key ids
+        (``pack_with_key_ids``). A pane is packed again only if it took rows since the last
+        snapshot: a sliding window's step adds rows to its newest panes only, and packing
+        every pane of every key each checkpoint was a quarter of a combiner's main thread.
+        """
+        panes = self.panes
+        if panes is None:
+            return None, None
+        panes.compact()
+        touched, panes.touched = panes.touched, set()
+        held = {(w, s): slot for slot, (w, s, _) in panes._slot_info.items()}
+        blobs = self._pane_blobs
+        for pane in [p for p in blobs if p not in held]:
+            del blobs[pane]
+        for pane, slot in held.items():
+            if pane in touched or pane not in blobs:
+                blob = self._pack_pane(slot, pane)
+                if blob is None:
+                    blobs.pop(pane, None)
+                else:
+                    blobs[pane] = blob
+        if not blobs:
+            return None, self.pane_forgotten
+        chunks = [[w, s, blobs[(w, s)]] for w, s in sorted(blobs)]
+        return {"keys": self.keys.packed_names(), "panes": chunks}, self.pane_forgotten
+
+    def _pack_pane(self, slot: int, pane: tuple[int, int]) -> bytes | None:
+        """One pane's merged state, packed (``snapshot_panes``); None: it holds no rows."""
+        panes = self.panes
+        assert panes is not None
+        if not panes._groups:
+            return None
+        base = panes._groups[0]
+        lo, hi = (int(b[0]) for b in _slot_bounds(base, np.array([slot], np.int64), KEY_BITS))
+        if hi == lo:
+            return None
+        groups = base[lo:hi]
+        rows = PartialRows(
+            window=np.full(hi - lo, pane[0], dtype=np.uint8),
+            start=np.full(hi - lo, pane[1], dtype=np.int64),
+            keys=[],
+            fields={f: c[lo:hi] for f, c in panes._columns[0].items()},
+        )
+        if panes._cells and len(panes._cells[0]):
+            shift = KEY_BITS + BUCKET_BITS
+            first, last = (
+                int(b[0]) for b in _slot_bounds(panes._cells[0], np.array([slot], np.int64), shift)
+            )
+            cells = panes._cells[0][first:last]
+            rows = replace(
+                rows,
+                sketch_row=np.searchsorted(groups, cell_groups(cells)),
+                sketch_bucket=cell_buckets(cells),
+                sketch_count=panes._counts[0][first:last],
+            )
+        return _packb(pack_with_key_ids(rows, groups & ((1 << KEY_BITS) - 1)))
+
+    def restore_panes(
+        self, rows: dict[str, Any] | PartialRows | None, forgotten: int | None
+    ) -> None:
+        """Replace the pane state with a snapshot's (``snapshot_panes``; after ``restore``).
+
+        ``rows`` may also be the pane state as one ``PartialRows`` (a checkpoint written before
+        panes were packed one by one).
+
+        Raises:
+            SchemaError: an unreadable pane.
+        """
         if self.panes is None:
             return
-        self.panes.restore(rows)
+        restored = rows if isinstance(rows, PartialRows) else None
+        if isinstance(rows, dict):
+            names = unpack_names(rows["keys"])
+            parts = [
+                unpack_with_key_names(msgpack.unpackb(blob, raw=False), names)
+                for _, _, blob in rows["panes"]
+            ]
+            restored = concat_rows(parts) if parts else None
+        self.panes.restore(restored)
         self.pane_forgotten = forgotten
+
+
+def unpack_names(chunks: list[bytes]) -> list[str | None]:
+    """Key names from ``KeyIds.packed_names``.
+
+    Raises:
+        SchemaError: a chunk is not an array of names.
+    """
+    names: list[str | None] = []
+    for chunk in chunks:
+        part = msgpack.unpackb(chunk, raw=False)
+        if not isinstance(part, list):
+            raise SchemaError("key names are not a list", reason="bad_checkpoint")
+        names.extend(part)
+    return names
+
+
+def _packb(obj: Any) -> bytes:
+    packed = msgpack.packb(obj, use_bin_type=True)
+    assert isinstance(packed, bytes)
+    return packed
 
 
 def result_columns(spec: PipelineSpec, plan: AggregatePlan) -> list[pl.Expr | str]:
