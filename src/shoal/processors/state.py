@@ -63,6 +63,10 @@ INSERT_SHARE: Final = 4
 """``compact`` inserts pending rows into the merged base (no re-sort) while they are fewer than
 1/``INSERT_SHARE`` of it."""
 
+PREPARE_BACKOFF: Final = 8
+"""Pane windows are not finalised ahead (``prepare``) for this many closes after a close whose
+prepared results a row had made stale."""
+
 PACKED_NAME_CHUNKS: Final = 64
 """Chunks of packed key names kept for checkpoints before they are packed afresh as one."""
 
@@ -220,6 +224,8 @@ class WindowState:
         self._groups_merged = False
         self._cells_merged = False
         self._prepared: _Prepared | None = None
+        self._prepared_lost = False  # a row reached the prepared windows (panes)
+        self._prepare_skips = 0
         self.touched: set[tuple[int, int]] = set()
         """(window, start) that took rows since the last ``snapshot_panes`` (panes only)."""
         self._pane_blobs: dict[tuple[int, int], bytes] = {}
@@ -254,6 +260,7 @@ class WindowState:
         slots = self._slot_ids(rows.window[taken].astype(np.int64), rows.start[taken])
         if self._prepared is not None and np.isin(slots, self._prepared.slots).any():
             self._prepared = None  # a late row for a prepared window: finalise it again
+            self._prepared_lost = True
         everything = len(taken) == len(rows)  # the usual case: no copy of the key list
         keys = self.keys.key_ids(
             rows.keys if everything else [rows.keys[i] for i in taken.tolist()]
@@ -328,6 +335,7 @@ class WindowState:
             for w, s in prepared.windows:
                 if ((rows.window == w) & (rows.start >= s) & (rows.start < s + size)).any():
                     self._prepared = None
+                    self._prepared_lost = True
                     break
         self.panes.add(rows)
 
@@ -669,6 +677,9 @@ class WindowState:
         """
         self._prepared = None
         if self.panes is not None:
+            if self._prepare_skips:
+                self._prepare_skips -= 1
+                return
             windows = self._held_windows(None, through_ms)
             frame = self._finish_windows(windows)
             if frame is not None:
@@ -736,8 +747,15 @@ class WindowState:
         frame: pl.DataFrame | None
         if prepared is not None and prepared.windows == tuple(windows):
             frame = prepared.frame
+            self._prepare_skips = 0
         else:
             frame = self._finish_windows(windows)
+            if self._prepared_lost:
+                # Rows keep reaching windows after the watermark passed them (gateways that
+                # send large batches, each spanning several steps): preparing ahead only
+                # assembles every window twice. Try again after a few closes.
+                self._prepare_skips = PREPARE_BACKOFF
+        self._prepared_lost = False
         self._drop_with_panes(through_ms)
         return ClosedWindows(self.empty_result() if frame is None else frame)
 
