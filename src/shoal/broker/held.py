@@ -83,6 +83,16 @@ class HeldSession(SessionBase):
         Raises:
             PayloadTooLargeError: larger than the broker's maximum packet size; not sent.
         """
+        if self._failure is None and not self._held and self._released_through == self._barriers:
+            return self.inner.publish_started(
+                topic,
+                payload,
+                qos=qos,
+                retain=retain,
+                content_type=content_type,
+                user_properties=user_properties,
+                message_expiry_s=message_expiry_s,
+            )
         options: dict[str, Any] = {
             "qos": qos,
             "retain": retain,
@@ -90,8 +100,6 @@ class HeldSession(SessionBase):
             "user_properties": user_properties,
             "message_expiry_s": message_expiry_s,
         }
-        if self._failure is None and not self._held and self._released_through == self._barriers:
-            return self.inner.publish_started(topic, payload, **options)
         check_size(topic, payload, self.inner.max_packet_size)
         outer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._failure is not None:

@@ -930,7 +930,7 @@ class Combiner:
                     {}
                     if panes is None and panes_forgotten is None
                     else {
-                        "panes": None if panes is None else panes.pack(),
+                        "pane_chunks": panes,
                         "panes_forgotten": panes_forgotten,
                     }
                 ),
@@ -1005,10 +1005,10 @@ class Combiner:
             progress.released = g.get("released", False)
             self.tracker.gateways[progress.gateway_id] = progress
         self.state.restore(None if obj["state"] is None else PartialRows.unpack(obj["state"]))
-        panes = obj.get("panes")
-        self.state.restore_panes(
-            None if panes is None else PartialRows.unpack(panes), obj.get("panes_forgotten")
-        )
+        panes = obj.get("pane_chunks")
+        if panes is None and obj.get("panes") is not None:  # written before pane chunks
+            panes = PartialRows.unpack(obj["panes"])
+        self.state.restore_panes(panes, obj.get("panes_forgotten"))
         sessions = obj.get("sessions")  # after the state: it shares the state's key ids
         self.sessions.restore(
             None if sessions is None else PartialRows.unpack(sessions),

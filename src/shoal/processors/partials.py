@@ -338,6 +338,29 @@ class PartialRows:
         )
 
 
+def pack_with_key_ids(rows: PartialRows, key_ids: npt.NDArray[np.int64]) -> dict[str, Any]:
+    """``rows.pack()`` with each row's key as an id into a key table kept beside it.
+
+    For checkpoints of large states: packing a million key names each time cost more than the
+    rest (``WindowState.snapshot_panes``). ``unpack_with_key_names`` reads it back.
+    """
+    packed = replace(rows, keys=[]).pack()
+    packed["keys"] = _pack_int(key_ids)
+    return packed
+
+
+def unpack_with_key_names(obj: dict[str, Any], names: Sequence[str | None]) -> PartialRows:
+    """Read ``pack_with_key_ids``'s form back, each key id replaced by its name in ``names``.
+
+    Raises:
+        SchemaError: inconsistent buffers, or a key id outside ``names``.
+    """
+    ids = _unpack_int(obj["keys"], None)
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= len(names)):
+        raise SchemaError("key id out of range", reason="bad_partial", field="keys")
+    return PartialRows.unpack({**obj, "keys": [names[i] for i in ids.tolist()]})
+
+
 _WIDTHS: Final = (("u1", 0xFF), ("u2", 0xFFFF), ("u4", 0xFFFFFFFF))
 
 

@@ -10,17 +10,19 @@ applied", whatever the order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+import msgpack
 import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from shoal.errors import ConfigError
+from shoal.errors import ConfigError, SchemaError
 from shoal.processors._kernels import (
     BUCKET_BITS,
+    FieldKernels,
     add_cells,
     cell_buckets,
     cell_groups,
@@ -37,7 +39,14 @@ from shoal.processors.aggregates import (
     AggregatePlan,
     N,
 )
-from shoal.processors.partials import PartialRows, concat_rows, expand_panes, pane_partials
+from shoal.processors.partials import (
+    PartialRows,
+    concat_rows,
+    expand_panes,
+    pack_with_key_ids,
+    pane_partials,
+    unpack_with_key_names,
+)
 from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.windows import WINDOW_KINDS, kind_of
@@ -49,6 +58,17 @@ COMPACT_ROWS: Final = 2_000_000
 TIDY_SHARE: Final = 4
 """Between closes, pending rows are merged once they are 1/``TIDY_SHARE`` of all rows held
 (``WindowState.tidy``)."""
+
+INSERT_SHARE: Final = 4
+"""``compact`` inserts pending rows into the merged base (no re-sort) while they are fewer than
+1/``INSERT_SHARE`` of it."""
+
+PREPARE_BACKOFF: Final = 8
+"""Pane windows are not finalised ahead (``prepare``) for this many closes after a close whose
+prepared results a row had made stale."""
+
+PACKED_NAME_CHUNKS: Final = 64
+"""Chunks of packed key names kept for checkpoints before they are packed afresh as one."""
 
 KEY_LIST_CACHE: Final = 256
 """Key lists remembered (about one per gateway and window)."""
@@ -80,6 +100,21 @@ class KeyIds:
         self.names = [] if names is None else list(names)
         self._ids = {k: i for i, k in enumerate(self.names)}
         self._lists = {}
+        self._packed: list[bytes] = []
+        self._packed_count = 0
+
+    def packed_names(self) -> list[bytes]:
+        """The names in id order, as MsgPack arrays to read in turn (``unpack_names``).
+
+        Names only ever get added: each call packs the names added since the last one, so a
+        checkpoint pays for new keys only.
+        """
+        if self._packed_count < len(self.names):
+            if len(self._packed) >= PACKED_NAME_CHUNKS:
+                self._packed, self._packed_count = [], 0
+            self._packed.append(_packb(self.names[self._packed_count :]))
+            self._packed_count = len(self.names)
+        return list(self._packed)
 
     def key_ids(self, keys: list[str | None]) -> npt.NDArray[np.int64]:
         """The id of each key (new keys get the next ids).
@@ -189,6 +224,12 @@ class WindowState:
         self._groups_merged = False
         self._cells_merged = False
         self._prepared: _Prepared | None = None
+        self._prepared_lost = False  # a row reached the prepared windows (panes)
+        self._prepare_skips = 0
+        self.touched: set[tuple[int, int]] = set()
+        """(window, start) that took rows since the last ``snapshot_panes`` (panes only)."""
+        self._pane_blobs: dict[tuple[int, int], bytes] = {}
+        """Per held pane (window, start), its packed state as of the last ``snapshot_panes``."""
 
     @property
     def rows(self) -> int:
@@ -219,6 +260,7 @@ class WindowState:
         slots = self._slot_ids(rows.window[taken].astype(np.int64), rows.start[taken])
         if self._prepared is not None and np.isin(slots, self._prepared.slots).any():
             self._prepared = None  # a late row for a prepared window: finalise it again
+            self._prepared_lost = True
         everything = len(taken) == len(rows)  # the usual case: no copy of the key list
         keys = self.keys.key_ids(
             rows.keys if everything else [rows.keys[i] for i in taken.tolist()]
@@ -293,6 +335,7 @@ class WindowState:
             for w, s in prepared.windows:
                 if ((rows.window == w) & (rows.start >= s) & (rows.start < s + size)).any():
                     self._prepared = None
+                    self._prepared_lost = True
                     break
         self.panes.add(rows)
 
@@ -306,6 +349,8 @@ class WindowState:
         for i, packed in enumerate(unique.tolist()):
             w, s = packed >> 55, (packed & (2**55 - 1)) - 2**54
             slot = self._slots.get((w, s))
+            if not self._owns_keys:  # the pane state (``snapshot_panes``)
+                self.touched.add((w, s))
             if slot is None:
                 slot = self._free_slots.pop() if self._free_slots else len(self._slot_info)
                 if slot >= SLOT_LIMIT:
@@ -343,9 +388,22 @@ class WindowState:
         if self._pending_rows == 0:
             return
         if self._groups:
-            groups = np.concatenate(self._groups)
-            columns = {f: np.concatenate([c[f] for c in self._columns]) for f in self._fields}
-            merged_groups, merged = merge_state(groups, columns, self.plan.fields)
+            groups = np.concatenate(self._groups[1:] if self._groups_merged else self._groups)
+            columns = {
+                f: np.concatenate([c[f] for c in self._columns[self._groups_merged :]])
+                for f in self._fields
+            }
+            if self._groups_merged and len(groups) * INSERT_SHARE < len(self._groups[0]):
+                merged_groups, merged = _insert_state(
+                    self._groups[0], self._columns[0], groups, columns, self.plan.fields
+                )
+            else:
+                if self._groups_merged:  # the merged base first: the same order as above
+                    groups = np.concatenate((self._groups[0], groups))
+                    columns = {
+                        f: np.concatenate((self._columns[0][f], c)) for f, c in columns.items()
+                    }
+                merged_groups, merged = merge_state(groups, columns, self.plan.fields)
             self._groups, self._columns = [merged_groups], [merged]
             self._groups_merged = True
         if self._cells:
@@ -619,6 +677,9 @@ class WindowState:
         """
         self._prepared = None
         if self.panes is not None:
+            if self._prepare_skips:
+                self._prepare_skips -= 1
+                return
             windows = self._held_windows(None, through_ms)
             frame = self._finish_windows(windows)
             if frame is not None:
@@ -686,8 +747,15 @@ class WindowState:
         frame: pl.DataFrame | None
         if prepared is not None and prepared.windows == tuple(windows):
             frame = prepared.frame
+            self._prepare_skips = 0
         else:
             frame = self._finish_windows(windows)
+            if self._prepared_lost:
+                # Rows keep reaching windows after the watermark passed them (gateways that
+                # send large batches, each spanning several steps): preparing ahead only
+                # assembles every window twice. Try again after a few closes.
+                self._prepare_skips = PREPARE_BACKOFF
+        self._prepared_lost = False
         self._drop_with_panes(through_ms)
         return ClosedWindows(self.empty_result() if frame is None else frame)
 
@@ -807,18 +875,111 @@ class WindowState:
             self.add(rows)
             self.compact()
 
-    def snapshot_panes(self) -> tuple[PartialRows | None, int | None]:
-        """The pane state in the partials' layout (with ``continued``) and ``pane_forgotten``."""
-        if self.panes is None:
-            return None, None
-        return self.panes.snapshot_rows(), self.pane_forgotten
+    def snapshot_panes(self) -> tuple[dict[str, Any] | None, int | None]:
+        """The pane state, pane by pane, and ``pane_forgotten``.
 
-    def restore_panes(self, rows: PartialRows | None, forgotten: int | None) -> None:
-        """Replace the pane state with a snapshot's (after ``restore``: key ids are shared)."""
+        ``{"keys": packed key names (``KeyIds.packed_names``), "panes": [[window index, pane
+        start, packed state], ...]}``, each pane's state packed with key ids
+        (``pack_with_key_ids``). A pane is packed again only if it took rows since the last
+        snapshot: a sliding window's step adds rows to its newest panes only, and packing
+        every pane of every key each checkpoint was a quarter of a combiner's main thread.
+        """
+        panes = self.panes
+        if panes is None:
+            return None, None
+        panes.compact()
+        touched, panes.touched = panes.touched, set()
+        held = {(w, s): slot for slot, (w, s, _) in panes._slot_info.items()}
+        blobs = self._pane_blobs
+        for pane in [p for p in blobs if p not in held]:
+            del blobs[pane]
+        for pane, slot in held.items():
+            if pane in touched or pane not in blobs:
+                blob = self._pack_pane(slot, pane)
+                if blob is None:
+                    blobs.pop(pane, None)
+                else:
+                    blobs[pane] = blob
+        if not blobs:
+            return None, self.pane_forgotten
+        chunks = [[w, s, blobs[(w, s)]] for w, s in sorted(blobs)]
+        return {"keys": self.keys.packed_names(), "panes": chunks}, self.pane_forgotten
+
+    def _pack_pane(self, slot: int, pane: tuple[int, int]) -> bytes | None:
+        """One pane's merged state, packed (``snapshot_panes``); None: it holds no rows."""
+        panes = self.panes
+        assert panes is not None
+        if not panes._groups:
+            return None
+        base = panes._groups[0]
+        lo, hi = (int(b[0]) for b in _slot_bounds(base, np.array([slot], np.int64), KEY_BITS))
+        if hi == lo:
+            return None
+        groups = base[lo:hi]
+        rows = PartialRows(
+            window=np.full(hi - lo, pane[0], dtype=np.uint8),
+            start=np.full(hi - lo, pane[1], dtype=np.int64),
+            keys=[],
+            fields={f: c[lo:hi] for f, c in panes._columns[0].items()},
+        )
+        if panes._cells and len(panes._cells[0]):
+            shift = KEY_BITS + BUCKET_BITS
+            first, last = (
+                int(b[0]) for b in _slot_bounds(panes._cells[0], np.array([slot], np.int64), shift)
+            )
+            cells = panes._cells[0][first:last]
+            rows = replace(
+                rows,
+                sketch_row=np.searchsorted(groups, cell_groups(cells)),
+                sketch_bucket=cell_buckets(cells),
+                sketch_count=panes._counts[0][first:last],
+            )
+        return _packb(pack_with_key_ids(rows, groups & ((1 << KEY_BITS) - 1)))
+
+    def restore_panes(
+        self, rows: dict[str, Any] | PartialRows | None, forgotten: int | None
+    ) -> None:
+        """Replace the pane state with a snapshot's (``snapshot_panes``; after ``restore``).
+
+        ``rows`` may also be the pane state as one ``PartialRows`` (a checkpoint written before
+        panes were packed one by one).
+
+        Raises:
+            SchemaError: an unreadable pane.
+        """
         if self.panes is None:
             return
-        self.panes.restore(rows)
+        restored = rows if isinstance(rows, PartialRows) else None
+        if isinstance(rows, dict):
+            names = unpack_names(rows["keys"])
+            parts = [
+                unpack_with_key_names(msgpack.unpackb(blob, raw=False), names)
+                for _, _, blob in rows["panes"]
+            ]
+            restored = concat_rows(parts) if parts else None
+        self.panes.restore(restored)
         self.pane_forgotten = forgotten
+
+
+def unpack_names(chunks: list[bytes]) -> list[str | None]:
+    """Key names from ``KeyIds.packed_names``.
+
+    Raises:
+        SchemaError: a chunk is not an array of names.
+    """
+    names: list[str | None] = []
+    for chunk in chunks:
+        part = msgpack.unpackb(chunk, raw=False)
+        if not isinstance(part, list):
+            raise SchemaError("key names are not a list", reason="bad_checkpoint")
+        names.extend(part)
+    return names
+
+
+def _packb(obj: Any) -> bytes:
+    packed = msgpack.packb(obj, use_bin_type=True)
+    assert isinstance(packed, bytes)
+    return packed
 
 
 def result_columns(spec: PipelineSpec, plan: AggregatePlan) -> list[pl.Expr | str]:
@@ -904,6 +1065,45 @@ def _continued(
     continued = np.zeros(len(order), dtype=np.bool_)
     continued[order[1:]] = same & (apart == 1)
     return continued
+
+
+def _insert_state(
+    base: npt.NDArray[np.int64],
+    base_columns: dict[str, npt.NDArray[Any]],
+    groups: npt.NDArray[np.int64],
+    columns: dict[str, npt.NDArray[Any]],
+    fields: Sequence[FieldKernels],
+) -> tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[Any]]]:
+    """Merge a few pending state rows into a large merged base: sorted inserts, no re-sort.
+
+    Only the base rows of the groups that have pending rows are merged with them, the base's
+    row first, then the pending rows in their order: exactly the rows, in the order, that a
+    merge of the whole (base, then pending) gives each group, so the result is the same to
+    the last bit of every float field. A pane kind's state takes rows for its newest panes
+    only, and re-sorting every pane of every key at each step was most of a combiner's
+    merging (``compact``).
+    """
+    at = np.searchsorted(base, groups)
+    known = at < len(base)
+    known[known] = base[at[known]] == groups[known]
+    touched = np.unique(at[known])
+    merged_groups, merged = merge_state(
+        np.concatenate((base[touched], groups)),
+        {f: np.concatenate((base_columns[f][touched], c)) for f, c in columns.items()},
+        fields,
+    )
+    where = np.searchsorted(base, merged_groups)
+    found = where < len(base)
+    found[found] = base[where[found]] == merged_groups[found]
+    new = where[~found]
+    # a found row's index once the new rows are inserted before it
+    moved = where[found] + np.searchsorted(new, where[found], side="right")
+    out_columns = {}
+    for name, column in base_columns.items():
+        out = np.insert(column, new, merged[name][~found])
+        out[moved] = merged[name][found]
+        out_columns[name] = out
+    return np.insert(base, new, merged_groups[~found]), out_columns
 
 
 def _take_slots(

@@ -113,7 +113,10 @@ is ``combiner.closes.v<version>`` (``close_log_name``)."""
 STATE_ROOT: Final = Path("var") / "combiner"
 """Where partitions keep their checkpoint folders unless told otherwise."""
 KEY_SLICE: Final = 250
-"""Per-key results built and published per slice, with the event loop free in between."""
+"""Per-key results published per slice, with the event loop free in between."""
+KEY_ENCODE_SLICE: Final = 20_000
+"""Per-key results encoded per block (``key_messages``: one encoding per block, not per slice:
+a sliding window's step gives every key a message)."""
 LOCK_TIMEOUT_S: Final = 10.0
 """How long a hosted combiner waits for a deposed owner to finish its last checkpoint write."""
 FUNCTION_REPORT_S: Final = 1.0
@@ -997,19 +1000,22 @@ class CombinerRuntime:
         topics, name = self.config.topics, self.config.spec.name
         try:
             await asyncio.gather(*after, return_exceptions=True)
-            for offset in range(0, result.frame.height, KEY_SLICE):
+            for block in range(0, result.frame.height, KEY_ENCODE_SLICE):
                 await asyncio.sleep(0)
-                if self._outputs is not session and self.config.hosted:
-                    return  # the term ended: its outputs are closed
-                part = replace(result, frame=result.frame.slice(offset, KEY_SLICE))
-                for key, payload in key_messages(part, name, at_ms):
-                    sent = session.publish_started(
-                        topics.result_key(name, key), payload, qos=0, retain=True
-                    )
-                    if not sent.done():  # held behind the close log: its outcome comes later
-                        sent.add_done_callback(ignore_outcome)
-                    elif (error := sent.exception()) is not None:
-                        raise error  # the connection is gone: the rest would fail alike
+                part = replace(result, frame=result.frame.slice(block, KEY_ENCODE_SLICE))
+                messages = key_messages(part, name, at_ms)  # encoded a block at a time
+                for offset in range(0, len(messages), KEY_SLICE):
+                    await asyncio.sleep(0)
+                    if self._outputs is not session and self.config.hosted:
+                        return  # the term ended: its outputs are closed
+                    for key, payload in messages[offset : offset + KEY_SLICE]:
+                        sent = session.publish_started(
+                            topics.result_key(name, key), payload, qos=0, retain=True
+                        )
+                        if not sent.done():  # held behind the close log: outcome comes later
+                            sent.add_done_callback(ignore_outcome)
+                        elif (error := sent.exception()) is not None:
+                            raise error  # the connection is gone: the rest would fail alike
         except BrokerError as exc:
             log.warning("combiner %s: per-key results interrupted: %s", self.config.client_id, exc)
         finally:

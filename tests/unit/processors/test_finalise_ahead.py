@@ -122,3 +122,25 @@ def test_tidy_merges_only_once_pending_rows_are_a_share_of_the_state() -> None:
     assert not tidied[0]  # one small partial next to 400 keys waits
     assert any(tidied)  # a few of them are worth a merge
     assert_same(state.close(2**62).frame, reference(spec, batches), spec)
+
+
+def test_pane_windows_are_not_prepared_again_soon_after_rows_made_them_stale() -> None:
+    """A sliding window assembled ahead and again at its close (a row reached it in between)
+    is not assembled ahead at the next closes: with large batches that is every close."""
+    spec = spec_of({"kind": "sliding", "size_ms": 10, "step_ms": 5}, ["count", "p50"])
+    partials = partial_rows(
+        spec,
+        [[("a", 1, 1.0), ("b", 6, 2.0)], [("a", 8, 3.0)], [("a", 12, 4.0), ("b", 16, 5.0)]],
+    )
+    state = WindowState(spec, spec.plan())
+    add_partial(state, partials[0])
+    state.prepare(10)
+    assert state.prepared_frame is not None
+    add_partial(state, partials[1])  # reaches [0, 10): stale
+    assert state.prepared_frame is None
+    assert state.close(10).frame.height > 0
+    add_partial(state, partials[2])
+    state.prepare(15)
+    assert state.prepared_frame is None  # not assembled ahead: the close does it
+    closed = state.close(15).frame
+    assert closed.select("start", "key", "count").rows() == [(5, "a", 2)]  # b: no trigger
