@@ -65,6 +65,10 @@ COUNT_SNAPSHOT_VERSION: Final = 2
 RESULT_EXTRAS: Final = ("index", "first_ts", "last_ts")
 """Per-key columns count-window results carry besides the usual ones (all Int64)."""
 
+ROWS_PER_CELL: Final = 8
+"""Buffered rows that count as one state cell (``max_state_cells``): a cell of merged state
+costs ~200-300 bytes (docs/benchmarks.md), a buffered row 36 (``ROW_DTYPES``)."""
+
 ROW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
     "key": np.dtype("<i4"),
     "ts": np.dtype("<i8"),
@@ -117,17 +121,47 @@ class _Rows:
         """All rows of ``parts``, in order."""
         return _concat_columns(cls, parts)
 
-    def pack(self) -> dict[str, bytes]:
-        """Raw little-endian buffers (checkpoints)."""
+    def pack(self) -> dict[str, Any]:
+        """Little-endian buffers (checkpoints).
+
+        A chunk of one batch (one gateway and seq, as ``CountState.add`` buffers them) keeps
+        those two as numbers and its event times as int32 offsets when they fit: 20 bytes a
+        row instead of 36 (the buffered rows are most of a count window's checkpoint).
+        """
+        n = len(self)
+        if n and (self.gateway == self.gateway[0]).all() and (self.seq == self.seq[0]).all():
+            base = int(self.ts.min())
+            offsets = self.ts - base
+            packed: dict[str, Any] = {
+                "key": self.key.tobytes(),
+                "gateway": int(self.gateway[0]),
+                "seq": int(self.seq[0]),
+                "row": self.row.tobytes(),
+                "value": self.value.tobytes(),
+            }
+            if int(offsets.max()) < 2**31:
+                packed["ts_base"] = base
+                packed["ts"] = offsets.astype("<i4").tobytes()
+            else:
+                packed["ts"] = self.ts.tobytes()
+            return packed
         return {f.name: getattr(self, f.name).tobytes() for f in fields(self)}
 
     @classmethod
-    def unpack(cls, obj: dict[str, bytes]) -> _Rows:
+    def unpack(cls, obj: dict[str, Any]) -> _Rows:
         """Inverse of ``pack``."""
-        cols = {name: np.frombuffer(obj[name], dtype=dtype) for name, dtype in ROW_DTYPES.items()}
+        cols: dict[str, npt.NDArray[Any]] = {}
+        for name, dtype in ROW_DTYPES.items():
+            raw = obj[name]
+            if name == "ts" and "ts_base" in obj:
+                cols[name] = np.frombuffer(raw, dtype="<i4").astype(np.int64) + int(obj["ts_base"])
+            elif isinstance(raw, int) and name in {"gateway", "seq"}:
+                cols[name] = np.full(len(obj["key"]) // ROW_DTYPES["key"].itemsize, raw, dtype)
+            else:
+                cols[name] = np.frombuffer(raw, dtype=dtype).copy()
         if len({len(c) for c in cols.values()}) != 1:
             raise SchemaError("inconsistent count-window rows", reason="bad_checkpoint")
-        return cls(**{k: v.copy() for k, v in cols.items()})
+        return cls(**cols)
 
 
 @dataclass(slots=True)
@@ -422,6 +456,10 @@ class CountState:
         self._gateway_ids: dict[str, int] = {}
         self._gateway_names: list[str] = []
         self._pending: list[_Rows] = []
+        self._pending_rows = 0  # rows in ``_pending``
+        # each buffered chunk's packed form, by id (the chunk kept, so the id stays its own):
+        # a chunk stays buffered for about lateness_ms, through several checkpoints
+        self._packed: dict[int, tuple[_Rows, dict[str, Any]]] = {}
         self._tails = [_Unfinished(self.plan.fields) for _ in self.windows]
         self._done = [np.zeros(0, dtype=np.int64) for _ in self.windows]
 
@@ -437,10 +475,10 @@ class CountState:
     def held_cells(self) -> int:
         """What this state holds, in state cells (``max_state_cells``).
 
-        Buffered rows, each unfinished window's keys and their batch and sketch entries,
-        finished window ids.
+        Buffered rows (``ROWS_PER_CELL`` to a cell), each unfinished window's keys and their
+        batch and sketch entries, finished window ids.
         """
-        held = sum(len(p) for p in self._pending) + sum(len(d) for d in self._done)
+        held = -(-self._pending_rows // ROWS_PER_CELL) + sum(len(d) for d in self._done)
         for tail in self._tails:
             held += int(np.count_nonzero(tail.count)) + len(tail.batches) + len(tail.cells)
         return held
@@ -462,6 +500,7 @@ class CountState:
         if gateway == len(self._gateway_names):
             self._gateway_names.append(gateway_id)
         n = len(picked)
+        self._pending_rows += n
         self._pending.append(
             _Rows(
                 keys,
@@ -496,6 +535,7 @@ class CountState:
         """The buffered rows with ``ts < threshold`` (all when ``flush``), as chunks."""
         if flush:
             final, self._pending = self._pending, []
+            self._pending_rows = 0
             return final
         taken: list[_Rows] = []
         kept: list[_Rows] = []
@@ -509,6 +549,7 @@ class CountState:
             else:
                 kept.append(chunk)
         self._pending = kept
+        self._pending_rows = sum(len(c) for c in kept)
         return taken
 
     def _gateway_ranks(self) -> Int64Array:
@@ -690,10 +731,18 @@ class CountState:
             "v": COUNT_SNAPSHOT_VERSION,
             "keys": self._keys.names,
             "gateways": self._gateway_names,
-            "pending": [p.pack() for p in self._pending],
+            "pending": self._packed_pending(),
             "unfinished": [t.pack() for t in self._tails],
             "done": [self._done_counts(i).tobytes() for i in range(len(self.windows))],
         }
+
+    def _packed_pending(self) -> list[dict[str, Any]]:
+        """The buffered chunks packed; each chunk once, while it stays buffered."""
+        known = self._packed
+        self._packed = {
+            id(c): (c, known[id(c)][1] if id(c) in known else c.pack()) for c in self._pending
+        }
+        return [packed for _, packed in self._packed.values()]
 
     def restore(self, obj: dict[str, Any] | None) -> None:
         """Replace everything with a ``snapshot`` (None: start empty).
@@ -708,6 +757,7 @@ class CountState:
             self._gateway_names = list(obj["gateways"])
             self._gateway_ids = {g: i for i, g in enumerate(self._gateway_names)}
             self._pending = [_Rows.unpack(p) for p in obj["pending"]]
+            self._pending_rows = sum(len(p) for p in self._pending)
             done = [np.frombuffer(d, dtype="<i8").copy() for d in obj["done"]]
             held = obj.get("unfinished")
             rows = (

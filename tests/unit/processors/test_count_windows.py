@@ -486,3 +486,64 @@ def test_final_rows_come_out_in_event_order(
     want = everything.take(state._event_order(everything))
     for column in ("key", "ts", "gateway", "seq", "row"):
         assert getattr(got, column).tolist() == getattr(want, column).tolist()
+
+
+@pytest.mark.parametrize("span", [10, 2**31 + 5])
+def test_buffered_rows_pack_compactly_and_round_trip(span: int) -> None:
+    """A chunk of one batch packs its gateway and seq as numbers and its times as int32
+    offsets when they fit (20 bytes a row, not 36); other chunks pack every column."""
+    from shoal.processors.count import _Rows  # noqa: PLC0415 - the packed layout is tested
+
+    n = 5
+    one = _Rows(
+        np.arange(n, dtype=np.int32),
+        np.array([7, 7 + span, 9, 8, 7], dtype=np.int64),
+        np.full(n, 3, dtype=np.int32),
+        np.full(n, 41, dtype=np.int64),
+        np.arange(0, 2 * n, 2, dtype=np.int32),
+        np.linspace(0.5, 2.5, n),
+    )
+    mixed = _Rows(one.key, one.ts, np.array([3, 3, 4, 3, 3], np.int32), one.seq, one.row, one.value)
+    for rows in (one, mixed):
+        packed = rows.pack()
+        back = _Rows.unpack(packed)
+        for name in ("key", "ts", "gateway", "seq", "row", "value"):
+            assert np.array_equal(getattr(back, name), getattr(rows, name)), name
+            assert getattr(back, name).dtype == getattr(rows, name).dtype, name
+        assert (isinstance(packed["seq"], int)) == (rows is one)
+        assert ("ts_base" in packed) == (rows is one and span < 2**31)
+
+
+def test_snapshots_reuse_packed_chunks_and_still_restore_exactly() -> None:
+    """A buffered chunk is packed once while it stays buffered; a chunk split by a close is
+    packed afresh: every snapshot restores to the state of the combiner that took it."""
+    spec = spec_for([{"kind": "count", "n": 5}], lateness_ms=300)
+    batches = make_batches(seed=9, gateways=2, batches_per_gateway=12)
+    clock = FakeClock()
+    builder = PartialBuilder(spec, "w")
+    combiner = Combiner(spec, 0, clock)
+    for status in statuses_for(batches, clock.now_ms()):
+        combiner.receive_status(status)
+    order = sorted(range(len(batches)), key=lambda i: (batches[i].seq, batches[i].gateway_id))
+    reused = 0
+    for index in order:
+        b = batches[index]
+        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
+        for p in builder.build(b.frame, info, clock.now_ms()):
+            combiner.receive(Partial.decode(p.encode()))
+        combiner.tick()
+        assert combiner.counts is not None
+        before = {id(c) for c in combiner.counts._pending} & set(combiner.counts._packed)
+        reused += len(before)
+        snapshot = combiner.snapshot()
+        restored = Combiner(spec, 0, clock)
+        restored.restore(snapshot)
+        assert restored.counts is not None
+        assert restored.counts.tail_rows == combiner.counts.tail_rows
+        assert restored.counts.buffered_span() == combiner.counts.buffered_span()
+        assert restored.counts._pending_rows == sum(len(c) for c in combiner.counts._pending)
+        clock.advance(1)
+    assert reused > 0  # chunks were carried from one snapshot to the next
+    clock.advance(spec.idle_timeout_ms + 1)
+    frames = [c.flush().frame for c in (combiner, restored)]
+    assert frames[0].equals(frames[1])
