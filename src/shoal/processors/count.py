@@ -214,6 +214,8 @@ class _Entries:
 
 
 MAX_ENTRY_CHUNKS: Final = 1024
+ENTRY_SLACK: Final = 65_536
+"""Entries an ``_EntryStore`` adds beyond twice its last consolidation before it consolidates."""
 """Chunks of unfinished windows' entries kept at most (each ``take`` looks into every one)."""
 
 
@@ -267,9 +269,14 @@ class _EntryStore:
     repeats), or too many chunks: memory stays within about twice the distinct entries.
     """
 
-    def __init__(self, squash: Callable[[_Entries], _Entries]) -> None:
+    def __init__(
+        self,
+        squash: Callable[[_Entries], _Entries],
+        settle: Callable[[_Entries], _Entries] | None = None,
+    ) -> None:
         self.chunks: list[_Chunk] = []
         self._squash = squash
+        self._settle = settle
         self._floor = 0
         self._held = 0  # entries in the chunks, dead runs included
 
@@ -281,8 +288,9 @@ class _EntryStore:
         if len(entries):
             self.chunks.append(_Chunk.of(entries))
             self._held += len(entries)
-            if self._held > 2 * self._floor + 65_536 or len(self.chunks) > MAX_ENTRY_CHUNKS:
-                self._hold(self.all())
+            if self._held > 2 * self._floor + ENTRY_SLACK or len(self.chunks) > MAX_ENTRY_CHUNKS:
+                entries = self.all()
+                self._hold(entries if self._settle is None else self._settle(entries))
 
     def take(self, keys: Int64Array) -> _Entries:
         """Take out every entry of ``keys`` (sorted, unique)."""
@@ -312,6 +320,22 @@ class _EntryStore:
         """Hold exactly ``entries``, whose repeats are merged already (one squash, not two)."""
         self.chunks = [_Chunk.of(entries)] if len(entries) else []
         self._floor = self._held = len(entries)
+
+
+def _batch_ids(gateway: Int64Array, seq: Int64Array) -> Int64Array:
+    """One int64 per batch: ``gateway << 40 | seq`` (gateway ids are dense and small)."""
+    ids: Int64Array = (gateway.astype(np.int64) << 40) | seq.astype(np.int64)
+    return ids
+
+
+def _batch_ids_fit(gateway: Int64Array, seq: Int64Array) -> bool:
+    """Whether ``_batch_ids`` are distinct for these batches."""
+    return bool(
+        int(gateway.min()) >= 0
+        and int(gateway.max()) < 1 << 22
+        and int(seq.min()) >= 0
+        and int(seq.max()) < 1 << 40
+    )
 
 
 def _distinct(entries: _Entries) -> _Entries:
@@ -395,17 +419,42 @@ class _Unfinished:
     def __init__(self, fields: Sequence[FieldKernels]) -> None:
         self.fields = list(fields)
         self.count = np.zeros(0, dtype=np.int64)  # rows per key id (0: no unfinished window)
+        # distinct batches of the window no longer among ``batches`` (see ``_settle``)
+        self.settled = np.zeros(0, dtype=np.int64)
+        self.open_batches = np.zeros(0, dtype=np.int64)  # sorted ``_batch_ids`` still buffered
         self.first_ts = np.zeros(0, dtype=np.int64)
         self.last_ts = np.zeros(0, dtype=np.int64)
         self.state = {f.name: np.zeros(0, dtype=f.np_dtype) for f in self.fields}
-        self.batches = _EntryStore(_distinct)  # key, gateway id, seq
+        self.batches = _EntryStore(_distinct, self._settle)  # key, gateway id, seq
         self.cells = _EntryStore(_summed)  # key, bucket, count
+
+    def _settle(self, entries: _Entries) -> _Entries:
+        """Count the batch entries no row can join any more; keep the others.
+
+        A batch none of whose rows is still buffered (``open_batches``) has brought all its
+        rows: no later row of a key can come from it, so the key's window will never see it
+        again and it is counted in ``settled`` instead of kept (``entries``: distinct, as
+        ``_distinct`` leaves them). At many keys nearly every row of a window comes from a
+        batch of its own; kept as entries until the window fills they were about one per
+        row (millions at 100,000 keys, each sorted again at every consolidation).
+        """
+        if len(entries) == 0 or not _batch_ids_fit(entries.a, entries.b):
+            return entries  # nothing settled: exact, only not smaller
+        ids = _batch_ids(entries.a, entries.b)
+        known = self.open_batches
+        pos = np.minimum(np.searchsorted(known, ids), max(len(known) - 1, 0))
+        is_open = known[pos] == ids if len(known) else np.zeros(len(ids), dtype=bool)
+        done = entries.key[~is_open]
+        if len(done):
+            self.settled += np.bincount(done, minlength=len(self.settled))[: len(self.settled)]
+        return entries.where(is_open)
 
     def grow(self, keys: int) -> None:
         """Make room for key ids below ``keys``."""
         extra = keys - len(self.count)
         if extra > 0:
             self.count = np.concatenate((self.count, np.zeros(extra, np.int64)))
+            self.settled = np.concatenate((self.settled, np.zeros(extra, np.int64)))
             self.first_ts = np.concatenate((self.first_ts, np.zeros(extra, np.int64)))
             self.last_ts = np.concatenate((self.last_ts, np.zeros(extra, np.int64)))
             self.state = {
@@ -417,6 +466,7 @@ class _Unfinished:
         """For checkpoints (``unpack``)."""
         return {
             "count": self.count.tobytes(),
+            "settled": self.settled.tobytes(),
             "first_ts": self.first_ts.tobytes(),
             "last_ts": self.last_ts.tobytes(),
             "state": {name: column.tobytes() for name, column in self.state.items()},
@@ -427,6 +477,12 @@ class _Unfinished:
     def unpack(self, obj: dict[str, Any]) -> None:
         """Inverse of ``pack``."""
         self.count = np.frombuffer(obj["count"], dtype="<i8").copy()
+        settled = obj.get("settled")  # absent: written before batches were settled
+        self.settled = (
+            np.zeros(len(self.count), np.int64)
+            if settled is None
+            else np.frombuffer(settled, dtype="<i8").copy()
+        )
         self.first_ts = np.frombuffer(obj["first_ts"], dtype="<i8").copy()
         self.last_ts = np.frombuffer(obj["last_ts"], dtype="<i8").copy()
         self.state = {
@@ -436,7 +492,8 @@ class _Unfinished:
         self.batches.replace(_Entries.unpack(obj["batches"]))
         self.cells.replace(_Entries.unpack(obj["cells"]))
         if any(
-            len(c) != len(self.count) for c in (self.first_ts, self.last_ts, *self.state.values())
+            len(c) != len(self.count)
+            for c in (self.first_ts, self.last_ts, self.settled, *self.state.values())
         ):
             raise SchemaError("inconsistent count-window state", reason="bad_checkpoint")
 
@@ -525,6 +582,9 @@ class CountState:
         emitted too, with fewer than ``n`` rows.
         """
         final = self._in_event_order(self._take_final(threshold, flush=flush))
+        open_batches = self._open_batches()
+        for tail in self._tails:
+            tail.open_batches = open_batches
         if len(final) == 0 and not flush:
             return self.empty_result()
         frames = [self._fill(i, final, span, flush=flush) for i in range(len(self.windows))]
@@ -551,6 +611,18 @@ class CountState:
         self._pending = kept
         self._pending_rows = sum(len(c) for c in kept)
         return taken
+
+    def _open_batches(self) -> Int64Array:
+        """``_batch_ids`` of the batches with rows still buffered, sorted.
+
+        Every buffered chunk is rows of one batch (``add``; ``_take_final`` splits chunks,
+        never joins them), so its first row names it.
+        """
+        if not self._pending:
+            return np.zeros(0, dtype=np.int64)
+        gateway = np.array([int(c.gateway[0]) for c in self._pending], dtype=np.int64)
+        seq = np.array([int(c.seq[0]) for c in self._pending], dtype=np.int64)
+        return np.unique(_batch_ids(gateway, seq))
 
     def _gateway_ranks(self) -> Int64Array:
         """Per gateway id, its rank among the gateways' names (``COUNT_ORDER`` sorts by name)."""
@@ -617,6 +689,7 @@ class CountState:
         taken = np.sort(g.keys[finishing])
         batches = _row_batches(final, g)  # (group, gateway, seq), distinct
         state[BATCHES.name] = _batch_counts(batches, held.batches.take(taken), group_of, g.size)
+        state[BATCHES.name][finishing] += held.settled[g.keys[finishing]]
         done_cells = None
         if cells is not None:
             held_cells = held.cells.take(taken)
@@ -921,6 +994,11 @@ def _keep_open(  # noqa: PLR0917 - private; one call site
     """The groups left open become their keys' unfinished windows; the others' are gone."""
     open_ = np.flatnonzero(is_open)
     keys = g.keys[open_]
+    continued = np.zeros(g.size, dtype=bool)
+    continued[g.from_held] = True
+    settled = np.where(continued[open_], held.settled[keys], 0)
+    held.settled[g.touched] = 0
+    held.settled[keys] = settled
     held.count[g.touched] = 0
     held.count[keys] = g.total[open_]
     held.first_ts[keys] = g.first_ts[open_]

@@ -547,3 +547,90 @@ def test_snapshots_reuse_packed_chunks_and_still_restore_exactly() -> None:
     clock.advance(spec.idle_timeout_ms + 1)
     frames = [c.flush().frame for c in (combiner, restored)]
     assert frames[0].equals(frames[1])
+
+
+def _settling_everywhere(mp: pytest.MonkeyPatch) -> list[int]:
+    """Consolidate batch entries at every step, so settling runs at every step; returns a
+    list that grows by the entries each settling counted instead of kept."""
+    from shoal.processors import count  # noqa: PLC0415 - the consolidation slack is patched
+
+    settled: list[int] = []
+    settle = count._Unfinished._settle
+
+    def counting(self: count._Unfinished, entries: count._Entries) -> count._Entries:
+        kept = settle(self, entries)
+        settled.append(len(entries) - len(kept))
+        return kept
+
+    mp.setattr(count, "ENTRY_SLACK", 0)
+    mp.setattr(count._Unfinished, "_settle", counting)
+    return settled
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+@pytest.mark.parametrize("workers", [1, 3, 5])
+def test_settled_batches_keep_the_batch_counts_exact(
+    partitions: int, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch entries of batches with no row buffered any more are counted, not kept: the
+    ``batches`` of every window still equal the oracle's distinct batches."""
+    settled = _settling_everywhere(monkeypatch)
+    spec = spec_for([{"kind": "count", "n": 7}, {"kind": "count", "n": 20}], partitions)
+    batches = make_batches(seed=partitions * 10 + workers, gateways=3, batches_per_gateway=15)
+    emitted, _, _ = check(spec, batches, seed=workers, workers=workers)
+    assert emitted.height > 20
+    assert sum(settled) > 0  # entries were settled, and the counts stayed exact
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    gateways=st.integers(1, 3),
+    batches=st.integers(1, 10),
+    n=st.sampled_from([1, 2, 3, 10]),
+    workers=st.integers(1, 5),
+    lateness_ms=st.sampled_from([0, 300, 2_000]),
+    duplicate_fraction=st.floats(0.0, 1.0),
+)
+def test_property_settling_batches_at_every_step(
+    seed, gateways, batches, n, workers, lateness_ms, duplicate_fraction
+) -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        _settling_everywhere(mp)
+        spec = spec_for([{"kind": "count", "n": n}], 1, lateness_ms)
+        data = make_batches(
+            seed=seed, gateways=gateways, batches_per_gateway=batches, gap_every=3, keys=4
+        )
+        check(spec, data, seed=seed, workers=workers, duplicate_fraction=duplicate_fraction)
+
+
+def test_settled_counts_survive_a_restore(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``settled`` is part of the checkpoint: a combiner restored at every step still counts
+    every window's batches exactly."""
+    settled = _settling_everywhere(monkeypatch)
+    spec = spec_for([{"kind": "count", "n": 9}], lateness_ms=300)
+    batches = make_batches(seed=5, gateways=2, batches_per_gateway=12)
+    clock = FakeClock()
+    builder = PartialBuilder(spec, "w")
+    combiner = Combiner(spec, 0, clock)
+    for status in statuses_for(batches, clock.now_ms()):
+        combiner.receive_status(status)
+    frames = []
+    order = sorted(range(len(batches)), key=lambda i: (batches[i].seq, batches[i].gateway_id))
+    for index in order:
+        b = batches[index]
+        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
+        for p in builder.build(b.frame, info, clock.now_ms()):
+            combiner.receive(Partial.decode(p.encode()))
+        closed = combiner.tick().closed
+        if closed is not None:
+            frames.append(closed.frame)
+        if index % 3 == 0:  # restored now and then: between, entries pile up and settle
+            fresh = Combiner(spec, 0, clock)
+            fresh.restore(combiner.snapshot())
+            combiner = fresh
+        clock.advance(1)
+    frames.append(combiner.flush().frame)
+    assert sum(settled) > 0
+    expected, _, scale = expected_count_results(all_rows(batches), spec, flush=True)
+    assert_count_windows_match(pl.concat(frames), expected, spec, scale)
