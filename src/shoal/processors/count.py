@@ -23,8 +23,10 @@ lag worth of input), 36 bytes a row (``ROW_DTYPES``). An unfinished window is *f
 (``_Unfinished``): its rows are ranked, so only their count, first and last event time,
 merged state fields, sketch cells (one per bucket it holds; quantiles only) and the set of
 batches it drew from (``batches`` counts distinct batches, which does not add up) are kept,
-not the rows. Everything is in numpy arrays; nothing loops over rows in Python (keys only
-when a key list is first seen).
+not the rows; of that set only the batches that still have rows buffered, the others are a
+count per key (``_Unfinished._settle``). A checkpoint packs buffered rows at 20 bytes a row,
+each chunk once while it stays buffered (``CountState._packed_pending``). Everything is in
+numpy arrays; nothing loops over rows in Python (keys only when a key list is first seen).
 
 Imports ``partials`` (rows), ``state`` (the results layout), ``aggregates``/``_kernels``/
 ``sketch`` (the registry); never I/O.
@@ -514,6 +516,8 @@ class CountState:
         self._gateway_names: list[str] = []
         self._pending: list[_Rows] = []
         self._pending_rows = 0  # rows in ``_pending``
+        # each buffered chunk's (smallest, largest) ts, by id (the chunk kept with it)
+        self._spans: dict[int, tuple[_Rows, int, int]] = {}
         # each buffered chunk's packed form, by id (the chunk kept, so the id stays its own):
         # a chunk stays buffered for about lateness_ms, through several checkpoints
         self._packed: dict[int, tuple[_Rows, dict[str, Any]]] = {}
@@ -524,9 +528,16 @@ class CountState:
         """Smallest and largest event time of the buffered rows (None: none)."""
         if not self._pending:
             return None
-        return min(int(p.ts.min()) for p in self._pending), max(
-            int(p.ts.max()) for p in self._pending
-        )
+        spans = [self._span(p) for p in self._pending]
+        return min(lo for lo, _ in spans), max(hi for _, hi in spans)
+
+    def _span(self, chunk: _Rows) -> tuple[int, int]:
+        """``chunk``'s smallest and largest ts, computed once while it stays buffered."""
+        known = self._spans.get(id(chunk))
+        if known is None or known[0] is not chunk:
+            known = (chunk, int(chunk.ts.min()), int(chunk.ts.max()))
+            self._spans[id(chunk)] = known
+        return known[1], known[2]
 
     @property
     def held_cells(self) -> int:
@@ -596,10 +607,18 @@ class CountState:
         if flush:
             final, self._pending = self._pending, []
             self._pending_rows = 0
+            self._spans = {}
             return final
         taken: list[_Rows] = []
         kept: list[_Rows] = []
         for chunk in self._pending:
+            low, high = self._span(chunk)
+            if low >= threshold:  # most of the buffer: nothing of it final yet
+                kept.append(chunk)
+                continue
+            if high < threshold:
+                taken.append(chunk)
+                continue
             is_final = chunk.ts < threshold
             if is_final.all():
                 taken.append(chunk)
@@ -610,6 +629,8 @@ class CountState:
                 kept.append(chunk)
         self._pending = kept
         self._pending_rows = sum(len(c) for c in kept)
+        spans = self._spans
+        self._spans = {id(c): spans[id(c)] for c in kept if id(c) in spans}
         return taken
 
     def _open_batches(self) -> Int64Array:
