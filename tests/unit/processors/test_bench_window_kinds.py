@@ -36,6 +36,7 @@ from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.results import Emission, key_messages, split_windows, window_json
 from shoal.processors.spec import parse_pipeline
 from shoal.schemas import Encoding, decode_batch, encode_batch
+from shoal.schemas.control import GatewayStatus
 
 GATEWAYS = 10
 BATCH = 16_000
@@ -60,6 +61,8 @@ def measure(kind: str, sensors: int, rate_hz: float, seconds: float, step_ms: in
     checkpoint_at = 1_700_000_000_000 + spec.checkpoint_interval_ms
     rows = results = 0
     now = 1_700_000_000_000
+    for field in fields:  # announced, as gateways do: their batches apply from seq 0 on
+        combiner.receive_status(GatewayStatus(field.gateway_id, "s", 0, 0, 0, 0, None, 0, 0, now))
     for seq in range(int(seconds * 1000 / tick_ms)):
         now += tick_ms
         for field in fields:
