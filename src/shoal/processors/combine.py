@@ -71,7 +71,7 @@ import polars as pl
 from shoal.clock import Clock
 from shoal.errors import SchemaError, StateCapError, UsageError
 from shoal.processors.close_log import CloseLog, Decision, LogWrite
-from shoal.processors.count import COUNT_CLOSE_STEP_MS, ROWS_PER_CELL, CountState
+from shoal.processors.count import ROWS_PER_CELL, CountState
 from shoal.processors.partials import (
     EventRows,
     Partial,
@@ -727,15 +727,11 @@ class Combiner:
         """Count windows: rows before the threshold are final; emit the windows they fill.
 
         Results carry the step's event-time span ``[closed_through before, threshold)`` as
-        their ``start``/``end`` (every window closed here has its last row in it). A step
-        spans ``COUNT_CLOSE_STEP_MS`` of event time at least (a flush excepted): the threshold
-        moves with nearly every partial, and each step has a cost of its own.
+        their ``start``/``end`` (every window closed here has its last row in it).
         """
         assert self.counts is not None
         if threshold is None or (
-            not flush
-            and self.closed_through is not None
-            and threshold < self.closed_through + COUNT_CLOSE_STEP_MS
+            not flush and self.closed_through is not None and threshold <= self.closed_through
         ):
             return None
         since = self.closed_through

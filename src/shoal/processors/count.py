@@ -67,8 +67,6 @@ COUNT_SNAPSHOT_VERSION: Final = 2
 RESULT_EXTRAS: Final = ("index", "first_ts", "last_ts")
 """Per-key columns count-window results carry besides the usual ones (all Int64)."""
 
-COUNT_CLOSE_STEP_MS: Final = 200
-"""Event time a close step of count windows spans at least (``Combiner._close_counts``)."""
 ROWS_PER_CELL: Final = 8
 """Buffered rows that count as one state cell (``max_state_cells``): a cell of merged state
 costs ~200-300 bytes (docs/benchmarks.md), a buffered row 36 (``ROW_DTYPES``)."""
