@@ -71,7 +71,7 @@ import polars as pl
 from shoal.clock import Clock
 from shoal.errors import SchemaError, StateCapError, UsageError
 from shoal.processors.close_log import CloseLog, Decision, LogWrite
-from shoal.processors.count import CountState
+from shoal.processors.count import ROWS_PER_CELL, CountState
 from shoal.processors.partials import (
     EventRows,
     Partial,
@@ -328,7 +328,8 @@ class Combiner:
         if (rows is None and events is None) or partial.batch.status != "ok":
             return None
         cap = self.spec.max_state_cells
-        incoming = 0 if events is None else len(events)  # count windows: buffered rows
+        # count windows: buffered rows, ROWS_PER_CELL to a cell
+        incoming = 0 if events is None else -(-len(events) // ROWS_PER_CELL)
         if rows is not None:
             incoming += len(rows) + (0 if rows.sketch_bucket is None else len(rows.sketch_bucket))
         if self.state_cells + incoming <= cap:

@@ -23,8 +23,10 @@ lag worth of input), 36 bytes a row (``ROW_DTYPES``). An unfinished window is *f
 (``_Unfinished``): its rows are ranked, so only their count, first and last event time,
 merged state fields, sketch cells (one per bucket it holds; quantiles only) and the set of
 batches it drew from (``batches`` counts distinct batches, which does not add up) are kept,
-not the rows. Everything is in numpy arrays; nothing loops over rows in Python (keys only
-when a key list is first seen).
+not the rows; of that set only the batches that still have rows buffered, the others are a
+count per key (``_Unfinished._settle``). A checkpoint packs buffered rows at 20 bytes a row,
+each chunk once while it stays buffered (``CountState._packed_pending``). Everything is in
+numpy arrays; nothing loops over rows in Python (keys only when a key list is first seen).
 
 Imports ``partials`` (rows), ``state`` (the results layout), ``aggregates``/``_kernels``/
 ``sketch`` (the registry); never I/O.
@@ -64,6 +66,10 @@ COUNT_SNAPSHOT_VERSION: Final = 2
 """Unfinished windows as folded state (1, unmarked: as rows)."""
 RESULT_EXTRAS: Final = ("index", "first_ts", "last_ts")
 """Per-key columns count-window results carry besides the usual ones (all Int64)."""
+
+ROWS_PER_CELL: Final = 8
+"""Buffered rows that count as one state cell (``max_state_cells``): a cell of merged state
+costs ~200-300 bytes (docs/benchmarks.md), a buffered row 36 (``ROW_DTYPES``)."""
 
 ROW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
     "key": np.dtype("<i4"),
@@ -117,17 +123,47 @@ class _Rows:
         """All rows of ``parts``, in order."""
         return _concat_columns(cls, parts)
 
-    def pack(self) -> dict[str, bytes]:
-        """Raw little-endian buffers (checkpoints)."""
+    def pack(self) -> dict[str, Any]:
+        """Little-endian buffers (checkpoints).
+
+        A chunk of one batch (one gateway and seq, as ``CountState.add`` buffers them) keeps
+        those two as numbers and its event times as int32 offsets when they fit: 20 bytes a
+        row instead of 36 (the buffered rows are most of a count window's checkpoint).
+        """
+        n = len(self)
+        if n and (self.gateway == self.gateway[0]).all() and (self.seq == self.seq[0]).all():
+            base = int(self.ts.min())
+            offsets = self.ts - base
+            packed: dict[str, Any] = {
+                "key": self.key.tobytes(),
+                "gateway": int(self.gateway[0]),
+                "seq": int(self.seq[0]),
+                "row": self.row.tobytes(),
+                "value": self.value.tobytes(),
+            }
+            if int(offsets.max()) < 2**31:
+                packed["ts_base"] = base
+                packed["ts"] = offsets.astype("<i4").tobytes()
+            else:
+                packed["ts"] = self.ts.tobytes()
+            return packed
         return {f.name: getattr(self, f.name).tobytes() for f in fields(self)}
 
     @classmethod
-    def unpack(cls, obj: dict[str, bytes]) -> _Rows:
+    def unpack(cls, obj: dict[str, Any]) -> _Rows:
         """Inverse of ``pack``."""
-        cols = {name: np.frombuffer(obj[name], dtype=dtype) for name, dtype in ROW_DTYPES.items()}
+        cols: dict[str, npt.NDArray[Any]] = {}
+        for name, dtype in ROW_DTYPES.items():
+            raw = obj[name]
+            if name == "ts" and "ts_base" in obj:
+                cols[name] = np.frombuffer(raw, dtype="<i4").astype(np.int64) + int(obj["ts_base"])
+            elif isinstance(raw, int) and name in {"gateway", "seq"}:
+                cols[name] = np.full(len(obj["key"]) // ROW_DTYPES["key"].itemsize, raw, dtype)
+            else:
+                cols[name] = np.frombuffer(raw, dtype=dtype).copy()
         if len({len(c) for c in cols.values()}) != 1:
             raise SchemaError("inconsistent count-window rows", reason="bad_checkpoint")
-        return cls(**{k: v.copy() for k, v in cols.items()})
+        return cls(**cols)
 
 
 @dataclass(slots=True)
@@ -180,6 +216,8 @@ class _Entries:
 
 
 MAX_ENTRY_CHUNKS: Final = 1024
+ENTRY_SLACK: Final = 65_536
+"""Entries an ``_EntryStore`` adds beyond twice its last consolidation before it consolidates."""
 """Chunks of unfinished windows' entries kept at most (each ``take`` looks into every one)."""
 
 
@@ -233,9 +271,14 @@ class _EntryStore:
     repeats), or too many chunks: memory stays within about twice the distinct entries.
     """
 
-    def __init__(self, squash: Callable[[_Entries], _Entries]) -> None:
+    def __init__(
+        self,
+        squash: Callable[[_Entries], _Entries],
+        settle: Callable[[_Entries], _Entries] | None = None,
+    ) -> None:
         self.chunks: list[_Chunk] = []
         self._squash = squash
+        self._settle = settle
         self._floor = 0
         self._held = 0  # entries in the chunks, dead runs included
 
@@ -247,8 +290,9 @@ class _EntryStore:
         if len(entries):
             self.chunks.append(_Chunk.of(entries))
             self._held += len(entries)
-            if self._held > 2 * self._floor + 65_536 or len(self.chunks) > MAX_ENTRY_CHUNKS:
-                self._hold(self.all())
+            if self._held > 2 * self._floor + ENTRY_SLACK or len(self.chunks) > MAX_ENTRY_CHUNKS:
+                entries = self.all()
+                self._hold(entries if self._settle is None else self._settle(entries))
 
     def take(self, keys: Int64Array) -> _Entries:
         """Take out every entry of ``keys`` (sorted, unique)."""
@@ -278,6 +322,22 @@ class _EntryStore:
         """Hold exactly ``entries``, whose repeats are merged already (one squash, not two)."""
         self.chunks = [_Chunk.of(entries)] if len(entries) else []
         self._floor = self._held = len(entries)
+
+
+def _batch_ids(gateway: Int64Array, seq: Int64Array) -> Int64Array:
+    """One int64 per batch: ``gateway << 40 | seq`` (gateway ids are dense and small)."""
+    ids: Int64Array = (gateway.astype(np.int64) << 40) | seq.astype(np.int64)
+    return ids
+
+
+def _batch_ids_fit(gateway: Int64Array, seq: Int64Array) -> bool:
+    """Whether ``_batch_ids`` are distinct for these batches."""
+    return bool(
+        int(gateway.min()) >= 0
+        and int(gateway.max()) < 1 << 22
+        and int(seq.min()) >= 0
+        and int(seq.max()) < 1 << 40
+    )
 
 
 def _distinct(entries: _Entries) -> _Entries:
@@ -361,17 +421,42 @@ class _Unfinished:
     def __init__(self, fields: Sequence[FieldKernels]) -> None:
         self.fields = list(fields)
         self.count = np.zeros(0, dtype=np.int64)  # rows per key id (0: no unfinished window)
+        # distinct batches of the window no longer among ``batches`` (see ``_settle``)
+        self.settled = np.zeros(0, dtype=np.int64)
+        self.open_batches = np.zeros(0, dtype=np.int64)  # sorted ``_batch_ids`` still buffered
         self.first_ts = np.zeros(0, dtype=np.int64)
         self.last_ts = np.zeros(0, dtype=np.int64)
         self.state = {f.name: np.zeros(0, dtype=f.np_dtype) for f in self.fields}
-        self.batches = _EntryStore(_distinct)  # key, gateway id, seq
+        self.batches = _EntryStore(_distinct, self._settle)  # key, gateway id, seq
         self.cells = _EntryStore(_summed)  # key, bucket, count
+
+    def _settle(self, entries: _Entries) -> _Entries:
+        """Count the batch entries no row can join any more; keep the others.
+
+        A batch none of whose rows is still buffered (``open_batches``) has brought all its
+        rows: no later row of a key can come from it, so the key's window will never see it
+        again and it is counted in ``settled`` instead of kept (``entries``: distinct, as
+        ``_distinct`` leaves them). At many keys nearly every row of a window comes from a
+        batch of its own; kept as entries until the window fills they were about one per
+        row (millions at 100,000 keys, each sorted again at every consolidation).
+        """
+        if len(entries) == 0 or not _batch_ids_fit(entries.a, entries.b):
+            return entries  # nothing settled: exact, only not smaller
+        ids = _batch_ids(entries.a, entries.b)
+        known = self.open_batches
+        pos = np.minimum(np.searchsorted(known, ids), max(len(known) - 1, 0))
+        is_open = known[pos] == ids if len(known) else np.zeros(len(ids), dtype=bool)
+        done = entries.key[~is_open]
+        if len(done):
+            self.settled += np.bincount(done, minlength=len(self.settled))[: len(self.settled)]
+        return entries.where(is_open)
 
     def grow(self, keys: int) -> None:
         """Make room for key ids below ``keys``."""
         extra = keys - len(self.count)
         if extra > 0:
             self.count = np.concatenate((self.count, np.zeros(extra, np.int64)))
+            self.settled = np.concatenate((self.settled, np.zeros(extra, np.int64)))
             self.first_ts = np.concatenate((self.first_ts, np.zeros(extra, np.int64)))
             self.last_ts = np.concatenate((self.last_ts, np.zeros(extra, np.int64)))
             self.state = {
@@ -383,6 +468,7 @@ class _Unfinished:
         """For checkpoints (``unpack``)."""
         return {
             "count": self.count.tobytes(),
+            "settled": self.settled.tobytes(),
             "first_ts": self.first_ts.tobytes(),
             "last_ts": self.last_ts.tobytes(),
             "state": {name: column.tobytes() for name, column in self.state.items()},
@@ -393,6 +479,12 @@ class _Unfinished:
     def unpack(self, obj: dict[str, Any]) -> None:
         """Inverse of ``pack``."""
         self.count = np.frombuffer(obj["count"], dtype="<i8").copy()
+        settled = obj.get("settled")  # absent: written before batches were settled
+        self.settled = (
+            np.zeros(len(self.count), np.int64)
+            if settled is None
+            else np.frombuffer(settled, dtype="<i8").copy()
+        )
         self.first_ts = np.frombuffer(obj["first_ts"], dtype="<i8").copy()
         self.last_ts = np.frombuffer(obj["last_ts"], dtype="<i8").copy()
         self.state = {
@@ -402,7 +494,8 @@ class _Unfinished:
         self.batches.replace(_Entries.unpack(obj["batches"]))
         self.cells.replace(_Entries.unpack(obj["cells"]))
         if any(
-            len(c) != len(self.count) for c in (self.first_ts, self.last_ts, *self.state.values())
+            len(c) != len(self.count)
+            for c in (self.first_ts, self.last_ts, self.settled, *self.state.values())
         ):
             raise SchemaError("inconsistent count-window state", reason="bad_checkpoint")
 
@@ -422,6 +515,12 @@ class CountState:
         self._gateway_ids: dict[str, int] = {}
         self._gateway_names: list[str] = []
         self._pending: list[_Rows] = []
+        self._pending_rows = 0  # rows in ``_pending``
+        # each buffered chunk's (smallest, largest) ts, by id (the chunk kept with it)
+        self._spans: dict[int, tuple[_Rows, int, int]] = {}
+        # each buffered chunk's packed form, by id (the chunk kept, so the id stays its own):
+        # a chunk stays buffered for about lateness_ms, through several checkpoints
+        self._packed: dict[int, tuple[_Rows, dict[str, Any]]] = {}
         self._tails = [_Unfinished(self.plan.fields) for _ in self.windows]
         self._done = [np.zeros(0, dtype=np.int64) for _ in self.windows]
 
@@ -429,18 +528,25 @@ class CountState:
         """Smallest and largest event time of the buffered rows (None: none)."""
         if not self._pending:
             return None
-        return min(int(p.ts.min()) for p in self._pending), max(
-            int(p.ts.max()) for p in self._pending
-        )
+        spans = [self._span(p) for p in self._pending]
+        return min(lo for lo, _ in spans), max(hi for _, hi in spans)
+
+    def _span(self, chunk: _Rows) -> tuple[int, int]:
+        """``chunk``'s smallest and largest ts, computed once while it stays buffered."""
+        known = self._spans.get(id(chunk))
+        if known is None or known[0] is not chunk:
+            known = (chunk, int(chunk.ts.min()), int(chunk.ts.max()))
+            self._spans[id(chunk)] = known
+        return known[1], known[2]
 
     @property
     def held_cells(self) -> int:
         """What this state holds, in state cells (``max_state_cells``).
 
-        Buffered rows, each unfinished window's keys and their batch and sketch entries,
-        finished window ids.
+        Buffered rows (``ROWS_PER_CELL`` to a cell), each unfinished window's keys and their
+        batch and sketch entries, finished window ids.
         """
-        held = sum(len(p) for p in self._pending) + sum(len(d) for d in self._done)
+        held = -(-self._pending_rows // ROWS_PER_CELL) + sum(len(d) for d in self._done)
         for tail in self._tails:
             held += int(np.count_nonzero(tail.count)) + len(tail.batches) + len(tail.cells)
         return held
@@ -462,6 +568,7 @@ class CountState:
         if gateway == len(self._gateway_names):
             self._gateway_names.append(gateway_id)
         n = len(picked)
+        self._pending_rows += n
         self._pending.append(
             _Rows(
                 keys,
@@ -486,6 +593,9 @@ class CountState:
         emitted too, with fewer than ``n`` rows.
         """
         final = self._in_event_order(self._take_final(threshold, flush=flush))
+        open_batches = self._open_batches()
+        for tail in self._tails:
+            tail.open_batches = open_batches
         if len(final) == 0 and not flush:
             return self.empty_result()
         frames = [self._fill(i, final, span, flush=flush) for i in range(len(self.windows))]
@@ -496,10 +606,19 @@ class CountState:
         """The buffered rows with ``ts < threshold`` (all when ``flush``), as chunks."""
         if flush:
             final, self._pending = self._pending, []
+            self._pending_rows = 0
+            self._spans = {}
             return final
         taken: list[_Rows] = []
         kept: list[_Rows] = []
         for chunk in self._pending:
+            low, high = self._span(chunk)
+            if low >= threshold:  # most of the buffer: nothing of it final yet
+                kept.append(chunk)
+                continue
+            if high < threshold:
+                taken.append(chunk)
+                continue
             is_final = chunk.ts < threshold
             if is_final.all():
                 taken.append(chunk)
@@ -509,7 +628,22 @@ class CountState:
             else:
                 kept.append(chunk)
         self._pending = kept
+        self._pending_rows = sum(len(c) for c in kept)
+        spans = self._spans
+        self._spans = {id(c): spans[id(c)] for c in kept if id(c) in spans}
         return taken
+
+    def _open_batches(self) -> Int64Array:
+        """``_batch_ids`` of the batches with rows still buffered, sorted.
+
+        Every buffered chunk is rows of one batch (``add``; ``_take_final`` splits chunks,
+        never joins them), so its first row names it.
+        """
+        if not self._pending:
+            return np.zeros(0, dtype=np.int64)
+        gateway = np.array([int(c.gateway[0]) for c in self._pending], dtype=np.int64)
+        seq = np.array([int(c.seq[0]) for c in self._pending], dtype=np.int64)
+        return np.unique(_batch_ids(gateway, seq))
 
     def _gateway_ranks(self) -> Int64Array:
         """Per gateway id, its rank among the gateways' names (``COUNT_ORDER`` sorts by name)."""
@@ -576,6 +710,7 @@ class CountState:
         taken = np.sort(g.keys[finishing])
         batches = _row_batches(final, g)  # (group, gateway, seq), distinct
         state[BATCHES.name] = _batch_counts(batches, held.batches.take(taken), group_of, g.size)
+        state[BATCHES.name][finishing] += held.settled[g.keys[finishing]]
         done_cells = None
         if cells is not None:
             held_cells = held.cells.take(taken)
@@ -690,10 +825,18 @@ class CountState:
             "v": COUNT_SNAPSHOT_VERSION,
             "keys": self._keys.names,
             "gateways": self._gateway_names,
-            "pending": [p.pack() for p in self._pending],
+            "pending": self._packed_pending(),
             "unfinished": [t.pack() for t in self._tails],
             "done": [self._done_counts(i).tobytes() for i in range(len(self.windows))],
         }
+
+    def _packed_pending(self) -> list[dict[str, Any]]:
+        """The buffered chunks packed; each chunk once, while it stays buffered."""
+        known = self._packed
+        self._packed = {
+            id(c): (c, known[id(c)][1] if id(c) in known else c.pack()) for c in self._pending
+        }
+        return [packed for _, packed in self._packed.values()]
 
     def restore(self, obj: dict[str, Any] | None) -> None:
         """Replace everything with a ``snapshot`` (None: start empty).
@@ -708,6 +851,7 @@ class CountState:
             self._gateway_names = list(obj["gateways"])
             self._gateway_ids = {g: i for i, g in enumerate(self._gateway_names)}
             self._pending = [_Rows.unpack(p) for p in obj["pending"]]
+            self._pending_rows = sum(len(p) for p in self._pending)
             done = [np.frombuffer(d, dtype="<i8").copy() for d in obj["done"]]
             held = obj.get("unfinished")
             rows = (
@@ -871,6 +1015,11 @@ def _keep_open(  # noqa: PLR0917 - private; one call site
     """The groups left open become their keys' unfinished windows; the others' are gone."""
     open_ = np.flatnonzero(is_open)
     keys = g.keys[open_]
+    continued = np.zeros(g.size, dtype=bool)
+    continued[g.from_held] = True
+    settled = np.where(continued[open_], held.settled[keys], 0)
+    held.settled[g.touched] = 0
+    held.settled[keys] = settled
     held.count[g.touched] = 0
     held.count[keys] = g.total[open_]
     held.first_ts[keys] = g.first_ts[open_]

@@ -6,7 +6,9 @@ window of another step) over scenario B's data (10 gateways, 16,000-row binary b
 one process per configuration: a worker's decode + partials + encode, and a combiner's
 decode + merge + close + result messages (window JSON and per-key payloads), each timed in
 CPU seconds (the combiner's also by phase: ``apply`` decode and merge of partials,
-``close`` the ticks that close windows, ``emit`` the result messages), so the figures hold
+``close`` the ticks that close windows, ``emit`` the result messages, ``checkpoint`` a
+snapshot every ``checkpoint_interval_ms`` of event time, as the runtime takes one on its
+event loop), so the figures hold
 on a busy machine where ``shoal bench pipeline --max`` does not; and the process's peak RSS.
 Figures: docs/benchmarks.md, "Window kinds".
 ``python -m tests.unit.processors.test_bench_window_kinds KIND SENSORS RATE SECONDS [STEP]``
@@ -34,6 +36,7 @@ from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.results import Emission, key_messages, split_windows, window_json
 from shoal.processors.spec import parse_pipeline
 from shoal.schemas import Encoding, decode_batch, encode_batch
+from shoal.schemas.control import GatewayStatus
 
 GATEWAYS = 10
 BATCH = 16_000
@@ -54,9 +57,12 @@ def measure(kind: str, sensors: int, rate_hz: float, seconds: float, step_ms: in
     combiner = Combiner(spec, 0, clock)
     tick_ms = int(BATCH / (sensors * rate_hz) * 1000)
     worker_s = 0.0
-    phases = dict.fromkeys(("apply", "close", "emit"), 0.0)  # the combiner's CPU seconds
+    phases = dict.fromkeys(("apply", "close", "emit", "checkpoint"), 0.0)  # combiner CPU s
+    checkpoint_at = 1_700_000_000_000 + spec.checkpoint_interval_ms
     rows = results = 0
     now = 1_700_000_000_000
+    for field in fields:  # announced, as gateways do: their batches apply from seq 0 on
+        combiner.receive_status(GatewayStatus(field.gateway_id, "s", 0, 0, 0, 0, None, 0, 0, now))
     for seq in range(int(seconds * 1000 / tick_ms)):
         now += tick_ms
         for field in fields:
@@ -85,6 +91,11 @@ def measure(kind: str, sensors: int, rate_hz: float, seconds: float, step_ms: in
                 window_json(result, ctx)
                 results += sum(1 for _ in key_messages(result, spec.name, 0))
         phases["emit"] += time.process_time() - began
+        if now >= checkpoint_at:
+            checkpoint_at += spec.checkpoint_interval_ms
+            began = time.process_time()
+            combiner.snapshot()
+            phases["checkpoint"] += time.process_time() - began
     combiner_s = sum(phases.values())
     return {
         "window": spec.windows[0].name,

@@ -486,3 +486,151 @@ def test_final_rows_come_out_in_event_order(
     want = everything.take(state._event_order(everything))
     for column in ("key", "ts", "gateway", "seq", "row"):
         assert getattr(got, column).tolist() == getattr(want, column).tolist()
+
+
+@pytest.mark.parametrize("span", [10, 2**31 + 5])
+def test_buffered_rows_pack_compactly_and_round_trip(span: int) -> None:
+    """A chunk of one batch packs its gateway and seq as numbers and its times as int32
+    offsets when they fit (20 bytes a row, not 36); other chunks pack every column."""
+    from shoal.processors.count import _Rows  # noqa: PLC0415 - the packed layout is tested
+
+    n = 5
+    one = _Rows(
+        np.arange(n, dtype=np.int32),
+        np.array([7, 7 + span, 9, 8, 7], dtype=np.int64),
+        np.full(n, 3, dtype=np.int32),
+        np.full(n, 41, dtype=np.int64),
+        np.arange(0, 2 * n, 2, dtype=np.int32),
+        np.linspace(0.5, 2.5, n),
+    )
+    mixed = _Rows(one.key, one.ts, np.array([3, 3, 4, 3, 3], np.int32), one.seq, one.row, one.value)
+    for rows in (one, mixed):
+        packed = rows.pack()
+        back = _Rows.unpack(packed)
+        for name in ("key", "ts", "gateway", "seq", "row", "value"):
+            assert np.array_equal(getattr(back, name), getattr(rows, name)), name
+            assert getattr(back, name).dtype == getattr(rows, name).dtype, name
+        assert (isinstance(packed["seq"], int)) == (rows is one)
+        assert ("ts_base" in packed) == (rows is one and span < 2**31)
+
+
+def test_snapshots_reuse_packed_chunks_and_still_restore_exactly() -> None:
+    """A buffered chunk is packed once while it stays buffered; a chunk split by a close is
+    packed afresh: every snapshot restores to the state of the combiner that took it."""
+    spec = spec_for([{"kind": "count", "n": 5}], lateness_ms=300)
+    batches = make_batches(seed=9, gateways=2, batches_per_gateway=12)
+    clock = FakeClock()
+    builder = PartialBuilder(spec, "w")
+    combiner = Combiner(spec, 0, clock)
+    for status in statuses_for(batches, clock.now_ms()):
+        combiner.receive_status(status)
+    order = sorted(range(len(batches)), key=lambda i: (batches[i].seq, batches[i].gateway_id))
+    reused = 0
+    for index in order:
+        b = batches[index]
+        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
+        for p in builder.build(b.frame, info, clock.now_ms()):
+            combiner.receive(Partial.decode(p.encode()))
+        combiner.tick()
+        assert combiner.counts is not None
+        before = {id(c) for c in combiner.counts._pending} & set(combiner.counts._packed)
+        reused += len(before)
+        snapshot = combiner.snapshot()
+        restored = Combiner(spec, 0, clock)
+        restored.restore(snapshot)
+        assert restored.counts is not None
+        assert restored.counts.tail_rows == combiner.counts.tail_rows
+        assert restored.counts.buffered_span() == combiner.counts.buffered_span()
+        assert restored.counts._pending_rows == sum(len(c) for c in combiner.counts._pending)
+        clock.advance(1)
+    assert reused > 0  # chunks were carried from one snapshot to the next
+    clock.advance(spec.idle_timeout_ms + 1)
+    frames = [c.flush().frame for c in (combiner, restored)]
+    assert frames[0].equals(frames[1])
+
+
+def _settling_everywhere(mp: pytest.MonkeyPatch) -> list[int]:
+    """Consolidate batch entries at every step, so settling runs at every step; returns a
+    list that grows by the entries each settling counted instead of kept."""
+    from shoal.processors import count  # noqa: PLC0415 - the consolidation slack is patched
+
+    settled: list[int] = []
+    settle = count._Unfinished._settle
+
+    def counting(self: count._Unfinished, entries: count._Entries) -> count._Entries:
+        kept = settle(self, entries)
+        settled.append(len(entries) - len(kept))
+        return kept
+
+    mp.setattr(count, "ENTRY_SLACK", 0)
+    mp.setattr(count._Unfinished, "_settle", counting)
+    return settled
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+@pytest.mark.parametrize("workers", [1, 3, 5])
+def test_settled_batches_keep_the_batch_counts_exact(
+    partitions: int, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batch entries of batches with no row buffered any more are counted, not kept: the
+    ``batches`` of every window still equal the oracle's distinct batches."""
+    settled = _settling_everywhere(monkeypatch)
+    spec = spec_for([{"kind": "count", "n": 7}, {"kind": "count", "n": 20}], partitions)
+    batches = make_batches(seed=partitions * 10 + workers, gateways=3, batches_per_gateway=15)
+    emitted, _, _ = check(spec, batches, seed=workers, workers=workers)
+    assert emitted.height > 20
+    assert sum(settled) > 0  # entries were settled, and the counts stayed exact
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    gateways=st.integers(1, 3),
+    batches=st.integers(1, 10),
+    n=st.sampled_from([1, 2, 3, 10]),
+    workers=st.integers(1, 5),
+    lateness_ms=st.sampled_from([0, 300, 2_000]),
+    duplicate_fraction=st.floats(0.0, 1.0),
+)
+def test_property_settling_batches_at_every_step(
+    seed, gateways, batches, n, workers, lateness_ms, duplicate_fraction
+) -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        _settling_everywhere(mp)
+        spec = spec_for([{"kind": "count", "n": n}], 1, lateness_ms)
+        data = make_batches(
+            seed=seed, gateways=gateways, batches_per_gateway=batches, gap_every=3, keys=4
+        )
+        check(spec, data, seed=seed, workers=workers, duplicate_fraction=duplicate_fraction)
+
+
+def test_settled_counts_survive_a_restore(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``settled`` is part of the checkpoint: a combiner restored at every step still counts
+    every window's batches exactly."""
+    settled = _settling_everywhere(monkeypatch)
+    spec = spec_for([{"kind": "count", "n": 9}], lateness_ms=300)
+    batches = make_batches(seed=5, gateways=2, batches_per_gateway=12)
+    clock = FakeClock()
+    builder = PartialBuilder(spec, "w")
+    combiner = Combiner(spec, 0, clock)
+    for status in statuses_for(batches, clock.now_ms()):
+        combiner.receive_status(status)
+    frames = []
+    order = sorted(range(len(batches)), key=lambda i: (batches[i].seq, batches[i].gateway_id))
+    for index in order:
+        b = batches[index]
+        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
+        for p in builder.build(b.frame, info, clock.now_ms()):
+            combiner.receive(Partial.decode(p.encode()))
+        closed = combiner.tick().closed
+        if closed is not None:
+            frames.append(closed.frame)
+        if index % 3 == 0:  # restored now and then: between, entries pile up and settle
+            fresh = Combiner(spec, 0, clock)
+            fresh.restore(combiner.snapshot())
+            combiner = fresh
+        clock.advance(1)
+    frames.append(combiner.flush().frame)
+    assert sum(settled) > 0
+    expected, _, scale = expected_count_results(all_rows(batches), spec, flush=True)
+    assert_count_windows_match(pl.concat(frames), expected, spec, scale)

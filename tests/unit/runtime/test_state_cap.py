@@ -14,6 +14,7 @@ from shoal.broker.memory import MemoryBroker
 from shoal.clock import FakeClock
 from shoal.errors import ConfigError, StateCapError
 from shoal.processors.combine import Combiner
+from shoal.processors.count import ROWS_PER_CELL
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.spec import DEFAULT_MAX_STATE_CELLS, parse_pipeline
 from shoal.schemas.control import GatewayStatus
@@ -74,16 +75,19 @@ def capped_core(
 
 def test_count_windows_count_their_buffered_rows_against_the_cap() -> None:
     # count-window partials carry rows (``events``), not state: they were never capped
+    # a buffered row is 36 bytes, a cell of merged state ~250: ROWS_PER_CELL rows a cell
     core, send = capped_core({"kind": "count", "n": 1_000_000}, spread_ms=1)
-    assert send(0, ["k"] * 600, 100) == (1, [])
+    rows = 600 * ROWS_PER_CELL - 3  # 600 cells, the last one part full
+    assert send(0, ["k"] * rows, 100) == (1, [])
     held = core.state_cells
     assert held >= 600  # the rows wait for their window of a million to fill
-    applied, refused = send(1, ["k"] * 600, 1_000)
+    applied, refused = send(1, ["k"] * rows, 100_000)
     assert applied == 0
     [(partial, error)] = refused
     assert partial.events is not None
     assert (error.cells, error.incoming, error.cap) == (held, 600, 1_000)
     assert core.state_cells == held  # nothing of it applied
+    assert send(2, ["k"] * (300 * ROWS_PER_CELL), 100_000) == (1, [])  # 300 cells fit
 
 
 def test_session_sketch_cells_count_against_the_cap() -> None:
