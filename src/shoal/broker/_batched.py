@@ -216,8 +216,6 @@ class BatchedSession(SessionBase):
         self._pings: deque[asyncio.Future[None] | None] = deque()
         """PINGREQs written, oldest first: a ``sync`` waits for its PINGRESP (None: keep-alive)."""
         self.pauses = 0
-        self.reads = 0
-        """Chunks read from the connection (each handed over as one batch, when it held any)."""
         self.writes = 0
         """Writes handed to the connection (QoS 0 packets gathered count once)."""
 
@@ -465,7 +463,6 @@ class BatchedSession(SessionBase):
 
     def _delivered(self) -> None:
         """A chunk was read: wake the consumer; stop reading if too much waits."""
-        self.reads += 1
         if (
             self._over_limit()
             and not self._published
@@ -574,19 +571,18 @@ class BatchedSession(SessionBase):
             ):
                 # A per-key result: thousands per window step (built here in a quarter of
                 # the time the packet object takes)
-                self._write_soon(plain_publish(topic, payload, retain=retain))
-                fut.set_result(None)
-                return fut
-            data = mqtt5.PublishPacket(
-                topic,
-                payload,
-                qos=mqtt5.QoS(qos),
-                retain=retain,
-                packet_id=pid,
-                content_type=content_type,
-                user_properties=list(user_properties) if user_properties else None,
-                message_expiry_interval=message_expiry_s,
-            ).write()
+                data = plain_publish(topic, payload, retain=retain)
+            else:
+                data = mqtt5.PublishPacket(
+                    topic,
+                    payload,
+                    qos=mqtt5.QoS(qos),
+                    retain=retain,
+                    packet_id=pid,
+                    content_type=content_type,
+                    user_properties=list(user_properties) if user_properties else None,
+                    message_expiry_interval=message_expiry_s,
+                ).write()
             if pid is None:
                 self._write_soon(data)
                 fut.set_result(None)

@@ -187,30 +187,23 @@ def key_messages(
     if result.frame.height == 0:
         return []
     keys = result.frame["key"].to_list()
-    if "end" in result.frame.columns:  # a session's own end (``split_windows``)
-        framed = result.frame.select(
+
+    def head(end: pl.Expr) -> list[pl.Expr]:
+        return [
             pl.lit(pipeline).alias("pipeline"),
             pl.lit(result.window).alias("window"),
             pl.lit(result.start).alias("start"),
-            pl.col("end"),
+            end.alias("end"),
             pl.lit(result.revision).alias("revision"),
             *([pl.lit(value=True).alias("correction")] if result.correction else []),
             pl.lit(emitted_at_ms).alias("emitted_at"),
-            pl.exclude("end"),
-        )
+        ]
+
+    if "end" in result.frame.columns:  # a session's own end (``split_windows``): per row
+        framed = result.frame.select(*head(pl.col("end")), pl.exclude("end"))
         return list(zip(keys, framed.write_ndjson().encode().splitlines(), strict=True))
-    head = pl.DataFrame(
-        {
-            "pipeline": [pipeline],
-            "window": [result.window],
-            "start": [result.start],
-            "end": [result.end],
-            "revision": [result.revision],
-            **({"correction": [True]} if result.correction else {}),
-            "emitted_at": [emitted_at_ms],
-        }
-    )
-    prefix = head.write_ndjson().encode().rstrip()[:-1] + b","  # without its closing brace
+    fields = pl.select(*head(pl.lit(result.end))).write_ndjson().encode().rstrip()
+    prefix = fields[:-1] + b","  # the window's fields without their closing brace
     lines = result.frame.write_ndjson().encode().splitlines()
     return [(key, prefix + line[1:]) for key, line in zip(keys, lines, strict=True)]
 

@@ -51,6 +51,7 @@ from shoal.processors.sketch import LogBuckets
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.windows import WINDOW_KINDS, kind_of
 from shoal.rules import RESULT_BASE_SCHEMA
+from shoal.schemas._msgpack import pack
 
 COMPACT_ROWS: Final = 2_000_000
 """Pending rows (state + sketch) that trigger a merge: bounds memory between window closes."""
@@ -112,7 +113,7 @@ class KeyIds:
         if self._packed_count < len(self.names):
             if len(self._packed) >= PACKED_NAME_CHUNKS:
                 self._packed, self._packed_count = [], 0
-            self._packed.append(_packb(self.names[self._packed_count :]))
+            self._packed.append(pack(self.names[self._packed_count :]))
             self._packed_count = len(self.names)
         return list(self._packed)
 
@@ -934,7 +935,7 @@ class WindowState:
                 sketch_bucket=cell_buckets(cells),
                 sketch_count=panes._counts[0][first:last],
             )
-        return _packb(pack_with_key_ids(rows, groups & ((1 << KEY_BITS) - 1)))
+        return pack(pack_with_key_ids(rows, groups & ((1 << KEY_BITS) - 1)))
 
     def restore_panes(
         self, rows: dict[str, Any] | PartialRows | None, forgotten: int | None
@@ -974,12 +975,6 @@ def unpack_names(chunks: list[bytes]) -> list[str | None]:
             raise SchemaError("key names are not a list", reason="bad_checkpoint")
         names.extend(part)
     return names
-
-
-def _packb(obj: Any) -> bytes:
-    packed = msgpack.packb(obj, use_bin_type=True)
-    assert isinstance(packed, bytes)
-    return packed
 
 
 def result_columns(spec: PipelineSpec, plan: AggregatePlan) -> list[pl.Expr | str]:

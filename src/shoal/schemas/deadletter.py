@@ -10,9 +10,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Final
 
-import msgpack
-
 from shoal.schemas._model import SCHEMA_VERSION
+from shoal.schemas._msgpack import pack
 
 DEADLETTER_HEADROOM: Final = 4096
 """Bytes kept free under the broker's packet limit for the topic, properties and framing."""
@@ -48,15 +47,9 @@ def deadletter_message(
         "payload_truncated": False,
         "payload": payload,
     }
-    packed = _packb(record)
+    packed = pack(record)
     if max_bytes is not None and len(packed) > max_bytes:
         keep = max(0, len(payload) - (len(packed) - max_bytes))
         record.update(payload=payload[:keep], payload_truncated=True)
-        packed = _packb(record)
-    return packed
-
-
-def _packb(record: dict[str, Any]) -> bytes:
-    packed = msgpack.packb(record, use_bin_type=True)
-    assert isinstance(packed, bytes)
+        packed = pack(record)
     return packed

@@ -6,6 +6,8 @@ split, the worker that saw a batch, the arrival order, duplicates or a combiner 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import polars as pl
 import pytest
@@ -17,7 +19,7 @@ from shoal.errors import ConfigError, SchemaError
 from shoal.processors.aggregates import AGGREGATES
 from shoal.processors.combine import Combiner
 from shoal.processors.partials import BatchInfo, EventRows, Partial, PartialBuilder
-from shoal.processors.spec import parse_pipeline
+from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.processors.windows import COUNT, WindowSpec
 from tests.support.compare import assert_count_windows_match
 from tests.support.datasets import GeneratedBatch, all_rows, frame_of, make_batches
@@ -238,24 +240,7 @@ def test_a_restored_combiner_carries_buffered_rows_tails_and_counts() -> None:
     spec = spec_for([{"kind": "count", "n": 5}, {"kind": "count", "n": 9}], lateness_ms=300)
     batches = make_batches(seed=4, gateways=2, batches_per_gateway=12)
     clock = FakeClock()
-    builder = PartialBuilder(spec, "w")
-    combiner = Combiner(spec, 0, clock)
-    for status in statuses_for(batches, clock.now_ms()):
-        combiner.receive_status(status)
-    frames = []
-    order = sorted(range(len(batches)), key=lambda i: (batches[i].seq, batches[i].gateway_id))
-    for index in order:
-        b = batches[index]
-        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
-        for p in builder.build(b.frame, info, clock.now_ms()):
-            combiner.receive(Partial.decode(p.encode()))
-        closed = combiner.tick().closed
-        if closed is not None:
-            frames.append(closed.frame)
-        fresh = Combiner(spec, 0, clock)
-        fresh.restore(combiner.snapshot())
-        combiner = fresh
-        clock.advance(1)
+    combiner, frames = _feed_restoring(spec, batches, clock, lambda _: True)
     clock.advance(spec.idle_timeout_ms + 1)
     closed = combiner.tick().closed
     if closed is not None:
@@ -611,6 +596,24 @@ def test_settled_counts_survive_a_restore(monkeypatch: pytest.MonkeyPatch) -> No
     spec = spec_for([{"kind": "count", "n": 9}], lateness_ms=300)
     batches = make_batches(seed=5, gateways=2, batches_per_gateway=12)
     clock = FakeClock()
+    # restored now and then: between, entries pile up and settle
+    combiner, frames = _feed_restoring(spec, batches, clock, lambda index: index % 3 == 0)
+    frames.append(combiner.flush().frame)
+    assert sum(settled) > 0
+    expected, _, scale = expected_count_results(all_rows(batches), spec, flush=True)
+    assert_count_windows_match(pl.concat(frames), expected, spec, scale)
+
+
+def _feed_restoring(
+    spec: PipelineSpec,
+    batches: list[GeneratedBatch],
+    clock: FakeClock,
+    restore_after: Callable[[int], bool],
+) -> tuple[Combiner, list[pl.DataFrame]]:
+    """Feed ``batches`` in (seq, gateway) order, a tick after each; after batch ``index``,
+    when ``restore_after(index)``, go on in a fresh combiner restored from a snapshot.
+
+    Returns the combiner in use at the end and the frames its ticks closed."""
     builder = PartialBuilder(spec, "w")
     combiner = Combiner(spec, 0, clock)
     for status in statuses_for(batches, clock.now_ms()):
@@ -625,12 +628,9 @@ def test_settled_counts_survive_a_restore(monkeypatch: pytest.MonkeyPatch) -> No
         closed = combiner.tick().closed
         if closed is not None:
             frames.append(closed.frame)
-        if index % 3 == 0:  # restored now and then: between, entries pile up and settle
+        if restore_after(index):
             fresh = Combiner(spec, 0, clock)
             fresh.restore(combiner.snapshot())
             combiner = fresh
         clock.advance(1)
-    frames.append(combiner.flush().frame)
-    assert sum(settled) > 0
-    expected, _, scale = expected_count_results(all_rows(batches), spec, flush=True)
-    assert_count_windows_match(pl.concat(frames), expected, spec, scale)
+    return combiner, frames
