@@ -4,15 +4,18 @@ still counts as handled, so the gateway's later batches flow on."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from typing import Any
 
 import msgpack
 import numpy as np
+import orjson
 import polars as pl
 
 from shoal.broker import AsyncSession
 from shoal.broker.embedded import EmbeddedBroker
 from shoal.broker.session import unique_client_id
-from shoal.processors.spec import parse_pipeline
+from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.schemas import Encoding, encode_batch
 from shoal.schemas.control import GatewayStatus
 from shoal.schemas.topics import Topics
@@ -101,37 +104,111 @@ def test_bad_batches_are_dead_lettered_and_the_stream_goes_on(
     asyncio.run(asyncio.wait_for(scenario(), 60))
 
 
+async def per_key_run(
+    broker: EmbeddedBroker,
+    topics: Topics,
+    tmp_path: Path,
+    spec: PipelineSpec,
+    batches: list[bytes],
+    closed_through: int,
+) -> int:
+    """Run ``batches`` through a pipeline with per-key results; per-key results superseded."""
+    pipeline = InProcessPipeline(spec, broker.settings, topics, workers=1, state_dir=tmp_path)
+    for combiner in pipeline.combiners:
+        object.__setattr__(combiner.config, "per_key_results", True)
+    await pipeline.start()
+    async with AsyncSession(broker.settings, unique_client_id("gw")) as session:
+        n = len(batches)
+        status = GatewayStatus("gw", "s", n, 0, n, 0, None, 0, 0, 0)
+        await session.publish(topics.gateway_status("gw"), status.to_json(), retain=True)
+        for payload in batches:
+            await session.publish(topics.ingest("s", "gw"), payload)
+        await pipeline.wait_closed_through(closed_through)
+    await asyncio.sleep(0.5)
+    superseded = sum(c.key_publications.superseded for c in pipeline.combiners)
+    await pipeline.stop()
+    return superseded
+
+
+async def retained_keys(
+    broker: EmbeddedBroker, topics: Topics, pipeline: str, keys: int
+) -> dict[str, dict[str, Any]]:
+    """What a dashboard connecting now gets at once: the latest result of each key."""
+    async with AsyncSession(broker.settings, unique_client_id("dash")) as dash:
+        await dash.subscribe([topics.result_keys(pipeline)])
+        latest: dict[str, dict[str, Any]] = {}
+
+        async def read() -> None:
+            async for message in dash.messages():
+                assert message.retain
+                body = orjson.loads(message.payload)
+                latest[body["key"]] = body
+                if len(latest) == keys:
+                    return
+
+        await asyncio.wait_for(read(), 10)
+    return latest
+
+
 def test_per_key_results_are_retained(broker: EmbeddedBroker, topics: Topics, tmp_path) -> None:
-    async def scenario() -> None:
-        pipeline = InProcessPipeline(SPEC, broker.settings, topics, workers=1, state_dir=tmp_path)
-        for combiner in pipeline.combiners:
-            object.__setattr__(combiner.config, "per_key_results", True)
-        await pipeline.start()
-        async with AsyncSession(broker.settings, unique_client_id("gw")) as session:
-            status = GatewayStatus("gw", "s", 2, 0, 2, 0, None, 0, 0, 0)
-            await session.publish(topics.gateway_status("gw"), status.to_json(), retain=True)
-            await session.publish(topics.ingest("s", "gw"), good(0, 1_000_000))
-            await session.publish(topics.ingest("s", "gw"), good(1, 1_003_000))
-            await pipeline.wait_closed_through(1_001_000)
-        await asyncio.sleep(0.3)
-        await pipeline.stop()
+    async def scenario() -> dict[str, dict[str, Any]]:
+        batches = [good(0, 1_000_000), good(1, 1_003_000)]
+        await per_key_run(broker, topics, tmp_path, SPEC, batches, 1_001_000)
         # A dashboard connecting afterwards gets the latest value of each key at once.
-        async with AsyncSession(broker.settings, unique_client_id("dash")) as dash:
-            await dash.subscribe([topics.result_keys(SPEC.name)])
-            latest = {}
+        return await retained_keys(broker, topics, SPEC.name, 2)
 
-            async def read() -> None:
-                async for message in dash.messages():
-                    assert message.retain
-                    body = __import__("orjson").loads(message.payload)
-                    latest[body["key"]] = body
-                    if len(latest) == 2:
-                        return
+    latest = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert latest["a"]["count"] == 2
+    assert latest["a"]["mean"] == 2.0
+    assert latest["b"]["rows"] == 1
+    assert np.isclose(latest["b"]["p95"], 2.0, rtol=0.01)
 
-            await asyncio.wait_for(read(), 10)
-        assert latest["a"]["count"] == 2
-        assert latest["a"]["mean"] == 2.0
-        assert latest["b"]["rows"] == 1
-        assert np.isclose(latest["b"]["p95"], 2.0, rtol=0.01)
 
-    asyncio.run(asyncio.wait_for(scenario(), 60))
+LATEST = parse_pipeline(
+    {
+        "name": "latest",
+        "windows": [{"kind": "tumbling", "size_ms": 1_000}],
+        "aggregates": ["count", "max"],
+        "lateness_ms": 0,
+        "idle_timeout_ms": 500,
+        "checkpoint_interval_ms": 100,
+        "limits": {"max_future_ms": False},
+    }
+)
+
+
+def test_only_the_newest_queued_result_of_a_key_is_published(
+    broker: EmbeddedBroker, topics: Topics, tmp_path
+) -> None:
+    """Per-key results are a latest-value cache: a newer result of a key supersedes a queued one.
+
+    Fifty one-second windows close in one step (one batch spans them, the next moves the
+    watermark past them all). Each key's retained message must be its newest window's, a key
+    that only an early window has must still get that window's value, and every older row of
+    a key that a newer window has is counted as superseded instead of being published first.
+    """
+    t0, windows = 1_000_000, 50
+    # keys a and b in every window (value = window index), c in window 3 only
+    rows = [("a", t0 + w * 1_000 + 10, float(w)) for w in range(windows)]
+    rows += [("b", t0 + w * 1_000 + 20, float(w)) for w in range(windows)]
+    rows.append(("c", t0 + 3 * 1_000 + 30, 3.0))
+    spanning = pl.DataFrame(rows, schema=["sensor_id", "ts", "value"], orient="row")
+    later = pl.DataFrame({"sensor_id": ["a"], "ts": [t0 + (windows + 5) * 1_000], "value": [0.0]})
+    batches = [
+        encode_batch(frame, gateway_id="gw", seq=seq, sent_at_ms=0, encoding=Encoding.JSON_ROWS)
+        for seq, frame in enumerate([spanning, later])
+    ]
+
+    async def scenario() -> tuple[int, dict[str, dict[str, Any]]]:
+        superseded = await per_key_run(
+            broker, topics, tmp_path, LATEST, batches, t0 + windows * 1_000
+        )
+        return superseded, await retained_keys(broker, topics, LATEST.name, 3)
+
+    superseded, latest = asyncio.run(asyncio.wait_for(scenario(), 60))
+    last_start = t0 + (windows - 1) * 1_000
+    assert (latest["a"]["start"], latest["a"]["max"]) == (last_start, windows - 1)
+    assert (latest["b"]["start"], latest["b"]["max"]) == (last_start, windows - 1)
+    assert (latest["c"]["start"], latest["c"]["max"]) == (t0 + 3_000, 3.0)
+    # a and b: every window but the newest was superseded; c never was
+    assert superseded == 2 * (windows - 1)

@@ -140,6 +140,11 @@ def _combiner_families(f: Families, runtime: CombinerRuntime) -> None:
         ("measurements_filtered", "Measurements the workers' row stage removed.", c.rows_filtered),
         ("checkpoints", "Checkpoints written.", runtime.checkpoints),
         ("gaps_reported", "Missing seqs named in confirmations.", runtime.gaps_reported),
+        (
+            "key_results_superseded",
+            "Per-key results not published: a newer result of the key was queued.",
+            runtime.key_publications.superseded,
+        ),
     )
     for name, doc, value in counters:
         f.counter(f"shoal_combiner_{name}_total", doc, at, value)

@@ -102,6 +102,7 @@ from shoal.runtime._tasks import ignore_outcome, pause, supervised
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas.control import MAX_MISSING, Confirm, GatewayStatus
 from shoal.schemas.deadletter import DEADLETTER_HEADROOM, deadletter_message
+from shoal.schemas.results import RETRACTED
 from shoal.schemas.topics import Topics, topic_matches
 
 log = logging.getLogger(__name__)
@@ -206,6 +207,48 @@ def rooted_client_id(topics: Topics, name: str) -> str:
     return f"{root}-{name}" if root else name
 
 
+@dataclass(slots=True, eq=False)  # identity: held in a set while it runs
+class _KeyRun:
+    """One per-key publication under way: the keys of the results queued after it."""
+
+    newer: list[pl.Series] = field(default_factory=list)
+
+    def unsuperseded(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """The rows of ``frame`` whose key no newer queued result has."""
+        if not self.newer:
+            return frame
+        newer = pl.concat(self.newer) if len(self.newer) > 1 else self.newer[0]
+        return frame.filter(~pl.col("key").is_in(newer.implode(), nulls_equal=True))
+
+
+@dataclass(slots=True)
+class _KeyPublications:
+    """The per-key publications under way, and the results they were spared.
+
+    The per-key topics are a latest-value cache: of two queued results of one key only the
+    newer one's can stay retained, so publishing the older first is wasted work. When
+    closes come faster than the per-key results go out (a sliding window's step under
+    load), the publications under way drop the rows of keys a newer result has: they
+    finish, at most about one window's results wait however long the overload lasts, and
+    every key ends with the same retained value.
+    """
+
+    running: set[_KeyRun] = field(default_factory=set)
+    superseded: int = 0
+    """Per-key results not published because a newer one of the key was queued."""
+
+    def start(self, result: WindowResult) -> _KeyRun:
+        """A publication of ``result``'s keys; they supersede the rows of those under way."""
+        frame = result.frame
+        if RETRACTED in frame.columns:  # a retraction publishes nothing per key
+            frame = frame.filter(pl.col(RETRACTED).is_null())
+        for earlier in self.running:
+            earlier.newer.append(frame["key"])
+        run = _KeyRun()
+        self.running.add(run)
+        return run
+
+
 class CombinerRuntime:
     """Runs one combiner partition until ``stop`` (see the module docstring).
 
@@ -252,6 +295,7 @@ class CombinerRuntime:
         self._stop = asyncio.Event()
         self._unacked: list[asyncio.Future[None]] = []
         self._key_tasks: set[asyncio.Task[None]] = set()
+        self.key_publications = _KeyPublications()
         self._confirmed: dict[str, tuple[int, tuple[int, ...]]] = {}
         self._gaps: dict[str, set[int]] = {}
         self.gaps_reported = 0  # missing seqs named in confirmations (re-send hints)
@@ -838,9 +882,10 @@ class CombinerRuntime:
                 # A latest-value cache for dashboards, published in the background so the
                 # window message's PUBACK (and the next partials) are not held up by
                 # thousands of small publishes.
+                run = self.key_publications.start(result)
                 self._key_tasks.add(
                     asyncio.create_task(
-                        self._publish_keys(session, result, started, window_futures)
+                        self._publish_keys(session, result, started, window_futures, run)
                     )
                 )
         self._publish_alerts(session, stage)
@@ -992,6 +1037,7 @@ class CombinerRuntime:
         result: WindowResult,
         at_ms: int,
         after: list[asyncio.Future[None]],
+        run: _KeyRun,
     ) -> None:
         # QoS 0 and no properties: a window can hold many thousands of keys, and the
         # authoritative copy is the window message (QoS 1, awaited before the checkpoint).
@@ -1002,7 +1048,13 @@ class CombinerRuntime:
             await asyncio.gather(*after, return_exceptions=True)
             for block in range(0, result.frame.height, KEY_ENCODE_SLICE):
                 await asyncio.sleep(0)
-                part = replace(result, frame=result.frame.slice(block, KEY_ENCODE_SLICE))
+                frame = run.unsuperseded(result.frame.slice(block, KEY_ENCODE_SLICE))
+                self.key_publications.superseded += (
+                    min(KEY_ENCODE_SLICE, result.frame.height - block) - frame.height
+                )
+                if frame.height == 0:
+                    continue
+                part = replace(result, frame=frame)
                 messages = key_messages(part, name, at_ms)  # encoded a block at a time
                 for offset in range(0, len(messages), KEY_SLICE):
                     await asyncio.sleep(0)
@@ -1019,6 +1071,7 @@ class CombinerRuntime:
         except BrokerError as exc:
             log.warning("combiner %s: per-key results interrupted: %s", self.config.client_id, exc)
         finally:
+            self.key_publications.running.discard(run)
             task = asyncio.current_task()
             if task is not None:
                 self._key_tasks.discard(task)
@@ -1350,6 +1403,7 @@ class CombinerRuntime:
             "gaps_reported": self.gaps_reported,
             "partials_refused": self.partials_refused,
             "results_refused": self.results_refused,
+            "key_results_superseded": self.key_publications.superseded,
             "apply_latency_ms": self.apply_latency.summary(),
             "result_latency_ms": self.result_latency.summary(),
             **asdict(self.core.counters),
