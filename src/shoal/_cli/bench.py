@@ -20,6 +20,7 @@ from shoal._cli.bench_pool import register_pool
 from shoal._cli.bench_sink import register_sink
 from shoal._cli.common import add_embedded_broker_option
 from shoal.errors import ConfigError
+from shoal.loadtest.bench_kinds import compare_kinds, format_comparison, parse_kinds
 from shoal.loadtest.bench_windows import WINDOW_PRESETS, write_variant
 
 
@@ -106,9 +107,19 @@ def _register_pipeline(benches: Any) -> None:
     pipeline.add_argument(
         "--window",
         default=None,
-        metavar="KIND",
+        metavar="KIND[,KIND...]",
         help="replace the pipeline's windows by one preset window of this kind "
-        "(shoal.loadtest.bench_windows.WINDOW_PRESETS: " + ", ".join(sorted(WINDOW_PRESETS)) + ")",
+        "(shoal.loadtest.bench_windows.WINDOW_PRESETS: " + ", ".join(sorted(WINDOW_PRESETS)) + "); "
+        "several kinds (e.g. tumbling,sliding,count) run one after another in this invocation "
+        "and each is reported against the first (docs/benchmarks.md, 'Window kinds')",
+    )
+    pipeline.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with several --window kinds: run them all N times, interleaved, and report "
+        "medians and per-round ratios to the first kind (default 1)",
     )
     pipeline.add_argument(
         "--max",
@@ -206,10 +217,9 @@ def run_encodings(args: argparse.Namespace) -> int:
 
 
 def run_pipeline(args: argparse.Namespace) -> int:
-    """Run the pipeline benchmark (one rate, or ``--max``)."""
+    """Run the pipeline benchmark (one rate, or ``--max``; several window kinds compared)."""
     from shoal._cli.common import spec_path  # noqa: PLC0415
     from shoal.loadtest import bench_pipeline as bench  # noqa: PLC0415 - heavy, run-time only
-    from shoal.processors.spec import load_pipeline  # noqa: PLC0415
 
     if args.workers < 1:
         raise ConfigError("--workers must be at least 1")
@@ -218,25 +228,16 @@ def run_pipeline(args: argparse.Namespace) -> int:
     used = args.run_dir is not None and args.run_dir.exists() and any(args.run_dir.iterdir())
     if args.run_dir is not None and (args.max or used):
         raise ConfigError("--run-dir needs a new or empty folder and one run (not --max)")
+    kinds = None if args.window is None else parse_kinds(args.window)
+    if kinds is not None and (len(kinds) > 1 or args.rounds > 1):
+        return _compare_kinds(args, kinds)
+    if args.rounds != 1:
+        raise ConfigError("--rounds needs --window KIND[,KIND...]")
     source = spec_path(args.pipeline)
     if args.window is not None:
         source = write_variant(source, args.window, Path(tempfile.mkdtemp(prefix="shoal-bench-")))
         print(f"pipeline {args.pipeline} with one {args.window} window: {source}", flush=True)
-    config = bench.PipelineBenchConfig(
-        spec=load_pipeline(source),
-        spec_source=str(source),
-        window_kind=args.window,
-        sensors_per_gateway=args.sensors,
-        scenario=args.scenario,
-        rate=args.rate,
-        batch=args.batch,
-        encoding=args.encoding,
-        workers=args.workers,
-        duration_s=args.duration or (20.0 if args.max else 30.0),
-        per_key_results=not args.no_key_topics,
-        gateway_spool=args.gateway_spool,
-        run_dir=args.run_dir,
-    )
+    config = _pipeline_config(args, source, args.window)
     if args.max:
         result = bench.run_max(config, sys.stderr)
         best = result["best"]
@@ -254,6 +255,54 @@ def run_pipeline(args: argparse.Namespace) -> int:
         args.json.write_text(bench.dumps(result) + "\n")
         print(f"wrote {args.json}")
     return code
+
+
+def _compare_kinds(args: argparse.Namespace, kinds: tuple[str, ...]) -> int:
+    """``--window A,B,...``: every kind in turn, ``--rounds`` times; figures against ``A``."""
+    from shoal._cli.common import spec_path  # noqa: PLC0415
+    from shoal.loadtest import bench_pipeline as bench  # noqa: PLC0415 - heavy, run-time only
+
+    if args.run_dir is not None:
+        raise ConfigError("--run-dir needs one run (not several --window kinds or --rounds)")
+    folder = Path(tempfile.mkdtemp(prefix="shoal-bench-"))
+    sources = {k: write_variant(spec_path(args.pipeline), k, folder) for k in kinds}
+    print(f"pipeline {args.pipeline} with one window of each kind: {folder}", flush=True)
+
+    def run_one(kind: str) -> dict[str, Any]:
+        config = _pipeline_config(args, sources[kind], kind)
+        if args.max:
+            return bench.run_max(config, sys.stderr)
+        return bench.run_pipeline(config, sys.stderr)
+
+    result = compare_kinds(kinds, args.rounds, run_one, sys.stderr)
+    result["machine"] = bench.machine()
+    print(format_comparison(result))
+    if args.json is not None:
+        args.json.write_text(bench.dumps(result) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if all(row["exact"] for row in result["summary"].values()) else 1
+
+
+def _pipeline_config(args: argparse.Namespace, source: Path, kind: str | None) -> Any:
+    """The ``PipelineBenchConfig`` of one run of ``shoal bench pipeline``."""
+    from shoal.loadtest import bench_pipeline as bench  # noqa: PLC0415 - heavy, run-time only
+    from shoal.processors.spec import load_pipeline  # noqa: PLC0415
+
+    return bench.PipelineBenchConfig(
+        spec=load_pipeline(source),
+        spec_source=str(source),
+        window_kind=kind,
+        sensors_per_gateway=args.sensors,
+        scenario=args.scenario,
+        rate=args.rate,
+        batch=args.batch,
+        encoding=args.encoding,
+        workers=args.workers,
+        duration_s=args.duration or (20.0 if args.max else 30.0),
+        per_key_results=not args.no_key_topics,
+        gateway_spool=args.gateway_spool,
+        run_dir=args.run_dir,
+    )
 
 
 def run_scaling(args: argparse.Namespace) -> int:
