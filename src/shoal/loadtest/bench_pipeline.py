@@ -132,8 +132,10 @@ class Sealing:
     allows, so low-rate steps passed or failed by chance.)
 
     Attributes:
-        max_delay_ms: the gateways' batch age: the configured one, shortened so that
-            ``resolution`` stays within ``RESOLUTION`` (not below ``MIN_BATCH_AGE_MS``).
+        max_delay_ms: the gateways' batch age: the configured one; where batches would
+            not fill within it (they are sealed by age), shortened so that ``resolution``
+            stays within ``RESOLUTION`` (not below ``MIN_BATCH_AGE_MS``). Batches that fill
+            first keep their size: the runs that measure a batch size stay as they were.
         fill_ms: how long a gateway takes to fill a ``batch``-row batch at this rate.
         span_ms: what one batch holds: ``fill_ms`` or ``max_delay_ms``, the shorter.
         sealed_by: ``size`` (batches fill) or ``age`` (``max_delay_ms`` seals them first).
@@ -158,9 +160,9 @@ def sealing(config: PipelineBenchConfig) -> Sealing:
     per_gateway = config.sensors / config.gateways * config.rate
     fill_ms = config.batch / per_gateway * 1000.0
     window_ms = config.gateways * config.duration_s * 1000.0
-    max_delay_ms = min(config.max_delay_ms, max(MIN_BATCH_AGE_MS, int(RESOLUTION * window_ms)))
-    if config.full_batches:
-        max_delay_ms = config.max_delay_ms
+    max_delay_ms = config.max_delay_ms
+    if fill_ms > max_delay_ms and not config.full_batches:  # sealed by age: its age is a stair
+        max_delay_ms = min(max_delay_ms, max(MIN_BATCH_AGE_MS, int(RESOLUTION * window_ms)))
     span_ms = min(fill_ms, float(max_delay_ms))
     in_step = config.full_batches and config.gateways > 1  # one stair: every gateway's batch
     return Sealing(
