@@ -21,6 +21,7 @@ from shoal.broker import AsyncSession
 from shoal.broker.session import unique_client_id
 from shoal.broker.settings import BrokerSettings, TlsSettings
 from shoal.errors import BrokerError
+from tests.support.processes import read_until
 
 pytestmark = pytest.mark.broker
 
@@ -76,20 +77,6 @@ def _ws_connack(url: str, ca: Path, user: str, password: str) -> bytes:
     return asyncio.run(exchange())
 
 
-def _read_until(process: subprocess.Popen[str], pattern: str, timeout_s: float = 20) -> str:
-    assert process.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    seen = []
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if re.search(pattern, line):
-            return line
-    raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(seen)}")
-
-
 def test_secure_broker_command(tmp_path: Path) -> None:
     users_file = tmp_path / "users.toml"
     users_file.write_text(USERS)
@@ -111,9 +98,9 @@ def test_secure_broker_command(tmp_path: Path) -> None:
     )
     process = spawn_tied(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
-        plain = _read_until(process, r"listening on mqtt://")
-        tls = _read_until(process, r"TLS\s+mqtts://")
-        ws_url = re.findall(r"(wss://\S+)", _read_until(process, r"WebSockets\s+wss://"))[0]
+        plain = read_until(process, r"listening on mqtt://")
+        tls = read_until(process, r"TLS\s+mqtts://")
+        ws_url = re.findall(r"(wss://\S+)", read_until(process, r"WebSockets\s+wss://"))[0]
         port = int(re.findall(r":(\d+)\s*$", plain)[0])
         tls_port = int(re.findall(r"mqtts://[^:]+:(\d+)", tls)[0])
         ca = Path(re.findall(r"clients trust (\S+)\)", tls)[0])
@@ -127,7 +114,7 @@ def test_secure_broker_command(tmp_path: Path) -> None:
 
         users_file.write_text(USERS + DASHBOARD)
         process.send_signal(signal.SIGHUP)
-        _read_until(process, r"reloaded 3 user")
+        read_until(process, r"reloaded 3 user")
         deadline = time.monotonic() + 5  # mosquitto reloads on its own SIGHUP, soon after
         while _refused(settings.with_credentials("grafana", "dash-pw")):
             assert time.monotonic() < deadline, "the new user was not admitted"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
+import time
 from pathlib import Path
 
 import psutil
@@ -11,6 +13,21 @@ import psutil
 from shoal._processes import ChildProcess, connection_args, shoal_argv
 from shoal.broker.settings import BrokerSettings
 from shoal.schemas.topics import Topics
+
+
+def read_until(process: subprocess.Popen[str], pattern: str, timeout_s: float = 20) -> str:
+    """The first line of ``process``'s stdout that matches ``pattern`` (AssertionError: none)."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    seen = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if re.search(pattern, line):
+            return line
+    raise AssertionError(f"no line matching {pattern!r} in:\n{''.join(seen)}")
 
 
 class Component(ChildProcess):

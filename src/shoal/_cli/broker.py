@@ -141,7 +141,11 @@ def run(args: argparse.Namespace) -> int:
     )
     stop = threading.Event()
     reload = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # SIGINT too, not left to KeyboardInterrupt: a shell that starts a command in the
+    # background without job control starts it with SIGINT ignored, and Python then installs
+    # no KeyboardInterrupt handler (`shoal broker &` in a script would not stop on SIGINT).
+    for stopping in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stopping, lambda *_: stop.set())
     signal.signal(signal.SIGHUP, lambda *_: reload.set())
     with broker:
         print(f"shoal broker: {args.profile} profile listening on {broker.settings.url}")
@@ -152,16 +156,13 @@ def run(args: argparse.Namespace) -> int:
         if broker.acl_path.exists():
             print(f"  ACL    {broker.acl_path} ({len(broker.users)} user(s))")
         print(f"  config {broker.config_path}\n  log    {broker.log_path}\n  Ctrl-C to stop")
-        try:
-            while not stop.wait(1.0):
-                if reload.is_set():
-                    reload.clear()
-                    _reload(broker, args)
-                if not broker.running:
-                    print(f"shoal broker: mosquitto exited; see {broker.log_path}")
-                    return 1
-        except KeyboardInterrupt:
-            pass
+        while not stop.wait(1.0):
+            if reload.is_set():
+                reload.clear()
+                _reload(broker, args)
+            if not broker.running:
+                print(f"shoal broker: mosquitto exited; see {broker.log_path}")
+                return 1
     return 0
 
 

@@ -66,6 +66,13 @@ def register(sub: Any) -> None:
         default=1_000,
         help="seal a partial batch once its oldest row is this old (default 1000)",
     )
+    load.add_argument(
+        "--stagger",
+        action="store_true",
+        help="seal the gateways out of step: gateway i of N seals its first batch early, i/N "
+        "of a batch's span (the time it takes to fill, or --max-delay-ms) after the start, so "
+        "batches arrive spread over each span instead of all at once (benchmarks)",
+    )
     gateway = parser.add_argument_group("gateway")
     gateway.add_argument(
         "--spool",
@@ -320,6 +327,7 @@ def _config(args: argparse.Namespace, settings: Any) -> Any:
         confirm_wait_s=args.wait_confirmed,
         late_share=args.late_share,
         late_by_ms=args.late_by_ms,
+        stagger=args.stagger,
     )
 
 

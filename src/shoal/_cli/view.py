@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         ws_url = bridge.url
     login = args.login or ws_url.startswith("wss://")
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for stopping in (signal.SIGINT, signal.SIGTERM):  # SIGINT: see `shoal broker`
+        signal.signal(stopping, lambda *_: stop.set())
     try:
         with ViewServer(
             PageConfig(ws_url=ws_url, login=login, root=root, username=args.username or ""),
@@ -72,10 +73,7 @@ def run(args: argparse.Namespace) -> int:
             port=args.port,
         ) as view:
             print(f"shoal view: {view.url} (broker over WebSockets: {ws_url})", flush=True)
-            try:
-                while not stop.wait(1.0):
-                    pass
-            except KeyboardInterrupt:
+            while not stop.wait(1.0):
                 pass
     finally:
         if bridge is not None:

@@ -191,6 +191,18 @@ class MemorySession(SessionBase):
         fut.set_result(None)
         return fut
 
+    async def sync(self) -> None:
+        """Nothing to wait for: ``publish_started`` routed every message when it was called.
+
+        Raises:
+            BrokerError: the session is not open, or its connection was lost.
+        """
+        self._open()
+
+    def abort(self, why: str) -> None:  # noqa: ARG002 - no log here to say it in
+        """Lose the connection now, as ``MemoryBroker.drop`` does (the will goes out)."""
+        self._broker.detach(self, lost=True)
+
     def ack(self, message: Message) -> None:
         """Acknowledge a QoS 1 message received with ``manual_ack`` (no-op otherwise)."""
         if self._manual_ack and message.qos > 0 and self._client is not None:

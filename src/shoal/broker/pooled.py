@@ -10,15 +10,19 @@ connection got from the broker's session takeover: **nothing the user started re
 broker after the lease ended**. From the end on, the lease refuses publishes (their futures
 fail with ``BrokerError``, like those of a closed connection); then it waits until every
 QoS 1 publish it started is acknowledged or failed, and until the broker has processed
-everything written on the connection before that (``BatchedSession.sync``: a PINGREQ's
-answer, which covers QoS 0 too). If that does not happen within the publish timeout, the
-connection is reset (``BatchedSession.abort``: nothing buffered is sent) and every lease on
-it fails: a term ends (and its successor may start publishing) only once its own publishes
-are at the broker or can no longer arrive.
+everything written on the connection before that (``FencedSession.sync``; on
+``BatchedSession`` a PINGREQ's answer, which covers QoS 0 too). If that does not happen within
+the publish timeout, the connection is reset (``FencedSession.abort``: nothing buffered is
+sent) and every lease on it fails: a term ends (and its successor may start publishing) only
+once its own publishes are at the broker or can no longer arrive.
 
 A failure that belongs to one publish (a refused PUBACK, a message too large) fails only
 that publish's future, as on a connection of its own. A lost connection fails every lease on
 it; each user ends and starts again on the next connection.
+
+The pool needs that fence from its sessions: a factory whose sessions are not a
+``FencedSession`` is refused (``ConfigError`` from ``run`` and from every lease), not served
+without it.
 """
 
 from __future__ import annotations
@@ -29,11 +33,10 @@ from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Final, Self
 
-from shoal.broker._batched import BatchedSession
 from shoal.broker._shared import SessionBase
-from shoal.broker.session import Message, Session, SessionFactory, Will
+from shoal.broker.session import FencedSession, Message, SessionFactory, Will
 from shoal.broker.settings import BrokerSettings
-from shoal.errors import BrokerError
+from shoal.errors import BrokerError, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -64,17 +67,29 @@ class PooledOutputs:
         self._settings = settings
         self.client_id = client_id
         self._will = will
-        self._current: Session | None = None
+        self._current: FencedSession | None = None
+        self._refused: ConfigError | None = None
         self._ready = asyncio.Event()
         self.connections = 0
         """Connections opened so far (a count for tests and logs)."""
 
     async def run(self) -> None:
-        """Keep the connection open until cancelled; reopen it when lost."""
+        """Keep the connection open until cancelled; reopen it when lost.
+
+        Raises:
+            ConfigError: the factory's sessions cannot fence a lease's end (module docstring).
+        """
         while True:
             session = self._factory(
                 self._settings, self.client_id, will=self._will, publish_timeout_s=PUBLISH_TIMEOUT_S
             )
+            if not isinstance(session, FencedSession):
+                self._refused = ConfigError(
+                    f"outputs {self.client_id}: a {type(session).__name__} cannot end a lease "
+                    "safely (no sync/abort: shoal.broker.session.FencedSession)"
+                )
+                self._ready.set()  # waiting leases see the refusal at once
+                raise self._refused
             try:
                 async with session:
                     self._current = session
@@ -89,15 +104,18 @@ class PooledOutputs:
                 self._ready.clear()
             await asyncio.sleep(RECONNECT_S)
 
-    async def session(self) -> Session:
+    async def session(self) -> FencedSession:
         """The open connection (waiting up to ``CONNECT_WAIT_S`` for one).
 
         Raises:
             BrokerError: none opened in time.
+            ConfigError: the factory's sessions were refused (``run``).
         """
         try:
             async with asyncio.timeout(CONNECT_WAIT_S):
                 while self._current is None:
+                    if self._refused is not None:
+                        raise self._refused
                     await self._ready.wait()
         except TimeoutError as exc:
             raise BrokerError(
@@ -106,15 +124,14 @@ class PooledOutputs:
         return self._current
 
     @property
-    def current(self) -> Session | None:
+    def current(self) -> FencedSession | None:
         """The connection open now (None: being reopened)."""
         return self._current
 
     def reset(self, why: str) -> None:
         """Drop the open connection at once (its Will fires; ``run`` opens another)."""
-        current = self._current
-        if isinstance(current, BatchedSession):
-            current.abort(why)
+        if self._current is not None:
+            self._current.abort(why)
 
     def lease(self) -> OutputsLease:
         """A new lease (it takes the connection when entered)."""
@@ -130,12 +147,12 @@ class OutputsLease(SessionBase):
         self.settings = pool._settings
         self.client_id = pool.client_id
         self._publish_timeout_s = PUBLISH_TIMEOUT_S
-        self._inner: Session | None = None
+        self._inner: FencedSession | None = None
         self._ended = False
         self._in_flight: set[asyncio.Future[None]] = set()
 
     @property
-    def inner(self) -> Session:
+    def inner(self) -> FencedSession:
         """The shared connection this lease publishes on."""
         if self._inner is None:
             raise BrokerError("the lease is not open (use `async with lease:`)")
@@ -165,8 +182,7 @@ class OutputsLease(SessionBase):
             async with asyncio.timeout(self._publish_timeout_s):
                 if self._in_flight:
                     await asyncio.wait(set(self._in_flight))
-                if isinstance(inner, BatchedSession):
-                    await inner.sync()
+                await inner.sync()
         except (TimeoutError, BrokerError) as failure:
             if inner is self._pool.current:
                 self._pool.reset(f"a lease's publishes were not settled at its end: {failure!r}")

@@ -16,7 +16,7 @@ import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Final, Protocol, Self
+from typing import Final, Protocol, Self, runtime_checkable
 
 from shoal.broker.settings import BrokerSettings
 
@@ -179,6 +179,27 @@ class Session(Protocol):
 
     def ack_many(self, messages: Sequence[Message]) -> None:
         """``ack`` each of ``messages``, in order."""
+
+
+@runtime_checkable
+class FencedSession(Session, Protocol):
+    """A ``Session`` that can tell when the broker has processed what it wrote, and be dropped.
+
+    What ``shoal.broker.pooled`` needs to end a lease on a shared connection: ``sync`` is the
+    fence (QoS 0 publishes included, which no PUBACK confirms), ``abort`` the reset when the
+    fence does not come. ``BatchedSession`` and the in-memory session have both; a pool
+    refuses a session factory whose sessions do not.
+    """
+
+    async def sync(self) -> None:
+        """Return once the broker has processed everything written on this connection so far.
+
+        Raises:
+            BrokerError: the connection was lost, or the broker did not answer in time.
+        """
+
+    def abort(self, why: str) -> None:
+        """Drop the connection now, without sending what is still buffered (its Will fires)."""
 
 
 class SessionFactory(Protocol):

@@ -248,6 +248,7 @@ class _Runner:
             # default spec's runs keep.
             per_key_results=variant.pipeline != EQUIVALENT,
             max_delay_ms=_max_delay_ms(cell),
+            full_batches=True,
         )
         return summarise(run_pipeline(config, None))
 

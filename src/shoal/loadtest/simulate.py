@@ -23,6 +23,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -85,6 +86,10 @@ class SimulationConfig:
         late_share: fraction of measurements whose timestamps move back by ``late_by_ms``
             (``LateShare``; gateway i draws from ``seed + i``).
         late_by_ms: how far back; above the pipeline's lateness plus a window, they are late.
+        stagger: seal the gateways out of step (``batch_span_s``, ``_Stagger``). Gateways
+            started together otherwise seal in lock-step, every one at the same moment of
+            each span, so what a pipeline has applied grows in steps of all the gateways'
+            batches at once; staggered, in steps of one gateway's batch.
     """
 
     gateways: int = 1
@@ -111,6 +116,7 @@ class SimulationConfig:
     confirm_wait_s: float = 0.0
     late_share: float = 0.0
     late_by_ms: int = 60_000
+    stagger: bool = False
 
     def __post_init__(self) -> None:
         """Refuse settings that cannot run."""
@@ -131,6 +137,11 @@ class SimulationConfig:
     def offered_rate(self) -> float:
         """Measurements per second offered, in all."""
         return self.gateways * self.sensors * self.rate_hz
+
+    @property
+    def batch_span_s(self) -> float:
+        """Seconds of one gateway's measurements in a batch: it fills, or it is due by age."""
+        return min(self.max_delay_ms / 1000.0, self.batch_size / (self.sensors * self.rate_hz))
 
     def gateway_ids(self) -> list[str]:
         """The simulated gateways' ids."""
@@ -428,6 +439,7 @@ class Simulator:
         tick_s = self.config.tick_ms / 1000.0
         next_tick = time.monotonic()
         next_report = next_tick + 1.0
+        stagger = _Stagger(gateways if self.config.stagger else [], self.config.batch_span_s)
         offered = 0
         peak = (0, 0)
         while True:
@@ -440,6 +452,8 @@ class Simulator:
                         block = replace(block, ts=block.ts + skew)
                     gateway.add_block(share.apply(block))
                     offered += len(block)
+            if offered:
+                stagger.seal_due(time.monotonic())
             if now_ms >= end_ms or stop.is_set():
                 return offered, now_ms, peak
             if time.monotonic() >= next_report:
@@ -533,6 +547,28 @@ class Simulator:
             sink=asdict(sink) if sink is not None else None,
             rows_made_late=rows_made_late,
         )
+
+
+class _Stagger:
+    """Puts N gateways' sealing out of step, once, at the start (``SimulationConfig.stagger``).
+
+    Gateway i (i > 0) seals what it holds early, ``i / N`` of a batch span after the first
+    rows: its batches then fill (or age) from that moment on, so the N gateways seal spread
+    evenly over every span. Costs each of them one early, smaller batch.
+    """
+
+    def __init__(self, gateways: list[Gateway], span_s: float) -> None:
+        self._gateways = gateways
+        self._span_s = span_s
+        self._due: deque[tuple[float, Gateway]] | None = None
+
+    def seal_due(self, now_s: float) -> None:
+        """Seal early the gateways whose moment has come (the first call: the first rows)."""
+        if self._due is None:
+            step = self._span_s / max(1, len(self._gateways))
+            self._due = deque((now_s + i * step, g) for i, g in enumerate(self._gateways) if i)
+        while self._due and self._due[0][0] <= now_s:
+            self._due.popleft()[1].flush()
 
 
 def _proc_cpu(process: psutil.Process) -> float:
