@@ -31,6 +31,7 @@ from shoal.processors._kernels import (
     merge_cells,
     merge_state,
 )
+from shoal.processors._stacks import Keyed, PaneStacks
 from shoal.processors.aggregates import (
     BATCHES,
     LAST_TS,
@@ -201,9 +202,13 @@ class WindowState:
         self._pane_mode = np.array(is_pane, dtype=bool)
         self.panes: WindowState | None = None
         """State per (pane, key) of the windows whose partials carry panes (None: none)."""
+        self._stacks: PaneStacks | None = None
+        """Prefixes and suffixes of pane blocks that windows are assembled from (``_stacks``)."""
+        self._version = 0
         if self._pane_mode.any():
             pane_plan = replace(plan, fields=(*plan.fields, PANE_CONTINUED))
             self.panes = WindowState(spec, pane_plan, keys=self.keys)
+            self._stacks = PaneStacks(pane_plan.fields)
         self.pane_forgotten: int | None = None
         """Windows ending at or before this were closed or dropped (pane windows only)."""
         self._reset()
@@ -213,7 +218,12 @@ class WindowState:
             self.keys.clear()
         if self.panes is not None:
             self.panes._reset()
+        if self._stacks is not None:
+            self._stacks.clear()
         self.pane_forgotten = None
+        self.versions: dict[tuple[int, int], int] = {}
+        """Per held pane (window, start), a number that changes whenever it takes rows (panes
+        only: the stacks' validity)."""
         self._slots: dict[tuple[int, int], int] = {}
         self._slot_info: dict[int, tuple[int, int, int]] = {}  # slot -> (window, start, end)
         self._free_slots: list[int] = []
@@ -350,8 +360,10 @@ class WindowState:
         for i, packed in enumerate(unique.tolist()):
             w, s = packed >> 55, (packed & (2**55 - 1)) - 2**54
             slot = self._slots.get((w, s))
-            if not self._owns_keys:  # the pane state (``snapshot_panes``)
+            if not self._owns_keys:  # the pane state (``snapshot_panes``, the stacks)
                 self.touched.add((w, s))
+                self._version += 1
+                self.versions[(w, s)] = self._version
             if slot is None:
                 slot = self._free_slots.pop() if self._free_slots else len(self._slot_info)
                 if slot >= SLOT_LIMIT:
@@ -514,28 +526,30 @@ class WindowState:
                 runs = _slot_runs(self._cells[0], slots[order], KEY_BITS + BUCKET_BITS)
                 cells_parts.append(self._cells[0][runs])
                 counts_parts.append(self._counts[0][runs])
-        assembled = self._from_panes(
-            [(w, s, int(m)) for (w, s), m in zip(windows, slots.tolist(), strict=True)]
-        )
-        if assembled is not None:
-            groups_parts.append(assembled[0])
-            state_parts.append(assembled[1])
-            cells_parts.append(assembled[2])
-            counts_parts.append(assembled[3])
+        own = sum(len(g) for g in groups_parts)
+        by_slot = [(int(slots[i]), *windows[i]) for i in order.tolist()]
+        for slot, w, s in by_slot:
+            assembled = self._from_panes(w, s, slot)
+            if assembled is not None:
+                groups_parts.append(assembled[0])
+                state_parts.append(assembled[1])
+                cells_parts.append(assembled[2])
+                counts_parts.append(assembled[3])
         groups = np.concatenate(groups_parts) if groups_parts else np.zeros(0, np.int64)
         if len(groups) == 0:
             return None
         columns = {f: np.concatenate([p[f] for p in state_parts]) for f in self._fields}
-        groups, state = merge_state(groups, columns, self.plan.fields)
-        cells, counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-        if cells_parts and sum(len(c) for c in cells_parts):
-            cells, counts = merge_cells(
-                np.concatenate(cells_parts), np.concatenate(counts_parts), KEY_BITS
-            )
-        return self._finish(groups, state, cells, counts)
+        cells = np.concatenate(cells_parts) if cells_parts else np.empty(0, dtype=np.int64)
+        counts = np.concatenate(counts_parts) if counts_parts else np.empty(0, dtype=np.int64)
+        if own:  # rows expanded into the windows' own slots: merge them with the panes'
+            groups, columns = merge_state(groups, columns, self.plan.fields)
+            if len(cells):
+                cells, counts = merge_cells(cells, counts, KEY_BITS)
+        # else each window's panes are merged already, and in slot order they are sorted
+        return self._finish(groups, columns, cells, counts)
 
     def _from_panes(
-        self, windows: list[tuple[int, int, int]]
+        self, window: int, start: int, slot: int
     ) -> (
         tuple[
             npt.NDArray[np.int64],
@@ -545,64 +559,58 @@ class WindowState:
         ]
         | None
     ):
-        """Unmerged state rows and sketch cells of pane windows ``(window, start, slot)``.
+        """The merged state and sketch cells of a pane window's panes, under its ``slot``.
 
-        Each window's panes' rows, regrouped under the window's slot. ``batches`` is the
-        panes' (runs starting in them) plus the first pane's ``continued``.
+        Assembled from prefixes and suffixes of pane blocks (``_stacks``). ``batches`` is the
+        panes' (runs starting in them) plus the first pane's ``continued``. None: not a pane
+        window, or its panes hold no rows.
         """
+        panes, stacks = self.panes, self._stacks
+        assert panes is not None
+        assert stacks is not None
+        if not self._pane_mode[window] or not panes._groups:
+            return None
+        step = self.spec.windows[window].slide_ms
+        fan = int(self._sizes[window]) // step
+        keyed = stacks.window(window, start // step, fan, self._pane_lookup(window, step))
+        if keyed is None or len(keyed.keys) == 0:
+            return None
+        groups = (slot << KEY_BITS) | keyed.keys
+        state = {f: keyed.columns[f] for f in self._fields}
+        state[BATCHES.name] = state[BATCHES.name] + keyed.columns[PANE_CONTINUED.name]
+        cells = (slot << (KEY_BITS + BUCKET_BITS)) | keyed.cells
+        return groups, state, cells, keyed.counts
+
+    def _pane_lookup(self, window: int, step: int) -> Callable[[int], tuple[int, Keyed | None]]:
+        """Pane index -> (version, merged state) of ``window``'s panes (the pane state merged)."""
         panes = self.panes
         assert panes is not None
-        if not panes._groups:
-            return None
-        base = panes._groups[0]
-        columns = panes._columns[0]
-        lo: list[int] = []
-        hi: list[int] = []
-        cell_lo: list[int] = []
-        cell_hi: list[int] = []
-        target: list[int] = []
-        first: list[bool] = []
+        base, columns = panes._groups[0], panes._columns[0]
         has_cells = bool(panes._cells) and len(panes._cells[0]) > 0
-        cells = panes._cells[0] if has_cells else None
-        for w, s, slot in windows:
-            if not self._pane_mode[w]:
-                continue
-            step = self.spec.windows[w].slide_ms
-            for i, pane in enumerate(range(s, s + int(self._sizes[w]), step)):
-                pane_slot = panes._slots.get((w, pane))
-                if pane_slot is None:
-                    continue
-                lo.append(int(np.searchsorted(base, pane_slot << KEY_BITS)))
-                hi.append(int(np.searchsorted(base, (pane_slot + 1) << KEY_BITS)))
-                if cells is not None:
-                    shift = KEY_BITS + BUCKET_BITS
-                    cell_lo.append(int(np.searchsorted(cells, pane_slot << shift)))
-                    cell_hi.append(int(np.searchsorted(cells, (pane_slot + 1) << shift)))
-                target.append(slot)
-                first.append(i == 0)
-        if not target:
-            return None
-        starts, lengths = np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64) - lo
-        rows = gather_runs(starts, lengths)
+        cells = panes._cells[0] if has_cells else np.empty(0, dtype=np.int64)
+        counts = panes._counts[0] if has_cells else np.empty(0, dtype=np.int64)
         key_mask = (1 << KEY_BITS) - 1
-        slot_of = np.repeat(np.array(target, dtype=np.int64), lengths)
-        groups = (slot_of << KEY_BITS) | (base[rows] & key_mask)
-        state = {f: columns[f][rows] for f in self._fields}
-        leading = np.repeat(np.array(first, dtype=bool), lengths)
-        state[BATCHES.name] = state[BATCHES.name] + np.where(
-            leading, columns[PANE_CONTINUED.name][rows], 0
-        )
-        out_cells, out_counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-        if cells is not None:
-            cell_starts = np.array(cell_lo, dtype=np.int64)
-            cell_lengths = np.array(cell_hi, dtype=np.int64) - cell_starts
-            picked = gather_runs(cell_starts, cell_lengths)
-            cell_slot = np.repeat(np.array(target, dtype=np.int64), cell_lengths)
-            pane_cells = cells[picked]
-            key_and_bucket = pane_cells & ((1 << (KEY_BITS + BUCKET_BITS)) - 1)
-            out_cells = (cell_slot << (KEY_BITS + BUCKET_BITS)) | key_and_bucket
-            out_counts = panes._counts[0][picked]
-        return groups, state, out_cells, out_counts
+        cell_mask = (1 << (KEY_BITS + BUCKET_BITS)) - 1
+        shift = KEY_BITS + BUCKET_BITS
+
+        def lookup(index: int) -> tuple[int, Keyed | None]:
+            pane = (window, index * step)
+            pane_slot = panes._slots.get(pane)
+            if pane_slot is None:
+                return 0, None
+            version = panes.versions.get(pane, 0)
+            lo, hi = np.searchsorted(base, [pane_slot << KEY_BITS, (pane_slot + 1) << KEY_BITS])
+            if hi == lo:
+                return version, None
+            first, last = np.searchsorted(cells, [pane_slot << shift, (pane_slot + 1) << shift])
+            return version, Keyed(
+                base[lo:hi] & key_mask,
+                {f: c[lo:hi] for f, c in columns.items()},
+                cells[first:last] & cell_mask,
+                counts[first:last],
+            )
+
+        return lookup
 
     def _finish_slots(self, slots: npt.NDArray[np.int64]) -> pl.DataFrame | None:
         """Final results of the windows of ``slots`` (sorted), left in place (None: no state)."""
@@ -655,6 +663,12 @@ class WindowState:
         if dropping:
             self._discard(dropping)
         self.panes.drop(through_ms)  # a pane's slot ends with its newest window
+        assert self._stacks is not None
+        for index, spec in enumerate(self.spec.windows):
+            if self._pane_mode[index]:  # the oldest window left starts after ``through_ms``'s
+                step = spec.slide_ms
+                oldest = (through_ms - spec.size_ms) // step + 1
+                self._stacks.prune(index, spec.size_ms // step, oldest)
         if held:
             # Not ``through_ms`` itself: after a flush (2**62) rows of later windows are
             # still on time, and their panes' windows must not count as forgotten.
@@ -803,6 +817,7 @@ class WindowState:
         for slot in slots:
             window, start, _ = self._slot_info.pop(slot)
             del self._slots[(window, start)]
+            self.versions.pop((window, start), None)
             self._free_slots.append(slot)
 
     def _finalise(
