@@ -133,6 +133,26 @@ class SessionBase(Session):
         with self._answer_awaited():
             await self.wait_published([fut])
 
+    def publish_many(self, messages: Sequence[tuple[str, bytes]], *, retain: bool = False) -> None:
+        """Hand QoS 0 messages (topic, payload) to the connection now, in order.
+
+        Here one ``publish_started`` each; ``BatchedSession`` writes them at once.
+
+        Raises:
+            PayloadTooLargeError: one is larger than the broker's maximum packet size; none
+                was sent.
+            BrokerError: not connected.
+        """
+        limit = self.max_packet_size
+        for topic, payload in messages:
+            check_size(topic, payload, limit)
+        for topic, payload in messages:
+            sent = self.publish_started(topic, payload, qos=0, retain=retain)
+            if not sent.done():  # held (``HeldSession``): its outcome comes later
+                sent.add_done_callback(_retrieve)
+            elif (error := sent.exception()) is not None:
+                raise error  # the connection is gone: the rest would fail alike
+
     def _answer_awaited(self) -> contextlib.AbstractContextManager[None]:
         """Around waiting in line for an answer (a session whose reading may pause reads on)."""
         return contextlib.nullcontext()
@@ -197,3 +217,9 @@ async def _until_stopped(
             return
     finally:
         stopper.cancel()
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Look at a QoS 0 publish's outcome, so asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()

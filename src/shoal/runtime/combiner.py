@@ -86,6 +86,7 @@ from shoal.processors.results import (
     json_rows,
     key_messages,
     late_message,
+    ndjson_rows,
     split_windows,
     window_json,
     window_msgpack,
@@ -112,8 +113,11 @@ CLOSE_LOG_FILE: Final = "combiner.closes"
 is ``combiner.closes.v<version>`` (``close_log_name``)."""
 STATE_ROOT: Final = Path("var") / "combiner"
 """Where partitions keep their checkpoint folders unless told otherwise."""
-KEY_SLICE: Final = 250
-"""Per-key results published per slice, with the event loop free in between."""
+KEY_SLICE: Final = 1_000
+"""Per-key results published per slice (one ``publish_many``, about a millisecond), with the
+event loop free in between."""
+KEY_TOPICS: Final = 1_000_000
+"""Per-key topics remembered at most (``_key_topic``; then forgotten and built again)."""
 KEY_ENCODE_SLICE: Final = 20_000
 """Per-key results encoded per block (``key_messages``: one encoding per block, not per slice:
 a sliding window's step gives every key a message)."""
@@ -258,8 +262,10 @@ class CombinerRuntime:
         self.partials_unreadable = 0  # partials that did not decode (dropped, see _on_message)
         self.results_refused = 0  # result rows or messages no packet can carry (dead-lettered)
         self._over_cap_since: int | None = None  # partials refused in this over-cap episode
-        # JSON rows of the windows the core finalised ahead of their close, by (window, start)
+        # NDJSON rows of the windows the core finalised ahead of their close, by (window, start)
         self._rendered: tuple[pl.DataFrame, dict[tuple[str, int], bytes]] | None = None
+        self._key_topics: dict[str | None, str] = {}
+        """Per-key result topic of each key (``_publish_keys``): the same keys every step."""
         self.apply_latency = LatencyHistogram()
         self.result_latency = LatencyHistogram()
         self.checkpoints = 0
@@ -800,6 +806,8 @@ class CombinerRuntime:
         self._rendered = None
         for whole in split_windows(closed.frame, closed.revisions, closed.sessions):
             result = whole
+            # the rows encoded once, for the window message and the per-key messages
+            lines = rendered.get((result.window, result.start))
             window_futures: list[asyncio.Future[None]] = []
             refused: set[str | None] = set()
             for index, encoding in enumerate(spec.output_encodings):
@@ -810,7 +818,11 @@ class CombinerRuntime:
                     for n in names
                 ]
                 encoding_since = self.clock.monotonic()
-                rows = rendered.get((result.window, result.start)) if encoding == "json" else None
+                rows = None
+                if encoding == "json":
+                    if lines is None:
+                        lines = ndjson_rows(result)
+                    rows = json_rows(result, lines)
                 for payload, content_type in self._window_payloads(
                     session, result, ctx, encoding, rows=rows, refused=refused
                 ):
@@ -832,6 +844,7 @@ class CombinerRuntime:
                             window_futures.append(future)
             if refused:  # the per-key messages would not fit either
                 result = replace(result, frame=_without_keys(result.frame, refused))
+                lines = None
             self._unacked.extend(window_futures)
             self._track_result_latency(window_futures, since)
             if self.config.per_key_results:
@@ -840,7 +853,7 @@ class CombinerRuntime:
                 # thousands of small publishes.
                 self._key_tasks.add(
                     asyncio.create_task(
-                        self._publish_keys(session, result, started, window_futures)
+                        self._publish_keys(session, result, started, window_futures, lines)
                     )
                 )
         self._publish_alerts(session, stage)
@@ -992,36 +1005,48 @@ class CombinerRuntime:
         result: WindowResult,
         at_ms: int,
         after: list[asyncio.Future[None]],
+        lines: bytes | None = None,
     ) -> None:
         # QoS 0 and no properties: a window can hold many thousands of keys, and the
         # authoritative copy is the window message (QoS 1, awaited before the checkpoint).
         # Only after that message is acknowledged, and in slices with the event loop free in
         # between, so neither the window result nor the next partials wait for them.
-        topics, name = self.config.topics, self.config.spec.name
+        # ``lines``: the rows as the window message encoded them (``ndjson_rows``).
+        name = self.config.spec.name
         try:
             await asyncio.gather(*after, return_exceptions=True)
+            split = None if lines is None else lines.splitlines()
             for block in range(0, result.frame.height, KEY_ENCODE_SLICE):
                 await asyncio.sleep(0)
                 part = replace(result, frame=result.frame.slice(block, KEY_ENCODE_SLICE))
-                messages = key_messages(part, name, at_ms)  # encoded a block at a time
+                ready = None if split is None else split[block : block + KEY_ENCODE_SLICE]
+                messages = key_messages(part, name, at_ms, ready)  # a block at a time
                 for offset in range(0, len(messages), KEY_SLICE):
                     await asyncio.sleep(0)
                     if self._outputs is not session and self.config.hosted:
                         return  # the term ended: its outputs are closed
-                    for key, payload in messages[offset : offset + KEY_SLICE]:
-                        sent = session.publish_started(
-                            topics.result_key(name, key), payload, qos=0, retain=True
-                        )
-                        if not sent.done():  # held behind the close log: outcome comes later
-                            sent.add_done_callback(ignore_outcome)
-                        elif (error := sent.exception()) is not None:
-                            raise error  # the connection is gone: the rest would fail alike
+                    session.publish_many(
+                        [
+                            (self._key_topic(name, k), p)
+                            for k, p in messages[offset : offset + KEY_SLICE]
+                        ],
+                        retain=True,
+                    )
         except BrokerError as exc:
             log.warning("combiner %s: per-key results interrupted: %s", self.config.client_id, exc)
         finally:
             task = asyncio.current_task()
             if task is not None:
                 self._key_tasks.discard(task)
+
+    def _key_topic(self, pipeline: str, key: str | None) -> str:
+        """The retained per-key result topic of ``key`` (remembered: the same keys each step)."""
+        topic = self._key_topics.get(key)
+        if topic is None:
+            if len(self._key_topics) >= KEY_TOPICS:
+                self._key_topics.clear()
+            topic = self._key_topics[key] = self.config.topics.result_key(pipeline, key)
+        return topic
 
     def _track_result_latency(self, futures: list[asyncio.Future[None]], since: float) -> None:
         if not futures:
@@ -1171,7 +1196,10 @@ class CombinerRuntime:
             return
         if self._rendered is not None and self._rendered[0] is frame:
             return
-        self._rendered = (frame, {(r.window, r.start): json_rows(r) for r in split_windows(frame)})
+        self._rendered = (
+            frame,
+            {(r.window, r.start): ndjson_rows(r) for r in split_windows(frame)},
+        )
 
     async def _checkpointer(self, session: Session) -> None:
         interval = self.config.spec.checkpoint_interval_ms / 1000
