@@ -88,22 +88,18 @@ def fan_way(state: WindowState, windows: list[tuple[int, int]]) -> pl.DataFrame:
                 )
             )
         for i in range(fan):
-            pane_slot = panes._slots.get((w, s + i * spec.slide_ms))
-            if pane_slot is None or not panes._groups:
+            pane = panes.merged((w, s + i * spec.slide_ms))
+            if pane is None:
                 continue
-            base = panes._groups[0]
-            lo, hi = np.searchsorted(base, [pane_slot << KEY_BITS, (pane_slot + 1) << KEY_BITS])
-            cells = panes._cells[0] if panes._cells else np.zeros(0, np.int64)
-            first, last = np.searchsorted(cells, [pane_slot << shift, (pane_slot + 1) << shift])
-            columns = {f: c[lo:hi] for f, c in panes._columns[0].items()}
+            columns = dict(pane.columns)
             if i == 0:
                 columns[BATCHES.name] = columns[BATCHES.name] + columns[PANE_CONTINUED.name]
             parts.append(
                 (
-                    (slot << KEY_BITS) | (base[lo:hi] & ((1 << KEY_BITS) - 1)),
+                    (slot << KEY_BITS) | pane.keys,
                     columns,
-                    (slot << shift) | (cells[first:last] & ((1 << shift) - 1)),
-                    panes._counts[0][first:last] if panes._cells else np.zeros(0, np.int64),
+                    (slot << shift) | pane.cells,
+                    pane.counts,
                 )
             )
     if not parts:
