@@ -109,7 +109,9 @@ class HeldSession(SessionBase):
         self.held_total += 1
         return outer
 
-    def publish_many(self, messages: Sequence[tuple[str, bytes]], *, retain: bool = False) -> None:
+    def publish_many(
+        self, messages: Sequence[tuple[str, bytes]], *, retain: bool = False, head: bytes = b""
+    ) -> None:
         """Hand QoS 0 messages over now (at once), or once the writes started before are done.
 
         Raises:
@@ -118,9 +120,9 @@ class HeldSession(SessionBase):
             BrokerError: not connected, or a barrier failed.
         """
         if self._failure is None and not self._held and self._released_through == self._barriers:
-            self.inner.publish_many(messages, retain=retain)
+            self.inner.publish_many(messages, retain=retain, head=head)
         else:
-            super().publish_many(messages, retain=retain)
+            super().publish_many(messages, retain=retain, head=head)
 
     def _released(self, barrier: int, done: asyncio.Future[None]) -> None:
         """Barrier number ``barrier`` completed: hand over what waited for it, or fail all.

@@ -211,7 +211,9 @@ class OutputsLease(SessionBase):
             started.add_done_callback(self._in_flight.discard)
         return started
 
-    def publish_many(self, messages: Sequence[tuple[str, bytes]], *, retain: bool = False) -> None:
+    def publish_many(
+        self, messages: Sequence[tuple[str, bytes]], *, retain: bool = False, head: bytes = b""
+    ) -> None:
         """QoS 0 messages on the shared connection, at once.
 
         Raises:
@@ -221,7 +223,7 @@ class OutputsLease(SessionBase):
         """
         if self._ended:
             raise BrokerError("the outputs lease has ended")
-        self.inner.publish_many(messages, retain=retain)
+        self.inner.publish_many(messages, retain=retain, head=head)
 
     async def wait_published(self, futures: Sequence[asyncio.Future[None]]) -> None:
         """The connection's wait (its publish timeout)."""

@@ -84,7 +84,7 @@ from shoal.processors.results import (
     Emission,
     WindowResult,
     json_rows,
-    key_messages,
+    key_payloads,
     late_message,
     ndjson_rows,
     split_windows,
@@ -1020,7 +1020,7 @@ class CombinerRuntime:
                 await asyncio.sleep(0)
                 part = replace(result, frame=result.frame.slice(block, KEY_ENCODE_SLICE))
                 ready = None if split is None else split[block : block + KEY_ENCODE_SLICE]
-                messages = key_messages(part, name, at_ms, ready)  # a block at a time
+                head, messages = key_payloads(part, name, at_ms, ready)  # a block at a time
                 for offset in range(0, len(messages), KEY_SLICE):
                     await asyncio.sleep(0)
                     if self._outputs is not session and self.config.hosted:
@@ -1031,6 +1031,7 @@ class CombinerRuntime:
                             for k, p in messages[offset : offset + KEY_SLICE]
                         ],
                         retain=True,
+                        head=head,
                     )
         except BrokerError as exc:
             log.warning("combiner %s: per-key results interrupted: %s", self.config.client_id, exc)

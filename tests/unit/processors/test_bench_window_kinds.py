@@ -36,7 +36,7 @@ from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.results import (
     Emission,
     json_rows,
-    key_messages,
+    key_payloads,
     ndjson_rows,
     split_windows,
     window_json,
@@ -97,7 +97,7 @@ def measure(kind: str, sensors: int, rate_hz: float, seconds: float, step_ms: in
             for result in split_windows(closed.frame, closed.revisions):
                 lines = ndjson_rows(result)  # encoded once for both, as the runtime does
                 window_json(result, ctx, json_rows(result, lines))
-                results += len(key_messages(result, spec.name, 0, lines.splitlines()))
+                results += len(key_payloads(result, spec.name, 0, lines.splitlines())[1])
         phases["emit"] += time.process_time() - began
         if now >= checkpoint_at:
             checkpoint_at += spec.checkpoint_interval_ms
