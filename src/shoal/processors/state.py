@@ -624,6 +624,21 @@ class WindowState:
         self._counts = [c["count"] for c in counts]
         self._release(slots)
 
+    def release_stacks(self, through_ms: int) -> None:
+        """Forget the stacks only windows ending at or before ``through_ms`` need.
+
+        Called when windows close: those kept for corrections are finalised again, rarely,
+        from their panes (``_stacks`` rebuilds what it needs), instead of holding every
+        block's suffixes for the allowed lateness.
+        """
+        if self._stacks is None:
+            return
+        for index, spec in enumerate(self.spec.windows):
+            if self._pane_mode[index]:  # the oldest window left starts after ``through_ms``'s
+                step = spec.slide_ms
+                oldest = (through_ms - spec.size_ms) // step + 1
+                self._stacks.prune(index, spec.size_ms // step, oldest)
+
     def _drop_with_panes(self, through_ms: int) -> int:
         """``drop`` with panes: windows' own slots, and panes whose windows all ended."""
         assert self.panes is not None
@@ -633,12 +648,7 @@ class WindowState:
         if dropping:
             self._discard(dropping)
         self.panes.drop(through_ms)  # a pane's slot ends with its newest window
-        assert self._stacks is not None
-        for index, spec in enumerate(self.spec.windows):
-            if self._pane_mode[index]:  # the oldest window left starts after ``through_ms``'s
-                step = spec.slide_ms
-                oldest = (through_ms - spec.size_ms) // step + 1
-                self._stacks.prune(index, spec.size_ms // step, oldest)
+        self.release_stacks(through_ms)
         if held:
             # Not ``through_ms`` itself: after a flush (2**62) rows of later windows are
             # still on time, and their panes' windows must not count as forgotten.

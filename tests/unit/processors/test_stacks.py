@@ -31,6 +31,7 @@ from shoal.processors.aggregates import AGGREGATES, BATCHES, PANE_CONTINUED
 from shoal.processors.partials import PartialRows
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import BUCKET_BITS, KEY_BITS, WindowState
+from tests.unit.processors.test_combiner import Harness, make_spec
 from tests.unit.processors.test_finalise_ahead import partial_rows
 from tests.unit.processors.test_registry import (
     Row,
@@ -229,3 +230,30 @@ def test_a_row_for_a_pane_in_a_stack_makes_it_stale() -> None:
     got = state.close(12).frame
     want = reference(spec, [*early, *late]).filter(pl.col("start") + 4 <= 12)
     assert_same(got, want, spec)
+
+
+def test_closed_windows_kept_for_corrections_hold_no_stacks() -> None:
+    """With allowed lateness, closed windows stay for corrections but their stacks go: a
+    correction finalises its window again from the panes, and equals hopping windows'."""
+    spec = make_spec(
+        windows=[{"kind": "sliding", "size_ms": 4_000, "step_ms": 1_000, "name": "w"}],
+        allowed_lateness_ms=60_000,
+    )
+    h = Harness(spec)
+    h.announce("gw")
+    for seq in range(40):
+        h.send("gw", seq, [("k", 1_000 * seq + 100, float(seq)), ("j", 1_000 * seq + 900, 1.0)])
+        h.combiner.tick()
+        stacks = h.combiner.state._stacks
+        assert stacks is not None
+        assert len(stacks._suffixes) <= 1  # the block of the windows closing next, at most
+        assert len(stacks._prefixes) <= 2
+    assert h.combiner.state.windows_through(h.combiner.closed_through or 0) > 30  # kept
+    step = h.send("gw", 40, [("k", 20_500, 100.0)])  # late, within the allowance
+    revised = h.combiner.close_ready(h.clock.now_ms())
+    assert step.late == []
+    assert revised is not None
+    got = revised.frame.filter(pl.col("key") == "k").select("start", "count", "sum").sort("start")
+    assert got.rows() == [
+        (s, 5, 100.0 + sum(range(s // 1_000, s // 1_000 + 4))) for s in range(17_000, 21_000, 1_000)
+    ]
