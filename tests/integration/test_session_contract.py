@@ -16,6 +16,7 @@ import pytest
 from shoal.broker import AsyncSession, BatchedSession
 from shoal.broker.memory import MemoryBroker
 from shoal.broker.session import Message, Session, SessionFactory
+from shoal.errors import PayloadTooLargeError
 from shoal.schemas.topics import Topics
 
 Open = Callable[..., Session]
@@ -109,6 +110,40 @@ def test_retained_messages_reach_later_subscribers_until_cleared(
                     assert await _drain(queue) == []
 
     asyncio.run(scenario())
+
+
+def test_publish_many_sends_retained_qos0_messages_in_order(connect: Open, topics: Topics) -> None:
+    """A window's per-key results in one call: every message, in order, retained; a message
+    over the broker's packet limit refuses the call before anything is sent."""
+    messages = [(topics.under_root(f"keys/k{i}"), f"{i}".encode()) for i in range(300)]
+    sent = [(t, b"result " + p) for t, p in messages]  # each payload after the shared head
+
+    async def scenario() -> tuple[list[Message], list[Message]]:
+        async with connect("sub") as sub, connect("pub") as pub:
+            await sub.subscribe([topics.under_root("keys/#")], qos=1)
+            async with _receiving(sub) as queue:
+                pub.publish_many(messages, retain=True, head=b"result ")
+                await pub.publish(topics.under_root("keys/fence"), b"fence")
+                live = await _drain(queue)
+            limit = pub.max_packet_size
+            if limit is not None:
+                too_large = [(topics.under_root("keys/big"), b"x" * limit), *messages[:1]]
+                with pytest.raises(PayloadTooLargeError):
+                    pub.publish_many(too_large, retain=True)
+            async with connect("late") as late:
+                await late.subscribe([topics.under_root("keys/#")])
+                async with _receiving(late) as queue:
+                    kept = await _drain(queue)
+        return live, kept
+
+    live, kept = asyncio.run(scenario())
+    assert [(m.topic, m.payload) for m in live] == [
+        *sent,
+        (topics.under_root("keys/fence"), b"fence"),
+    ]
+    assert not any(m.retain for m in live)  # delivered live: the retain flag is not kept
+    retained = sorted((m.topic, m.payload) for m in kept if m.retain)
+    assert retained == sorted(sent)  # nothing of the refused call, not even its small one
 
 
 @pytest.mark.broker_quirk(

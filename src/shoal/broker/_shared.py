@@ -83,6 +83,20 @@ def check_size(topic: str, payload: bytes, limit: int | None) -> None:
         )
 
 
+def check_sizes(messages: Sequence[tuple[str, bytes]], head: bytes, limit: int | None) -> None:
+    """``check_size`` for each (topic, ``head`` + payload) of ``messages``.
+
+    Raises:
+        PayloadTooLargeError: one does not fit in ``limit`` bytes with the protocol overhead.
+    """
+    if limit is None:
+        return
+    room = limit - PROTOCOL_OVERHEAD - len(head)
+    for topic, payload in messages:
+        if len(payload) + len(topic) > room:
+            check_size(topic, head + payload, limit)  # raises, with the message
+
+
 def check_subscription_id(subscription_id: int | None) -> None:
     """Refuse a Subscription Identifier MQTT 5 cannot carry (the broker would disconnect us).
 
@@ -132,6 +146,26 @@ class SessionBase(Session):
         )
         with self._answer_awaited():
             await self.wait_published([fut])
+
+    def publish_many(
+        self, messages: Sequence[tuple[str, bytes]], *, retain: bool = False, head: bytes = b""
+    ) -> None:
+        """Hand QoS 0 messages (topic, payload) to the connection now, in order.
+
+        Here one ``publish_started`` each; ``BatchedSession`` writes them at once.
+
+        Raises:
+            PayloadTooLargeError: one is larger than the broker's maximum packet size; none
+                was sent.
+            BrokerError: not connected.
+        """
+        check_sizes(messages, head, self.max_packet_size)
+        for topic, payload in messages:
+            sent = self.publish_started(topic, head + payload, qos=0, retain=retain)
+            if not sent.done():  # held (``HeldSession``): its outcome comes later
+                sent.add_done_callback(_retrieve)
+            elif (error := sent.exception()) is not None:
+                raise error  # the connection is gone: the rest would fail alike
 
     def _answer_awaited(self) -> contextlib.AbstractContextManager[None]:
         """Around waiting in line for an answer (a session whose reading may pause reads on)."""
@@ -197,3 +231,9 @@ async def _until_stopped(
             return
     finally:
         stopper.cancel()
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Look at a QoS 0 publish's outcome, so asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()

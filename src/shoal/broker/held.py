@@ -109,6 +109,21 @@ class HeldSession(SessionBase):
         self.held_total += 1
         return outer
 
+    def publish_many(
+        self, messages: Sequence[tuple[str, bytes]], *, retain: bool = False, head: bytes = b""
+    ) -> None:
+        """Hand QoS 0 messages over now (at once), or once the writes started before are done.
+
+        Raises:
+            PayloadTooLargeError: one is larger than the broker's maximum packet size; none
+                was sent.
+            BrokerError: not connected, or a barrier failed.
+        """
+        if self._failure is None and not self._held and self._released_through == self._barriers:
+            self.inner.publish_many(messages, retain=retain, head=head)
+        else:
+            super().publish_many(messages, retain=retain, head=head)
+
     def _released(self, barrier: int, done: asyncio.Future[None]) -> None:
         """Barrier number ``barrier`` completed: hand over what waited for it, or fail all.
 

@@ -145,6 +145,21 @@ class Session(Protocol):
             PayloadTooLargeError: larger than the broker's maximum packet size; not sent.
         """
 
+    def publish_many(
+        self, messages: Sequence[tuple[str, bytes]], *, retain: bool = False, head: bytes = b""
+    ) -> None:
+        """Hand QoS 0 messages (topic, payload) to the connection now, in order.
+
+        For many small messages at once (a window's per-key results): no future per message,
+        as QoS 0 has no outcome to wait for. Each message's payload is ``head`` followed by
+        its own bytes (a beginning they share, given once).
+
+        Raises:
+            PayloadTooLargeError: one is larger than the broker's maximum packet size; none
+                was sent.
+            BrokerError: not connected.
+        """
+
     async def publish(
         self,
         topic: str,

@@ -207,6 +207,10 @@ def merge_state(
 
 DENSE_GRID_LIMIT: Final = 1 << 24
 """Largest (group, bucket) grid counted with ``bincount`` instead of a sort (128 MiB)."""
+DENSE_GRID_PER_CELL: Final = 16
+"""A grid larger than this many times the cells is sorted instead: ``bincount`` and the scan
+for filled cells cost the whole grid, a sort about ``log n`` per cell (a sliding window's pane
+of 100,000 keys with a few cells each has a grid of millions)."""
 
 
 def merge_cells(
@@ -260,11 +264,12 @@ def _merge_cells_dense(
     present = np.zeros(int(slot.max()) + 1, dtype=bool)
     present[slot] = True
     slots = np.flatnonzero(present)
-    if len(slots) * keys * width > DENSE_GRID_LIMIT:
+    size = len(slots) * keys * width
+    if size > DENSE_GRID_LIMIT or size > DENSE_GRID_PER_CELL * len(cells):
         return None
     rank = np.cumsum(present) - 1
     flat = (rank[slot] * keys + key) * width + (bucket - low)
-    grid = np.bincount(flat, weights=counts, minlength=len(slots) * keys * width)
+    grid = np.bincount(flat, weights=counts, minlength=size)
     filled = np.flatnonzero(grid)
     cell_slot = slots[filled // (keys * width)]
     cell_key = (filled // width) % keys

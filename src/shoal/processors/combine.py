@@ -766,6 +766,8 @@ class Combiner:
             self._drop_expired()
             return None
         frame = self.state.peek(sorted({*closing, *revised}))
+        if advanced and threshold is not None:
+            self.state.release_stacks(threshold)  # closed: only corrections finalise them again
         self.counters.windows_closed += len(closing) + sessions.closed
         self.counters.corrections_emitted += len(set(revised) - set(closing)) + sessions.corrections
         revisions = {

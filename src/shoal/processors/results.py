@@ -32,7 +32,7 @@ Per-key message (``results/<pipeline>/<key>``, retained JSON): one result row pl
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -147,8 +147,23 @@ def _header(result: WindowResult, ctx: Emission) -> dict[str, Any]:
     return header
 
 
-def json_rows(result: WindowResult) -> bytes:
-    """The ``results`` array of a window's JSON message (the bulk of it)."""
+def ndjson_rows(result: WindowResult) -> bytes:
+    """The window's rows as NDJSON, one line per row: encoded once for both messages.
+
+    ``json_rows`` joins the lines into the window message's array and ``key_messages`` gives
+    each key its line: a sliding window's step publishes both for every key.
+    """
+    return result.frame.write_ndjson().encode()
+
+
+def json_rows(result: WindowResult, lines: bytes | None = None) -> bytes:
+    """The ``results`` array of a window's JSON message (the bulk of it).
+
+    ``lines``: ``ndjson_rows(result)`` if already encoded; the array is then those lines
+    joined (the same bytes as polars' JSON array: each row is one line).
+    """
+    if lines is not None:
+        return b"[" + lines.rstrip(b"\n").replace(b"\n", b",") + b"]"
     return result.frame.write_json().encode() if result.frame.height else b"[]"
 
 
@@ -172,20 +187,42 @@ def window_msgpack(result: WindowResult, ctx: Emission) -> bytes:
 
 
 def key_messages(
-    result: WindowResult, pipeline: str, emitted_at_ms: int
+    result: WindowResult,
+    pipeline: str,
+    emitted_at_ms: int,
+    lines: Sequence[bytes] | None = None,
 ) -> list[tuple[str | None, bytes]]:
     """(key, retained JSON) per key of the window (a session's retraction has none).
 
     Each message is the window's fields (``pipeline`` to ``emitted_at``) followed by the key's
-    result row. The rows are encoded once for the whole frame and each line gets the same
-    encoded head: a window of a sliding kind gives every key a message every step, and
-    encoding them a slice at a time cost more than publishing them.
+    result row (``key_payloads``, joined).
+    """
+    head, rests = key_payloads(result, pipeline, emitted_at_ms, lines)
+    return [(key, head + rest) for key, rest in rests]
+
+
+def key_payloads(
+    result: WindowResult,
+    pipeline: str,
+    emitted_at_ms: int,
+    lines: Sequence[bytes] | None = None,
+) -> tuple[bytes, list[tuple[str | None, bytes]]]:
+    """``key_messages`` as the beginning all of them share and (key, the rest) per key.
+
+    Each key's message is ``head + rest``: the window's fields without the closing brace, then
+    the key's result row without its opening one (``Session.publish_many`` takes them so,
+    without a concatenated payload per key). The rows are encoded once for the whole frame: a
+    window of a sliding kind gives every key a message every step, and encoding them a slice
+    at a time cost more than publishing them. ``lines``: the frame's rows already encoded
+    (``ndjson_rows``, split into lines), for windows whose rows all have the window's end (not
+    sessions). A session's messages (a per-row end) share no head: ``head`` is empty.
     """
     if RETRACTED in result.frame.columns:  # its key's session is in another message now
+        lines = None  # lines of the rows before the filter
         result = replace(result, frame=result.frame.filter(pl.col(RETRACTED).is_null()))
         result = replace(result, frame=result.frame.drop(RETRACTED))
     if result.frame.height == 0:
-        return []
+        return b"", []
     keys = result.frame["key"].to_list()
 
     def head(end: pl.Expr) -> list[pl.Expr]:
@@ -201,11 +238,12 @@ def key_messages(
 
     if "end" in result.frame.columns:  # a session's own end (``split_windows``): per row
         framed = result.frame.select(*head(pl.col("end")), pl.exclude("end"))
-        return list(zip(keys, framed.write_ndjson().encode().splitlines(), strict=True))
+        return b"", list(zip(keys, framed.write_ndjson().encode().splitlines(), strict=True))
     fields = pl.select(*head(pl.lit(result.end))).write_ndjson().encode().rstrip()
     prefix = fields[:-1] + b","  # the window's fields without their closing brace
-    lines = result.frame.write_ndjson().encode().splitlines()
-    return [(key, prefix + line[1:]) for key, line in zip(keys, lines, strict=True)]
+    if lines is None:
+        lines = ndjson_rows(result).splitlines()
+    return prefix, [(key, line[1:]) for key, line in zip(keys, lines, strict=True)]
 
 
 def late_message(late: LateRows, pipeline: str, partition: int, at_ms: int) -> bytes:

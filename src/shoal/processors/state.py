@@ -31,6 +31,7 @@ from shoal.processors._kernels import (
     merge_cells,
     merge_state,
 )
+from shoal.processors._stacks import Keyed, PaneStacks
 from shoal.processors.aggregates import (
     BATCHES,
     LAST_TS,
@@ -184,7 +185,7 @@ class WindowState:
     bring them back.
     """
 
-    def __init__(self, spec: PipelineSpec, plan: AggregatePlan, keys: KeyIds | None = None) -> None:
+    def __init__(self, spec: PipelineSpec, plan: AggregatePlan) -> None:
         self.spec = spec
         self.plan = plan
         self.buckets = LogBuckets(spec.sketch_accuracy)
@@ -194,25 +195,27 @@ class WindowState:
         self._names = [w.name for w in spec.windows]
         self._triggered = spec.needs_last_ts
         self._empty: pl.DataFrame | None = None
-        self._owns_keys = keys is None
-        self.keys = KeyIds() if keys is None else keys
+        self.keys = KeyIds()
         """The partition's key ids (``SessionState`` shares them)."""
-        is_pane = pane_partials(spec) if keys is None else [False] * len(spec.windows)
-        self._pane_mode = np.array(is_pane, dtype=bool)
-        self.panes: WindowState | None = None
+        self._pane_mode = np.array(pane_partials(spec), dtype=bool)
+        self.panes: PaneState | None = None
         """State per (pane, key) of the windows whose partials carry panes (None: none)."""
+        self._stacks: PaneStacks | None = None
+        """Prefixes and suffixes of pane blocks that windows are assembled from (``_stacks``)."""
         if self._pane_mode.any():
             pane_plan = replace(plan, fields=(*plan.fields, PANE_CONTINUED))
-            self.panes = WindowState(spec, pane_plan, keys=self.keys)
+            self.panes = PaneState(spec, pane_plan, self.keys)
+            self._stacks = PaneStacks(pane_plan.fields)
         self.pane_forgotten: int | None = None
         """Windows ending at or before this were closed or dropped (pane windows only)."""
         self._reset()
 
     def _reset(self) -> None:
-        if self._owns_keys:
-            self.keys.clear()
+        self.keys.clear()
         if self.panes is not None:
-            self.panes._reset()
+            self.panes.clear()
+        if self._stacks is not None:
+            self._stacks.clear()
         self.pane_forgotten = None
         self._slots: dict[tuple[int, int], int] = {}
         self._slot_info: dict[int, tuple[int, int, int]] = {}  # slot -> (window, start, end)
@@ -227,8 +230,6 @@ class WindowState:
         self._prepared: _Prepared | None = None
         self._prepared_lost = False  # a row reached the prepared windows (panes)
         self._prepare_skips = 0
-        self.touched: set[tuple[int, int]] = set()
-        """(window, start) that took rows since the last ``snapshot_panes`` (panes only)."""
         self._pane_blobs: dict[tuple[int, int], bytes] = {}
         """Per held pane (window, start), its packed state as of the last ``snapshot_panes``."""
 
@@ -350,8 +351,6 @@ class WindowState:
         for i, packed in enumerate(unique.tolist()):
             w, s = packed >> 55, (packed & (2**55 - 1)) - 2**54
             slot = self._slots.get((w, s))
-            if not self._owns_keys:  # the pane state (``snapshot_panes``)
-                self.touched.add((w, s))
             if slot is None:
                 slot = self._free_slots.pop() if self._free_slots else len(self._slot_info)
                 if slot >= SLOT_LIMIT:
@@ -465,7 +464,7 @@ class WindowState:
             for w, s, end in self._slot_info.values()
             if (through is None or end <= through) and (after is None or end > after)
         }
-        for w, pane, _ in self.panes._slot_info.values():
+        for w, pane in self.panes.held():
             size, step = int(self._sizes[w]), self.spec.windows[w].slide_ms
             for s in range(pane - size + step, pane + 1, step):
                 end = s + size
@@ -514,28 +513,30 @@ class WindowState:
                 runs = _slot_runs(self._cells[0], slots[order], KEY_BITS + BUCKET_BITS)
                 cells_parts.append(self._cells[0][runs])
                 counts_parts.append(self._counts[0][runs])
-        assembled = self._from_panes(
-            [(w, s, int(m)) for (w, s), m in zip(windows, slots.tolist(), strict=True)]
-        )
-        if assembled is not None:
-            groups_parts.append(assembled[0])
-            state_parts.append(assembled[1])
-            cells_parts.append(assembled[2])
-            counts_parts.append(assembled[3])
+        own = sum(len(g) for g in groups_parts)
+        by_slot = [(int(slots[i]), *windows[i]) for i in order.tolist()]
+        for slot, w, s in by_slot:
+            assembled = self._from_panes(w, s, slot)
+            if assembled is not None:
+                groups_parts.append(assembled[0])
+                state_parts.append(assembled[1])
+                cells_parts.append(assembled[2])
+                counts_parts.append(assembled[3])
         groups = np.concatenate(groups_parts) if groups_parts else np.zeros(0, np.int64)
         if len(groups) == 0:
             return None
         columns = {f: np.concatenate([p[f] for p in state_parts]) for f in self._fields}
-        groups, state = merge_state(groups, columns, self.plan.fields)
-        cells, counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-        if cells_parts and sum(len(c) for c in cells_parts):
-            cells, counts = merge_cells(
-                np.concatenate(cells_parts), np.concatenate(counts_parts), KEY_BITS
-            )
-        return self._finish(groups, state, cells, counts)
+        cells = np.concatenate(cells_parts) if cells_parts else np.empty(0, dtype=np.int64)
+        counts = np.concatenate(counts_parts) if counts_parts else np.empty(0, dtype=np.int64)
+        if own:  # rows expanded into the windows' own slots: merge them with the panes'
+            groups, columns = merge_state(groups, columns, self.plan.fields)
+            if len(cells):
+                cells, counts = merge_cells(cells, counts, KEY_BITS)
+        # else each window's panes are merged already, and in slot order they are sorted
+        return self._finish(groups, columns, cells, counts)
 
     def _from_panes(
-        self, windows: list[tuple[int, int, int]]
+        self, window: int, start: int, slot: int
     ) -> (
         tuple[
             npt.NDArray[np.int64],
@@ -545,64 +546,41 @@ class WindowState:
         ]
         | None
     ):
-        """Unmerged state rows and sketch cells of pane windows ``(window, start, slot)``.
+        """The merged state and sketch cells of a pane window's panes, under its ``slot``.
 
-        Each window's panes' rows, regrouped under the window's slot. ``batches`` is the
-        panes' (runs starting in them) plus the first pane's ``continued``.
+        Assembled from prefixes and suffixes of pane blocks (``_stacks``). ``batches`` is the
+        panes' (runs starting in them) plus the first pane's ``continued``. None: not a pane
+        window, or its panes hold no rows.
         """
+        panes, stacks = self.panes, self._stacks
+        assert panes is not None
+        assert stacks is not None
+        if not self._pane_mode[window]:
+            return None
+        step = self.spec.windows[window].slide_ms
+        fan = int(self._sizes[window]) // step
+        keyed = stacks.window(window, start // step, fan, self._pane_lookup(window, step))
+        if keyed is None or len(keyed.keys) == 0:
+            return None
+        groups = (slot << KEY_BITS) | keyed.keys
+        state = {f: keyed.columns[f] for f in self._fields}
+        state[BATCHES.name] = state[BATCHES.name] + keyed.columns[PANE_CONTINUED.name]
+        cells = (slot << (KEY_BITS + BUCKET_BITS)) | keyed.cells
+        return groups, state, cells, keyed.counts
+
+    def _pane_lookup(self, window: int, step: int) -> Callable[[int], tuple[int, Keyed | None]]:
+        """Pane index -> (version, merged state) of ``window``'s panes (the pane state merged)."""
         panes = self.panes
         assert panes is not None
-        if not panes._groups:
-            return None
-        base = panes._groups[0]
-        columns = panes._columns[0]
-        lo: list[int] = []
-        hi: list[int] = []
-        cell_lo: list[int] = []
-        cell_hi: list[int] = []
-        target: list[int] = []
-        first: list[bool] = []
-        has_cells = bool(panes._cells) and len(panes._cells[0]) > 0
-        cells = panes._cells[0] if has_cells else None
-        for w, s, slot in windows:
-            if not self._pane_mode[w]:
-                continue
-            step = self.spec.windows[w].slide_ms
-            for i, pane in enumerate(range(s, s + int(self._sizes[w]), step)):
-                pane_slot = panes._slots.get((w, pane))
-                if pane_slot is None:
-                    continue
-                lo.append(int(np.searchsorted(base, pane_slot << KEY_BITS)))
-                hi.append(int(np.searchsorted(base, (pane_slot + 1) << KEY_BITS)))
-                if cells is not None:
-                    shift = KEY_BITS + BUCKET_BITS
-                    cell_lo.append(int(np.searchsorted(cells, pane_slot << shift)))
-                    cell_hi.append(int(np.searchsorted(cells, (pane_slot + 1) << shift)))
-                target.append(slot)
-                first.append(i == 0)
-        if not target:
-            return None
-        starts, lengths = np.array(lo, dtype=np.int64), np.array(hi, dtype=np.int64) - lo
-        rows = gather_runs(starts, lengths)
-        key_mask = (1 << KEY_BITS) - 1
-        slot_of = np.repeat(np.array(target, dtype=np.int64), lengths)
-        groups = (slot_of << KEY_BITS) | (base[rows] & key_mask)
-        state = {f: columns[f][rows] for f in self._fields}
-        leading = np.repeat(np.array(first, dtype=bool), lengths)
-        state[BATCHES.name] = state[BATCHES.name] + np.where(
-            leading, columns[PANE_CONTINUED.name][rows], 0
-        )
-        out_cells, out_counts = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
-        if cells is not None:
-            cell_starts = np.array(cell_lo, dtype=np.int64)
-            cell_lengths = np.array(cell_hi, dtype=np.int64) - cell_starts
-            picked = gather_runs(cell_starts, cell_lengths)
-            cell_slot = np.repeat(np.array(target, dtype=np.int64), cell_lengths)
-            pane_cells = cells[picked]
-            key_and_bucket = pane_cells & ((1 << (KEY_BITS + BUCKET_BITS)) - 1)
-            out_cells = (cell_slot << (KEY_BITS + BUCKET_BITS)) | key_and_bucket
-            out_counts = panes._counts[0][picked]
-        return groups, state, out_cells, out_counts
+
+        def lookup(index: int) -> tuple[int, Keyed | None]:
+            pane = (window, index * step)
+            held = panes.merged(pane)
+            if held is None:
+                return 0, None
+            return panes.versions[pane], (held if len(held.keys) else None)
+
+        return lookup
 
     def _finish_slots(self, slots: npt.NDArray[np.int64]) -> pl.DataFrame | None:
         """Final results of the windows of ``slots`` (sorted), left in place (None: no state)."""
@@ -646,6 +624,21 @@ class WindowState:
         self._counts = [c["count"] for c in counts]
         self._release(slots)
 
+    def release_stacks(self, through_ms: int) -> None:
+        """Forget the stacks only windows ending at or before ``through_ms`` need.
+
+        Called when windows close: those kept for corrections are finalised again, rarely,
+        from their panes (``_stacks`` rebuilds what it needs), instead of holding every
+        block's suffixes for the allowed lateness.
+        """
+        if self._stacks is None:
+            return
+        for index, spec in enumerate(self.spec.windows):
+            if self._pane_mode[index]:  # the oldest window left starts after ``through_ms``'s
+                step = spec.slide_ms
+                oldest = (through_ms - spec.size_ms) // step + 1
+                self._stacks.prune(index, spec.size_ms // step, oldest)
+
     def _drop_with_panes(self, through_ms: int) -> int:
         """``drop`` with panes: windows' own slots, and panes whose windows all ended."""
         assert self.panes is not None
@@ -655,6 +648,7 @@ class WindowState:
         if dropping:
             self._discard(dropping)
         self.panes.drop(through_ms)  # a pane's slot ends with its newest window
+        self.release_stacks(through_ms)
         if held:
             # Not ``through_ms`` itself: after a flush (2**62) rows of later windows are
             # still on time, and their panes' windows must not count as forgotten.
@@ -890,13 +884,13 @@ class WindowState:
             return None, None
         panes.compact()
         touched, panes.touched = panes.touched, set()
-        held = {(w, s): slot for slot, (w, s, _) in panes._slot_info.items()}
+        held = set(panes.held())
         blobs = self._pane_blobs
         for pane in [p for p in blobs if p not in held]:
             del blobs[pane]
-        for pane, slot in held.items():
+        for pane in held:
             if pane in touched or pane not in blobs:
-                blob = self._pack_pane(slot, pane)
+                blob = panes.pack(pane)
                 if blob is None:
                     blobs.pop(pane, None)
                 else:
@@ -905,37 +899,6 @@ class WindowState:
             return None, self.pane_forgotten
         chunks = [[w, s, blobs[(w, s)]] for w, s in sorted(blobs)]
         return {"keys": self.keys.packed_names(), "panes": chunks}, self.pane_forgotten
-
-    def _pack_pane(self, slot: int, pane: tuple[int, int]) -> bytes | None:
-        """One pane's merged state, packed (``snapshot_panes``); None: it holds no rows."""
-        panes = self.panes
-        assert panes is not None
-        if not panes._groups:
-            return None
-        base = panes._groups[0]
-        lo, hi = (int(b[0]) for b in _slot_bounds(base, np.array([slot], np.int64), KEY_BITS))
-        if hi == lo:
-            return None
-        groups = base[lo:hi]
-        rows = PartialRows(
-            window=np.full(hi - lo, pane[0], dtype=np.uint8),
-            start=np.full(hi - lo, pane[1], dtype=np.int64),
-            keys=[],
-            fields={f: c[lo:hi] for f, c in panes._columns[0].items()},
-        )
-        if panes._cells and len(panes._cells[0]):
-            shift = KEY_BITS + BUCKET_BITS
-            first, last = (
-                int(b[0]) for b in _slot_bounds(panes._cells[0], np.array([slot], np.int64), shift)
-            )
-            cells = panes._cells[0][first:last]
-            rows = replace(
-                rows,
-                sketch_row=np.searchsorted(groups, cell_groups(cells)),
-                sketch_bucket=cell_buckets(cells),
-                sketch_count=panes._counts[0][first:last],
-            )
-        return pack(pack_with_key_ids(rows, groups & ((1 << KEY_BITS) - 1)))
 
     def restore_panes(
         self, rows: dict[str, Any] | PartialRows | None, forgotten: int | None
@@ -960,6 +923,196 @@ class WindowState:
             restored = concat_rows(parts) if parts else None
         self.panes.restore(restored)
         self.pane_forgotten = forgotten
+
+
+@dataclass(slots=True)
+class _Pane:
+    """One pane's state: merged arrays (``Keyed``'s layout) and rows not merged yet."""
+
+    end: int
+    """The end of the pane's newest window: it is dropped with it."""
+    merged: Keyed
+    pending: list[Keyed] = field(default_factory=list)
+    pending_rows: int = 0
+
+
+class PaneState:
+    """State per (pane, key) of a partition's pane windows (``WindowState.panes``).
+
+    Each pane keeps its own merged arrays (key ids ascending, the plan's fields, sketch cells
+    ``key << BUCKET_BITS | bucket``) and the rows appended since the last ``compact``. A
+    sliding window's step adds rows to its newest panes and drops its oldest: with one
+    sorted set of arrays for all panes, both copied every pane's state each step.
+    """
+
+    def __init__(self, spec: PipelineSpec, plan: AggregatePlan, keys: KeyIds) -> None:
+        self.plan = plan
+        self.keys = keys
+        self._sizes = [w.size_ms for w in spec.windows]
+        self._version = 0
+        self._panes: dict[tuple[int, int], _Pane] = {}
+        self._pending_rows = 0
+        self.touched: set[tuple[int, int]] = set()
+        """(window, start) that took rows since the last ``WindowState.snapshot_panes``."""
+        self.versions: dict[tuple[int, int], int] = {}
+        """Per held pane, a number that changes whenever it takes rows (the stacks' validity)."""
+
+    def clear(self) -> None:
+        """Forget every pane."""
+        self._panes.clear()
+        self._pending_rows = 0
+        self.touched.clear()
+        self.versions.clear()
+
+    @property
+    def rows(self) -> int:
+        """State rows held, merged and pending, sketch cells included."""
+        merged = sum(len(p.merged.keys) + len(p.merged.cells) for p in self._panes.values())
+        return merged + self._pending_rows
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows appended since the last merge."""
+        return self._pending_rows
+
+    def held(self) -> list[tuple[int, int]]:
+        """(window index, pane start) of every pane held."""
+        return list(self._panes)
+
+    def merged(self, pane: tuple[int, int]) -> Keyed | None:
+        """A pane's merged state (as of the last ``compact``); None: not held."""
+        held = self._panes.get(pane)
+        return None if held is None else held.merged
+
+    def add(self, rows: PartialRows) -> None:
+        """Append pane rows (``start``: the pane's start; the plan's fields)."""
+        if len(rows) == 0:
+            return
+        key_ids = self.keys.key_ids(rows.keys)
+        pairs = (rows.window.astype(np.int64) << 55) | (rows.start + 2**54)
+        unique, inverse = np.unique(pairs, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        cell_pane = None
+        if rows.sketch_row is not None and self.plan.needs_sketch:
+            cell_pane = inverse[rows.sketch_row]
+        for i, packed in enumerate(unique.tolist()):
+            w, s = packed >> 55, (packed & (2**55 - 1)) - 2**54
+            take = np.flatnonzero(inverse == i) if len(unique) > 1 else np.arange(len(rows))
+            cells, counts = _NO_CELLS, _NO_CELLS
+            if cell_pane is not None:
+                assert rows.sketch_row is not None
+                assert rows.sketch_bucket is not None
+                assert rows.sketch_count is not None
+                mine = cell_pane == i
+                cells = cell_ids(key_ids[rows.sketch_row[mine]], rows.sketch_bucket[mine])
+                counts = rows.sketch_count[mine]
+            columns = {f: rows.fields[f][take] for f in self.plan.field_names}
+            pane = self._panes.get((w, s))
+            if pane is None:
+                pane = self._panes[(w, s)] = _Pane(s + self._sizes[w], _empty_keyed(self.plan))
+            pane.pending.append(Keyed(key_ids[take], columns, cells, counts))
+            added = len(take) + len(cells)
+            pane.pending_rows += added
+            self._pending_rows += added
+            self.touched.add((w, s))
+            self._version += 1
+            self.versions[(w, s)] = self._version
+        if self._pending_rows >= COMPACT_ROWS:
+            self.compact()
+
+    def compact(self) -> None:
+        """Merge each pane's pending rows into its merged arrays.
+
+        Inserted (``_insert_state``, ``add_cells``) while they are few next to what the pane
+        holds; either way the merged rows first, then the pending ones.
+        """
+        for pane in self._panes.values():
+            if pane.pending:
+                pane.merged = self._merged(pane.merged, pane.pending)
+                pane.pending, pane.pending_rows = [], 0
+        self._pending_rows = 0
+
+    def _merged(self, base: Keyed, parts: list[Keyed]) -> Keyed:
+        fields = self.plan.fields
+        keys = np.concatenate([p.keys for p in parts])
+        columns = {f.name: np.concatenate([p.columns[f.name] for p in parts]) for f in fields}
+        if len(base.keys) and len(keys) * INSERT_SHARE < len(base.keys):
+            keys, columns = _insert_state(base.keys, base.columns, keys, columns, fields)
+        else:
+            if len(base.keys):
+                keys = np.concatenate((base.keys, keys))
+                columns = {f: np.concatenate((base.columns[f], c)) for f, c in columns.items()}
+            keys, columns = merge_state(keys, columns, fields)
+        cells, counts = base.cells, base.counts
+        new_cells = np.concatenate([p.cells for p in parts])
+        if len(new_cells):
+            new_counts = np.concatenate([p.counts for p in parts])
+            if len(cells) and len(new_cells) * 4 < len(cells):
+                cells, counts = add_cells(cells, counts, new_cells, new_counts)
+            else:
+                both = np.concatenate((cells, new_cells))
+                cells, counts = merge_cells(both, np.concatenate((counts, new_counts)), KEY_BITS)
+        return Keyed(keys, columns, cells, counts)
+
+    def drop(self, through_ms: int) -> int:
+        """Forget the panes whose newest window ends at or before ``through_ms``; how many."""
+        gone = [p for p, pane in self._panes.items() if pane.end <= through_ms]
+        for pane in gone:
+            self._pending_rows -= self._panes.pop(pane).pending_rows
+            self.versions.pop(pane, None)
+        return len(gone)
+
+    def restore(self, rows: PartialRows | None) -> None:
+        """Replace the state with a snapshot's rows."""
+        self.clear()
+        if rows is not None and len(rows):
+            self.add(rows)
+            self.compact()
+
+    def pack(self, pane: tuple[int, int]) -> bytes | None:
+        """One pane's merged state, packed with key ids (``snapshot_panes``); None: no rows."""
+        self.compact()
+        held = self.merged(pane)
+        if held is None or len(held.keys) == 0:
+            return None
+        return pack(pack_with_key_ids(_pane_rows(pane, held), held.keys))
+
+    def snapshot_rows(self) -> PartialRows | None:
+        """Every pane's merged state as one ``PartialRows`` (a checkpoint's older layout)."""
+        self.compact()
+        parts = [
+            replace(_pane_rows(p, held.merged), keys=self.keys.keys_of(held.merged.keys).to_list())
+            for p, held in sorted(self._panes.items())
+            if len(held.merged.keys)
+        ]
+        return concat_rows(parts) if parts else None
+
+
+_NO_CELLS: Final = np.zeros(0, dtype=np.int64)
+
+
+def _empty_keyed(plan: AggregatePlan) -> Keyed:
+    columns = {f.name: np.zeros(0, dtype=f.np_dtype) for f in plan.fields}
+    return Keyed(_NO_CELLS, columns, _NO_CELLS, _NO_CELLS)
+
+
+def _pane_rows(pane: tuple[int, int], state: Keyed) -> PartialRows:
+    """A pane's merged state in the partials' layout, without key names."""
+    n = len(state.keys)
+    rows = PartialRows(
+        window=np.full(n, pane[0], dtype=np.uint8),
+        start=np.full(n, pane[1], dtype=np.int64),
+        keys=[],
+        fields=dict(state.columns),
+    )
+    if len(state.cells) == 0:
+        return rows
+    return replace(
+        rows,
+        sketch_row=np.searchsorted(state.keys, cell_groups(state.cells)),
+        sketch_bucket=cell_buckets(state.cells),
+        sketch_count=state.counts,
+    )
 
 
 def unpack_names(chunks: list[bytes]) -> list[str | None]:

@@ -46,9 +46,12 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from itertools import compress
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 import polars as pl
 
@@ -84,8 +87,9 @@ from shoal.processors.results import (
     Emission,
     WindowResult,
     json_rows,
-    key_messages,
+    key_payloads,
     late_message,
+    ndjson_rows,
     split_windows,
     window_json,
     window_msgpack,
@@ -113,8 +117,11 @@ CLOSE_LOG_FILE: Final = "combiner.closes"
 is ``combiner.closes.v<version>`` (``close_log_name``)."""
 STATE_ROOT: Final = Path("var") / "combiner"
 """Where partitions keep their checkpoint folders unless told otherwise."""
-KEY_SLICE: Final = 250
-"""Per-key results published per slice, with the event loop free in between."""
+KEY_SLICE: Final = 1_000
+"""Per-key results published per slice (one ``publish_many``, about a millisecond), with the
+event loop free in between."""
+KEY_TOPICS: Final = 1_000_000
+"""Per-key topics remembered at most (``_key_topic``; then forgotten and built again)."""
 KEY_ENCODE_SLICE: Final = 20_000
 """Per-key results encoded per block (``key_messages``: one encoding per block, not per slice:
 a sliding window's step gives every key a message)."""
@@ -213,12 +220,12 @@ class _KeyRun:
 
     newer: list[pl.Series] = field(default_factory=list)
 
-    def unsuperseded(self, frame: pl.DataFrame) -> pl.DataFrame:
-        """The rows of ``frame`` whose key no newer queued result has."""
+    def kept(self, frame: pl.DataFrame) -> npt.NDArray[np.bool_] | None:
+        """Which rows of ``frame`` no newer queued result has the key of (None: all)."""
         if not self.newer:
-            return frame
+            return None
         newer = pl.concat(self.newer) if len(self.newer) > 1 else self.newer[0]
-        return frame.filter(~pl.col("key").is_in(newer.implode(), nulls_equal=True))
+        return (~frame["key"].is_in(newer.implode(), nulls_equal=True)).to_numpy()
 
 
 @dataclass(slots=True)
@@ -302,8 +309,10 @@ class CombinerRuntime:
         self.partials_unreadable = 0  # partials that did not decode (dropped, see _on_message)
         self.results_refused = 0  # result rows or messages no packet can carry (dead-lettered)
         self._over_cap_since: int | None = None  # partials refused in this over-cap episode
-        # JSON rows of the windows the core finalised ahead of their close, by (window, start)
+        # NDJSON rows of the windows the core finalised ahead of their close, by (window, start)
         self._rendered: tuple[pl.DataFrame, dict[tuple[str, int], bytes]] | None = None
+        self._key_topics: dict[str | None, str] = {}
+        """Per-key result topic of each key (``_publish_keys``): the same keys every step."""
         self.apply_latency = LatencyHistogram()
         self.result_latency = LatencyHistogram()
         self.checkpoints = 0
@@ -844,6 +853,8 @@ class CombinerRuntime:
         self._rendered = None
         for whole in split_windows(closed.frame, closed.revisions, closed.sessions):
             result = whole
+            # the rows encoded once, for the window message and the per-key messages
+            lines = rendered.get((result.window, result.start))
             window_futures: list[asyncio.Future[None]] = []
             refused: set[str | None] = set()
             for index, encoding in enumerate(spec.output_encodings):
@@ -854,7 +865,11 @@ class CombinerRuntime:
                     for n in names
                 ]
                 encoding_since = self.clock.monotonic()
-                rows = rendered.get((result.window, result.start)) if encoding == "json" else None
+                rows = None
+                if encoding == "json":
+                    if lines is None:
+                        lines = ndjson_rows(result)
+                    rows = json_rows(result, lines)
                 for payload, content_type in self._window_payloads(
                     session, result, ctx, encoding, rows=rows, refused=refused
                 ):
@@ -876,6 +891,7 @@ class CombinerRuntime:
                             window_futures.append(future)
             if refused:  # the per-key messages would not fit either
                 result = replace(result, frame=_without_keys(result.frame, refused))
+                lines = None
             self._unacked.extend(window_futures)
             self._track_result_latency(window_futures, since)
             if self.config.per_key_results:
@@ -885,7 +901,9 @@ class CombinerRuntime:
                 run = self.key_publications.start(result)
                 self._key_tasks.add(
                     asyncio.create_task(
-                        self._publish_keys(session, result, started, window_futures, run)
+                        self._publish_keys(
+                            session, result, started, window_futures, run=run, lines=lines
+                        )
                     )
                 )
         self._publish_alerts(session, stage)
@@ -1037,37 +1055,44 @@ class CombinerRuntime:
         result: WindowResult,
         at_ms: int,
         after: list[asyncio.Future[None]],
+        *,
         run: _KeyRun,
+        lines: bytes | None = None,
     ) -> None:
         # QoS 0 and no properties: a window can hold many thousands of keys, and the
         # authoritative copy is the window message (QoS 1, awaited before the checkpoint).
         # Only after that message is acknowledged, and in slices with the event loop free in
         # between, so neither the window result nor the next partials wait for them.
-        topics, name = self.config.topics, self.config.spec.name
+        # ``lines``: the rows as the window message encoded them (``ndjson_rows``).
+        name = self.config.spec.name
         try:
             await asyncio.gather(*after, return_exceptions=True)
+            split = None if lines is None else lines.splitlines()
             for block in range(0, result.frame.height, KEY_ENCODE_SLICE):
                 await asyncio.sleep(0)
-                frame = run.unsuperseded(result.frame.slice(block, KEY_ENCODE_SLICE))
-                self.key_publications.superseded += (
-                    min(KEY_ENCODE_SLICE, result.frame.height - block) - frame.height
-                )
-                if frame.height == 0:
-                    continue
+                frame = result.frame.slice(block, KEY_ENCODE_SLICE)
+                ready = None if split is None else split[block : block + KEY_ENCODE_SLICE]
+                keep = run.kept(frame)
+                if keep is not None:  # keys a newer queued result has: not published
+                    self.key_publications.superseded += len(keep) - int(keep.sum())
+                    frame = frame.filter(pl.Series(keep))
+                    ready = None if ready is None else list(compress(ready, keep.tolist()))
+                    if frame.height == 0:
+                        continue
                 part = replace(result, frame=frame)
-                messages = key_messages(part, name, at_ms)  # encoded a block at a time
+                head, messages = key_payloads(part, name, at_ms, ready)  # a block at a time
                 for offset in range(0, len(messages), KEY_SLICE):
                     await asyncio.sleep(0)
                     if self._outputs is not session and self.config.hosted:
                         return  # the term ended: its outputs are closed
-                    for key, payload in messages[offset : offset + KEY_SLICE]:
-                        sent = session.publish_started(
-                            topics.result_key(name, key), payload, qos=0, retain=True
-                        )
-                        if not sent.done():  # held behind the close log: outcome comes later
-                            sent.add_done_callback(ignore_outcome)
-                        elif (error := sent.exception()) is not None:
-                            raise error  # the connection is gone: the rest would fail alike
+                    session.publish_many(
+                        [
+                            (self._key_topic(name, k), p)
+                            for k, p in messages[offset : offset + KEY_SLICE]
+                        ],
+                        retain=True,
+                        head=head,
+                    )
         except BrokerError as exc:
             log.warning("combiner %s: per-key results interrupted: %s", self.config.client_id, exc)
         finally:
@@ -1075,6 +1100,15 @@ class CombinerRuntime:
             task = asyncio.current_task()
             if task is not None:
                 self._key_tasks.discard(task)
+
+    def _key_topic(self, pipeline: str, key: str | None) -> str:
+        """The retained per-key result topic of ``key`` (remembered: the same keys each step)."""
+        topic = self._key_topics.get(key)
+        if topic is None:
+            if len(self._key_topics) >= KEY_TOPICS:
+                self._key_topics.clear()
+            topic = self._key_topics[key] = self.config.topics.result_key(pipeline, key)
+        return topic
 
     def _track_result_latency(self, futures: list[asyncio.Future[None]], since: float) -> None:
         if not futures:
@@ -1224,7 +1258,10 @@ class CombinerRuntime:
             return
         if self._rendered is not None and self._rendered[0] is frame:
             return
-        self._rendered = (frame, {(r.window, r.start): json_rows(r) for r in split_windows(frame)})
+        self._rendered = (
+            frame,
+            {(r.window, r.start): ndjson_rows(r) for r in split_windows(frame)},
+        )
 
     async def _checkpointer(self, session: Session) -> None:
         interval = self.config.spec.checkpoint_interval_ms / 1000

@@ -33,7 +33,14 @@ from shoal.loadtest.bench_windows import with_window
 from shoal.loadtest.data import SensorField
 from shoal.processors.combine import Combiner
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
-from shoal.processors.results import Emission, key_messages, split_windows, window_json
+from shoal.processors.results import (
+    Emission,
+    json_rows,
+    key_payloads,
+    ndjson_rows,
+    split_windows,
+    window_json,
+)
 from shoal.processors.spec import parse_pipeline
 from shoal.schemas import Encoding, decode_batch, encode_batch
 from shoal.schemas.control import GatewayStatus
@@ -88,8 +95,9 @@ def measure(kind: str, sensors: int, rate_hz: float, seconds: float, step_ms: in
         if closed is not None and not closed.empty:
             ctx = Emission(spec.name, 0, 1, combiner.closed_through, 0)
             for result in split_windows(closed.frame, closed.revisions):
-                window_json(result, ctx)
-                results += sum(1 for _ in key_messages(result, spec.name, 0))
+                lines = ndjson_rows(result)  # encoded once for both, as the runtime does
+                window_json(result, ctx, json_rows(result, lines))
+                results += len(key_payloads(result, spec.name, 0, lines.splitlines())[1])
         phases["emit"] += time.process_time() - began
         if now >= checkpoint_at:
             checkpoint_at += spec.checkpoint_interval_ms

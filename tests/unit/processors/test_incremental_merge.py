@@ -59,8 +59,13 @@ def fed(spec: Any, partials: list[Any], compactions: list[bool], *, insert: bool
         state_module.INSERT_SHARE = saved  # type: ignore[misc]
         state_module._insert_state = original  # type: ignore[assignment]
     assert insert or calls == 0
-    states = [s for s in (state, state.panes) if s is not None and s._groups]
-    return [(s._groups[0], s._columns[0]) for s in states]
+    held = [(state._groups[0], state._columns[0])] if state._groups else []
+    if state.panes is not None:
+        for pane in sorted(state.panes.held()):
+            merged = state.panes.merged(pane)
+            assert merged is not None
+            held.append((merged.keys, merged.columns))
+    return held
 
 
 @pytest.mark.parametrize("window", TIME_WINDOWS, ids=lambda w: w.get("kind", "tumbling"))
