@@ -89,6 +89,13 @@ from shoal.schemas.control import GatewayStatus
 from shoal.schemas.results import RETRACTED
 
 SNAPSHOT_VERSION: Final = 2
+COUNT_CLOSE_INTERVAL_MS: Final = 250
+"""Count windows close at most once per this much of the (injected) clock: a close step costs
+per key it touches (each key's new rows merged into its unfinished window), and a threshold
+that moves with every batch made a step per batch, ~1.6 rows a key at 10,000 keys
+(docs/benchmarks.md, "Count windows"). Time, not event time, sets the cadence: the runtime's
+tick (every ``tick_ms``) keeps calling ``close_ready``, so a threshold that advanced closes
+within this interval however the input arrives, or stops."""
 MAX_PENDING_BYTES: Final = 32 * 2**20
 """Memory for partials that arrived ahead of a missing batch, and again for those held while
 logged closes are re-taken; beyond it the newest are let go (their gateways send them again,
@@ -220,6 +227,7 @@ class Combiner:
         self._names = [w.name for w in spec.windows]
         self._session_names = frozenset(self._names[i] for i in self.sessions.windows)
         self._prepared_for: int | None = None
+        self._counts_due_ms: int | None = None  # count windows close again from then on
         self.alerts = AlertBook(spec.alerts)
         self.transitions: list[Transition] = []
         """Alert transitions of closed windows, in order, until the runtime takes them."""
@@ -666,6 +674,8 @@ class Combiner:
     def _close_ready(self, now_ms: int) -> ClosedWindows | None:
         if self._replay:
             return None  # closes are re-taken from the log, each once its batches are back
+        if self._counts_due_ms is not None and now_ms < self._counts_due_ms:
+            return None  # count windows: a close step per COUNT_CLOSE_INTERVAL_MS at most
         threshold = self.close_threshold(now_ms)
         decides = (
             bool(self._dirty)
@@ -676,6 +686,8 @@ class Combiner:
             )
         )
         closed = self._close_at(threshold)
+        if decides and self.counts is not None:
+            self._counts_due_ms = now_ms + COUNT_CLOSE_INTERVAL_MS
         if decides:
             # Logged even when nothing is published: the threshold judges later batches.
             self.close_log.record(

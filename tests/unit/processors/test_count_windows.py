@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from shoal.clock import FakeClock
 from shoal.errors import ConfigError, SchemaError
 from shoal.processors.aggregates import AGGREGATES
-from shoal.processors.combine import Combiner
+from shoal.processors.combine import COUNT_CLOSE_INTERVAL_MS, Combiner
 from shoal.processors.partials import BatchInfo, EventRows, Partial, PartialBuilder
 from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.processors.windows import COUNT, WindowSpec
@@ -30,6 +30,9 @@ ALL_AGGREGATES = [*AGGREGATES, "p50", "p99"]
 
 
 def spec_for(windows: list[dict], partitions: int = 1, lateness_ms: int = 1_000, **more):
+    """A count-window spec. Gateways stay active for a minute of the fake clock: the tests
+    move it up to ``COUNT_CLOSE_INTERVAL_MS`` a delivery (a close step each), and a gateway
+    that went idle or was released meanwhile would make timing-dependent late rows."""
     return parse_pipeline(
         {
             "name": "c",
@@ -37,7 +40,7 @@ def spec_for(windows: list[dict], partitions: int = 1, lateness_ms: int = 1_000,
             "aggregates": ALL_AGGREGATES,
             "partitions": partitions,
             "lateness_ms": lateness_ms,
-            "idle_timeout_ms": 1_000,
+            "idle_timeout_ms": 60_000,
             "limits": {"max_future_ms": False},
             **more,
         }
@@ -151,7 +154,18 @@ def test_a_bad_event_key_index_is_refused() -> None:
 # -- exactness -------------------------------------------------------------------------------
 
 
-def check(spec, batches, *, seed, workers=3, duplicate_fraction=0.3, reorder_within=None):
+def check(
+    spec,
+    batches,
+    *,
+    seed,
+    workers=3,
+    duplicate_fraction=0.3,
+    reorder_within=None,
+    advance_ms=COUNT_CLOSE_INTERVAL_MS,
+):
+    """Through ``run_in_memory`` against the oracle; by default a close step after every
+    delivery (the clock moves a whole ``COUNT_CLOSE_INTERVAL_MS`` each time)."""
     emitted, late, combiners = run_in_memory(
         spec,
         batches,
@@ -159,6 +173,7 @@ def check(spec, batches, *, seed, workers=3, duplicate_fraction=0.3, reorder_wit
         workers=workers,
         duplicate_fraction=duplicate_fraction,
         reorder_within=reorder_within,
+        advance_ms=advance_ms,
     )
     marks = [c.closed_through for c in combiners if c.closed_through is not None]
     threshold = max(marks) if marks else -(2**62)
@@ -265,9 +280,19 @@ def test_a_restored_combiner_carries_buffered_rows_tails_and_counts() -> None:
     lateness_ms=st.sampled_from([0, 300, 2_000]),
     duplicate_fraction=st.floats(0.0, 1.0),
     reorder_within=st.sampled_from([None, 2, 5]),
+    advance_ms=st.sampled_from([1, COUNT_CLOSE_INTERVAL_MS // 3, COUNT_CLOSE_INTERVAL_MS]),
 )
 def test_property_any_split_worker_order_and_duplication(
-    seed, gateways, batches, n, partitions, workers, lateness_ms, duplicate_fraction, reorder_within
+    seed,
+    gateways,
+    batches,
+    n,
+    partitions,
+    workers,
+    lateness_ms,
+    duplicate_fraction,
+    reorder_within,
+    advance_ms,
 ) -> None:
     spec = spec_for([{"kind": "count", "n": n}], partitions, lateness_ms)
     data = make_batches(
@@ -280,7 +305,49 @@ def test_property_any_split_worker_order_and_duplication(
         workers=workers,
         duplicate_fraction=duplicate_fraction,
         reorder_within=reorder_within,
+        advance_ms=advance_ms,
     )
+
+
+def test_close_steps_follow_the_clock_and_every_final_window_closes() -> None:
+    """Count windows close at most once per ``COUNT_CLOSE_INTERVAL_MS`` of the clock however
+    fast the threshold moves; once input stops, the next tick after the interval closes
+    every window whose rows are final (no event-time cadence that could stall)."""
+    spec = spec_for([{"kind": "count", "n": 3}], lateness_ms=0)
+    batches = [
+        GeneratedBatch(f"gw{g}", s, frame_of([(f"k{g}", 100 * s + r, float(r)) for r in range(4)]))
+        for s in range(20)
+        for g in range(2)
+    ]
+    clock = FakeClock()
+    builder = PartialBuilder(spec, "w")
+    combiner = Combiner(spec, 0, clock)
+    for status in statuses_for(batches, clock.now_ms()):
+        combiner.receive_status(status)
+    frames, closes = [], 0
+    for b in batches:  # one batch every 10 ms: the threshold moves with every other one
+        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
+        for p in builder.build(b.frame, info, clock.now_ms()):
+            combiner.receive(Partial.decode(p.encode()))
+        before = combiner.closed_through
+        closed = combiner.close_ready(clock.now_ms())
+        closes += combiner.closed_through != before
+        frames += [] if closed is None else [closed.frame]
+        clock.advance(10)
+    # 400 ms of clock: at most one close step per interval (and the first at once)
+    assert 1 <= closes <= 1 + 400 // COUNT_CLOSE_INTERVAL_MS
+    threshold = combiner.close_threshold(clock.now_ms())
+    assert threshold is not None
+    assert combiner.closed_through is not None
+    assert combiner.closed_through < threshold  # the last advances wait for the clock
+    assert combiner.tick().closed is None or combiner.closed_through < threshold
+    clock.advance(COUNT_CLOSE_INTERVAL_MS)  # no input, only time: the tick closes
+    closed = combiner.tick().closed
+    frames += [] if closed is None else [closed.frame]
+    assert combiner.closed_through == threshold
+    expected, _, scale = expected_count_results(all_rows(batches), spec, threshold=threshold)
+    assert expected.height > 20
+    assert_count_windows_match(pl.concat(frames), expected, spec, scale)
 
 
 def test_unfinished_windows_are_folded_state_not_rows() -> None:
@@ -302,6 +369,7 @@ def test_unfinished_windows_are_folded_state_not_rows() -> None:
         (partial,) = builder.build(b.frame, info, 0)
         combiner.receive(partial)
         combiner.tick()
+        clock.advance(COUNT_CLOSE_INTERVAL_MS)
     assert combiner.counts is not None
     held = combiner.counts._tails[0]  # the folded layout is what is tested
     # every row but the newest is final (lateness 0): ranked into the unfinished window
@@ -527,7 +595,7 @@ def test_snapshots_reuse_packed_chunks_and_still_restore_exactly() -> None:
         assert restored.counts.tail_rows == combiner.counts.tail_rows
         assert restored.counts.buffered_span() == combiner.counts.buffered_span()
         assert restored.counts._pending_rows == sum(len(c) for c in combiner.counts._pending)
-        clock.advance(1)
+        clock.advance(COUNT_CLOSE_INTERVAL_MS)
     assert reused > 0  # chunks were carried from one snapshot to the next
     clock.advance(spec.idle_timeout_ms + 1)
     frames = [c.flush().frame for c in (combiner, restored)]
@@ -632,5 +700,5 @@ def _feed_restoring(
             fresh = Combiner(spec, 0, clock)
             fresh.restore(combiner.snapshot())
             combiner = fresh
-        clock.advance(1)
+        clock.advance(COUNT_CLOSE_INTERVAL_MS)
     return combiner, frames
