@@ -541,15 +541,18 @@ def test_final_rows_come_out_in_event_order(
         assert getattr(got, column).tolist() == getattr(want, column).tolist()
 
 
-@pytest.mark.parametrize("span", [10, 2**31 + 5])
-def test_buffered_rows_pack_compactly_and_round_trip(span: int) -> None:
-    """A chunk of one batch packs its gateway and seq as numbers and its times as int32
-    offsets when they fit (20 bytes a row, not 36); other chunks pack every column."""
+@pytest.mark.parametrize("span", [10, 70_000, 2**31 + 5])
+@pytest.mark.parametrize("top_key", [4, 70_000])
+def test_buffered_rows_pack_compactly_and_round_trip(span: int, top_key: int) -> None:
+    """A chunk of one batch packs its gateway and seq as numbers, key ids and time offsets
+    as uint16 when they fit (else int32; times as int64 beyond that) and no row numbers
+    while they increase: 12 bytes a row at best, not 36. Row numbers come back as their
+    order; other chunks pack every column."""
     from shoal.processors.count import _Rows  # noqa: PLC0415 - the packed layout is tested
 
     n = 5
     one = _Rows(
-        np.arange(n, dtype=np.int32),
+        np.array([0, 1, 2, 3, top_key], dtype=np.int32),
         np.array([7, 7 + span, 9, 8, 7], dtype=np.int64),
         np.full(n, 3, dtype=np.int32),
         np.full(n, 41, dtype=np.int64),
@@ -557,14 +560,45 @@ def test_buffered_rows_pack_compactly_and_round_trip(span: int) -> None:
         np.linspace(0.5, 2.5, n),
     )
     mixed = _Rows(one.key, one.ts, np.array([3, 3, 4, 3, 3], np.int32), one.seq, one.row, one.value)
-    for rows in (one, mixed):
+    unordered = _Rows(one.key, one.ts, one.gateway, one.seq, one.row[::-1].copy(), one.value)
+    for rows in (one, mixed, unordered):
         packed = rows.pack()
         back = _Rows.unpack(packed)
-        for name in ("key", "ts", "gateway", "seq", "row", "value"):
+        for name in ("key", "ts", "gateway", "seq", "value"):
             assert np.array_equal(getattr(back, name), getattr(rows, name)), name
+        for name in ("key", "ts", "gateway", "seq", "row", "value"):
             assert getattr(back, name).dtype == getattr(rows, name).dtype, name
-        assert (isinstance(packed["seq"], int)) == (rows is one)
-        assert ("ts_base" in packed) == (rows is one and span < 2**31)
+        assert np.array_equal(np.argsort(back.row), np.argsort(rows.row))
+        assert np.array_equal(back.row, rows.row) == (rows is not one)
+        assert (isinstance(packed["seq"], int)) == (rows is not mixed)
+        assert ("ts_base" in packed) == (rows is not mixed and span < 2**31)
+        if rows is one:
+            ts_bytes = 2 if span < 2**16 else 4 if span < 2**31 else 8
+            key_bytes = 2 if top_key < 2**16 else 4
+            size = sum(len(v) for v in packed.values() if isinstance(v, bytes))
+            assert size == n * (8 + ts_bytes + key_bytes)
+
+
+def test_older_packed_rows_still_restore() -> None:
+    """Chunks packed before the narrow layout (int32 keys, int32 offsets, row numbers)."""
+    from shoal.processors.count import _Rows  # noqa: PLC0415 - the packed layout is tested
+
+    old = {
+        "key": np.array([3, 1], "<i4").tobytes(),
+        "gateway": 2,
+        "seq": 9,
+        "row": np.array([4, 7], "<i4").tobytes(),
+        "value": np.array([1.5, 2.5]).tobytes(),
+        "ts_base": 1_000,
+        "ts": np.array([5, 0], "<i4").tobytes(),
+    }
+    back = _Rows.unpack(old)
+    assert back.key.tolist() == [3, 1]
+    assert back.ts.tolist() == [1_005, 1_000]
+    assert back.row.tolist() == [4, 7]
+    assert back.seq.tolist() == [9, 9]
+    with pytest.raises(SchemaError):
+        _Rows.unpack({**old, "key_dtype": "<i8"})
 
 
 def test_snapshots_reuse_packed_chunks_and_still_restore_exactly() -> None:
