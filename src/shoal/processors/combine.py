@@ -34,7 +34,8 @@ retraction in its old start's message), called from ``_close_keeping`` at every 
 Count windows (``WindowSpec.by_count``): partials carry rows (``EventRows``), each judged
 in step 3 as the 1 ms window at its timestamp; on-time rows wait in ``count.CountState``,
 and in step 4 the rows the threshold has passed are final and fill windows of ``n`` rows
-(``Combiner._close_counts``). No corrections (the spec refuses ``allowed_lateness_ms``).
+(``Combiner._close_counts``), at most once per ``COUNT_CLOSE_INTERVAL_MS`` of the clock. No
+corrections (the spec refuses ``allowed_lateness_ms``).
 
 Checkpoint contract: a snapshot holds the merged state (closed windows kept for corrections
 included), the revision counts, every gateway's next seq and watermark, the close threshold

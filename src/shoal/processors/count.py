@@ -70,7 +70,8 @@ RESULT_EXTRAS: Final = ("index", "first_ts", "last_ts")
 
 ROWS_PER_CELL: Final = 8
 """Buffered rows that count as one state cell (``max_state_cells``): a cell of merged state
-costs ~200-300 bytes (docs/benchmarks.md), a buffered row 36 (``ROW_DTYPES``)."""
+costs ~200-300 bytes (docs/benchmarks.md), a buffered row 24 (``ROW_DTYPES``) plus 12 for
+its packed copy (``CountState._packed_pending``)."""
 
 ROW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
     "key": np.dtype("<i4"),
@@ -80,7 +81,9 @@ ROW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
     "row": np.dtype("<i4"),
     "value": np.dtype("<f8"),
 }
-"""Column types of held rows: 36 bytes a row (key ids < 2**24, rows in a batch < 2**31)."""
+"""Column types of held rows: 24 bytes a buffered row (its chunk's gateway and seq are
+``_constant``), 36 in the final rows a close step sorts (key ids < 2**24, rows in a batch
+< 2**31)."""
 
 
 _Columns = TypeVar("_Columns", "_Rows", "_Entries")
@@ -457,7 +460,7 @@ class _Unfinished:
     set of batches they came from (``batches`` counts distinct batches, which does not add
     up) are enough to finish the window when later rows fill it. Memory per key: the fields,
     plus about one entry per distinct batch and per sketch bucket (``_EntryStore``: at most
-    twice that), instead of 36 bytes a row.
+    twice that), instead of 24 bytes a row.
     """
 
     def __init__(self, fields: Sequence[FieldKernels]) -> None:
