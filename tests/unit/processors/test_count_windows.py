@@ -350,6 +350,38 @@ def test_close_steps_follow_the_clock_and_every_final_window_closes() -> None:
     assert_count_windows_match(pl.concat(frames), expected, spec, scale)
 
 
+def test_a_clock_that_stands_still_closes_every_count_close_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the clock does not move (an archive replay), a close step is due once
+    ``COUNT_CLOSE_ROWS`` rows were applied since the last one: the buffer stays bounded."""
+    from shoal.processors import combine  # noqa: PLC0415 - the row budget is patched
+
+    monkeypatch.setattr(combine, "COUNT_CLOSE_ROWS", 40)
+    spec = spec_for([{"kind": "count", "n": 3}], lateness_ms=0)
+    batches = [
+        GeneratedBatch("gw", s, frame_of([(f"k{r % 2}", 100 * s + r, float(r)) for r in range(10)]))
+        for s in range(30)
+    ]
+    clock = FakeClock()
+    builder = PartialBuilder(spec, "w")
+    combiner = Combiner(spec, 0, clock)
+    for status in statuses_for(batches, clock.now_ms()):
+        combiner.receive_status(status)
+    closes, buffered = 0, []
+    for b in batches:
+        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
+        for p in builder.build(b.frame, info, clock.now_ms()):
+            combiner.receive(Partial.decode(p.encode()))
+        before = combiner.closed_through
+        combiner.close_ready(clock.now_ms())
+        closes += combiner.closed_through != before
+        assert combiner.counts is not None
+        buffered.append(combiner.counts._pending_rows)
+    assert closes == 1 + (30 - 1) * 10 // 40  # the first at once, then one per 40 rows
+    assert max(buffered) <= 40 + 10
+
+
 def test_unfinished_windows_are_folded_state_not_rows() -> None:
     """Rows ranked into an unfinished window leave only state behind: entries per batch and
     per sketch bucket, whatever the number of rows; the flushed window is still exact."""
