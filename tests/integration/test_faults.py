@@ -12,7 +12,7 @@ import asyncio
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import polars as pl
@@ -22,13 +22,19 @@ from shoal.broker.embedded import EmbeddedBroker
 from shoal.clock import SystemClock
 from shoal.gateway import Gateway, GatewayConfig
 from shoal.loadtest.data import SensorField
-from shoal.processors.spec import load_pipeline
+from shoal.processors.spec import PipelineSpec, load_pipeline
 from shoal.schemas import Encoding
 from shoal.schemas.topics import Topics
 from tests.support import processes
-from tests.support.compare import assert_matches_oracle, dedupe_identical, scale_of
-from tests.support.live import collector
-from tests.support.oracle import expected_results
+from tests.support.compare import (
+    assert_count_windows_match,
+    assert_matches_oracle,
+    dedupe_count_windows,
+    dedupe_identical,
+    scale_of,
+)
+from tests.support.live import Collected, collector
+from tests.support.oracle import expected_count_results, expected_results
 
 SPEC = """
 name = "faults"
@@ -72,13 +78,39 @@ def feed(
         gateway.flush()
 
 
+async def time_windows_match(data: pl.DataFrame, spec: PipelineSpec, seen: Collected) -> None:
+    """Every window ending ``lateness_ms`` before the last row equals the oracle; copies of a
+    window published again are identical."""
+    last_end = int(data["ts"].max()) - spec.lateness_ms
+    expected, late = expected_results(data, spec)
+    assert late == 0
+    expected = expected.filter(pl.col("end") <= last_end)
+    wanted = {(w, s) for w, s in expected.select("window", "start").unique().iter_rows()}
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        got = {(m["window"], m["start"]) for m in seen.windows}
+        if wanted <= got and len(
+            {(m["window"], m["start"], m["partition"]) for m in seen.windows}
+        ) >= 2 * len(wanted):
+            break
+        await asyncio.sleep(0.2)
+    emitted = dedupe_identical(seen.windows)
+    emitted = emitted.filter(pl.col("end") <= last_end)
+    # Batch boundaries depend on timing, so the batch count per window is not compared.
+    assert_matches_oracle(emitted, expected, spec, scale_of(data, spec), skip=("batches",))
+
+
 def run_with_fault(
     broker: EmbeddedBroker,
     topics: Topics,
     tmp_path: Path,
     fault: Callable[[dict[str, processes.Component]], None],
     spec_text: str = SPEC,
+    check: Callable[[pl.DataFrame, PipelineSpec, Collected], Awaitable[None]] | None = None,
 ) -> None:
+    """Run the pipeline as processes, fed by two real gateways, with ``fault`` meanwhile;
+    then ``check`` what it published against the oracle (time windows by default)."""
+    check = check or time_windows_match
     spec_path = tmp_path / "faults.toml"
     spec_path.write_text(spec_text)
     spec = load_pipeline(spec_path)
@@ -121,7 +153,7 @@ def run_with_fault(
     stop_at = time.monotonic() + FEED_SECONDS
     feeder = threading.Thread(target=feed, args=(gateways, fields, stop_at, rows))
 
-    async def scenario() -> pl.DataFrame:
+    async def scenario() -> None:
         async with collector(settings, topics, spec.name) as seen:
             feeder.start()
             await asyncio.to_thread(fault, components)
@@ -129,25 +161,7 @@ def run_with_fault(
             for gateway in gateways:
                 confirmed = await asyncio.to_thread(gateway.wait_confirmed, 60)
                 assert confirmed, f"{gateway.config.gateway_id} not confirmed: {gateway.stats()}"
-            data = pl.concat(rows)
-            last_end = int(data["ts"].max()) - spec.lateness_ms
-            expected, late = expected_results(data, spec)
-            assert late == 0
-            expected = expected.filter(pl.col("end") <= last_end)
-            wanted = {(w, s) for w, s in expected.select("window", "start").unique().iter_rows()}
-            deadline = time.monotonic() + 40
-            while time.monotonic() < deadline:
-                got = {(m["window"], m["start"]) for m in seen.windows}
-                if wanted <= got and len(
-                    {(m["window"], m["start"], m["partition"]) for m in seen.windows}
-                ) >= 2 * len(wanted):
-                    break
-                await asyncio.sleep(0.2)
-            emitted = dedupe_identical(seen.windows)
-            emitted = emitted.filter(pl.col("end") <= last_end)
-            # Batch boundaries depend on timing, so the batch count per window is not compared.
-            assert_matches_oracle(emitted, expected, spec, scale_of(data, spec), skip=("batches",))
-            return emitted
+            await check(pl.concat(rows), spec, seen)
 
     try:
         asyncio.run(scenario())
@@ -182,6 +196,48 @@ def test_kill9_combiner_midstream(broker: EmbeddedBroker, topics: Topics, tmp_pa
         components["combiner-1"].start()
 
     run_with_fault(broker, topics, tmp_path, fault)
+
+
+COUNT_SPEC = SPEC.replace('kind = "tumbling"\nsize_ms = 1000', 'kind = "count"\nn = 25')
+
+
+async def count_windows_match(data: pl.DataFrame, spec: PipelineSpec, seen: Collected) -> None:
+    """Every full count window whose last row lies a second before the last threshold equals
+    the oracle; a window published again (after the restart) has the same values."""
+    # each sensor's rows have distinct times: the order (ts, gateway, seq, row) is the time's
+    data = data.with_columns(row=pl.lit(0))
+    expected, late, scale = expected_count_results(data, spec)
+    assert late == 0
+    final = int(data["ts"].max()) - spec.lateness_ms - 1_000
+    expected = expected.filter(pl.col("last_ts") < final)
+    wanted = {(w, k, i) for w, k, i in expected.select("window", "key", "index").iter_rows()}
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        got = {(m["window"], r["key"], r["index"]) for m in seen.windows for r in m["results"]}
+        if wanted <= got:
+            break
+        await asyncio.sleep(0.2)
+    emitted = dedupe_count_windows(seen.windows).filter(pl.col("last_ts") < final)
+    assert expected.height > 200
+    # Batch boundaries depend on timing, so the batch count per window is not compared.
+    assert_count_windows_match(emitted, expected, spec, scale, skip=("batches",))
+
+
+@pytest.mark.timeout(180)
+def test_kill9_combiner_while_count_windows_are_open(
+    broker: EmbeddedBroker, topics: Topics, tmp_path: Path
+) -> None:
+    """Count windows (25 rows a key, ~1.25 s at 20/s): kill -9 of a combiner holds buffered
+    rows and unfinished windows; the restored one finishes them exactly, twice over."""
+
+    def fault(components: dict[str, processes.Component]) -> None:
+        for at in (3.0, 2.5):
+            time.sleep(at)
+            components["combiner-0"].kill9()
+            time.sleep(1.0)
+            components["combiner-0"].start()
+
+    run_with_fault(broker, topics, tmp_path, fault, COUNT_SPEC, count_windows_match)
 
 
 @pytest.mark.timeout(180)

@@ -48,8 +48,12 @@ def run_in_memory(
     workers: int = 3,
     announce: bool = True,
     reorder_within: int | None = None,
+    advance_ms: int = 1,
 ) -> tuple[pl.DataFrame, list[LateRows], list[Combiner]]:
     """Deliver every batch (some twice) in a shuffled order through N builders and P combiners.
+
+    The clock moves ``advance_ms`` after each delivery (count windows close at most once per
+    ``combine.COUNT_CLOSE_INTERVAL_MS`` of it).
 
     Returns the emitted results (all partitions; each window's latest revision, see
     ``latest_of``), the late rows reported, and the combiners. Partials travel through their
@@ -82,7 +86,7 @@ def run_in_memory(
             closed = combiners[received.partition].tick().closed
             if closed is not None and not closed.empty:
                 emitted.append(with_revisions(closed, received.partition))
-        clock.advance(1)
+        clock.advance(advance_ms)
     clock.advance(spec.idle_timeout_ms + 1)
     for combiner in combiners:
         step = combiner.tick()

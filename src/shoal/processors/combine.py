@@ -34,7 +34,8 @@ retraction in its old start's message), called from ``_close_keeping`` at every 
 Count windows (``WindowSpec.by_count``): partials carry rows (``EventRows``), each judged
 in step 3 as the 1 ms window at its timestamp; on-time rows wait in ``count.CountState``,
 and in step 4 the rows the threshold has passed are final and fill windows of ``n`` rows
-(``Combiner._close_counts``). No corrections (the spec refuses ``allowed_lateness_ms``).
+(``Combiner._close_counts``), at most once per ``COUNT_CLOSE_INTERVAL_MS`` of the clock. No
+corrections (the spec refuses ``allowed_lateness_ms``).
 
 Checkpoint contract: a snapshot holds the merged state (closed windows kept for corrections
 included), the revision counts, every gateway's next seq and watermark, the close threshold
@@ -89,6 +90,18 @@ from shoal.schemas.control import GatewayStatus
 from shoal.schemas.results import RETRACTED
 
 SNAPSHOT_VERSION: Final = 2
+COUNT_CLOSE_INTERVAL_MS: Final = 250
+"""Count windows close at most once per this much of the (injected) clock: a close step costs
+per key it touches (each key's new rows merged into its unfinished window), and a threshold
+that moves with every batch made a step per batch, ~1.6 rows a key at 10,000 keys
+(docs/benchmarks.md, "Count windows"). Time, not event time, sets the cadence: the runtime's
+tick (every ``tick_ms``) keeps calling ``close_ready``, so a threshold that advanced closes
+within this interval however the input arrives, or stops. A clock that does not move (an
+archive replay) gets a step per ``COUNT_CLOSE_ROWS`` applied instead."""
+COUNT_CLOSE_ROWS: Final = 1_000_000
+"""Rows applied to count windows after which a close step is due whatever the clock says:
+the buffer stays bounded where the clock stands still (``archive.replay``), and at 4M
+rows/s this is the interval's worth anyway."""
 MAX_PENDING_BYTES: Final = 32 * 2**20
 """Memory for partials that arrived ahead of a missing batch, and again for those held while
 logged closes are re-taken; beyond it the newest are let go (their gateways send them again,
@@ -220,6 +233,8 @@ class Combiner:
         self._names = [w.name for w in spec.windows]
         self._session_names = frozenset(self._names[i] for i in self.sessions.windows)
         self._prepared_for: int | None = None
+        self._counts_due_ms: int | None = None  # count windows close again from then on
+        self._counts_due_rows = 0  # ... or once ``counters.rows_applied`` reaches this
         self.alerts = AlertBook(spec.alerts)
         self.transitions: list[Transition] = []
         """Alert transitions of closed windows, in order, until the runtime takes them."""
@@ -666,6 +681,12 @@ class Combiner:
     def _close_ready(self, now_ms: int) -> ClosedWindows | None:
         if self._replay:
             return None  # closes are re-taken from the log, each once its batches are back
+        if (
+            self._counts_due_ms is not None
+            and now_ms < self._counts_due_ms
+            and self.counters.rows_applied < self._counts_due_rows
+        ):
+            return None  # count windows: a step per COUNT_CLOSE_INTERVAL_MS (or _ROWS) at most
         threshold = self.close_threshold(now_ms)
         decides = (
             bool(self._dirty)
@@ -676,6 +697,9 @@ class Combiner:
             )
         )
         closed = self._close_at(threshold)
+        if decides and self.counts is not None:
+            self._counts_due_ms = now_ms + COUNT_CLOSE_INTERVAL_MS
+            self._counts_due_rows = self.counters.rows_applied + COUNT_CLOSE_ROWS
         if decides:
             # Logged even when nothing is published: the threshold judges later batches.
             self.close_log.record(

@@ -19,12 +19,13 @@ because a row applied later with a smaller timestamp is late (``combine``). So:
    fewer than ``n`` rows.
 
 Memory: the buffer holds the rows not yet final (about ``lateness_ms`` plus the watermark's
-lag worth of input), 36 bytes a row (``ROW_DTYPES``). An unfinished window is *folded*
+lag worth of input), 24 bytes a row (``ROW_DTYPES``; a chunk's gateway and seq are
+``_constant``). An unfinished window is *folded*
 (``_Unfinished``): its rows are ranked, so only their count, first and last event time,
 merged state fields, sketch cells (one per bucket it holds; quantiles only) and the set of
 batches it drew from (``batches`` counts distinct batches, which does not add up) are kept,
 not the rows; of that set only the batches that still have rows buffered, the others are a
-count per key (``_Unfinished._settle``). A checkpoint packs buffered rows at 20 bytes a row,
+count per key (``_Unfinished._settle``). A checkpoint packs buffered rows at 12 bytes a row,
 each chunk once while it stays buffered (``CountState._packed_pending``). Everything is in
 numpy arrays; nothing loops over rows in Python (keys only when a key list is first seen).
 
@@ -69,7 +70,8 @@ RESULT_EXTRAS: Final = ("index", "first_ts", "last_ts")
 
 ROWS_PER_CELL: Final = 8
 """Buffered rows that count as one state cell (``max_state_cells``): a cell of merged state
-costs ~200-300 bytes (docs/benchmarks.md), a buffered row 36 (``ROW_DTYPES``)."""
+costs ~200-300 bytes (docs/benchmarks.md), a buffered row 24 (``ROW_DTYPES``) plus 12 for
+its packed copy (``CountState._packed_pending``)."""
 
 ROW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
     "key": np.dtype("<i4"),
@@ -79,7 +81,9 @@ ROW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
     "row": np.dtype("<i4"),
     "value": np.dtype("<f8"),
 }
-"""Column types of held rows: 36 bytes a row (key ids < 2**24, rows in a batch < 2**31)."""
+"""Column types of held rows: 24 bytes a buffered row (its chunk's gateway and seq are
+``_constant``), 36 in the final rows a close step sorts (key ids < 2**24, rows in a batch
+< 2**31)."""
 
 
 _Columns = TypeVar("_Columns", "_Rows", "_Entries")
@@ -110,8 +114,18 @@ class _Rows:
         return len(self.ts)
 
     def take(self, index: Int64Array | npt.NDArray[np.bool_]) -> _Rows:
-        """The rows at ``index`` (positions or a mask)."""
-        return _Rows(*(getattr(self, f.name)[index] for f in fields(self)))
+        """The rows at ``index`` (positions or a mask); constant columns stay ``_constant``."""
+        ts = self.ts[index]
+        columns: list[npt.NDArray[Any]] = []
+        for f in fields(self):
+            column = getattr(self, f.name)
+            if f.name == "ts":
+                columns.append(ts)
+            elif column.strides == (0,) and len(column):
+                columns.append(_constant(int(column[0]), len(ts), column.dtype))
+            else:
+                columns.append(column[index])
+        return _Rows(*columns)
 
     @classmethod
     def empty(cls) -> _Rows:
@@ -127,23 +141,27 @@ class _Rows:
         """Little-endian buffers (checkpoints).
 
         A chunk of one batch (one gateway and seq, as ``CountState.add`` buffers them) keeps
-        those two as numbers and its event times as int32 offsets when they fit: 20 bytes a
-        row instead of 36 (the buffered rows are most of a count window's checkpoint).
+        those two as numbers, its key ids and event times (as offsets) in the narrowest of
+        uint16 and int32 that holds them, and no row numbers while they increase (only
+        their order within the batch counts, ``COUNT_ORDER``: a restore numbers them 0, 1,
+        ...): 12 bytes a row at scenario B instead of 36 (the buffered rows are most of a
+        count window's checkpoint). Other chunks pack every column.
         """
         n = len(self)
-        if n and (self.gateway == self.gateway[0]).all() and (self.seq == self.seq[0]).all():
+        if n and _constant_column(self.gateway) and _constant_column(self.seq):
             base = int(self.ts.min())
-            offsets = self.ts - base
             packed: dict[str, Any] = {
-                "key": self.key.tobytes(),
                 "gateway": int(self.gateway[0]),
                 "seq": int(self.seq[0]),
-                "row": self.row.tobytes(),
                 "value": self.value.tobytes(),
+                **_narrow("key", self.key, int(self.key.max())),
             }
-            if int(offsets.max()) < 2**31:
-                packed["ts_base"] = base
-                packed["ts"] = offsets.astype("<i4").tobytes()
+            if n > 1 and not (self.row[1:] > self.row[:-1]).all():
+                packed["row"] = self.row.tobytes()
+            offsets = self.ts - base
+            top = int(offsets.max())
+            if top < 2**31:
+                packed.update(ts_base=base, **_narrow("ts", offsets, top))
             else:
                 packed["ts"] = self.ts.tobytes()
             return packed
@@ -151,19 +169,46 @@ class _Rows:
 
     @classmethod
     def unpack(cls, obj: dict[str, Any]) -> _Rows:
-        """Inverse of ``pack``."""
-        cols: dict[str, npt.NDArray[Any]] = {}
-        for name, dtype in ROW_DTYPES.items():
-            raw = obj[name]
-            if name == "ts" and "ts_base" in obj:
-                cols[name] = np.frombuffer(raw, dtype="<i4").astype(np.int64) + int(obj["ts_base"])
-            elif isinstance(raw, int) and name in {"gateway", "seq"}:
-                cols[name] = np.full(len(obj["key"]) // ROW_DTYPES["key"].itemsize, raw, dtype)
-            else:
-                cols[name] = np.frombuffer(raw, dtype=dtype).copy()
+        """Inverse of ``pack`` (row numbers left out come back as 0, 1, ...)."""
+        try:
+            n = len(obj["value"]) // ROW_DTYPES["value"].itemsize
+            cols: dict[str, npt.NDArray[Any]] = {}
+            for name, dtype in ROW_DTYPES.items():
+                if name == "row" and name not in obj:
+                    cols[name] = np.arange(n, dtype=dtype)
+                    continue
+                raw = obj[name]
+                narrow = np.dtype(obj.get(f"{name}_dtype", dtype))
+                if name == "ts" and "ts_base" in obj:
+                    narrow = np.dtype(obj.get("ts_dtype", "<i4"))
+                    cols[name] = np.frombuffer(raw, narrow).astype(dtype) + int(obj["ts_base"])
+                elif isinstance(raw, int) and name in {"gateway", "seq"}:
+                    cols[name] = _constant(raw, n, dtype)
+                elif narrow.kind not in "iuf" or narrow.itemsize > dtype.itemsize:
+                    raise SchemaError(f"count-window rows as {narrow}", reason="bad_checkpoint")
+                else:
+                    cols[name] = np.frombuffer(raw, dtype=narrow).astype(dtype)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SchemaError(
+                f"unreadable count-window rows: {exc}", reason="bad_checkpoint"
+            ) from exc
         if len({len(c) for c in cols.values()}) != 1:
             raise SchemaError("inconsistent count-window rows", reason="bad_checkpoint")
         return cls(**cols)
+
+
+def _constant(value: int, n: int, dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+    """``n`` times ``value``, read-only, in no memory.
+
+    A buffered chunk's gateway and seq: 12 of a row's 36 bytes otherwise.
+    """
+    return np.broadcast_to(np.asarray(value, dtype=dtype), (n,))
+
+
+def _narrow(name: str, values: npt.NDArray[Any], top: int) -> dict[str, Any]:
+    """``values`` (none negative, none above ``top``) as uint16 if they fit, else int32."""
+    dtype = "<u2" if top < 2**16 else "<i4"
+    return {name: values.astype(dtype).tobytes(), f"{name}_dtype": dtype}
 
 
 @dataclass(slots=True)
@@ -415,7 +460,7 @@ class _Unfinished:
     set of batches they came from (``batches`` counts distinct batches, which does not add
     up) are enough to finish the window when later rows fill it. Memory per key: the fields,
     plus about one entry per distinct batch and per sketch bucket (``_EntryStore``: at most
-    twice that), instead of 36 bytes a row.
+    twice that), instead of 24 bytes a row.
     """
 
     def __init__(self, fields: Sequence[FieldKernels]) -> None:
@@ -573,8 +618,8 @@ class CountState:
             _Rows(
                 keys,
                 events.ts[picked],
-                np.full(n, gateway, dtype=np.int32),
-                np.full(n, seq, dtype=np.int64),
+                _constant(gateway, n, ROW_DTYPES["gateway"]),
+                _constant(seq, n, ROW_DTYPES["seq"]),
                 events.row[picked].astype(np.int32),
                 events.value[picked],
             )
@@ -952,10 +997,15 @@ def _one_batch(chunk: _Rows) -> bool:
     if len(chunk) < 2:
         return True
     return bool(
-        (chunk.gateway == chunk.gateway[0]).all()
-        and (chunk.seq == chunk.seq[0]).all()
+        _constant_column(chunk.gateway)
+        and _constant_column(chunk.seq)
         and (chunk.row[1:] > chunk.row[:-1]).all()
     )
+
+
+def _constant_column(column: npt.NDArray[Any]) -> bool:
+    """Whether every value of ``column`` (not empty) is its first (at once for ``_constant``)."""
+    return column.strides == (0,) or bool((column == column[0]).all())
 
 
 def _key_ts_order(rows: _Rows) -> Int64Array | None:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from shoal.clock import FakeClock
 from shoal.errors import ConfigError, SchemaError
 from shoal.processors.aggregates import AGGREGATES
-from shoal.processors.combine import Combiner
+from shoal.processors.combine import COUNT_CLOSE_INTERVAL_MS, Combiner
 from shoal.processors.partials import BatchInfo, EventRows, Partial, PartialBuilder
 from shoal.processors.spec import PipelineSpec, parse_pipeline
 from shoal.processors.windows import COUNT, WindowSpec
@@ -30,6 +30,9 @@ ALL_AGGREGATES = [*AGGREGATES, "p50", "p99"]
 
 
 def spec_for(windows: list[dict], partitions: int = 1, lateness_ms: int = 1_000, **more):
+    """A count-window spec. Gateways stay active for a minute of the fake clock: the tests
+    move it up to ``COUNT_CLOSE_INTERVAL_MS`` a delivery (a close step each), and a gateway
+    that went idle or was released meanwhile would make timing-dependent late rows."""
     return parse_pipeline(
         {
             "name": "c",
@@ -37,7 +40,7 @@ def spec_for(windows: list[dict], partitions: int = 1, lateness_ms: int = 1_000,
             "aggregates": ALL_AGGREGATES,
             "partitions": partitions,
             "lateness_ms": lateness_ms,
-            "idle_timeout_ms": 1_000,
+            "idle_timeout_ms": 60_000,
             "limits": {"max_future_ms": False},
             **more,
         }
@@ -151,7 +154,18 @@ def test_a_bad_event_key_index_is_refused() -> None:
 # -- exactness -------------------------------------------------------------------------------
 
 
-def check(spec, batches, *, seed, workers=3, duplicate_fraction=0.3, reorder_within=None):
+def check(
+    spec,
+    batches,
+    *,
+    seed,
+    workers=3,
+    duplicate_fraction=0.3,
+    reorder_within=None,
+    advance_ms=COUNT_CLOSE_INTERVAL_MS,
+):
+    """Through ``run_in_memory`` against the oracle; by default a close step after every
+    delivery (the clock moves a whole ``COUNT_CLOSE_INTERVAL_MS`` each time)."""
     emitted, late, combiners = run_in_memory(
         spec,
         batches,
@@ -159,6 +173,7 @@ def check(spec, batches, *, seed, workers=3, duplicate_fraction=0.3, reorder_wit
         workers=workers,
         duplicate_fraction=duplicate_fraction,
         reorder_within=reorder_within,
+        advance_ms=advance_ms,
     )
     marks = [c.closed_through for c in combiners if c.closed_through is not None]
     threshold = max(marks) if marks else -(2**62)
@@ -265,9 +280,19 @@ def test_a_restored_combiner_carries_buffered_rows_tails_and_counts() -> None:
     lateness_ms=st.sampled_from([0, 300, 2_000]),
     duplicate_fraction=st.floats(0.0, 1.0),
     reorder_within=st.sampled_from([None, 2, 5]),
+    advance_ms=st.sampled_from([1, COUNT_CLOSE_INTERVAL_MS // 3, COUNT_CLOSE_INTERVAL_MS]),
 )
 def test_property_any_split_worker_order_and_duplication(
-    seed, gateways, batches, n, partitions, workers, lateness_ms, duplicate_fraction, reorder_within
+    seed,
+    gateways,
+    batches,
+    n,
+    partitions,
+    workers,
+    lateness_ms,
+    duplicate_fraction,
+    reorder_within,
+    advance_ms,
 ) -> None:
     spec = spec_for([{"kind": "count", "n": n}], partitions, lateness_ms)
     data = make_batches(
@@ -280,7 +305,81 @@ def test_property_any_split_worker_order_and_duplication(
         workers=workers,
         duplicate_fraction=duplicate_fraction,
         reorder_within=reorder_within,
+        advance_ms=advance_ms,
     )
+
+
+def test_close_steps_follow_the_clock_and_every_final_window_closes() -> None:
+    """Count windows close at most once per ``COUNT_CLOSE_INTERVAL_MS`` of the clock however
+    fast the threshold moves; once input stops, the next tick after the interval closes
+    every window whose rows are final (no event-time cadence that could stall)."""
+    spec = spec_for([{"kind": "count", "n": 3}], lateness_ms=0)
+    batches = [
+        GeneratedBatch(f"gw{g}", s, frame_of([(f"k{g}", 100 * s + r, float(r)) for r in range(4)]))
+        for s in range(20)
+        for g in range(2)
+    ]
+    clock = FakeClock()
+    builder = PartialBuilder(spec, "w")
+    combiner = Combiner(spec, 0, clock)
+    for status in statuses_for(batches, clock.now_ms()):
+        combiner.receive_status(status)
+    frames, closes = [], 0
+    for b in batches:  # one batch every 10 ms: the threshold moves with every other one
+        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
+        for p in builder.build(b.frame, info, clock.now_ms()):
+            combiner.receive(Partial.decode(p.encode()))
+        before = combiner.closed_through
+        closed = combiner.close_ready(clock.now_ms())
+        closes += combiner.closed_through != before
+        frames += [] if closed is None else [closed.frame]
+        clock.advance(10)
+    # 400 ms of clock: at most one close step per interval (and the first at once)
+    assert 1 <= closes <= 1 + 400 // COUNT_CLOSE_INTERVAL_MS
+    threshold = combiner.close_threshold(clock.now_ms())
+    assert threshold is not None
+    assert combiner.closed_through is not None
+    assert combiner.closed_through < threshold  # the last advances wait for the clock
+    assert combiner.tick().closed is None or combiner.closed_through < threshold
+    clock.advance(COUNT_CLOSE_INTERVAL_MS)  # no input, only time: the tick closes
+    closed = combiner.tick().closed
+    frames += [] if closed is None else [closed.frame]
+    assert combiner.closed_through == threshold
+    expected, _, scale = expected_count_results(all_rows(batches), spec, threshold=threshold)
+    assert expected.height > 20
+    assert_count_windows_match(pl.concat(frames), expected, spec, scale)
+
+
+def test_a_clock_that_stands_still_closes_every_count_close_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the clock does not move (an archive replay), a close step is due once
+    ``COUNT_CLOSE_ROWS`` rows were applied since the last one: the buffer stays bounded."""
+    from shoal.processors import combine  # noqa: PLC0415 - the row budget is patched
+
+    monkeypatch.setattr(combine, "COUNT_CLOSE_ROWS", 40)
+    spec = spec_for([{"kind": "count", "n": 3}], lateness_ms=0)
+    batches = [
+        GeneratedBatch("gw", s, frame_of([(f"k{r % 2}", 100 * s + r, float(r)) for r in range(10)]))
+        for s in range(30)
+    ]
+    clock = FakeClock()
+    builder = PartialBuilder(spec, "w")
+    combiner = Combiner(spec, 0, clock)
+    for status in statuses_for(batches, clock.now_ms()):
+        combiner.receive_status(status)
+    closes, buffered = 0, []
+    for b in batches:
+        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
+        for p in builder.build(b.frame, info, clock.now_ms()):
+            combiner.receive(Partial.decode(p.encode()))
+        before = combiner.closed_through
+        combiner.close_ready(clock.now_ms())
+        closes += combiner.closed_through != before
+        assert combiner.counts is not None
+        buffered.append(combiner.counts._pending_rows)
+    assert closes == 1 + (30 - 1) * 10 // 40  # the first at once, then one per 40 rows
+    assert max(buffered) <= 40 + 10
 
 
 def test_unfinished_windows_are_folded_state_not_rows() -> None:
@@ -302,6 +401,7 @@ def test_unfinished_windows_are_folded_state_not_rows() -> None:
         (partial,) = builder.build(b.frame, info, 0)
         combiner.receive(partial)
         combiner.tick()
+        clock.advance(COUNT_CLOSE_INTERVAL_MS)
     assert combiner.counts is not None
     held = combiner.counts._tails[0]  # the folded layout is what is tested
     # every row but the newest is final (lateness 0): ranked into the unfinished window
@@ -473,15 +573,18 @@ def test_final_rows_come_out_in_event_order(
         assert getattr(got, column).tolist() == getattr(want, column).tolist()
 
 
-@pytest.mark.parametrize("span", [10, 2**31 + 5])
-def test_buffered_rows_pack_compactly_and_round_trip(span: int) -> None:
-    """A chunk of one batch packs its gateway and seq as numbers and its times as int32
-    offsets when they fit (20 bytes a row, not 36); other chunks pack every column."""
+@pytest.mark.parametrize("span", [10, 70_000, 2**31 + 5])
+@pytest.mark.parametrize("top_key", [4, 70_000])
+def test_buffered_rows_pack_compactly_and_round_trip(span: int, top_key: int) -> None:
+    """A chunk of one batch packs its gateway and seq as numbers, key ids and time offsets
+    as uint16 when they fit (else int32; times as int64 beyond that) and no row numbers
+    while they increase: 12 bytes a row at best, not 36. Row numbers come back as their
+    order; other chunks pack every column."""
     from shoal.processors.count import _Rows  # noqa: PLC0415 - the packed layout is tested
 
     n = 5
     one = _Rows(
-        np.arange(n, dtype=np.int32),
+        np.array([0, 1, 2, 3, top_key], dtype=np.int32),
         np.array([7, 7 + span, 9, 8, 7], dtype=np.int64),
         np.full(n, 3, dtype=np.int32),
         np.full(n, 41, dtype=np.int64),
@@ -489,14 +592,45 @@ def test_buffered_rows_pack_compactly_and_round_trip(span: int) -> None:
         np.linspace(0.5, 2.5, n),
     )
     mixed = _Rows(one.key, one.ts, np.array([3, 3, 4, 3, 3], np.int32), one.seq, one.row, one.value)
-    for rows in (one, mixed):
+    unordered = _Rows(one.key, one.ts, one.gateway, one.seq, one.row[::-1].copy(), one.value)
+    for rows in (one, mixed, unordered):
         packed = rows.pack()
         back = _Rows.unpack(packed)
-        for name in ("key", "ts", "gateway", "seq", "row", "value"):
+        for name in ("key", "ts", "gateway", "seq", "value"):
             assert np.array_equal(getattr(back, name), getattr(rows, name)), name
+        for name in ("key", "ts", "gateway", "seq", "row", "value"):
             assert getattr(back, name).dtype == getattr(rows, name).dtype, name
-        assert (isinstance(packed["seq"], int)) == (rows is one)
-        assert ("ts_base" in packed) == (rows is one and span < 2**31)
+        assert np.array_equal(np.argsort(back.row), np.argsort(rows.row))
+        assert np.array_equal(back.row, rows.row) == (rows is not one)
+        assert (isinstance(packed["seq"], int)) == (rows is not mixed)
+        assert ("ts_base" in packed) == (rows is not mixed and span < 2**31)
+        if rows is one:
+            ts_bytes = 2 if span < 2**16 else 4 if span < 2**31 else 8
+            key_bytes = 2 if top_key < 2**16 else 4
+            size = sum(len(v) for v in packed.values() if isinstance(v, bytes))
+            assert size == n * (8 + ts_bytes + key_bytes)
+
+
+def test_older_packed_rows_still_restore() -> None:
+    """Chunks packed before the narrow layout (int32 keys, int32 offsets, row numbers)."""
+    from shoal.processors.count import _Rows  # noqa: PLC0415 - the packed layout is tested
+
+    old = {
+        "key": np.array([3, 1], "<i4").tobytes(),
+        "gateway": 2,
+        "seq": 9,
+        "row": np.array([4, 7], "<i4").tobytes(),
+        "value": np.array([1.5, 2.5]).tobytes(),
+        "ts_base": 1_000,
+        "ts": np.array([5, 0], "<i4").tobytes(),
+    }
+    back = _Rows.unpack(old)
+    assert back.key.tolist() == [3, 1]
+    assert back.ts.tolist() == [1_005, 1_000]
+    assert back.row.tolist() == [4, 7]
+    assert back.seq.tolist() == [9, 9]
+    with pytest.raises(SchemaError):
+        _Rows.unpack({**old, "key_dtype": "<i8"})
 
 
 def test_snapshots_reuse_packed_chunks_and_still_restore_exactly() -> None:
@@ -527,7 +661,7 @@ def test_snapshots_reuse_packed_chunks_and_still_restore_exactly() -> None:
         assert restored.counts.tail_rows == combiner.counts.tail_rows
         assert restored.counts.buffered_span() == combiner.counts.buffered_span()
         assert restored.counts._pending_rows == sum(len(c) for c in combiner.counts._pending)
-        clock.advance(1)
+        clock.advance(COUNT_CLOSE_INTERVAL_MS)
     assert reused > 0  # chunks were carried from one snapshot to the next
     clock.advance(spec.idle_timeout_ms + 1)
     frames = [c.flush().frame for c in (combiner, restored)]
@@ -632,5 +766,5 @@ def _feed_restoring(
             fresh = Combiner(spec, 0, clock)
             fresh.restore(combiner.snapshot())
             combiner = fresh
-        clock.advance(1)
+        clock.advance(COUNT_CLOSE_INTERVAL_MS)
     return combiner, frames
