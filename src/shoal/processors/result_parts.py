@@ -20,11 +20,12 @@ measurement: the budget leaves ``HEADER_ROOM`` for the header.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
 import msgpack
+import numpy as np
 import polars as pl
 
 from shoal.processors.results import WindowResult, json_rows
@@ -77,6 +78,8 @@ class Split:
 
     parts: list[WindowResult]
     oversized: list[Oversized]
+    bodies: list[bytes] | None = None
+    """Each part's JSON ``results`` array, when split from the rows' encoded lines."""
 
 
 def split_result(
@@ -84,15 +87,21 @@ def split_result(
     budget: int | None,
     measure: Callable[[pl.DataFrame], int] = json_body_size,
     whole_size: int | None = None,
+    lines: Sequence[bytes] | None = None,
 ) -> Split:
     """Cut ``result`` into parts whose bodies (``measure``) fit ``budget`` bytes each.
 
     ``whole_size``: ``measure(result.frame)`` if already known (the render-ahead). A result
-    that fits is returned unchanged, as one part.
+    that fits is returned unchanged, as one part. ``lines``: for JSON, the rows already
+    encoded (``results.ndjson_rows``, split into lines): the sizes are then added up and the
+    parts' bodies joined from them (``Split.bodies``) instead of encoding every part again,
+    the same parts and bytes.
     """
     frame = result.frame
     if budget is None or frame.height == 0:
         return Split([result], [])
+    if lines is not None:
+        return _split_lines(result, budget, lines)
     size = measure(frame) if whole_size is None else whole_size
     if size <= budget:
         return Split([result], [])
@@ -120,16 +129,66 @@ def split_result(
     )
 
 
-def _chunks(frame: pl.DataFrame, parts: int) -> list[pl.DataFrame]:
-    """``frame`` in ``parts`` chunks of equal row counts (the first ones one longer)."""
-    parts = min(parts, frame.height)
-    base, extra = divmod(frame.height, parts)
+def _split_lines(result: WindowResult, budget: int, lines: Sequence[bytes]) -> Split:
+    """``split_result`` for JSON from the rows' lines.
+
+    A body is ``[``, the lines joined by commas, ``]``: its size is their lengths added up.
+    """
+    frame = result.frame
+    sizes = np.fromiter(map(len, lines), dtype=np.int64, count=len(lines))
+    if int(sizes.sum()) + len(lines) + 1 <= budget:
+        return Split([result], [])
+    rows = np.arange(len(lines))
+    oversized = []
+    if (sizes + 2 > budget).any():  # a row alone in a message: its line and the brackets
+        big = np.flatnonzero(sizes + 2 > budget)
+        keys = frame["key"].gather(big).to_list()
+        oversized = [
+            Oversized(None if k is None else str(k), int(sizes[i]) + 2, frame.slice(int(i), 1))
+            for k, i in zip(keys, big.tolist(), strict=True)
+        ]
+        rows = np.flatnonzero(sizes + 2 <= budget)
+        if len(rows) == 0:
+            return Split([], oversized)
+        frame = frame.filter(pl.Series(sizes + 2 <= budget))
+        if int(sizes[rows].sum()) + len(rows) + 1 <= budget:
+            body = b"[" + b",".join([lines[i] for i in rows.tolist()]) + b"]"
+            return Split([replace(result, frame=frame)], oversized, [body])
+    by = [c for c in _SORT_BY if c in frame.columns]
+    order = frame.with_row_index("_row").sort(by, nulls_last=False)["_row"].to_numpy()
+    frame, rows = frame[order], rows[order]
+    total = int(sizes[rows].sum()) + len(rows) + 1
+    parts = max(2, math.ceil(total / budget))
+    while True:
+        bounds = _bounds(len(rows), parts)
+        if all(int(sizes[rows[a:b]].sum()) + (b - a) + 1 <= budget for a, b in bounds):
+            break
+        parts += 1
+    return Split(
+        [
+            replace(result, frame=frame.slice(a, b - a), part=index, parts=len(bounds))
+            for index, (a, b) in enumerate(bounds)
+        ],
+        oversized,
+        [b"[" + b",".join([lines[i] for i in rows[a:b].tolist()]) + b"]" for a, b in bounds],
+    )
+
+
+def _bounds(rows: int, parts: int) -> list[tuple[int, int]]:
+    """``_chunks``' row ranges: ``parts`` of equal row counts (the first ones one longer)."""
+    parts = min(parts, rows)
+    base, extra = divmod(rows, parts)
     out, offset = [], 0
     for index in range(parts):
         length = base + (1 if index < extra else 0)
-        out.append(frame.slice(offset, length))
+        out.append((offset, offset + length))
         offset += length
     return out
+
+
+def _chunks(frame: pl.DataFrame, parts: int) -> list[pl.DataFrame]:
+    """``frame`` in ``parts`` chunks of equal row counts (the first ones one longer)."""
+    return [frame.slice(a, b - a) for a, b in _bounds(frame.height, parts)]
 
 
 def _take_oversized(

@@ -871,7 +871,7 @@ class CombinerRuntime:
                         lines = ndjson_rows(result)
                     rows = json_rows(result, lines)
                 for payload, content_type in self._window_payloads(
-                    session, result, ctx, encoding, rows=rows, refused=refused
+                    session, result, ctx, encoding, rows=rows, refused=refused, lines=lines
                 ):
                     if log.isEnabledFor(logging.DEBUG):
                         log.debug(
@@ -947,17 +947,23 @@ class CombinerRuntime:
         *,
         rows: bytes | None,
         refused: set[str | None],
+        lines: bytes | None = None,
     ) -> list[tuple[bytes, str]]:
         """The window's message(s) in one encoding: one, or parts if it exceeds the limit.
 
         Rows no message can carry are dead-lettered once (over every encoding) and their
-        keys added to ``refused``.
+        keys added to ``refused``. ``lines``: the rows as NDJSON (``ndjson_rows``), which
+        parts are cut and joined from without encoding them again.
         """
         budget = body_budget(session.max_packet_size)
         if encoding == "json":
             if rows is None:
                 rows = json_rows(result)
-            split = split_result(result, budget, json_body_size, len(rows))
+            whole = len(rows)
+            if budget is not None and whole > budget and lines is not None:
+                split = split_result(result, budget, lines=lines.splitlines())
+            else:
+                split = split_result(result, budget, json_body_size, whole)
             if len(split.parts) == 1 and split.parts[0] is result:
                 return [(window_json(result, ctx, rows), JSON_CONTENT_TYPE)]
         else:
@@ -967,7 +973,13 @@ class CombinerRuntime:
                 refused.add(row.key)
                 self._refuse_row(session, result, row, budget or 0)
         if encoding == "json":
-            return [(window_json(part, ctx), JSON_CONTENT_TYPE) for part in split.parts]
+            bodies: list[bytes | None] = [None] * len(split.parts)
+            if split.bodies is not None:
+                bodies = [*split.bodies]
+            return [
+                (window_json(part, ctx, body), JSON_CONTENT_TYPE)
+                for part, body in zip(split.parts, bodies, strict=True)
+            ]
         return [(window_msgpack(part, ctx), MSGPACK_CONTENT_TYPE) for part in split.parts]
 
     def _publish_result(

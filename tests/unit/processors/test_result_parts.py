@@ -13,7 +13,14 @@ from shoal.processors.result_parts import (
     msgpack_body_size,
     split_result,
 )
-from shoal.processors.results import Emission, WindowResult, window_json, window_msgpack
+from shoal.processors.results import (
+    Emission,
+    WindowResult,
+    json_rows,
+    ndjson_rows,
+    window_json,
+    window_msgpack,
+)
 from shoal.schemas.results import parse_window_message
 
 CTX = Emission("p", 0, 1, 123, 456)
@@ -113,3 +120,36 @@ def test_split_property(keys: int, divisor: int) -> None:
     assert [p.frame["key"].to_list() for p in again.parts] == [
         p.frame["key"].to_list() for p in split.parts
     ]
+
+
+@settings(max_examples=30, deadline=None)
+@given(keys=st.integers(1, 300), divisor=st.integers(1, 30), big=st.integers(-1, 299))
+def test_a_split_from_encoded_lines_equals_the_split_of_the_frame(
+    keys: int, divisor: int, big: int
+) -> None:
+    """The combiner splits from the rows it encoded once (``lines``): the same parts, rows
+    taken out and bytes, without encoding each part again."""
+    result = _result(keys, seed=keys)
+    if 0 <= big < keys:  # a row no message can carry, sometimes
+        frame = result.frame.with_columns(
+            pl.when(pl.int_range(pl.len()) == big)
+            .then(pl.lit("x" * 3_000))
+            .otherwise(pl.col("key"))
+            .alias("key")
+        )
+        result = WindowResult(result.window, result.start, result.end, frame)
+    budget = max(250, json_body_size(result.frame) // divisor)
+    lines = ndjson_rows(result).splitlines()
+    by_frame = split_result(result, budget)
+    by_lines = split_result(result, budget, lines=lines)
+    assert [o.key for o in by_lines.oversized] == [o.key for o in by_frame.oversized]
+    assert [o.size for o in by_lines.oversized] == [o.size for o in by_frame.oversized]
+    assert [(p.part, p.parts) for p in by_lines.parts] == [
+        (p.part, p.parts) for p in by_frame.parts
+    ]
+    for got, want in zip(by_lines.parts, by_frame.parts, strict=True):
+        assert got.frame.equals(want.frame)
+    if by_lines.bodies is None:  # fits whole: the caller's own rows
+        assert by_lines.parts == [result]
+    else:
+        assert by_lines.bodies == [json_rows(p) for p in by_frame.parts]
