@@ -17,6 +17,9 @@ from shoal.errors import BrokerError
 
 TOPIC_CACHE: Final = 1_000_000
 """Encoded topics remembered at most (then forgotten and encoded again)."""
+HEADER_CACHE: Final = 65_536
+"""Fixed headers remembered at most, by (retain, remaining length): per-key results of one
+pipeline have a few hundred sizes."""
 
 
 class Qos0Packets:
@@ -24,6 +27,7 @@ class Qos0Packets:
 
     def __init__(self) -> None:
         self._topics: dict[str, bytes] = {}
+        self._headers: dict[int, bytes] = {}
 
     def build(self, messages: Sequence[tuple[str, bytes]], *, retain: bool, head: bytes) -> bytes:
         """The packets of ``messages`` (topic, payload after ``head``), back to back.
@@ -33,9 +37,11 @@ class Qos0Packets:
                 broker would answer by closing the connection; nothing is built.
         """
         first = 0x31 if retain else 0x30  # PUBLISH, QoS 0, the retain flag
-        topics = self._topics
-        if len(topics) + len(messages) > TOPIC_CACHE:
+        topics, headers = self._topics, self._headers
+        if len(topics) > TOPIC_CACHE:  # beyond it by one call's messages at most
             topics.clear()
+        if len(headers) > HEADER_CACHE:
+            headers.clear()
         parts: list[bytes] = []
         add = parts.extend
         shared = len(head)
@@ -48,12 +54,9 @@ class Qos0Packets:
                 # topic length, topic, then the property length: no properties
                 encoded = topics[topic] = len(name).to_bytes(2, "big") + name + b"\x00"
             size = len(encoded) + shared + len(payload)  # the remaining length
-            if size < 0x80:
-                fixed = bytes((first, size))
-            elif size < 0x4000:
-                fixed = bytes((first, size & 0x7F | 0x80, size >> 7))
-            else:
-                fixed = bytes((first, *_varint(size)))
+            fixed = headers.get(size << 8 | first)
+            if fixed is None:
+                fixed = headers[size << 8 | first] = bytes((first, *_varint(size)))
             add((fixed, encoded, head, payload))
         return b"".join(parts)
 

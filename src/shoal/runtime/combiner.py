@@ -1097,9 +1097,10 @@ class CombinerRuntime:
                     await asyncio.sleep(0)
                     if self._outputs is not session and self.config.hosted:
                         return  # the term ended: its outputs are closed
+                    known = self._key_topics.get  # the same keys every step: mostly found
                     session.publish_many(
                         [
-                            (self._key_topic(name, k), p)
+                            (known(k) or self._key_topic(name, k), p)
                             for k, p in messages[offset : offset + KEY_SLICE]
                         ],
                         retain=True,
