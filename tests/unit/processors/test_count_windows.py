@@ -320,15 +320,10 @@ def test_close_steps_follow_the_clock_and_every_final_window_closes() -> None:
         for g in range(2)
     ]
     clock = FakeClock()
-    builder = PartialBuilder(spec, "w")
-    combiner = Combiner(spec, 0, clock)
-    for status in statuses_for(batches, clock.now_ms()):
-        combiner.receive_status(status)
+    builder, combiner = _announced(spec, batches, clock)
     frames, closes = [], 0
     for b in batches:  # one batch every 10 ms: the threshold moves with every other one
-        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
-        for p in builder.build(b.frame, info, clock.now_ms()):
-            combiner.receive(Partial.decode(p.encode()))
+        _apply(builder, combiner, b, clock.now_ms())
         before = combiner.closed_through
         closed = combiner.close_ready(clock.now_ms())
         closes += combiner.closed_through != before
@@ -364,15 +359,10 @@ def test_a_clock_that_stands_still_closes_every_count_close_rows(
         for s in range(30)
     ]
     clock = FakeClock()
-    builder = PartialBuilder(spec, "w")
-    combiner = Combiner(spec, 0, clock)
-    for status in statuses_for(batches, clock.now_ms()):
-        combiner.receive_status(status)
+    builder, combiner = _announced(spec, batches, clock)
     closes, buffered = 0, []
     for b in batches:
-        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
-        for p in builder.build(b.frame, info, clock.now_ms()):
-            combiner.receive(Partial.decode(p.encode()))
+        _apply(builder, combiner, b, clock.now_ms())
         before = combiner.closed_through
         combiner.close_ready(clock.now_ms())
         closes += combiner.closed_through != before
@@ -639,17 +629,12 @@ def test_snapshots_reuse_packed_chunks_and_still_restore_exactly() -> None:
     spec = spec_for([{"kind": "count", "n": 5}], lateness_ms=300)
     batches = make_batches(seed=9, gateways=2, batches_per_gateway=12)
     clock = FakeClock()
-    builder = PartialBuilder(spec, "w")
-    combiner = Combiner(spec, 0, clock)
-    for status in statuses_for(batches, clock.now_ms()):
-        combiner.receive_status(status)
+    builder, combiner = _announced(spec, batches, clock)
     order = sorted(range(len(batches)), key=lambda i: (batches[i].seq, batches[i].gateway_id))
     reused = 0
     for index in order:
         b = batches[index]
-        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
-        for p in builder.build(b.frame, info, clock.now_ms()):
-            combiner.receive(Partial.decode(p.encode()))
+        _apply(builder, combiner, b, clock.now_ms())
         combiner.tick()
         assert combiner.counts is not None
         before = {id(c) for c in combiner.counts._pending} & set(combiner.counts._packed)
@@ -738,6 +723,24 @@ def test_settled_counts_survive_a_restore(monkeypatch: pytest.MonkeyPatch) -> No
     assert_count_windows_match(pl.concat(frames), expected, spec, scale)
 
 
+def _announced(
+    spec: PipelineSpec, batches: list[GeneratedBatch], clock: FakeClock
+) -> tuple[PartialBuilder, Combiner]:
+    """A worker's builder and a combiner that has every gateway of ``batches`` announced."""
+    builder = PartialBuilder(spec, "w")
+    combiner = Combiner(spec, 0, clock)
+    for status in statuses_for(batches, clock.now_ms()):
+        combiner.receive_status(status)
+    return builder, combiner
+
+
+def _apply(builder: PartialBuilder, combiner: Combiner, b: GeneratedBatch, now_ms: int) -> None:
+    """``b``'s partials, through the wire format, into ``combiner``."""
+    info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
+    for p in builder.build(b.frame, info, now_ms):
+        combiner.receive(Partial.decode(p.encode()))
+
+
 def _feed_restoring(
     spec: PipelineSpec,
     batches: list[GeneratedBatch],
@@ -748,17 +751,12 @@ def _feed_restoring(
     when ``restore_after(index)``, go on in a fresh combiner restored from a snapshot.
 
     Returns the combiner in use at the end and the frames its ticks closed."""
-    builder = PartialBuilder(spec, "w")
-    combiner = Combiner(spec, 0, clock)
-    for status in statuses_for(batches, clock.now_ms()):
-        combiner.receive_status(status)
+    builder, combiner = _announced(spec, batches, clock)
     frames = []
     order = sorted(range(len(batches)), key=lambda i: (batches[i].seq, batches[i].gateway_id))
     for index in order:
         b = batches[index]
-        info = BatchInfo(b.gateway_id, b.seq, "s", 0, None, None, 0, 0, "w")
-        for p in builder.build(b.frame, info, clock.now_ms()):
-            combiner.receive(Partial.decode(p.encode()))
+        _apply(builder, combiner, b, clock.now_ms())
         closed = combiner.tick().closed
         if closed is not None:
             frames.append(closed.frame)
