@@ -9,7 +9,7 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -22,6 +22,9 @@ from shoal._cli.common import add_embedded_broker_option
 from shoal.errors import ConfigError
 from shoal.loadtest.bench_kinds import compare_kinds, format_comparison, parse_kinds
 from shoal.loadtest.bench_windows import WINDOW_PRESETS, write_variant
+
+if TYPE_CHECKING:
+    from shoal.loadtest.bench_pipeline import PipelineBenchConfig
 
 
 def register(sub: Any) -> None:
@@ -291,7 +294,9 @@ def _compare_kinds(args: argparse.Namespace, kinds: tuple[str, ...]) -> int:
     return 0 if all(row["exact"] for row in result["summary"].values()) else 1
 
 
-def _pipeline_config(args: argparse.Namespace, source: Path, kind: str | None) -> Any:
+def _pipeline_config(
+    args: argparse.Namespace, source: Path, kind: str | None
+) -> PipelineBenchConfig:
     """The ``PipelineBenchConfig`` of one run of ``shoal bench pipeline``."""
     from shoal.loadtest import bench_pipeline as bench  # noqa: PLC0415 - heavy, run-time only
     from shoal.processors.spec import load_pipeline  # noqa: PLC0415
