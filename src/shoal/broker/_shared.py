@@ -10,7 +10,13 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final, TypeVar
 
-from shoal.broker.session import MAX_SUBSCRIPTION_ID, PROTOCOL_OVERHEAD, Message, Session
+from shoal.broker.session import (
+    MAX_SUBSCRIPTION_ID,
+    PROTOCOL_OVERHEAD,
+    Message,
+    Session,
+    ignore_outcome,
+)
 from shoal.errors import BrokerError, PayloadTooLargeError
 
 REPLY_QUIET_S: Final = 10.0
@@ -163,7 +169,7 @@ class SessionBase(Session):
         for topic, payload in messages:
             sent = self.publish_started(topic, head + payload, qos=0, retain=retain)
             if not sent.done():  # held (``HeldSession``): its outcome comes later
-                sent.add_done_callback(_retrieve)
+                sent.add_done_callback(ignore_outcome)
             elif (error := sent.exception()) is not None:
                 raise error  # the connection is gone: the rest would fail alike
 
@@ -231,9 +237,3 @@ async def _until_stopped(
             return
     finally:
         stopper.cancel()
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    """Look at a QoS 0 publish's outcome, so asyncio does not log it as never retrieved."""
-    if not future.cancelled():
-        future.exception()

@@ -52,13 +52,3 @@ async def pause(delay_s: float, wake: asyncio.Event) -> None:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(delay_s):
             await wake.wait()
-
-
-def ignore_outcome(future: asyncio.Future[Any]) -> None:
-    """A done callback for a future nobody awaits: its failure is retrieved, not logged.
-
-    (asyncio logs "exception was never retrieved" for a failed future no one looked at: a
-    QoS 0 heartbeat on a connection that was lost, an announcement failing at stop.)
-    """
-    if not future.cancelled():
-        future.exception()

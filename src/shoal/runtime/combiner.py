@@ -58,7 +58,7 @@ import polars as pl
 from shoal.broker import default_output_session_factory, default_session_factory
 from shoal.broker.held import HeldSession
 from shoal.broker.pooled import PooledOutputs
-from shoal.broker.session import Message, Session, SessionFactory
+from shoal.broker.session import Message, Session, SessionFactory, ignore_outcome
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
 from shoal.control.canonical import canonical_mapping, canonicalize
@@ -102,7 +102,7 @@ from shoal.runtime._fence import CheckpointLock
 from shoal.runtime._heap import release_free_memory
 from shoal.runtime._heartbeat import heartbeat_payload
 from shoal.runtime._log_writer import LogWriter, shared_writer, write_atomically, write_now
-from shoal.runtime._tasks import ignore_outcome, pause, supervised
+from shoal.runtime._tasks import pause, supervised
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas.control import MAX_MISSING, Confirm, GatewayStatus
 from shoal.schemas.deadletter import DEADLETTER_HEADROOM, deadletter_message

@@ -46,7 +46,7 @@ from shoal.broker import (
     default_session_factory,
 )
 from shoal.broker.pooled import PooledOutputs
-from shoal.broker.session import Message, Session, SessionFactory, Will
+from shoal.broker.session import Message, Session, SessionFactory, Will, ignore_outcome
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
 from shoal.control.assignment import Announcement, Owned, Slot, owned_by
@@ -54,7 +54,7 @@ from shoal.control.follower import DocumentFollower, Dropped, Served
 from shoal.control.messages import Marker
 from shoal.errors import BrokerError, ControlError
 from shoal.processors.spec import PipelineSpec
-from shoal.runtime._tasks import ignore_outcome, pause, supervised
+from shoal.runtime._tasks import pause, supervised
 from shoal.runtime.combiner import (
     STATE_ROOT,
     CombinerConfig,
