@@ -351,8 +351,10 @@ func TestPacketIdentifiersOfTheTwoDirectionsDoNotCollide(t *testing.T) {
 	if pk := c.next(); pk.FixedHeader.Type != packets.Puback || pk.PacketID != id {
 		t.Fatalf("expected PUBACK %d, got %+v", id, pk)
 	}
+	// The PUBACK can reach the client before the broker's goroutine that wrote it has put
+	// the held message back (OnQosComplete runs after the write): wait for it, bounded.
 	cl, _ := b.server.Clients.Get("c")
-	if m, ok := cl.State.Inflight.Get(id); !ok || string(m.Payload) != "held" {
+	if m, ok := heldEventually(cl, id, time.Second); !ok || string(m.Payload) != "held" {
 		t.Fatalf("held message after the client's PUBLISH: %v %q", ok, m.Payload)
 	}
 	if got := storedTopics(t, b.store, "c"); !equal(got, []string{"held"}) {
@@ -398,5 +400,21 @@ func TestAMultiLevelWildcardAfterAPlusMatchesItsParentLevel(t *testing.T) {
 	publish(t, b.server, "s/n/NBIRTH", "after")
 	if got := c.publishes(300 * time.Millisecond); len(got) != 0 {
 		t.Fatalf("after UNSUBSCRIBE: %v", got)
+	}
+}
+
+// heldEventually: the message Mochi holds for the client under `id` once it is a PUBLISH
+// again, polling for at most `wait`; the last entry seen and false if it never became one.
+func heldEventually(cl *mqtt.Client, id uint16, wait time.Duration) (packets.Packet, bool) {
+	deadline := time.Now().Add(wait)
+	for {
+		if m, ok := heldFor(cl, id); ok {
+			return m, true
+		}
+		if time.Now().After(deadline) {
+			m, _ := cl.State.Inflight.Get(id)
+			return m, false
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
