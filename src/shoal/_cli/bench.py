@@ -134,7 +134,8 @@ def _register_pipeline(benches: Any) -> None:
         "--max",
         action="store_true",
         help="find the highest sustained rate: start at --rate, step up 1.6 x while sustained"
-        " (down while not), then bisect; at low rates each step's gateways seal by age often "
+        " (a first step that fails runs once more, then the search steps down while not"
+        " sustained), then bisect; at low rates each step's gateways seal by age often "
         "enough to read achieved to 0.5 %% (sealing in the record), so low rates over many keys "
         "are measured too",
     )

@@ -552,47 +552,73 @@ def run_max(
 ) -> dict[str, Any]:
     """Step the offered rate up until a step is not sustained; refine by bisection.
 
+    A first step that is not sustained is run again once; if it fails again the search
+    steps down (``MAX_STEPS_DOWN``) until a rate is sustained.
     ``step`` runs one step (default: the whole pipeline at that rate; tests pass a model).
     """
     run_step = step or _step
     steps: list[dict[str, Any]] = []
-    good: dict[str, Any] | None = None
-    bad_rate: float | None = None
-    rate = config.rate
-    while bad_rate is None:
+
+    def at(rate: float) -> dict[str, Any]:
         record = run_step(replace(config, rate=rate), progress)
         steps.append(record)
-        if record["sustained"]:
-            good = record
-            rate *= factor
-        else:
-            bad_rate = rate
-    # Started above the maximum: step down until a rate is sustained (or give up), so a
-    # first guess that was too high still finds the maximum instead of reporting nothing.
-    for _ in range(MAX_STEPS_DOWN):
-        if good is not None:
-            break
-        rate = bad_rate / factor
-        record = run_step(replace(config, rate=rate), progress)
-        steps.append(record)
-        if record["sustained"]:
-            good = record
-        else:
-            bad_rate = rate
+        return record
+
+    good, bad_rate = _step_up(at, config.rate, factor)
+    if good is None:
+        good, bad_rate = _step_down(at, bad_rate, factor)
     if good is None:  # nothing sustained even at the lowest rate tried
         return _max_record(None, steps)
+    return _max_record(_bisect(at, good, bad_rate, refine), steps)
+
+
+_RunAt = Callable[[float], dict[str, Any]]
+
+
+def _step_up(at: _RunAt, rate: float, factor: float) -> tuple[dict[str, Any] | None, float]:
+    """The last sustained step (or None) and the first rate that was not sustained."""
+    good: dict[str, Any] | None = None
+    first = True
+    while True:
+        record = at(rate)
+        if first and not record["sustained"]:
+            # A stall that happened to end a 10-s step (a close of 100,000 keys) would
+            # otherwise cap the whole search below its first rate.
+            record = at(rate)
+        first = False
+        if not record["sustained"]:
+            return good, rate
+        good = record
+        rate *= factor
+
+
+def _step_down(at: _RunAt, bad_rate: float, factor: float) -> tuple[dict[str, Any] | None, float]:
+    """Step down from ``bad_rate`` until a rate is sustained, at most ``MAX_STEPS_DOWN`` times.
+
+    A first guess above the maximum still finds it instead of reporting nothing.
+    """
+    for _ in range(MAX_STEPS_DOWN):
+        rate = bad_rate / factor
+        record = at(rate)
+        if record["sustained"]:
+            return record, bad_rate
+        bad_rate = rate
+    return None, bad_rate
+
+
+def _bisect(at: _RunAt, good: dict[str, Any], bad_rate: float, refine: int) -> dict[str, Any]:
+    """The highest sustained step after ``refine`` bisections of (good, bad_rate)."""
     low = good["rate_per_sensor"]
     for _ in range(refine):
         if bad_rate - low < 0.05 * bad_rate:
             break
         middle = (low + bad_rate) / 2
-        record = run_step(replace(config, rate=middle), progress)
-        steps.append(record)
+        record = at(middle)
         if record["sustained"]:
             good, low = record, middle
         else:
             bad_rate = middle
-    return _max_record(good, steps)
+    return good
 
 
 def _max_record(good: dict[str, Any] | None, steps: list[dict[str, Any]]) -> dict[str, Any]:

@@ -61,7 +61,7 @@ def test_a_first_rate_above_the_capacity_steps_down_instead_of_reporting_nothing
 ) -> None:
     step, rates = _model(capacity=100_000)  # the first step offers 250,000
     found = run_max(config, step=step)
-    assert rates[:3] == [25.0, pytest.approx(15.625), pytest.approx(9.765625)]
+    assert rates[:4] == [25.0, 25.0, pytest.approx(15.625), pytest.approx(9.765625)]
     assert 61_000 <= found["max_sustained_meas_per_s"] <= 100_000
     assert found["best"]["sustained"]
 
@@ -73,7 +73,26 @@ def test_nothing_sustained_at_all_reports_zero_after_bounded_steps(
     found = run_max(config, step=step)
     assert found["max_sustained_meas_per_s"] == 0.0
     assert found["best"] is None
-    assert len(rates) == 7  # the first step and six down
+    assert len(rates) == 8  # the first step twice and six down
+
+
+def test_a_first_step_that_fails_once_is_run_again_and_the_search_steps_up(
+    config: PipelineBenchConfig,
+) -> None:
+    model, rates = _model(capacity=1_000_000)
+    stalled = [True]  # the first step ends in a stall: 97 % of what it offered
+
+    def step(step_config: PipelineBenchConfig, progress: TextIO | None) -> dict[str, Any]:
+        record = model(step_config, progress)
+        if stalled:
+            stalled.pop()
+            achieved = 0.97 * record["offered_meas_per_s"]
+            return {**record, "achieved_meas_per_s": achieved, "sustained": False}
+        return record
+
+    found = run_max(config, step=step)
+    assert rates[:4] == [25.0, 25.0, 40.0, 64.0]
+    assert 640_000 <= found["max_sustained_meas_per_s"] <= 1_000_000
 
 
 def _at(config: PipelineBenchConfig, **changes: Any) -> Sealing:
@@ -131,7 +150,8 @@ def test_every_step_of_a_low_rate_search_is_sealed_for_its_own_rate(
     assert len(seen) == len(rates) >= 4
     assert all(s.sealed_by == "age" and s.resolution <= RESOLUTION for s in seen)
     fills = [s.fill_ms for s in seen]
-    assert fills[1] > fills[0]  # the step down offers less: batches take longer to fill
+    # the first step runs twice; the step down offers less: batches take longer to fill
+    assert fills[2] > fills[1] == fills[0]
 
 
 def test_full_batches_keep_the_configured_age_and_the_gateways_in_step(
