@@ -10,12 +10,12 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final, TypeVar
 
+from shoal._futures import ignore_outcome
 from shoal.broker.session import (
     MAX_SUBSCRIPTION_ID,
     PROTOCOL_OVERHEAD,
     Message,
     Session,
-    ignore_outcome,
 )
 from shoal.errors import BrokerError, PayloadTooLargeError
 

@@ -16,7 +16,7 @@ import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Protocol, Self, runtime_checkable
+from typing import Final, Protocol, Self, runtime_checkable
 
 from shoal.broker.settings import BrokerSettings
 
@@ -334,13 +334,3 @@ class GatewaySessionFactory(Protocol):
         will: Will | None = None,
     ) -> GatewaySession:
         """A new, unstarted session."""
-
-
-def ignore_outcome(future: asyncio.Future[Any]) -> None:
-    """A done callback for a future nobody awaits: its failure is retrieved, not logged.
-
-    (asyncio logs "exception was never retrieved" for a failed future no one looked at: a
-    QoS 0 publish on a connection that was lost, an announcement failing at stop.)
-    """
-    if not future.cancelled():
-        future.exception()

@@ -28,6 +28,7 @@ from typing import Any, Final
 
 import orjson
 
+from shoal._futures import ignore_outcome
 from shoal._spawn import spawn_tied
 from shoal.broker import AsyncSession
 from shoal.broker.session import Message, unique_client_id
@@ -167,7 +168,7 @@ class Sink:
                         confirm.to_json(),
                         retain=True,
                     )
-                    future.add_done_callback(_ignore_outcome)
+                    future.add_done_callback(ignore_outcome)
 
     def _handle(self, message: Message) -> Confirm | None:
         if self.topics.ingest_gateway(message.topic) is None:
@@ -217,11 +218,6 @@ class Sink:
             state = self._gateways.setdefault(status.gateway_id, _Gateway())
             if not state.started:
                 state.contiguous = state.confirmed = status.first_unconfirmed_seq - 1
-
-
-def _ignore_outcome(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()  # retrieved, so asyncio does not warn about it
 
 
 def _now_ms() -> int:

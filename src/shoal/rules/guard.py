@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
+from shoal._futures import ignore_outcome
 from shoal.errors import FunctionError
 from shoal.rules.functions import guarded
 
@@ -221,7 +222,7 @@ class FunctionGuard(_Watchdog):
             # shield: a timeout must not cancel ``done``, which the thread still completes
             return await asyncio.wait_for(asyncio.shield(waiter), self.budget_s)
         except TimeoutError:
-            waiter.add_done_callback(_retrieve)  # its late outcome is of no interest
+            waiter.add_done_callback(ignore_outcome)  # its late outcome is of no interest
             if not done.done() and ident is not None:
                 _interrupt(ident)
                 # A moment for Python code to take the interrupt and end: then the next
@@ -293,11 +294,6 @@ class CallGuard(_Watchdog):
                 with contextlib.suppress(TimeoutError, FunctionError):
                     done.result(timeout=INTERRUPT_GRACE_S)
             raise self._timed_out(done, budget_s) from None
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def _runner(work: Callable[[], T], done: concurrent.futures.Future[T]) -> None:

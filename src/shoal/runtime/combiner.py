@@ -55,10 +55,11 @@ import numpy.typing as npt
 import orjson
 import polars as pl
 
+from shoal._futures import ignore_outcome
 from shoal.broker import default_output_session_factory, default_session_factory
 from shoal.broker.held import HeldSession
 from shoal.broker.pooled import PooledOutputs
-from shoal.broker.session import Message, Session, SessionFactory, ignore_outcome
+from shoal.broker.session import Message, Session, SessionFactory
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
 from shoal.control.canonical import canonical_mapping, canonicalize

@@ -40,13 +40,14 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shoal._futures import ignore_outcome
 from shoal.broker import (
     default_intake_session_factory,
     default_output_session_factory,
     default_session_factory,
 )
 from shoal.broker.pooled import PooledOutputs
-from shoal.broker.session import Message, Session, SessionFactory, Will, ignore_outcome
+from shoal.broker.session import Message, Session, SessionFactory, Will
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import Clock, SystemClock
 from shoal.control.assignment import Announcement, Owned, Slot, owned_by
