@@ -205,7 +205,15 @@ def _combiner_families(f: Families, runtime: CombinerRuntime) -> None:
         at,
         sum(len(g.pending) for g in gateways),
     )
-    f.gauge("shoal_combiner_pending_bytes", "Bytes of those batches.", at, tracker.pending_weight)
+    f.gauge(
+        "shoal_combiner_pending_bytes", "Bytes of those held in memory.", at, tracker.pending_weight
+    )
+    f.gauge(
+        "shoal_combiner_spilled_batches",
+        "Early batches kept in files (memory for them full).",
+        at,
+        tracker.spilled,
+    )
     f.gauge(
         "shoal_combiner_state_rows",
         "Open window state cells, what max_state_cells caps (all window kinds).",

@@ -83,6 +83,7 @@ from shoal.processors.partials import (
 from shoal.processors.progress import GatewayProgress, ProgressTracker
 from shoal.processors.session_state import SessionClose, SessionState
 from shoal.processors.spec import PipelineSpec
+from shoal.processors.spill import DirectorySpill
 from shoal.processors.state import ClosedWindows, WindowState
 from shoal.processors.user_aggregates import budget_user_aggregates
 from shoal.rules import AlertBook, Transition
@@ -104,8 +105,10 @@ the buffer stays bounded where the clock stands still (``archive.replay``), and 
 rows/s this is the interval's worth anyway."""
 MAX_PENDING_BYTES: Final = 32 * 2**20
 """Memory for partials that arrived ahead of a missing batch, and again for those held while
-logged closes are re-taken; beyond it the newest are let go (their gateways send them again,
-see ``progress``). 32 MiB: a chaos run's reorder buffer peaked at 15 MB (issue 20)."""
+logged closes are re-taken; beyond it the reorder buffer's newest go to files
+(``processors.spill``, up to ``MAX_SPILL_BYTES``) and, beyond those, are let go (their gateways
+send them again, see ``progress``); held ones are let go. 32 MiB: a chaos run's reorder buffer
+peaked at 15 MB (issue 20)."""
 
 
 @dataclass
@@ -214,6 +217,7 @@ class Combiner:
             lateness_ms=spec.lateness_ms,
             max_pending_weight=max_pending_bytes,
             weigh=_partial_bytes,
+            spill=DirectorySpill(Partial.encode, Partial.decode),
         )
         self.state = WindowState(spec, self.plan)
         self.sessions = SessionState(spec, self.plan, self.state.keys)

@@ -1444,6 +1444,8 @@ class CombinerRuntime:
             "max_hold_ms": self.config.spec.hold_bound_ms,
             "pending_batches": sum(len(p.pending) for p in gateways.values()),
             "pending_bytes": self.core.tracker.pending_weight,
+            "spilled_batches": self.core.tracker.spilled,
+            "spilled_total": self.core.tracker.spilled_total,
             "state_rows": self.core.state_cells,
             "max_state_cells": self.config.spec.max_state_cells,
             # closed windows held for corrections (each for at most allowed_lateness_ms)

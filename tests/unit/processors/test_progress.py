@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.processors.progress import DISCOVERY_GRACE_MS, GatewayProgress, ProgressTracker
 from shoal.processors.spec import default_max_hold_ms
+from shoal.processors.spill import DirectorySpill
 from shoal.schemas.control import GatewayStatus
 
 T0 = 1_700_000_000_000
@@ -487,9 +490,9 @@ def test_applied_through(next_seq: int | None, through: int) -> None:
 # -- the bounded reorder buffer ----------------------------------------------------------------
 
 
-def bounded(limit: int) -> ProgressTracker[str]:
+def bounded(limit: int, spill: DirectorySpill[str] | None = None) -> ProgressTracker[str]:
     t: ProgressTracker[str] = ProgressTracker(
-        IDLE, max_hold_ms=MAX_HOLD, max_pending_weight=limit, weigh=len
+        IDLE, max_hold_ms=MAX_HOLD, max_pending_weight=limit, weigh=len, spill=spill
     )
     for g in ("a", "b"):
         t.note_status(status(g, first=0), T0)
@@ -544,3 +547,74 @@ def test_with_redelivery_every_seq_is_released_exactly_once_in_order(
             break
     assert released == list(range(30))
     assert t.pending_weight == 0
+
+
+def text_spill(tmp_path: Path, max_bytes: int) -> DirectorySpill[str]:
+    return DirectorySpill(str.encode, bytes.decode, max_bytes=max_bytes, parent=tmp_path)
+
+
+def test_early_arrivals_beyond_memory_go_to_the_spill_and_come_back_in_order(
+    tmp_path: Path,
+) -> None:
+    spill = text_spill(tmp_path, max_bytes=100)
+    t = bounded(limit=50, spill=spill)
+    # Seq 0 of gateway a is slow (queued at a busy worker); 1.. overtake it.
+    items = {seq: f"{seq:02d}" * 5 for seq in range(20)}  # 10 units each
+    for seq in range(1, 20):
+        assert t.offer("a", seq, items[seq], T0) == []
+        assert t.pending_weight <= 50  # memory stays bounded ...
+    progress = t.gateways["a"]
+    # 5 in memory, 10 in the spill (100 bytes: full), the 4 newest let go
+    assert sorted(progress.pending) == list(range(1, 16))
+    assert (t.spilled, t.spilled_total, spill.bytes) == (10, 10, 100)
+    assert progress.deferred == 4
+    assert len(list(tmp_path.glob("shoal-spill-*/*"))) == 10
+    assert t.gaps(10) == {"a": (0,)}  # spilled early arrivals are not gaps
+    # The slow batch arrives: everything drains in seq order, with the items it was given.
+    ready = t.offer("a", 0, items[0], T0)
+    assert ready == [(seq, items[seq]) for seq in range(16)]
+    assert (t.spilled, spill.bytes, t.pending_weight) == (0, 0, 0)
+    assert list(tmp_path.glob("shoal-spill-*/*")) == []
+
+
+def test_a_spilled_early_arrival_is_a_duplicate_when_it_comes_again_and_goes_when_stale(
+    tmp_path: Path,
+) -> None:
+    spill = text_spill(tmp_path, max_bytes=1_000)
+    t = bounded(limit=10, spill=spill)
+    for seq in (2, 3, 4):
+        t.offer("b", seq, "y" * 10, T0)
+    assert t.spilled == 2
+    assert t.offer("b", 4, "y" * 10, T0) == []  # a re-sent copy of a spilled batch
+    assert t.gateways["b"].duplicates == 1
+    # The gateway says 0..3 were confirmed elsewhere: 2 and 3 (spilled) are stale, and the
+    # spilled 4 is next.
+    assert t.note_status(status("b", first=4, next_seq=5), T0) == [(4, "y" * 10)]
+    assert t.gateways["b"].next_seq == 5
+    assert (t.spilled, spill.bytes) == (0, 0)
+    t.reset()
+    spill.close()
+    assert list(tmp_path.glob("shoal-spill-*")) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    order=st.permutations(list(range(30))),
+    limit=st.integers(1, 80),
+    spill_bytes=st.integers(0, 120),
+)
+def test_with_a_spill_every_seq_is_released_exactly_once_in_order_with_its_item(
+    tmp_path_factory: pytest.TempPathFactory, order: list[int], limit: int, spill_bytes: int
+) -> None:
+    spill = text_spill(tmp_path_factory.mktemp("spill"), max_bytes=spill_bytes)
+    t = bounded(limit=limit, spill=spill)
+    released: list[tuple[int, str]] = []
+    for _ in range(40):
+        for seq in order:
+            if seq >= t.gateways["a"].next_seq:  # the gateway re-sends what is unconfirmed
+                released += t.offer("a", seq, f"{seq:03d}" * 2, T0)
+        if len(released) == 30:
+            break
+    assert released == [(seq, f"{seq:03d}" * 2) for seq in range(30)]
+    assert (t.pending_weight, t.spilled, spill.bytes) == (0, 0, 0)
+    spill.close()
