@@ -16,18 +16,10 @@ re-sent batches below the next entry's vector, holds those above it, and runs th
 every batch below the vector is back, so every close, late report and correction it publishes
 is the one published before the crash; the log's last entry done, it runs freely again.
 
-The log follows the last durable checkpoint. Its file (``LOG_VERSION`` 2) is ``MAGIC`` then
-frames, each ``<u4 length><u4 crc32>`` and a msgpack map: a header naming the checkpoint
-generation it follows (``after``), then entries ``close``/``flush`` and ``mark`` (a snapshot
-was taken here, with the generation it will have). Vectors are stored as changes since the
-previous entry. A zero length ends the frames: the runtime preallocates the file with zeros
-and writes appends in place, so that flushing one to disk (``fdatasync``) needs no journal
-commit for a new file size (``shoal.runtime._log_writer``). A frame cut short or whose CRC
-does not match (a crash during a write that was never flushed, so never acknowledged) ends the
-log: it and what follows it are ignored. Version 1 files (a bare msgpack stream, no ``MAGIC``)
-are still read; the first write after a restore rewrites the file whole, in version 2.
-
-Once a checkpoint is durable the entries up to its mark are dropped
+The log follows the last durable checkpoint. Its file is a msgpack stream: a header naming the
+checkpoint generation it follows (``after``), then entries ``close``/``flush`` and ``mark``
+(a snapshot was taken here, with the generation it will have). Vectors are stored as changes
+since the previous entry. Once a checkpoint is durable the entries up to its mark are dropped
 from memory, and the file is rewritten with the entries after the mark only once what it holds
 before them reaches ``COMPACT_BYTES``: a rewrite costs two flushes to disk, and a pool combiner
 checkpointing 1,000 partitions every second would otherwise rewrite 1,000 files a second. A
@@ -42,8 +34,6 @@ Pure: no files, no clock (``shoal.runtime.combiner`` does the IO).
 
 from __future__ import annotations
 
-import struct
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -52,10 +42,7 @@ import msgpack
 
 from shoal.errors import SchemaError
 
-LOG_VERSION: Final = 2
-MAGIC: Final = b"SHOALCL2"
-"""First bytes of a version-2 log (a version-1 log starts with a msgpack map)."""
-_FRAME: Final = struct.Struct("<II")
+LOG_VERSION: Final = 1
 COMPACT_BYTES: Final = 64 * 1024
 """Bytes of entries before the last durable checkpoint's mark that the file may hold."""
 
@@ -130,7 +117,7 @@ class CloseLog:
         if not self.enabled:
             return None
         if self._replace:
-            data = MAGIC + _pack({"k": "header", "after": self._after, "v": LOG_VERSION})
+            data = _pack({"k": "header", "after": self._after, "v": LOG_VERSION})
             data += b"".join(self._entries)
             write = LogWrite(data, replace=True, sync=True)
             self._stale = 0
@@ -149,7 +136,7 @@ class CloseLog:
         ``COMPACT_BYTES``; then the next ``take`` rewrites it.
         """
         for i in range(len(self._entries) - 1, -1, -1):
-            entry = _unpack_one(self._entries[i][_FRAME.size :])
+            entry = _unpack_one(self._entries[i])
             if entry.get("k") == "mark" and entry.get("generation") == generation:
                 # Changes after the mark are relative to it, i.e. to the snapshot: still valid.
                 dropped = self._entries[: i + 1]
@@ -176,7 +163,7 @@ class CloseLog:
         self.generation = self._after = generation
         self._entries, self._written, self._replace = [], 0, True
         self._base = dict(applied)
-        entries = _entries_after(read_entries(data), generation) if data else []
+        entries = _entries_after(_unpack_all(data), generation) if data else []
         decisions: list[Decision] = []
         vector = dict(applied)
         for entry in entries:
@@ -199,35 +186,9 @@ class CloseLog:
 
 
 def _pack(obj: dict[str, Any]) -> bytes:
-    """One frame: length, CRC-32 of the length and the payload, the msgpack payload."""
     packed = msgpack.packb(obj, use_bin_type=True)
     assert isinstance(packed, bytes)
-    length = len(packed).to_bytes(4, "little")
-    return _FRAME.pack(len(packed), zlib.crc32(packed, zlib.crc32(length))) + packed
-
-
-def frames_end(data: bytes) -> int:
-    """Bytes of a version-2 log's whole frames (where the next append goes); 0: not one."""
-    if not data.startswith(MAGIC):
-        return 0
-    return _frames(data)[1]
-
-
-def _frames(data: bytes) -> tuple[list[bytes], int]:
-    """The payloads of a version-2 log's whole frames, and where they end."""
-    payloads: list[bytes] = []
-    at, size = len(MAGIC), len(data)
-    while at + _FRAME.size <= size:
-        length, crc = _FRAME.unpack_from(data, at)
-        end = at + _FRAME.size + length
-        if length == 0 or end > size:
-            break  # the preallocated zeros after the last frame, or a frame cut short
-        payload = data[at + _FRAME.size : end]
-        if zlib.crc32(payload, zlib.crc32(length.to_bytes(4, "little"))) != crc:
-            break  # torn by a crash before it was flushed: never acknowledged
-        payloads.append(payload)
-        at = end
-    return payloads, at
+    return packed
 
 
 def _unpack_one(data: bytes) -> dict[str, Any]:
@@ -236,30 +197,24 @@ def _unpack_one(data: bytes) -> dict[str, Any]:
     return obj
 
 
-def read_entries(data: bytes) -> list[dict[str, Any]]:
-    """The entries of a log file; a torn last entry (a crash mid-write) is left out.
-
-    Version 2: the frames up to the first zero length, cut-short or corrupt one. Version 1
-    (a bare msgpack stream): the whole objects.
-    """
-    objects: list[Any] = []
+def _unpack_all(data: bytes) -> list[dict[str, Any]]:
+    """The entries of a log file; a torn last entry (a crash mid-write) is left out."""
+    unpacker = msgpack.Unpacker(raw=False)
+    unpacker.feed(data)
+    entries: list[dict[str, Any]] = []
     try:
-        if data.startswith(MAGIC):
-            objects = [msgpack.unpackb(p, raw=False) for p in _frames(data)[0]]
-        else:
-            unpacker = msgpack.Unpacker(raw=False)
-            unpacker.feed(data)
-            objects = list(unpacker)
+        for obj in unpacker:
+            if not isinstance(obj, dict):
+                raise SchemaError("close log: an entry is not a map", reason="bad_log")
+            entries.append(obj)
     except (ValueError, msgpack.UnpackException) as exc:
         raise SchemaError(f"close log unreadable: {exc}", reason="bad_log") from exc
-    if not all(isinstance(obj, dict) for obj in objects):
-        raise SchemaError("close log: an entry is not a map", reason="bad_log")
-    return objects
+    return entries
 
 
 def _entries_after(entries: list[dict[str, Any]], generation: int) -> list[dict[str, Any]]:
     """The entries decided after the snapshot of ``generation``."""
-    if not entries or entries[0].get("k") != "header" or entries[0].get("v") not in (1, 2):
+    if not entries or entries[0].get("k") != "header" or entries[0].get("v") != LOG_VERSION:
         raise SchemaError("close log without a header of this version", reason="bad_log")
     after = entries[0].get("after")
     body = entries[1:]

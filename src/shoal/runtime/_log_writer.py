@@ -15,15 +15,6 @@ in the order they were submitted, then flushes the files that need it at once (u
 commits) and completes their futures together. A partition's writes complete in the order it
 submitted them.
 
-Appends are written in place, not at the end of the file: a rewrite (``replace``) writes the
-log followed by ``PREALLOCATE_BYTES`` of zeros, flushed to disk with it, and appends
-overwrite those zeros (``pwrite`` at the log's end, which this module remembers per file, or
-finds by reading the frames: ``close_log.frames_end``). Flushing such an append needs
-``fdatasync`` only: the file's size and blocks do not change, so the file system has no
-journal commit to make, only the data to write (on this project's virtual disk about half the
-time of ``fsync`` after an ``O_APPEND`` write). An append that does not fit extends the file
-by another ``PREALLOCATE_BYTES`` of zeros and is flushed with ``fsync``.
-
 A write that fails (a full disk) fails its future, and every later append to the same file
 fails too until the file is rewritten whole (``replace``) or deleted: the log's entries are
 deltas, and one missing in the middle would corrupt those after it.
@@ -39,39 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from shoal.processors.close_log import LogWrite, frames_end
+from shoal.processors.close_log import LogWrite
 
 _Outcome = tuple[asyncio.Future[None], BaseException | None]
 
 SYNC_THREADS: Final = 8
 """``fsync`` calls the writer keeps in flight at once (each file flushed once per round)."""
-PREALLOCATE_BYTES: Final = 64 * 1024
-"""Zeros written after a log's bytes for appends to overwrite in place (rounded to 4 KiB)."""
-_PAGE: Final = 4096
-
-
-@dataclass(slots=True)
-class _End:
-    """Where a log file's next append goes, and its size (the preallocated zeros end there)."""
-
-    inode: int
-    end: int
-    size: int
-
-
-_ends: dict[Path, _End] = {}
-_ends_lock = threading.Lock()
-
-
-@dataclass(slots=True)
-class _Open:
-    """A file appended to in this round."""
-
-    fd: int
-    indexes: list[int]
-    at: _End
-    grew: bool = False
-    """Extended this round: its new size must be flushed too (``fsync``, not ``fdatasync``)."""
 
 
 @dataclass(slots=True)
@@ -166,7 +130,7 @@ class LogWriter:
         _complete(jobs, failures)
 
     def _write_all(self, jobs: list[_Job], failures: dict[int, BaseException]) -> None:
-        pending: dict[Path, _Open] = {}
+        pending: dict[Path, tuple[int, list[int]]] = {}  # path -> (open fd, its jobs)
         to_sync: set[Path] = set()
         try:
             for index, job in enumerate(jobs):
@@ -177,26 +141,25 @@ class LogWriter:
                     self._failed[job.path] = exc
                     entry = pending.pop(job.path, None)
                     if entry is not None:
-                        os.close(entry.fd)
-                        carried += entry.indexes
-                        _forget(job.path)
+                        os.close(entry[0])
+                        carried += entry[1]
                     for earlier in [*carried, index]:
                         failures[earlier] = exc
             if to_sync and self._delay_s:
                 threading.Event().wait(self._delay_s)
             for path, error in self._sync([p for p in to_sync if p in pending], pending):
                 self._failed[path] = error
-                for index in pending[path].indexes:
+                for index in pending[path][1]:
                     failures[index] = error
         finally:
-            for entry in pending.values():
-                os.close(entry.fd)
+            for fd, _ in pending.values():
+                os.close(fd)
 
     def _apply(
         self,
         job: _Job,
         index: int,
-        pending: dict[Path, _Open],
+        pending: dict[Path, tuple[int, list[int]]],
         to_sync: set[Path],
         carried: list[int],
     ) -> None:
@@ -206,47 +169,40 @@ class LogWriter:
             if path in pending:
                 # Appended earlier in this round: the rewrite holds those entries too (the log
                 # rewrites every entry after the last durable checkpoint), or the file goes.
-                entry = pending.pop(path)
-                os.close(entry.fd)
-                carried += entry.indexes
+                fd, indexes = pending.pop(path)
+                os.close(fd)
+                carried += indexes
                 to_sync.discard(path)
             self._failed.pop(path, None)
             if write is None:
-                _forget(path)
                 path.unlink(missing_ok=True)
             else:
-                write_atomically(path, write.data, preallocate=True)
+                write_atomically(path, write.data)
             return
         failed = self._failed.get(path)
         if failed is not None:
             raise OSError(f"close log {path}: an earlier write failed ({failed})")
         if path not in pending:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                pending[path] = _Open(fd, [], _end_of(path, fd))
-            except OSError:
-                os.close(fd)
-                raise
-        entry = pending[path]
-        entry.grew = _write_at_end(entry.fd, entry.at, write.data) or entry.grew
-        entry.indexes.append(index)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            pending[path] = (fd, [])
+        fd, indexes = pending[path]
+        view = memoryview(write.data)
+        while view:
+            view = view[os.write(fd, view) :]
+        indexes.append(index)
         if write.sync:
             to_sync.add(path)
 
-    def _sync(self, paths: list[Path], pending: dict[Path, _Open]) -> list[tuple[Path, OSError]]:
-        """Flush each of ``paths`` to disk (several at once); the ones that failed.
-
-        ``fdatasync`` when the appends overwrote preallocated zeros, ``fsync`` when they
-        extended the file.
-        """
+    def _sync(
+        self, paths: list[Path], pending: dict[Path, tuple[int, list[int]]]
+    ) -> list[tuple[Path, OSError]]:
+        """``fsync`` each of ``paths`` (several at once); the ones that failed."""
 
         def one(path: Path) -> tuple[Path, OSError] | None:
-            entry = pending[path]
             try:
-                (os.fsync if entry.grew else os.fdatasync)(entry.fd)
+                os.fsync(pending[path][0])
             except OSError as exc:
-                _forget(path)
                 return path, exc
             return None
 
@@ -260,28 +216,18 @@ class LogWriter:
         return [r for r in results if r is not None]
 
 
-def write_atomically(path: Path, data: bytes, *, preallocate: bool = False) -> None:
+def write_atomically(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data``: a temporary file flushed to disk, renamed, folder flushed.
 
     The checkpoint and the close log are written so (a crash leaves the old file or the new).
-    ``preallocate``: a close log, followed by zeros for its appends (see the module docstring).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp")  # the checkpoint and the close log, side by side
-    size = _rounded(len(data) + PREALLOCATE_BYTES) if preallocate else len(data)
     with tmp.open("wb") as fh:
         fh.write(data)
-        if size > len(data):
-            fh.write(bytes(size - len(data)))
         fh.flush()
         os.fsync(fh.fileno())
-        inode = os.fstat(fh.fileno()).st_ino
-    if preallocate:
-        _forget(path)
     tmp.replace(path)
-    if preallocate:
-        with _ends_lock:
-            _ends[path] = _End(inode, len(data), size)
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)
@@ -292,63 +238,14 @@ def write_atomically(path: Path, data: bytes, *, preallocate: bool = False) -> N
 def write_now(path: Path, write: LogWrite) -> None:
     """``write`` done in line (a restore before the event loop runs)."""
     if write.replace:
-        write_atomically(path, write.data, preallocate=True)
+        write_atomically(path, write.data)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        at = _end_of(path, fd)
-        grew = _write_at_end(fd, at, write.data)
+    with path.open("ab") as fh:
+        fh.write(write.data)
         if write.sync:
-            (os.fsync if grew else os.fdatasync)(fd)
-    except OSError:
-        _forget(path)
-        raise
-    finally:
-        os.close(fd)
-
-
-def _rounded(size: int) -> int:
-    return -(-size // _PAGE) * _PAGE
-
-
-def _forget(path: Path) -> None:
-    """Where ``path`` ends is no longer known (a failed write, a rewrite): read it next time."""
-    with _ends_lock:
-        _ends.pop(path, None)
-
-
-def _end_of(path: Path, fd: int) -> _End:
-    """Where the next append to the open log ``path`` goes (remembered, or read from it)."""
-    stat = os.fstat(fd)
-    with _ends_lock:
-        known = _ends.get(path)
-        if known is not None and known.inode == stat.st_ino and known.size == stat.st_size:
-            return known
-    data = os.pread(fd, stat.st_size, 0) if stat.st_size else b""
-    end = frames_end(data)
-    if data and not end:
-        raise OSError(f"close log {path} is not in the framed format: rewrite it")
-    at = _End(stat.st_ino, end, stat.st_size)
-    with _ends_lock:
-        _ends[path] = at
-    return at
-
-
-def _write_at_end(fd: int, at: _End, data: bytes) -> bool:
-    """Write ``data`` where the log ends (``at`` moves on); True if the file had to grow."""
-    end = at.end + len(data)
-    size = at.size
-    if end > size:  # zeros after it again, so that the next appends are in place
-        size = _rounded(end + PREALLOCATE_BYTES)
-        data += bytes(size - end)
-    view, offset = memoryview(data), at.end
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written
-    grew = size > at.size
-    at.end, at.size = end, size
-    return grew
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
 def _complete(jobs: list[_Job], failures: dict[int, BaseException]) -> None:

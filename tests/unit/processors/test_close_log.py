@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import msgpack
 import pytest
 
 from shoal.errors import SchemaError
-from shoal.processors.close_log import COMPACT_BYTES, MAGIC, CloseLog, Decision
+from shoal.processors.close_log import COMPACT_BYTES, CloseLog, Decision
 
 
 class File:
@@ -108,50 +107,6 @@ def test_a_torn_last_entry_is_left_out_and_garbage_is_refused() -> None:
     with pytest.raises(SchemaError) as caught:
         CloseLog().load(b"\x93\x01\x02\x03", 0, {})
     assert caught.value.reason == "bad_log"
-
-
-def test_a_torn_frame_in_the_preallocated_zeros_ends_the_log() -> None:
-    """An append overwritten in place and torn by a power loss (part of it on disk, zeros
-    after): its CRC does not match, so it and anything after it are ignored."""
-    log, file = CloseLog(), File()
-    log.record(close(1_000, a=1))
-    file.write(log)
-    kept = len(file.data)
-    log.record(close(2_000, a=2))
-    log.record(close(3_000, a=3))
-    file.write(log)
-    preallocated = file.data + bytes(4096)
-    for cut in range(kept + 1, len(file.data)):
-        torn = preallocated[:cut] + bytes(len(preallocated) - cut)
-        thresholds = [d.threshold for d in CloseLog().load(torn, 0, {})]
-        assert thresholds in ([1_000], [1_000, 2_000]), cut
-    flipped = bytearray(preallocated)
-    flipped[kept + 9] ^= 0xFF  # inside the second entry's payload: the third is not read
-    assert [d.threshold for d in CloseLog().load(bytes(flipped), 0, {})] == [1_000]
-    assert [d.threshold for d in CloseLog().load(preallocated, 0, {})] == [1_000, 2_000, 3_000]
-
-
-def test_a_version_1_log_is_read_and_rewritten_in_version_2() -> None:
-    """A log written before the framed format (a bare msgpack stream) restores the same."""
-    stream = b"".join(
-        msgpack.packb(entry)
-        for entry in (
-            {"k": "header", "after": 0, "v": 1},
-            {"k": "close", "v": {"a": 1}, "threshold": 1_000},
-            {"k": "close", "v": {"b": 4}, "threshold": 2_000},
-        )
-    )
-    log = CloseLog()
-    decisions = log.load(stream + b"\x83", 0, {})  # and a torn last entry
-    assert [(d.threshold, dict(d.applied)) for d in decisions] == [
-        (1_000, {"a": 1}),
-        (2_000, {"a": 1, "b": 4}),
-    ]
-    write = log.take()
-    assert write is not None
-    assert write.replace
-    assert write.data.startswith(MAGIC)
-    assert CloseLog().load(write.data, 0, {}) == decisions
 
 
 def test_only_a_close_that_publishes_asks_for_a_flush_to_disk() -> None:

@@ -8,18 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from shoal.processors.close_log import CloseLog, Decision, LogWrite
-from shoal.runtime import _log_writer
-from shoal.runtime._log_writer import PREALLOCATE_BYTES, LogWriter
+from shoal.processors.close_log import LogWrite
+from shoal.runtime._log_writer import LogWriter
 
 
 def append(data: bytes, *, sync: bool = True) -> LogWrite:
     return LogWrite(data, replace=False, sync=sync)
-
-
-def logged(path: Path) -> bytes:
-    """A log file's bytes without the preallocated zeros after them."""
-    return path.read_bytes().rstrip(b"\0")
 
 
 def test_writes_land_in_the_order_submitted(tmp_path: Path) -> None:
@@ -32,9 +26,9 @@ def test_writes_land_in_the_order_submitted(tmp_path: Path) -> None:
         writer.submit(path, append(b"b", sync=False))
         await writer.submit(path, append(b"c"))
         assert first.done()
-        seen.append(logged(path))
+        seen.append(path.read_bytes())
         await writer.submit(path, LogWrite(b"HEAD", replace=True, sync=True))
-        seen.append(logged(path))
+        seen.append(path.read_bytes())
         writer.submit(path, append(b"d"))
         await writer.unlink(path)
         seen.append(b"gone" if not path.exists() else path.read_bytes())
@@ -65,8 +59,8 @@ def test_writes_queued_during_a_round_share_the_next_one(tmp_path: Path) -> None
         writer.close()
     assert writer.rounds == 2
     assert writer.synced == 1 + len(paths)  # 120 synced appends, one fsync per file
-    assert logged(paths[0]) == b"xABC"
-    assert all(logged(p) == b"ABC" for p in paths[1:])
+    assert paths[0].read_bytes() == b"xABC"
+    assert all(p.read_bytes() == b"ABC" for p in paths[1:])
 
 
 def test_a_failed_write_fails_the_appends_after_it_until_the_file_is_rewritten(
@@ -92,7 +86,7 @@ def test_a_failed_write_fails_the_appends_after_it_until_the_file_is_rewritten(
         asyncio.run(scenario())
     finally:
         writer.close()
-    assert logged(path) == b"HEADc"
+    assert path.read_bytes() == b"HEADc"
 
 
 def test_futures_complete_on_the_loop_that_submitted_them(tmp_path: Path) -> None:
@@ -103,7 +97,7 @@ def test_futures_complete_on_the_loop_that_submitted_them(tmp_path: Path) -> Non
             asyncio.run(_write_one(writer, tmp_path / f"l{k}", k))
     finally:
         writer.close()
-    assert [logged(tmp_path / f"l{k}") for k in range(3)] == [b"A", b"B", b"C"]
+    assert [(tmp_path / f"l{k}").read_bytes() for k in range(3)] == [b"\x00", b"\x01", b"\x02"]
 
 
 def _until_taken(writer: LogWriter) -> None:
@@ -112,45 +106,4 @@ def _until_taken(writer: LogWriter) -> None:
 
 
 async def _write_one(writer: LogWriter, path: Path, k: int) -> None:
-    await writer.submit(path, append(bytes([65 + k])))
-
-
-def test_appends_overwrite_preallocated_zeros_and_a_new_writer_finds_the_end(
-    tmp_path: Path,
-) -> None:
-    """A rewrite leaves zeros for the appends to overwrite in place: the file keeps its size
-    (so ``fdatasync`` has no new size to commit) until they are used up, then grows by more;
-    a writer that did not write the file finds where its frames end by reading them."""
-    path = tmp_path / "combiner.closes"
-    log = CloseLog()
-    log.record(Decision("close", 0, {"a": 1}))
-
-    async def take(writer: LogWriter) -> None:
-        write = log.take()
-        assert write is not None
-        await writer.submit(path, write)
-
-    writer = LogWriter()
-    try:
-        asyncio.run(take(writer))
-        size = path.stat().st_size
-        assert size >= PREALLOCATE_BYTES
-        log.record(Decision("close", 1, {"a": 2}))
-        asyncio.run(take(writer))
-        assert path.stat().st_size == size
-    finally:
-        writer.close()
-    with _log_writer._ends_lock:
-        _log_writer._ends.clear()  # a restarted process: nothing remembered
-    writer = LogWriter()
-    try:
-        threshold = 2
-        while path.stat().st_size == size:  # entries of ~12 bytes: a few thousand
-            log.record(Decision("close", threshold, {"a": threshold + 1}))
-            asyncio.run(take(writer))
-            threshold += 1
-    finally:
-        writer.close()
-    decisions = CloseLog().load(path.read_bytes(), 0, {})
-    assert [d.threshold for d in decisions] == list(range(threshold))
-    assert dict(decisions[-1].applied) == {"a": threshold}
+    await writer.submit(path, append(bytes([k])))
