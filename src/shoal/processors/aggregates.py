@@ -179,8 +179,21 @@ def _at_extreme(ufunc: np.ufunc, ts: str, value: str, ts_field: str) -> Kernel:
     fill = np.inf if ufunc is np.minimum else -np.inf
 
     def kernel(runs: Runs) -> npt.NDArray[Any]:
+        if runs.increasing(ts):  # no ties: the value of the group's first (last) row
+            return runs.columns[value][runs.starts if ufunc is np.minimum else runs.ends]
         at = runs.columns[ts] == runs.spread(runs.done[ts_field])
         return runs.reduce(ufunc, np.where(at, runs.columns[value], fill))
+
+    return kernel
+
+
+def _extreme_ts(ufunc: np.ufunc, column: str) -> Kernel:
+    """Kernel: the smallest (``np.minimum``) or largest event time of each group's ``column``."""
+
+    def kernel(runs: Runs) -> npt.NDArray[Any]:
+        if runs.increasing(column):
+            return runs.columns[column][runs.starts if ufunc is np.minimum else runs.ends]
+        return runs.reduce(ufunc, column)
 
     return kernel
 
@@ -224,7 +237,14 @@ def _at_time(
     Ties (several values at that time) go to ``pick`` of the values too.
     """
     ts, value = f"{end}_ts", f"{end}_value"
-    at_ts = _folded(ts, ufunc, pick, of="ts", kind="int")
+    at_ts = StateField(
+        ts,
+        "int",
+        partial=pick(_ts),
+        merge=pick(pl.col(ts)),
+        partial_np=_extreme_ts(ufunc, "ts"),
+        merge_np=_extreme_ts(ufunc, ts),
+    )
     at_value = StateField(
         value,
         "float",

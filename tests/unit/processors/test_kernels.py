@@ -73,6 +73,33 @@ def test_partial_state_matches_the_polars_expressions(data) -> None:
 
 
 @settings(max_examples=100, deadline=None)
+@given(data=rows)
+def test_first_and_last_of_rows_in_time_order_match_the_polars_expressions(data) -> None:
+    """Rows of each group in strictly rising time: first/last are taken by index, not reduced."""
+    distinct = {(g, ts): v for g, ts, v in data}  # one row per (group, ts): no ties
+    ordered = [(g, ts, v) for (g, ts), v in sorted(distinct.items(), key=lambda i: i[0][1])]
+    g = np.array([r[0] for r in ordered], dtype=np.int64)
+    ts = np.array([r[1] for r in ordered], dtype=np.int64)
+    v = np.array([r[2] for r in ordered], dtype=np.float64)
+    order = np.argsort(g, kind="stable")
+    starts, lengths = _kernels.run_bounds(g[order])
+    runs = _kernels.Runs(starts, lengths, {"ts": ts[order], "value": v[order]}, {})
+    assert runs.increasing("ts")
+    groups, state, _ = partial_state(g, ts, v, KERNELS)
+    want = reference_partial(ordered)
+    np.testing.assert_array_equal(groups, want["g"].to_numpy())
+    for name in ("first_ts", "first_value", "last_ts", "last_value"):
+        np.testing.assert_array_equal(state[name], want[name].to_numpy(), err_msg=name)
+
+
+def test_a_tie_or_a_row_out_of_time_order_is_not_increasing() -> None:
+    starts, lengths = np.array([0, 3]), np.array([3, 2])
+    for ts, rising in (([1, 2, 3, 0, 5], True), ([1, 2, 2, 0, 5], False), ([1, 2, 3, 5, 4], False)):
+        runs = _kernels.Runs(starts, lengths, {"ts": np.array(ts)}, {})
+        assert runs.increasing("ts") is rising, ts
+
+
+@settings(max_examples=100, deadline=None)
 @given(data=rows, split=st.integers(1, 6))
 def test_merge_state_matches_the_polars_merges(data, split) -> None:
     # Partials of arbitrary chunks, merged by numpy and by the polars merge expressions.
