@@ -149,7 +149,10 @@ def test_a_split_from_encoded_lines_equals_the_split_of_the_frame(
     ]
     for got, want in zip(by_lines.parts, by_frame.parts, strict=True):
         assert got.frame.equals(want.frame)
-    if by_lines.bodies is None:  # fits whole: the caller's own rows
+    if by_lines.bodies is None and not by_lines.oversized:  # fits whole: the caller's rows
         assert by_lines.parts == [result]
+    elif by_lines.bodies is None:  # every row too large for any message: nothing else to send
+        assert by_lines.parts == []
+        assert len(by_lines.oversized) == result.frame.height
     else:
         assert by_lines.bodies == [json_rows(p) for p in by_frame.parts]
