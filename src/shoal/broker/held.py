@@ -16,6 +16,7 @@ every later one; nothing decided after a failed write is ever published.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-from shoal.broker._shared import SessionBase, check_size
+from shoal.broker._shared import SessionBase, check_size, check_sizes
 from shoal.broker.session import Message, Session
 
 
@@ -35,6 +36,16 @@ class _Held:
     payload: bytes
     options: dict[str, Any]
     outer: asyncio.Future[None]
+
+
+@dataclass(slots=True)
+class _HeldMany:
+    """QoS 0 messages of one ``publish_many``, held as one: handed over in one call."""
+
+    after: int
+    messages: list[tuple[str, bytes]]
+    retain: bool
+    head: bytes
 
 
 class HeldSession(SessionBase):
@@ -50,7 +61,7 @@ class HeldSession(SessionBase):
         """Barriers given so far (the last one's number)."""
         self._released_through = 0
         """The last barrier whose completion was looked at (all before it were too)."""
-        self._held: deque[_Held] = deque()
+        self._held: deque[_Held | _HeldMany] = deque()
         self._failure: BaseException | None = None
         self.held_total = 0
         """Publishes that had to wait for a barrier (a count for tests and profiles)."""
@@ -121,8 +132,15 @@ class HeldSession(SessionBase):
         """
         if self._failure is None and not self._held and self._released_through == self._barriers:
             self.inner.publish_many(messages, retain=retain, head=head)
-        else:
-            super().publish_many(messages, retain=retain, head=head)
+            return
+        # Held as one: a future, a packet and a write per message (``SessionBase``'s way)
+        # cost a sliding combiner of 100,000 keys 3-4 % of its main thread, its per-key
+        # results being held behind a close-log write at most steps.
+        check_sizes(messages, head, self.inner.max_packet_size)
+        if self._failure is not None:
+            raise self._failure
+        self._held.append(_HeldMany(self._barriers, list(messages), retain, head))
+        self.held_total += len(messages)
 
     def _released(self, barrier: int, done: asyncio.Future[None]) -> None:
         """Barrier number ``barrier`` completed: hand over what waited for it, or fail all.
@@ -141,6 +159,11 @@ class HeldSession(SessionBase):
             )
         while self._failure is None and self._held and self._held[0].after <= barrier:
             held = self._held.popleft()
+            if isinstance(held, _HeldMany):
+                # QoS 0, no outcome to hand back: a lost connection fails what follows too
+                with contextlib.suppress(Exception):
+                    self.inner.publish_many(held.messages, retain=held.retain, head=held.head)
+                continue
             try:
                 inner = self.inner.publish_started(held.topic, held.payload, **held.options)
             except Exception as exc:  # noqa: BLE001 - the caller learns it from the future
@@ -150,7 +173,7 @@ class HeldSession(SessionBase):
         if self._failure is not None:
             while self._held:
                 held = self._held.popleft()
-                if not held.outer.done():
+                if isinstance(held, _Held) and not held.outer.done():
                     held.outer.set_exception(self._failure)
 
     async def wait_published(self, futures: Sequence[asyncio.Future[None]]) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,15 +217,16 @@ class LogWriter:
         return [r for r in results if r is not None]
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes | Sequence[bytes]) -> None:
     """Replace ``path`` with ``data``: a temporary file flushed to disk, renamed, folder flushed.
 
     The checkpoint and the close log are written so (a crash leaves the old file or the new).
+    ``data`` may come in pieces, written one after the other (``Combiner.snapshot_parts``).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp")  # the checkpoint and the close log, side by side
     with tmp.open("wb") as fh:
-        fh.write(data)
+        fh.writelines([data] if isinstance(data, bytes) else data)
         fh.flush()
         os.fsync(fh.fileno())
     tmp.replace(path)

@@ -1326,10 +1326,11 @@ class CombinerRuntime:
             await self._confirm(session, self.chain.confirmable(), self._lasting_gaps())
             return
         activity = self._activity
-        snapshot = None
+        snapshot: bytes | list[bytes] | None = None
         if self.config.state_dir is not None:
             # Hosted: the chain, with each version's spec (it can outlive its document).
-            snapshot = self.chain.snapshot() if self.config.hosted else self.core.snapshot()
+            # Pinned: the core's snapshot in pieces, its packed panes not copied into one.
+            snapshot = self.chain.snapshot() if self.config.hosted else self.core.snapshot_parts()
         held = self.chain.stages if self.config.hosted else [self.chain.current]
         generations = [(stage, stage.core.close_log.generation) for stage in held]
         ended = list(self._ended)

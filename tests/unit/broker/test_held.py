@@ -86,6 +86,7 @@ def test_a_failed_write_fails_what_it_held_and_everything_after() -> None:
             a = held.publish_started("t", b"a")
             held.hold_until(failed)
             b = held.publish_started("t", b"b")
+            held.publish_many([("t", b"b1"), ("t", b"b2")])  # never sent: after the failure
             held.hold_until(later)
             c = held.publish_started("t", b"c")
             # Completed together (one round of the writer): the failure in the middle is
@@ -99,6 +100,8 @@ def test_a_failed_write_fails_what_it_held_and_everything_after() -> None:
                     await future
             with pytest.raises(OSError, match="disk full"):
                 await held.publish("t", b"d")
+            with pytest.raises(OSError, match="disk full"):
+                held.publish_many([("t", b"d1")])
             message = await asyncio.wait_for(anext(aiter(watcher.messages())), 5)
             assert message.payload == b"a"
             with pytest.raises(TimeoutError):

@@ -19,6 +19,7 @@ from shoal.processors.combine import Combiner, CombinerCounters, LateRows, Step
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.progress import DISCOVERY_GRACE_MS
 from shoal.processors.spec import PipelineSpec, parse_pipeline
+from shoal.processors.state import KeyIds
 from shoal.schemas.control import GatewayStatus
 from tests.support.datasets import GeneratedBatch, all_rows, frame_of, make_batches
 from tests.support.in_memory import run_in_memory, statuses_for
@@ -711,3 +712,13 @@ def test_restore_refuses_garbage(data: bytes) -> None:
 
 def test_counters_start_at_zero() -> None:
     assert Combiner(SPEC, 0, FakeClock()).counters == CombinerCounters()
+
+
+def test_key_ids_are_given_in_the_order_of_first_rows_with_known_keys_looked_up() -> None:
+    """``KeyIds.key_ids``: a list mixing known keys, new ones (repeated) and the null key."""
+    ids = KeyIds()
+    assert ids.key_ids(["a", "b"]).tolist() == [0, 1]
+    assert ids.key_ids(["c", "a", None, "c", "d", None, "b"]).tolist() == [2, 0, 3, 2, 4, 3, 1]
+    assert ids.names == ["a", "b", "c", None, "d"]
+    assert ids.key_ids(["d", "a"]).tolist() == [4, 0]  # all known: no new id
+    assert len(ids) == 5

@@ -233,6 +233,28 @@ def test_panes_survive_a_checkpoint() -> None:
     assert_within_hopping(sliding, hopping)
 
 
+def test_a_snapshot_in_parts_is_the_snapshot_msgpack_packs() -> None:
+    """``snapshot_parts`` joined is what ``msgpack.packb`` makes of the snapshot's content.
+
+    The pane blobs and packed key names go into the checkpoint file as held, behind a bin
+    header written by hand: the file must stay byte for byte the one ``packb`` wrote, which
+    every restore reads.
+    """
+    h = Harness(make_spec(windows=[PANED]))
+    h.announce("gw")
+    h.send("gw", 0, [("k", 1_100, 1.0), ("j", 1_900, 2.0), ("k", 2_500, 3.0)])
+    h.send("gw", 1, [("m", 3_200, 4.0), ("j", 3_900, 5.0)])
+    for _ in range(2):  # the second: panes kept as packed by the first
+        parts = h.combiner.snapshot_parts()
+        joined = b"".join(parts)
+        content = msgpack.unpackb(joined, raw=False)
+        assert content["pane_chunks"]["panes"], "panes held: the hand-packed path ran"
+        assert joined == msgpack.packb(content, use_bin_type=True)
+    h.send("gw", 2, [("k", 3_300, 6.0)])  # a pane packed again
+    joined = b"".join(h.combiner.snapshot_parts())
+    assert joined == msgpack.packb(msgpack.unpackb(joined, raw=False), use_bin_type=True)
+
+
 def test_a_combiner_restored_from_an_incremental_checkpoint_equals_one_never_stopped() -> None:
     """Panes are packed again only when they took rows since the last snapshot.
 
