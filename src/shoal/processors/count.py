@@ -716,12 +716,12 @@ class CountState:
             return rows.take(self._event_order(rows))
         by_batch = sorted(range(len(chunks)), key=batches.__getitem__)
         ordered = [chunks[i] for i in by_batch]
-        rows = _by_key_ts(ordered) if ordered else _Rows.empty()
-        if rows is None:  # spans that do not pack with the positions
-            rows = _Rows.concat(ordered)
-            order = _key_ts_order(rows)
-            return rows if order is None else rows.take(order)
-        return rows
+        fast = _by_key_ts(ordered) if ordered else _Rows.empty()
+        if fast is not None:
+            return fast
+        rows = _Rows.concat(ordered)  # spans that do not pack with the positions
+        order = _key_ts_order(rows)
+        return rows if order is None else rows.take(order)
 
     def _event_order(self, rows: _Rows) -> Int64Array:
         """Positions of ``rows`` sorted by key, then ``COUNT_ORDER`` (gateways by name)."""
