@@ -324,7 +324,7 @@ class Chain:
                         "from_ms": s.from_ms,
                         "until_ms": s.until_ms,
                         "spec": s.spec_doc,
-                        "core": s.core.snapshot(),
+                        "core": s.core.snapshot_buffer(),
                     }
                     for s in self.stages
                 ],

@@ -1321,7 +1321,7 @@ class CombinerRuntime:
         snapshot = None
         if self.config.state_dir is not None:
             # Hosted: the chain, with each version's spec (it can outlive its document).
-            snapshot = self.chain.snapshot() if self.config.hosted else self.core.snapshot()
+            snapshot = self.chain.snapshot() if self.config.hosted else self.core.snapshot_buffer()
         held = self.chain.stages if self.config.hosted else [self.chain.current]
         generations = [(stage, stage.core.close_log.generation) for stage in held]
         ended = list(self._ended)

@@ -654,6 +654,24 @@ def test_restore_keeps_counters_and_progress() -> None:
     assert fresh.closed_through == h.combiner.closed_through
 
 
+def test_the_buffer_the_runtime_writes_is_the_snapshot() -> None:
+    """``snapshot_buffer`` (written by the runtime, not copied into bytes) holds what
+    ``snapshot`` does, and restores alike."""
+    h = Harness()
+    h.announce("g", next_seq=2)
+    h.send("g", 0, [("k", 3_000, 1.0), ("j", 3_500, 2.0)])
+    h.tick()
+    buffer = h.combiner.snapshot_buffer()
+    assert isinstance(buffer, memoryview)
+    fresh = Combiner(SPEC, 0, h.clock)
+    fresh.restore(bytes(buffer))
+    assert fresh.counters == h.combiner.counters
+    assert fresh.confirmable() == h.combiner.confirmable() == {"g": 0}
+    again = Combiner(SPEC, 0, h.clock)
+    again.restore(h.combiner.snapshot())
+    assert again.closed_through == fresh.closed_through == h.combiner.closed_through
+
+
 def test_restore_remembers_closed_windows() -> None:
     """An idle gateway resuming after a restart finds its window closed, as without one."""
     h = Harness()
