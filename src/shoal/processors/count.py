@@ -82,8 +82,8 @@ ROW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
     "value": np.dtype("<f8"),
 }
 """Column types of held rows: 24 bytes a buffered row (its chunk's gateway and seq are
-``_constant``), 36 in the final rows a close step sorts (key ids < 2**24, rows in a batch
-< 2**31)."""
+``_constant``), 32 in the final rows a close step sorts (its row numbers ``_constant``;
+key ids < 2**24, rows in a batch < 2**31)."""
 
 
 _Columns = TypeVar("_Columns", "_Rows", "_Entries")
