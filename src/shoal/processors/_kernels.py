@@ -139,15 +139,20 @@ def partial_state(
         (group ids ascending, field arrays aligned with them, sketch) where sketch is
         (group index into the first array, bucket key, count) per non-empty bucket, or None.
     """
-    order = _group_order(groups)
-    g = groups[order]
+    order = None if _ascending(groups) else _group_order(groups)
+    g = groups if order is None else groups[order]
     starts, lengths = run_bounds(g)
     unique = g[starts] if len(starts) else g[:0]
     out: dict[str, npt.NDArray[Any]] = {}
     if len(starts) == 0:
         out = {f.name: np.zeros(0, dtype=f.np_dtype) for f in fields}
     else:
-        runs = Runs(starts, lengths, {"ts": ts[order], "value": value[order]}, out)
+        columns = (
+            {"ts": ts, "value": value}
+            if order is None
+            else {"ts": ts[order], "value": value[order]}
+        )
+        runs = Runs(starts, lengths, columns, out)
         for field in fields:
             out[field.name] = field.partial_np(runs)
     sketch = None
@@ -158,6 +163,11 @@ def partial_state(
 
 SPARSE_CELLS_PER_ROW: Final = 4
 """A batch's (group, bucket) grid larger than this many cells per row is counted by sorting."""
+
+
+def _ascending(groups: Int64Array) -> bool:
+    """Whether ``groups`` never decreases (count windows' close steps: rows sorted by key)."""
+    return len(groups) < 2 or bool((groups[1:] >= groups[:-1]).all())
 
 
 def _group_order(groups: Int64Array) -> Int64Array:
@@ -177,13 +187,13 @@ def _bucket_counts(
     unique_groups: Int64Array,
     groups: Int64Array,
     bucket: Int64Array,
-    order: Int64Array,
+    order: Int64Array | None,
     lengths: Int64Array,
 ) -> tuple[Int64Array, Int64Array, Int64Array]:
     """(index into ``unique_groups``, bucket key, count) per non-empty (group, bucket).
 
-    ``order`` and ``lengths``: the rows in group order and the rows per group
-    (``partial_state``'s sort). Counted with ``bincount`` over a dense (group, bucket)
+    ``order`` and ``lengths``: the rows in group order (None: they are in it) and the rows
+    per group (``partial_state``'s sort). Counted with ``bincount`` over a dense (group, bucket)
     grid when the grid is not much larger than the batch; otherwise (many keys with a few
     rows each, the usual sensor batch: 1,000 keys x 57 buckets for 4,000 rows) by sorting
     the rows' cell numbers, which touches only the rows. Either way ordered by group, then
@@ -193,7 +203,8 @@ def _bucket_counts(
     width = int(bucket.max()) - low + 1
     if len(unique_groups) * width > SPARSE_CELLS_PER_ROW * len(groups):
         index_of_row = np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
-        numbers = np.sort(index_of_row * width + (bucket[order] - low))
+        in_order = bucket if order is None else bucket[order]
+        numbers = np.sort(index_of_row * width + (in_order - low))
         starts, counts = run_bounds(numbers)
         first = numbers[starts]
         return first // width, first % width + low, counts

@@ -217,7 +217,7 @@ class LogWriter:
         return [r for r in results if r is not None]
 
 
-def write_atomically(path: Path, data: bytes | Sequence[bytes]) -> None:
+def write_atomically(path: Path, data: bytes | Sequence[bytes | memoryview]) -> None:
     """Replace ``path`` with ``data``: a temporary file flushed to disk, renamed, folder flushed.
 
     The checkpoint and the close log are written so (a crash leaves the old file or the new).

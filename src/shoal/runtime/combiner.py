@@ -1326,7 +1326,7 @@ class CombinerRuntime:
             await self._confirm(session, self.chain.confirmable(), self._lasting_gaps())
             return
         activity = self._activity
-        snapshot: bytes | list[bytes] | None = None
+        snapshot: bytes | list[bytes | memoryview] | None = None
         if self.config.state_dir is not None:
             # Hosted: the chain, with each version's spec (it can outlive its document).
             # Pinned: the core's snapshot in pieces, its packed panes not copied into one.

@@ -540,11 +540,13 @@ def test_final_rows_come_out_in_event_order(
     batches: list[tuple[str, int, list[tuple[int, int]]]], cut: int
 ) -> None:
     """Chunks concatenated by (gateway name, seq) and sorted once by (key, ts) give the
-    five-key lexsort's order (``COUNT_ORDER`` within each key)."""
+    five-key lexsort's order (``COUNT_ORDER`` within each key), with every column read
+    back from the packed sort or gathered to the right row."""
     from shoal.processors.count import CountState, _Rows  # noqa: PLC0415
 
     spec = spec_for([{"kind": "count", "n": 3}])
     state = CountState(spec, spec.plan())
+    values: list[float] = []
     for gateway, seq, rows in batches:
         keys = sorted({f"k{k}" for k, _ in rows})
         events = EventRows(
@@ -552,14 +554,16 @@ def test_final_rows_come_out_in_event_order(
             key=np.array([keys.index(f"k{k}") for k, _ in rows], dtype=np.int64),
             ts=np.array([t for _, t in rows], dtype=np.int64),
             row=np.arange(len(rows), dtype=np.int64) * 2,
-            value=np.zeros(len(rows)),
+            value=np.arange(len(rows)) + 100.0 * len(values),  # a row's identity
         )
+        values.extend(events.value.tolist())
         state.add(events, gateway, seq, np.ones(len(rows), dtype=bool))
     chunks = state._take_final(cut, flush=False)
     got = state._in_event_order(chunks)
     everything = _Rows.concat(chunks)
     want = everything.take(state._event_order(everything))
-    for column in ("key", "ts", "gateway", "seq", "row"):
+    # values are distinct: the same values in the same order are the same rows in it
+    for column in ("key", "ts", "gateway", "seq", "value"):
         assert getattr(got, column).tolist() == getattr(want, column).tolist()
 
 
