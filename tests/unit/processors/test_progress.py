@@ -538,15 +538,23 @@ def test_with_redelivery_every_seq_is_released_exactly_once_in_order(
 ) -> None:
     """Whatever the buffer lets go comes again (the gateway re-sends it): still exact."""
     t = bounded(limit=limit)
-    released: list[int] = []
-    for _ in range(redeliveries + 30):
+    released = _resent_until_released(t, order, rounds=redeliveries + 30)
+    assert [seq for seq, _ in released] == list(range(30))
+    assert t.pending_weight == 0
+
+
+def _resent_until_released(
+    t: ProgressTracker[str], order: list[int], rounds: int
+) -> list[tuple[int, str]]:
+    """Gateway a sends ``order`` again and again (what is unconfirmed) until 30 are out."""
+    released: list[tuple[int, str]] = []
+    for _ in range(rounds):
         for seq in order:
             if seq >= t.gateways["a"].next_seq:  # the gateway re-sends what is unconfirmed
-                released += [s for s, _ in t.offer("a", seq, "x" * 7, T0)]
+                released += t.offer("a", seq, f"{seq:03d}" * 2, T0)
         if len(released) == 30:
             break
-    assert released == list(range(30))
-    assert t.pending_weight == 0
+    return released
 
 
 def text_spill(tmp_path: Path, max_bytes: int) -> DirectorySpill[str]:
@@ -608,13 +616,7 @@ def test_with_a_spill_every_seq_is_released_exactly_once_in_order_with_its_item(
 ) -> None:
     spill = text_spill(tmp_path_factory.mktemp("spill"), max_bytes=spill_bytes)
     t = bounded(limit=limit, spill=spill)
-    released: list[tuple[int, str]] = []
-    for _ in range(40):
-        for seq in order:
-            if seq >= t.gateways["a"].next_seq:  # the gateway re-sends what is unconfirmed
-                released += t.offer("a", seq, f"{seq:03d}" * 2, T0)
-        if len(released) == 30:
-            break
+    released = _resent_until_released(t, order, rounds=40)
     assert released == [(seq, f"{seq:03d}" * 2) for seq in range(30)]
     assert (t.pending_weight, t.spilled, spill.bytes) == (0, 0, 0)
     spill.close()
