@@ -45,11 +45,14 @@ class Runs:
     done: Mapping[str, npt.NDArray[Any]]
     _increasing: dict[str, bool] = dataclass_field(default_factory=dict)
 
-    @property
-    def ends(self) -> Int64Array:
-        """Last row of each group."""
-        ends: Int64Array = self.starts + self.lengths - 1
-        return ends
+    def edge(self, column: str, ufunc: np.ufunc) -> npt.NDArray[Any]:
+        """Each group's first row of ``column`` (``np.minimum``) or its last (otherwise).
+
+        Its smallest or largest value when ``increasing(column)``.
+        """
+        rows = self.starts if ufunc is np.minimum else self.starts + self.lengths - 1
+        edge: npt.NDArray[Any] = self.columns[column][rows]
+        return edge
 
     def increasing(self, column: str) -> bool:
         """Whether ``column`` strictly increases within every group (remembered per column).

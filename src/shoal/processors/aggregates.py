@@ -180,7 +180,7 @@ def _at_extreme(ufunc: np.ufunc, ts: str, value: str, ts_field: str) -> Kernel:
 
     def kernel(runs: Runs) -> npt.NDArray[Any]:
         if runs.increasing(ts):  # no ties: the value of the group's first (last) row
-            return runs.columns[value][runs.starts if ufunc is np.minimum else runs.ends]
+            return runs.edge(value, ufunc)
         at = runs.columns[ts] == runs.spread(runs.done[ts_field])
         return runs.reduce(ufunc, np.where(at, runs.columns[value], fill))
 
@@ -192,7 +192,7 @@ def _extreme_ts(ufunc: np.ufunc, column: str) -> Kernel:
 
     def kernel(runs: Runs) -> npt.NDArray[Any]:
         if runs.increasing(column):
-            return runs.columns[column][runs.starts if ufunc is np.minimum else runs.ends]
+            return runs.edge(column, ufunc)
         return runs.reduce(ufunc, column)
 
     return kernel
@@ -217,15 +217,20 @@ def _folded(
     *,
     of: Literal["value", "ts"] = "value",
     kind: Literal["int", "float"] = "float",
+    kernel: Callable[[np.ufunc, str], Kernel] = _reduce,
 ) -> StateField:
-    """A field that folds one raw column and merges by folding again (sum, min, max, ...)."""
+    """A field that folds one raw column and merges by folding again (sum, min, max, ...).
+
+    ``kernel``: how ``ufunc`` folds a column of each group (``_reduce``; ``_extreme_ts``
+    for event times, which usually rise within a group).
+    """
     return StateField(
         name,
         kind,
         partial=fold(pl.col(of)),
         merge=fold(pl.col(name)),
-        partial_np=_reduce(ufunc, of),
-        merge_np=_reduce(ufunc, name),
+        partial_np=kernel(ufunc, of),
+        merge_np=kernel(ufunc, name),
     )
 
 
@@ -237,14 +242,7 @@ def _at_time(
     Ties (several values at that time) go to ``pick`` of the values too.
     """
     ts, value = f"{end}_ts", f"{end}_value"
-    at_ts = StateField(
-        ts,
-        "int",
-        partial=pick(_ts),
-        merge=pick(pl.col(ts)),
-        partial_np=_extreme_ts(ufunc, "ts"),
-        merge_np=_extreme_ts(ufunc, ts),
-    )
+    at_ts = _folded(ts, ufunc, pick, of="ts", kind="int", kernel=_extreme_ts)
     at_value = StateField(
         value,
         "float",
