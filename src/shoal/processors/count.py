@@ -1014,6 +1014,17 @@ def _constant_column(column: npt.NDArray[Any]) -> bool:
     return column.strides == (0,) or bool((column == column[0]).all())
 
 
+def _key_ts_bits(key: npt.NDArray[Any], ts: Int64Array) -> tuple[int, int, int] | None:
+    """(lowest ts, bits of the key, bits of the ts offset) to pack (key, ts) into an int64.
+
+    None when a key is negative (it does not pack).
+    """
+    if int(key.min()) < 0:
+        return None
+    low = int(ts.min())
+    return low, max(1, int(key.max()).bit_length()), max(1, (int(ts.max()) - low).bit_length())
+
+
 def _key_ts_order(rows: _Rows) -> Int64Array | None:
     """A stable order of ``rows`` by (key, ts) (None: already in it).
 
@@ -1024,12 +1035,11 @@ def _key_ts_order(rows: _Rows) -> Int64Array | None:
     if n < 2:
         return None
     key = rows.key.astype(np.int64)
-    low = int(rows.ts.min())
-    bits_ts = max(1, (int(rows.ts.max()) - low).bit_length())
-    bits_key = max(1, int(key.max()).bit_length())
-    if int(key.min()) < 0 or bits_key + bits_ts > 63:
+    span = _key_ts_bits(key, rows.ts)
+    if span is None or span[1] + span[2] > 63:
         by_two: Int64Array = np.lexsort((rows.ts, key))
         return by_two
+    low, bits_key, bits_ts = span
     packed = (key << bits_ts) | (rows.ts - low)
     if (packed[1:] >= packed[:-1]).all():
         return None
@@ -1055,12 +1065,11 @@ def _by_key_ts(chunks: list[_Rows]) -> _Rows | None:
     key = np.concatenate([c.key for c in chunks])
     ts = np.concatenate([c.ts for c in chunks])
     n = len(ts)
-    low = int(ts.min())
-    bits_ts = max(1, (int(ts.max()) - low).bit_length())
-    bits_key = max(1, int(key.max()).bit_length())
+    span = _key_ts_bits(key, ts)
     bits_pos = max(1, (n - 1).bit_length())
-    if int(key.min()) < 0 or bits_key + bits_ts + bits_pos > 63:
+    if span is None or span[1] + span[2] + bits_pos > 63:
         return None
+    low, _, bits_ts = span
     packed = (((key.astype(np.int64) << bits_ts) | (ts - low)) << bits_pos) | np.arange(
         n, dtype=np.int64
     )
