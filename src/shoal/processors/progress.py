@@ -85,6 +85,14 @@ class Spill(Protocol[T]):
         """Forget the item kept under ``key``."""
         ...
 
+    def clear(self) -> None:
+        """Forget every item."""
+        ...
+
+    def __len__(self) -> int:
+        """Items kept now."""
+        ...
+
 
 @dataclass
 class GatewayProgress(Generic[T]):
@@ -171,7 +179,6 @@ class ProgressTracker(Generic[T]):
         self.pending_weight = 0
         """Weight of the early arrivals held in memory (not those in the spill)."""
         self.spill = spill
-        self._spilled: set[tuple[str, int]] = set()
         self.spilled_total = 0
         """Early arrivals moved to the spill so far."""
         # Even a gateway that keeps announcing batches we never receive lets go eventually.
@@ -186,17 +193,15 @@ class ProgressTracker(Generic[T]):
     def reset(self) -> None:
         """Forget every gateway and everything pending (before restoring a checkpoint)."""
         if self.spill is not None:
-            for key in self._spilled:
-                self.spill.discard(key)
+            self.spill.clear()
         self.gateways = {}
         self._weights = {}
-        self._spilled = set()
         self.pending_weight = 0
 
     @property
     def spilled(self) -> int:
         """Early arrivals in the spill now."""
-        return len(self._spilled)
+        return 0 if self.spill is None else len(self.spill)
 
     def _gateway(self, gateway_id: str, now_ms: int) -> GatewayProgress[T]:
         progress = self.gateways.get(gateway_id)
@@ -247,7 +252,6 @@ class ProgressTracker(Generic[T]):
                 assert not isinstance(item, Spilled)
                 self.spill.put(key, item)
                 heaviest.pending[seq] = SPILLED
-                self._spilled.add(key)
                 self.spilled_total += 1
                 self.pending_weight -= self._weights.pop(key)
                 continue
@@ -261,10 +265,8 @@ class ProgressTracker(Generic[T]):
         """Drop an early arrival, from memory or from the spill."""
         key = (progress.gateway_id, seq)
         self.pending_weight -= self._weights.pop(key, 0)
-        if isinstance(progress.pending.pop(seq), Spilled):
-            self._spilled.discard(key)
-            if self.spill is not None:
-                self.spill.discard(key)
+        if isinstance(progress.pending.pop(seq), Spilled) and self.spill is not None:
+            self.spill.discard(key)
 
     def _take(self, progress: GatewayProgress[T], seq: int) -> T:
         """Remove an early arrival whose turn came; read it back if it was spilled."""
@@ -273,7 +275,6 @@ class ProgressTracker(Generic[T]):
         item = progress.pending.pop(seq)
         if not isinstance(item, Spilled):
             return item
-        self._spilled.discard(key)
         assert self.spill is not None
         return self.spill.take(key)
 

@@ -80,6 +80,15 @@ class DirectorySpill(Generic[T]):
         self.bytes -= self._sizes.pop(key, 0)
         self._path(key).unlink(missing_ok=True)
 
+    def clear(self) -> None:
+        """Remove every item's file (the folder stays)."""
+        for key in list(self._sizes):
+            self.discard(key)
+
+    def __len__(self) -> int:
+        """Items kept now."""
+        return len(self._sizes)
+
     def close(self) -> None:
         """Remove the folder and everything in it."""
         if self._remove is not None:
