@@ -61,6 +61,7 @@ workers' row stage already removed rows before partials (``rows_filtered``, with
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -80,10 +81,9 @@ from shoal.processors.partials import (
     pane_partials,
     spec_fingerprint,
 )
-from shoal.processors.progress import GatewayProgress, ProgressTracker
+from shoal.processors.progress import GatewayProgress, ProgressTracker, Spill
 from shoal.processors.session_state import SessionClose, SessionState
 from shoal.processors.spec import PipelineSpec
-from shoal.processors.spill import DirectorySpill
 from shoal.processors.state import ClosedWindows, WindowState
 from shoal.processors.user_aggregates import budget_user_aggregates
 from shoal.rules import AlertBook, Transition
@@ -105,8 +105,8 @@ the buffer stays bounded where the clock stands still (``archive.replay``), and 
 rows/s this is the interval's worth anyway."""
 MAX_PENDING_BYTES: Final = 32 * 2**20
 """Memory for partials that arrived ahead of a missing batch, and again for those held while
-logged closes are re-taken; beyond it the reorder buffer's newest go to files
-(``processors.spill``, up to ``MAX_SPILL_BYTES``) and, beyond those, are let go (their gateways
+logged closes are re-taken; beyond it the reorder buffer's newest go to its ``Spill`` if it
+has one (the runtime's files, ``runtime._spill``) and, beyond that, are let go (their gateways
 send them again, see ``progress``); held ones are let go. 32 MiB: a chaos run's reorder buffer
 peaked at 15 MB (issue 20)."""
 
@@ -198,11 +198,14 @@ class Combiner:
         *,
         max_pending_bytes: int | None = MAX_PENDING_BYTES,
         logged: bool = True,
+        spill: Callable[[], Spill[Partial]] | None = None,
     ) -> None:
         """Build one partition's core.
 
         ``logged``: keep the close log (``close_log``); off for a combiner that never takes a
-        snapshot, as entries are only forgotten once a snapshot is durable.
+        snapshot, as entries are only forgotten once a snapshot is durable. ``spill``: makes
+        the reorder buffer's overflow store (``progress.Spill``; the runtime's files), one
+        per core; None: the overflow is let go.
         """
         if not 0 <= partition < spec.partitions:
             raise UsageError(f"{spec.name}: partition {partition} outside 0..{spec.partitions - 1}")
@@ -217,8 +220,10 @@ class Combiner:
             lateness_ms=spec.lateness_ms,
             max_pending_weight=max_pending_bytes,
             weigh=_partial_bytes,
-            spill=DirectorySpill(Partial.encode, Partial.decode),
+            spill=None if spill is None else spill(),
         )
+        self.spill_factory = spill
+        """What made this core's spill: a new version's core gets one of its own."""
         self.state = WindowState(spec, self.plan)
         self.sessions = SessionState(spec, self.plan, self.state.keys)
         self._session_window = np.array(

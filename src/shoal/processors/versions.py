@@ -46,7 +46,7 @@ from shoal.clock import Clock
 from shoal.errors import SchemaError
 from shoal.processors.combine import Combiner, Step
 from shoal.processors.partials import BatchInfo, Partial
-from shoal.processors.progress import GatewayProgress
+from shoal.processors.progress import GatewayProgress, Spill
 from shoal.processors.spec import PipelineSpec
 from shoal.processors.state import ClosedWindows
 from shoal.schemas.control import GatewayStatus
@@ -226,7 +226,13 @@ class Chain:
     ) -> Stage:
         """Open ``version``: the current stage ends at the cut; the new one starts there."""
         old = self.current
-        core = Combiner(spec, old.core.partition, clock, logged=old.core.close_log.enabled)
+        core = Combiner(
+            spec,
+            old.core.partition,
+            clock,
+            logged=old.core.close_log.enabled,
+            spill=old.core.spill_factory,
+        )
         seen = [not_before_ms]
         seen += [g.watermark_ms for g in old.core.tracker.gateways.values() if g.watermark_ms]
         seen += [old.core.closed_through] if old.core.closed_through is not None else []
@@ -343,6 +349,7 @@ class Chain:
         parse: Callable[[dict[str, Any]], PipelineSpec],
         *,
         logs: Callable[[int | None], bytes | None] | None = None,
+        spill: Callable[[], Spill[Partial]] | None = None,
     ) -> Chain | None:
         """A chain from ``snapshot`` bytes; None when ``data`` is a single core's snapshot.
 
@@ -367,7 +374,7 @@ class Chain:
                     f"checkpoint stage v{item.get('version')}: its spec is invalid: {exc}",
                     reason="bad_checkpoint",
                 ) from exc
-            core = Combiner(spec, partition, clock, logged=logs is not None)
+            core = Combiner(spec, partition, clock, logged=logs is not None, spill=spill)
             core.restore(item["core"], None if logs is None else logs(item["version"]))
             stages.append(
                 Stage(item["version"], core, item["from_ms"], item["until_ms"], item["spec"])

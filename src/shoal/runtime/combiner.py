@@ -103,6 +103,7 @@ from shoal.runtime._fence import CheckpointLock
 from shoal.runtime._heap import release_free_memory
 from shoal.runtime._heartbeat import heartbeat_payload
 from shoal.runtime._log_writer import LogWriter, shared_writer, write_atomically, write_now
+from shoal.runtime._spill import partial_spill
 from shoal.runtime._tasks import pause, supervised
 from shoal.runtime.latency import LatencyHistogram
 from shoal.schemas.control import MAX_MISSING, Confirm, GatewayStatus
@@ -348,7 +349,9 @@ class CombinerRuntime:
     def _new_chain(self) -> Chain:
         config = self.config
         doc = canonical_mapping(config.spec) if config.hosted else None
-        core = Combiner(config.spec, config.partition, self.clock, logged=self._logged)
+        core = Combiner(
+            config.spec, config.partition, self.clock, logged=self._logged, spill=partial_spill
+        )
         return Chain(Stage(config.version, core, spec_doc=doc))
 
     @property
@@ -1521,7 +1524,12 @@ class CombinerRuntime:
         chain = None
         if snapshot is not None:
             chain = Chain.restore(
-                snapshot, self.config.partition, self.clock, _parse_canonical, logs=logs
+                snapshot,
+                self.config.partition,
+                self.clock,
+                _parse_canonical,
+                logs=logs,
+                spill=partial_spill,
             )
         if chain is not None:
             self.chain = chain

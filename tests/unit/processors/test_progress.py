@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from shoal.processors.progress import DISCOVERY_GRACE_MS, GatewayProgress, ProgressTracker
 from shoal.processors.spec import default_max_hold_ms
-from shoal.processors.spill import DirectorySpill
+from shoal.runtime._spill import DirectorySpill
 from shoal.schemas.control import GatewayStatus
 
 T0 = 1_700_000_000_000

@@ -1,4 +1,4 @@
-"""The reorder buffer's files (``processors.spill``): kept, read back, removed."""
+"""The reorder buffer's files (``runtime._spill``): kept, read back, removed."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from shoal.processors.combine import Combiner
-from shoal.processors.spill import PREFIX, DirectorySpill
+from shoal.runtime._spill import PREFIX, DirectorySpill, partial_spill
 from tests.unit.processors.test_combiner import Harness, make_spec
 
 
@@ -64,7 +64,9 @@ def test_folders_of_processes_that_died_are_removed_by_the_next_spill(tmp_path: 
 def _closed_after_a_slow_first_batch(max_pending_bytes: int | None) -> tuple[list[object], int]:
     """gw's batch 0 arrives after 1..5 (a busy worker held it); what closes, and spills."""
     h = Harness(make_spec())
-    h.combiner = Combiner(h.spec, 0, h.clock, max_pending_bytes=max_pending_bytes)
+    h.combiner = Combiner(
+        h.spec, 0, h.clock, max_pending_bytes=max_pending_bytes, spill=partial_spill
+    )
     h.announce("gw")
     early = [
         h.partial("gw", seq, [("k", 5_000 + 300 * seq, float(seq)), ("j", 5_100, 2.5)])

@@ -1,4 +1,4 @@
-"""Files for the reorder buffer's overflow (``progress.Spill``): early arrivals kept on disk.
+"""Files for the reorder buffer's overflow (``processors.progress.Spill``): early arrivals on disk.
 
 A combiner applies each gateway's batches in seq order, so partials that arrive ahead of a
 slower one wait (``progress``). Under overload that wait is long: a batch sits seconds at a
@@ -20,6 +20,8 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final, Generic, TypeVar
+
+from shoal.processors.partials import Partial
 
 T = TypeVar("T")
 
@@ -131,3 +133,8 @@ def _running(pid: int) -> bool:
     except PermissionError:
         return True  # another user's process
     return True
+
+
+def partial_spill() -> DirectorySpill[Partial]:
+    """A combiner core's spill (``Combiner(spill=...)``): partials in their wire encoding."""
+    return DirectorySpill(Partial.encode, Partial.decode)
