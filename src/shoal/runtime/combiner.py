@@ -113,8 +113,9 @@ from shoal.schemas.topics import Topics, topic_matches
 
 log = logging.getLogger(__name__)
 
-_Rendered = tuple[bytes, bytes]
-"""A window's rows encoded ahead of its close: NDJSON lines, and the JSON array of them."""
+_Rendered = tuple[bytes, bytes | None]
+"""A window's rows encoded ahead of its close: NDJSON lines, and the JSON array of them (None
+when the pipeline publishes no JSON window message)."""
 
 CHECKPOINT_FILE: Final = "combiner.ckpt"
 CLOSE_LOG_FILE: Final = "combiner.closes"
@@ -1282,9 +1283,11 @@ class CombinerRuntime:
         if self._rendered is not None and self._rendered[0] is frame:
             return
         rendered: dict[tuple[str, int], _Rendered] = {}
+        json = "json" in self.config.spec.output_encodings
         for result in split_windows(frame):
             lines = ndjson_rows(result)  # the per-key messages' rows
-            rendered[result.window, result.start] = (lines, json_rows(result, lines))
+            array = json_rows(result, lines) if json else None
+            rendered[result.window, result.start] = (lines, array)
         self._rendered = (frame, rendered)
 
     async def _checkpointer(self, session: Session) -> None:
