@@ -11,12 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final, TypeVar
 
 from shoal._futures import ignore_outcome
-from shoal.broker.session import (
-    MAX_SUBSCRIPTION_ID,
-    PROTOCOL_OVERHEAD,
-    Message,
-    Session,
-)
+from shoal.broker.session import MAX_SUBSCRIPTION_ID, PROTOCOL_OVERHEAD, Message, Session
 from shoal.errors import BrokerError, PayloadTooLargeError
 
 REPLY_QUIET_S: Final = 10.0
