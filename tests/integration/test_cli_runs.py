@@ -232,6 +232,8 @@ def test_bench_pipeline_writes_the_documented_json(tmp_path: Path) -> None:
     assert record["lost_measurements"] == 0
     assert record["duplicated_measurements"] == 0
     assert set(record["apply_latency_ms"]) >= {"p50", "p95", "p99"}
+    # the combiner held state during the run, below the default cap
+    assert 0 < record["peak_state_cells"] <= record["max_state_cells"] == 4_000_000
     names = {c["name"] for c in record["components"]}
     assert {"broker", "combiner-0", "worker-0", "worker-1", "simulator"} <= names
     for component in record["components"]:

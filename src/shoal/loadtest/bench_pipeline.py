@@ -275,12 +275,12 @@ async def _measure(
         start = time.monotonic()
         marks = [_applied_mark(local)]  # the window's first, one a second, its last
         cpu_first = local.sampler.cpu_seconds()
-        peak_lag_rows = 0
+        peaks = _Peaks()
         while time.monotonic() - start < config.duration_s:
             await asyncio.sleep(1.0)
             marks.append(_applied_mark(local))
             snap = local.monitor.snapshot()
-            peak_lag_rows = max(peak_lag_rows, snap.lag_rows)
+            peaks.see(snap)
             _show(progress, time.monotonic() - start, snap)
             dead = local.dead_children()
             if dead:
@@ -359,7 +359,10 @@ async def _measure(
         "unconfirmed_measurements": accounting.unconfirmed_rows,
         "drain_s": accounting.drain_s,
         "settle_waited_s": accounting.waited_s,
-        "peak_lag_measurements": peak_lag_rows,
+        "peak_lag_measurements": peaks.lag_rows,
+        # near its cap a combiner refuses partials (docs/guarantees.md, "Bounded memory")
+        "peak_state_cells": peaks.state_cells,
+        "max_state_cells": config.spec.max_state_cells,
         "lag_at_end_measurements": lag_at_end,
         "sustained": sustained,
         "apply_latency_ms": apply_latency,
@@ -380,6 +383,19 @@ async def _measure(
         "window_components": window_cpu,
         "machine": machine(),
     }
+
+
+@dataclass(slots=True)
+class _Peaks:
+    """The highest lag, and state cells of one combiner partition, seen once a second."""
+
+    lag_rows: int = 0
+    state_cells: int = 0
+
+    def see(self, snap: Snapshot) -> None:
+        self.lag_rows = max(self.lag_rows, snap.lag_rows)
+        cells = (int(body.get("state_rows", 0)) for body in snap.combiners.values())
+        self.state_cells = max(self.state_cells, *cells, 0)
 
 
 def _show(progress: TextIO | None, elapsed_s: float, snap: Snapshot) -> None:
@@ -679,6 +695,11 @@ def format_record(record: dict[str, Any]) -> str:
         f"{'sustained' if record['sustained'] else 'NOT sustained'}",
         f"  {settle_text(record)}",
     ]
+    if record.get("max_state_cells"):
+        lines.append(
+            f"  state     peak {record['peak_state_cells']:,} cells in a combiner partition "
+            f"(cap max_state_cells {record['max_state_cells']:,})"
+        )
     handle, to_partial = record.get("worker_handle_ms"), record.get("publish_to_partial_ms")
     if handle:
         lines.append(
