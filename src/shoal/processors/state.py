@@ -334,11 +334,11 @@ class WindowState:
             BATCHES.name: np.where(continued, 0, batches),
             PANE_CONTINUED.name: np.where(continued, batches, 0),
         }
-        self._add_panes(replace(panes, fields=fields))
+        self._add_panes(replace(panes, fields=fields), key_ids)
         return others, int((panes.fields[N.name] * fan).sum())
 
-    def _add_panes(self, rows: PartialRows) -> None:
-        """Append pane rows (``start``: the pane's; fields with ``continued``)."""
+    def _add_panes(self, rows: PartialRows, key_ids: npt.NDArray[np.int64]) -> None:
+        """Append pane rows (``start``: the pane's; fields with ``continued``; their key ids)."""
         assert self.panes is not None
         prepared = self._prepared
         if prepared is not None:
@@ -349,7 +349,7 @@ class WindowState:
                     self._prepared = None
                     self._prepared_lost = True
                     break
-        self.panes.add(rows)
+        self.panes.add(rows, key_ids)
 
     def _slot_ids(
         self, window: npt.NDArray[np.int64], start: npt.NDArray[np.int64]
@@ -994,11 +994,16 @@ class PaneState:
         held = self._panes.get(pane)
         return None if held is None else held.merged
 
-    def add(self, rows: PartialRows) -> None:
-        """Append pane rows (``start``: the pane's start; the plan's fields)."""
+    def add(self, rows: PartialRows, key_ids: npt.NDArray[np.int64] | None = None) -> None:
+        """Append pane rows (``start``: the pane's start; the plan's fields).
+
+        ``key_ids``: the rows' key ids when the caller has them (``WindowState.take_panes``
+        does: looking a partial's 10,000 keys up again cost as much as the first time).
+        """
         if len(rows) == 0:
             return
-        key_ids = self.keys.key_ids(rows.keys)
+        if key_ids is None:
+            key_ids = self.keys.key_ids(rows.keys)
         pairs = (rows.window.astype(np.int64) << 55) | (rows.start + 2**54)
         unique, inverse = np.unique(pairs, return_inverse=True)
         inverse = inverse.reshape(-1)
