@@ -29,6 +29,7 @@ from shoal.processors._kernels import (
     cell_ids,
     gather_runs,
     merge_cells,
+    merge_pair,
     merge_state,
 )
 from shoal.processors._stacks import Keyed, PaneStacks
@@ -818,7 +819,7 @@ class WindowState:
         slots = groups >> KEY_BITS
         info = self._slot_info_for(slots)
         head = {
-            "window": [self._names[w] for w in info[0].tolist()],
+            "window": pl.Series(self._names, dtype=pl.String).gather(info[0]),
             "start": info[1],
             "end": info[2],
             "key": self.keys.keys_of(groups & ((1 << KEY_BITS) - 1)),
@@ -1053,10 +1054,9 @@ class PaneState:
         columns = {f.name: np.concatenate([p.columns[f.name] for p in parts]) for f in fields}
         if len(base.keys) and len(keys) * INSERT_SHARE < len(base.keys):
             keys, columns = _insert_state(base.keys, base.columns, keys, columns, fields)
+        elif len(base.keys):
+            keys, columns = _merged_into(base, keys, columns, fields)
         else:
-            if len(base.keys):
-                keys = np.concatenate((base.keys, keys))
-                columns = {f: np.concatenate((base.columns[f], c)) for f, c in columns.items()}
             keys, columns = merge_state(keys, columns, fields)
         cells, counts = base.cells, base.counts
         new_cells = np.concatenate([p.cells for p in parts])
@@ -1109,6 +1109,29 @@ _NO_CELLS: Final = np.zeros(0, dtype=np.int64)
 def _empty_keyed(plan: AggregatePlan) -> Keyed:
     columns = {f.name: np.zeros(0, dtype=f.np_dtype) for f in plan.fields}
     return Keyed(_NO_CELLS, columns, _NO_CELLS, _NO_CELLS)
+
+
+def _merged_into(
+    base: Keyed,
+    keys: npt.NDArray[np.int64],
+    columns: dict[str, npt.NDArray[Any]],
+    fields: Sequence[FieldKernels],
+) -> tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[Any]]]:
+    """``merge_state`` of a pane's merged rows, then the rows appended since (``keys``).
+
+    The appended rows usually hold a key once (each gateway's partial its own sensors):
+    then, sorted, they are a second state with unique keys, merged with the pane's as two
+    runs (``merge_pair``: interleaved when both hold the same keys), which gives the same
+    groups, rows in the same order, as sorting everything. Otherwise everything is sorted.
+    """
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    if len(ordered) > 1 and not (ordered[1:] != ordered[:-1]).all():
+        both = np.concatenate((base.keys, keys))
+        stacked = {f: np.concatenate((base.columns[f], c)) for f, c in columns.items()}
+        return merge_state(both, stacked, fields)
+    ordered_columns = {f: c[order] for f, c in columns.items()}
+    return merge_pair(base.keys, base.columns, ordered, ordered_columns, fields)
 
 
 def _pane_rows(pane: tuple[int, int], state: Keyed) -> PartialRows:
