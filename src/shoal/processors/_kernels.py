@@ -327,8 +327,9 @@ def merge_sorted_cells(
     """``merge_cells`` of two sorted, unique sets of cells: equal cells are adjacent pairs.
 
     One stable sort of the two runs, then each pair folded into its first cell and the
-    second ones left out (no run bounds, no ``reduceat``). Counts are integers: the sums
-    are exact, the same as ``merge_cells``'.
+    second ones left out (no run bounds, no ``reduceat``; ``take`` of the kept positions,
+    which is several times faster than a boolean mask). Counts are integers: the sums are
+    exact, the same as ``merge_cells``'.
     """
     if len(cells) == 0 or len(later_cells) == 0:
         if len(cells) == 0:
@@ -337,13 +338,14 @@ def merge_sorted_cells(
     both = np.concatenate((cells, later_cells))
     order = np.argsort(both, kind="stable")  # timsort: one merge of two sorted runs
     merged, summed = both[order], np.concatenate((counts, later_counts))[order]
-    second = np.flatnonzero(merged[1:] == merged[:-1]) + 1
-    if len(second) == 0:
+    second = np.empty(len(merged), dtype=bool)  # the second cell of an equal pair
+    second[0] = False
+    np.equal(merged[1:], merged[:-1], out=second[1:])
+    summed[:-1] += summed[1:] * second[1:]
+    kept = np.flatnonzero(~second)
+    if len(kept) == len(merged):
         return merged, summed
-    summed[second - 1] += summed[second]
-    keep = np.ones(len(merged), dtype=bool)
-    keep[second] = False
-    return merged[keep], summed[keep]
+    return merged.take(kept), summed.take(kept)
 
 
 DENSE_GRID_LIMIT: Final = 1 << 24
