@@ -437,6 +437,20 @@ def cell_buckets(cells: Int64Array) -> Int64Array:
     return (cells & ((1 << BUCKET_BITS) - 1)) - _BUCKET_OFFSET
 
 
+def _group_cells(cells: Int64Array, groups: Int64Array) -> tuple[Int64Array, Int64Array]:
+    """Each group's first cell and the cell after its last (cells sorted)."""
+    owner = cells >> BUCKET_BITS
+    starts, lengths = run_bounds(owner)
+    if len(starts) == len(groups) and np.array_equal(owner[starts], groups):
+        # The usual case, cells for exactly these groups: their runs, without two binary
+        # searches per group over every cell.
+        return starts, starts + lengths
+    # A group's cells are the run of ids from ``group << BUCKET_BITS`` up to the next group's.
+    first = np.searchsorted(cells, groups << BUCKET_BITS, side="left")
+    last = np.searchsorted(cells, (groups + 1) << BUCKET_BITS, side="left")
+    return first, last
+
+
 def quantile_buckets(
     cells: Int64Array, counts: Int64Array, groups: Int64Array, quantiles: Sequence[float]
 ) -> list[Int64Array]:
@@ -445,9 +459,7 @@ def quantile_buckets(
     The ``q`` quantile of ``n`` values is the ``floor(q * (n - 1))``-th smallest (0-based).
     """
     cum = np.cumsum(counts)
-    # A group's cells are the run of ids from ``group << BUCKET_BITS`` up to the next group's.
-    first = np.searchsorted(cells, groups << BUCKET_BITS, side="left")
-    last = np.searchsorted(cells, (groups + 1) << BUCKET_BITS, side="left")
+    first, last = _group_cells(cells, groups)
     before = np.where(first > 0, cum[np.maximum(first - 1, 0)], 0)
     totals = cum[last - 1] - before
     out = []
