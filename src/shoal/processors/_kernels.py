@@ -44,6 +44,7 @@ class Runs:
     columns: Mapping[str, npt.NDArray[Any]]
     done: Mapping[str, npt.NDArray[Any]]
     _increasing: dict[str, bool] = dataclass_field(default_factory=dict)
+    _longest: list[int] = dataclass_field(default_factory=list)  # the longest run, once known
 
     def edge(self, column: str, ufunc: np.ufunc) -> npt.NDArray[Any]:
         """Each group's first row of ``column`` (``np.minimum``) or its last (otherwise).
@@ -72,8 +73,10 @@ class Runs:
     def reduce(self, ufunc: np.ufunc, column: str | npt.NDArray[Any]) -> npt.NDArray[Any]:
         """``ufunc`` over each group's run of ``column`` (a name in ``columns``, or an array)."""
         values = self.columns[column] if isinstance(column, str) else column
-        result: npt.NDArray[Any] = ufunc.reduceat(values, self.starts)
-        return result
+        longest = self._longest
+        if not longest:
+            longest.append(int(self.lengths.max()) if len(self.lengths) else 0)
+        return reduce_runs(ufunc, values, self.starts, self.lengths, longest[0])
 
     def spread(self, per_group: npt.NDArray[Any]) -> npt.NDArray[Any]:
         """A per-group array repeated over each group's rows."""
@@ -100,13 +103,49 @@ class FieldKernels(Protocol):
 
 def run_bounds(sorted_ids: npt.NDArray[np.integer[Any]]) -> tuple[Int64Array, Int64Array]:
     """Start index and length of each run of equal ids (``gather_runs`` is its inverse)."""
-    if len(sorted_ids) == 0:
+    n = len(sorted_ids)
+    if n == 0:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty
-    change = np.flatnonzero(sorted_ids[1:] != sorted_ids[:-1]) + 1
-    starts = np.concatenate(([0], change)).astype(np.int64)
-    lengths = np.diff(np.concatenate((starts, [len(sorted_ids)]))).astype(np.int64)
+    change = np.empty(n, dtype=bool)  # written in place: no shifted copies, no concatenation
+    change[0] = True
+    np.not_equal(sorted_ids[1:], sorted_ids[:-1], out=change[1:])
+    starts = np.flatnonzero(change).astype(np.int64, copy=False)
+    lengths = np.diff(starts, append=n).astype(np.int64, copy=False)
     return starts, lengths
+
+
+_SAME_DTYPE_FOLDS: Final = (np.dtype(np.int64), np.dtype(np.float64))
+"""Dtypes that ``reduceat`` keeps (it widens smaller integers and booleans for ``add``)."""
+
+
+def reduce_runs(
+    ufunc: np.ufunc,
+    values: npt.NDArray[Any],
+    starts: Int64Array,
+    lengths: Int64Array,
+    longest: int,
+) -> npt.NDArray[Any]:
+    """``ufunc.reduceat(values, starts)`` for runs that cover ``values``.
+
+    ``longest``: the longest run's length. Runs of at most two rows (two merged runs of
+    unique groups: a sliding window's two-stack merges, a pane's first merge) are folded
+    element by element instead, several times faster than ``reduceat``'s loop per group; a
+    run of two is ``ufunc(first, second)``, the very operation ``reduceat`` does, so the
+    values are the same, bit for bit (for the dtypes ``reduceat`` does not widen).
+    """
+    if longest > 2 or len(starts) == 0 or values.dtype not in _SAME_DTYPE_FOLDS:
+        result: npt.NDArray[Any] = ufunc.reduceat(values, starts)
+        return result
+    if longest == 1:
+        return values.copy()
+    if len(values) == 2 * len(starts):  # every run two rows: the even and the odd ones
+        paired: npt.NDArray[Any] = ufunc(values[0::2], values[1::2])
+        return paired
+    out: npt.NDArray[Any] = values[starts]
+    two = np.flatnonzero(lengths == 2)
+    out[two] = ufunc(out[two], values[starts[two] + 1])
+    return out
 
 
 def gather_runs(starts: Int64Array, lengths: Int64Array) -> Int64Array:
@@ -242,6 +281,73 @@ def merge_state(
     return g[starts], out
 
 
+def merge_pair(
+    keys: Int64Array,
+    columns: Mapping[str, npt.NDArray[Any]],
+    later_keys: Int64Array,
+    later_columns: Mapping[str, npt.NDArray[Any]],
+    fields: Sequence[FieldKernels],
+) -> tuple[Int64Array, dict[str, npt.NDArray[Any]]]:
+    """``merge_state`` of two states with ascending, unique keys, the ``later`` one second.
+
+    When both hold the same keys (a sliding window's panes over sensors that report every
+    step), the sorted rows are the two states' rows interleaved, every group two rows: no
+    sort, no gathers, and the fields fold element by element (``reduce_runs``). The same
+    arrays as ``merge_state`` of the concatenation, bit for bit.
+    """
+    if not np.array_equal(keys, later_keys):
+        return merge_state(
+            np.concatenate((keys, later_keys)),
+            {f.name: np.concatenate((columns[f.name], later_columns[f.name])) for f in fields},
+            fields,
+        )
+    n = len(keys)
+    if n == 0:
+        return keys, {f.name: columns[f.name][:0] for f in fields}
+    both = {f.name: _interleaved(columns[f.name], later_columns[f.name]) for f in fields}
+    starts = np.arange(0, 2 * n, 2, dtype=np.int64)
+    out: dict[str, npt.NDArray[Any]] = {}
+    runs = Runs(starts, np.full(n, 2, dtype=np.int64), both, out, _longest=[2])
+    for field in fields:
+        out[field.name] = field.merge_np(runs)
+    return keys.copy(), out
+
+
+def _interleaved(first: npt.NDArray[Any], second: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``first[0], second[0], first[1], second[1], ...``."""
+    out = np.empty(2 * len(first), dtype=np.result_type(first, second))
+    out[0::2] = first
+    out[1::2] = second
+    return out
+
+
+def merge_sorted_cells(
+    cells: Int64Array, counts: Int64Array, later_cells: Int64Array, later_counts: Int64Array
+) -> tuple[Int64Array, Int64Array]:
+    """``merge_cells`` of two sorted, unique sets of cells: equal cells are adjacent pairs.
+
+    One stable sort of the two runs, then each pair folded into its first cell and the
+    second ones left out (no run bounds, no ``reduceat``; ``take`` of the kept positions,
+    which is several times faster than a boolean mask). Counts are integers: the sums are
+    exact, the same as ``merge_cells``'.
+    """
+    if len(cells) == 0 or len(later_cells) == 0:
+        if len(cells) == 0:
+            return later_cells, later_counts
+        return cells, counts
+    both = np.concatenate((cells, later_cells))
+    order = np.argsort(both, kind="stable")  # timsort: one merge of two sorted runs
+    merged, summed = both[order], np.concatenate((counts, later_counts))[order]
+    second = np.empty(len(merged), dtype=bool)  # the second cell of an equal pair
+    second[0] = False
+    np.equal(merged[1:], merged[:-1], out=second[1:])
+    summed[:-1] += summed[1:] * second[1:]
+    kept = np.flatnonzero(~second)
+    if len(kept) == len(merged):
+        return merged, summed
+    return merged.take(kept), summed.take(kept)
+
+
 DENSE_GRID_LIMIT: Final = 1 << 24
 """Largest (group, bucket) grid counted with ``bincount`` instead of a sort (128 MiB)."""
 DENSE_GRID_PER_CELL: Final = 16
@@ -265,10 +371,11 @@ def merge_cells(
             return dense
     order = np.argsort(cells, kind="stable")  # timsort: fast on concatenated sorted runs
     c = cells[order]
-    starts, _ = run_bounds(c)
+    starts, lengths = run_bounds(c)
     if len(starts) == 0:
         return c, counts[:0]
-    return c[starts], np.add.reduceat(counts[order], starts)
+    longest = int(lengths.max())
+    return c[starts], reduce_runs(np.add, counts[order], starts, lengths, longest)
 
 
 def add_cells(
@@ -330,6 +437,20 @@ def cell_buckets(cells: Int64Array) -> Int64Array:
     return (cells & ((1 << BUCKET_BITS) - 1)) - _BUCKET_OFFSET
 
 
+def _group_cells(cells: Int64Array, groups: Int64Array) -> tuple[Int64Array, Int64Array]:
+    """Each group's first cell and the cell after its last (cells sorted)."""
+    owner = cells >> BUCKET_BITS
+    starts, lengths = run_bounds(owner)
+    if len(starts) == len(groups) and np.array_equal(owner[starts], groups):
+        # The usual case, cells for exactly these groups: their runs, without two binary
+        # searches per group over every cell.
+        return starts, starts + lengths
+    # A group's cells are the run of ids from ``group << BUCKET_BITS`` up to the next group's.
+    first = np.searchsorted(cells, groups << BUCKET_BITS, side="left")
+    last = np.searchsorted(cells, (groups + 1) << BUCKET_BITS, side="left")
+    return first, last
+
+
 def quantile_buckets(
     cells: Int64Array, counts: Int64Array, groups: Int64Array, quantiles: Sequence[float]
 ) -> list[Int64Array]:
@@ -338,9 +459,7 @@ def quantile_buckets(
     The ``q`` quantile of ``n`` values is the ``floor(q * (n - 1))``-th smallest (0-based).
     """
     cum = np.cumsum(counts)
-    # A group's cells are the run of ids from ``group << BUCKET_BITS`` up to the next group's.
-    first = np.searchsorted(cells, groups << BUCKET_BITS, side="left")
-    last = np.searchsorted(cells, (groups + 1) << BUCKET_BITS, side="left")
+    first, last = _group_cells(cells, groups)
     before = np.where(first > 0, cum[np.maximum(first - 1, 0)], 0)
     totals = cum[last - 1] - before
     out = []

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from shoal.processors._kernels import FieldKernels, merge_cells, merge_state
+from shoal.processors._kernels import FieldKernels, merge_pair, merge_sorted_cells
 from shoal.processors.aggregates import PANE_CONTINUED
 
 Int64Array = npt.NDArray[np.int64]
@@ -60,24 +60,15 @@ class Keyed:
 def combine(earlier: Keyed, later: Keyed, fields: Sequence[FieldKernels]) -> Keyed:
     """The merge of two adjacent runs of panes (``earlier``'s first): one two-way merge.
 
-    Each input is sorted and unique, so the sorts are merges of two runs (timsort).
+    Each input is sorted and unique: the keys merge as two runs (``merge_pair``: no sort at
+    all when both hold the same keys), and so do the sketch cells (``merge_sorted_cells``).
     """
-    keys = np.concatenate((earlier.keys, later.keys))
-    columns = {}
-    for f in fields:
-        tail = later.columns[f.name]
-        if f.name == PANE_CONTINUED.name:
-            tail = np.zeros_like(tail)  # only the first pane's counts
-        columns[f.name] = np.concatenate((earlier.columns[f.name], tail))
-    keys, merged = merge_state(keys, columns, fields)
-    cells, counts = earlier.cells, earlier.counts
-    if len(later.cells):
-        if len(cells):
-            cells, counts = merge_cells(
-                np.concatenate((cells, later.cells)), np.concatenate((counts, later.counts))
-            )
-        else:
-            cells, counts = later.cells, later.counts
+    later_columns = later.columns
+    if PANE_CONTINUED.name in later_columns:  # only the first pane's counts
+        continued = later_columns[PANE_CONTINUED.name]
+        later_columns = {**later_columns, PANE_CONTINUED.name: np.zeros_like(continued)}
+    keys, merged = merge_pair(earlier.keys, earlier.columns, later.keys, later_columns, fields)
+    cells, counts = merge_sorted_cells(earlier.cells, earlier.counts, later.cells, later.counts)
     return Keyed(keys, merged, cells, counts)
 
 

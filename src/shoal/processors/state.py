@@ -29,6 +29,7 @@ from shoal.processors._kernels import (
     cell_ids,
     gather_runs,
     merge_cells,
+    merge_pair,
     merge_state,
 )
 from shoal.processors._stacks import Keyed, PaneStacks
@@ -334,11 +335,11 @@ class WindowState:
             BATCHES.name: np.where(continued, 0, batches),
             PANE_CONTINUED.name: np.where(continued, batches, 0),
         }
-        self._add_panes(replace(panes, fields=fields))
+        self._add_panes(replace(panes, fields=fields), key_ids)
         return others, int((panes.fields[N.name] * fan).sum())
 
-    def _add_panes(self, rows: PartialRows) -> None:
-        """Append pane rows (``start``: the pane's; fields with ``continued``)."""
+    def _add_panes(self, rows: PartialRows, key_ids: npt.NDArray[np.int64]) -> None:
+        """Append pane rows (``start``: the pane's; fields with ``continued``; their key ids)."""
         assert self.panes is not None
         prepared = self._prepared
         if prepared is not None:
@@ -349,7 +350,7 @@ class WindowState:
                     self._prepared = None
                     self._prepared_lost = True
                     break
-        self.panes.add(rows)
+        self.panes.add(rows, key_ids)
 
     def _slot_ids(
         self, window: npt.NDArray[np.int64], start: npt.NDArray[np.int64]
@@ -818,7 +819,7 @@ class WindowState:
         slots = groups >> KEY_BITS
         info = self._slot_info_for(slots)
         head = {
-            "window": [self._names[w] for w in info[0].tolist()],
+            "window": pl.Series(self._names, dtype=pl.String).gather(info[0]),
             "start": info[1],
             "end": info[2],
             "key": self.keys.keys_of(groups & ((1 << KEY_BITS) - 1)),
@@ -994,11 +995,16 @@ class PaneState:
         held = self._panes.get(pane)
         return None if held is None else held.merged
 
-    def add(self, rows: PartialRows) -> None:
-        """Append pane rows (``start``: the pane's start; the plan's fields)."""
+    def add(self, rows: PartialRows, key_ids: npt.NDArray[np.int64] | None = None) -> None:
+        """Append pane rows (``start``: the pane's start; the plan's fields).
+
+        ``key_ids``: the rows' key ids when the caller has them (``WindowState.take_panes``
+        does: looking a partial's 10,000 keys up again cost as much as the first time).
+        """
         if len(rows) == 0:
             return
-        key_ids = self.keys.key_ids(rows.keys)
+        if key_ids is None:
+            key_ids = self.keys.key_ids(rows.keys)
         pairs = (rows.window.astype(np.int64) << 55) | (rows.start + 2**54)
         unique, inverse = np.unique(pairs, return_inverse=True)
         inverse = inverse.reshape(-1)
@@ -1048,10 +1054,9 @@ class PaneState:
         columns = {f.name: np.concatenate([p.columns[f.name] for p in parts]) for f in fields}
         if len(base.keys) and len(keys) * INSERT_SHARE < len(base.keys):
             keys, columns = _insert_state(base.keys, base.columns, keys, columns, fields)
+        elif len(base.keys):
+            keys, columns = _merged_into(base, keys, columns, fields)
         else:
-            if len(base.keys):
-                keys = np.concatenate((base.keys, keys))
-                columns = {f: np.concatenate((base.columns[f], c)) for f, c in columns.items()}
             keys, columns = merge_state(keys, columns, fields)
         cells, counts = base.cells, base.counts
         new_cells = np.concatenate([p.cells for p in parts])
@@ -1104,6 +1109,29 @@ _NO_CELLS: Final = np.zeros(0, dtype=np.int64)
 def _empty_keyed(plan: AggregatePlan) -> Keyed:
     columns = {f.name: np.zeros(0, dtype=f.np_dtype) for f in plan.fields}
     return Keyed(_NO_CELLS, columns, _NO_CELLS, _NO_CELLS)
+
+
+def _merged_into(
+    base: Keyed,
+    keys: npt.NDArray[np.int64],
+    columns: dict[str, npt.NDArray[Any]],
+    fields: Sequence[FieldKernels],
+) -> tuple[npt.NDArray[np.int64], dict[str, npt.NDArray[Any]]]:
+    """``merge_state`` of a pane's merged rows, then the rows appended since (``keys``).
+
+    The appended rows usually hold a key once (each gateway's partial its own sensors):
+    then, sorted, they are a second state with unique keys, merged with the pane's as two
+    runs (``merge_pair``: interleaved when both hold the same keys), which gives the same
+    groups, rows in the same order, as sorting everything. Otherwise everything is sorted.
+    """
+    order = np.argsort(keys, kind="stable")
+    ordered = keys[order]
+    if len(ordered) > 1 and not (ordered[1:] != ordered[:-1]).all():
+        both = np.concatenate((base.keys, keys))
+        stacked = {f: np.concatenate((base.columns[f], c)) for f, c in columns.items()}
+        return merge_state(both, stacked, fields)
+    ordered_columns = {f: c[order] for f, c in columns.items()}
+    return merge_pair(base.keys, base.columns, ordered, ordered_columns, fields)
 
 
 def _pane_rows(pane: tuple[int, int], state: Keyed) -> PartialRows:

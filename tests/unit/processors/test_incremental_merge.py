@@ -19,6 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.processors import state as state_module
+from shoal.processors._kernels import merge_state, partial_state
+from shoal.processors._stacks import Keyed
+from shoal.processors.aggregates import STATE_FIELDS
 from shoal.processors.state import WindowState
 from tests.unit.processors.test_finalise_ahead import TIME_WINDOWS, partial_rows
 from tests.unit.processors.test_registry import Row, add_partial, rows_strategy, spec_of
@@ -103,3 +106,46 @@ def test_a_small_batch_is_inserted_not_resorted() -> None:
     finally:
         state_module._insert_state = original  # type: ignore[assignment]
     assert calls == [1]  # the pane state took the second batch by inserts
+
+
+pane_rows = st.lists(
+    st.tuples(st.integers(0, 12), st.integers(0, 20), st.floats(-1e6, 1e6)), min_size=1
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(base=pane_rows, appended=pane_rows, same_keys=st.booleans())
+def test_a_pane_merges_appended_rows_as_the_full_merge_does(base, appended, same_keys) -> None:
+    """``_merged_into`` (two runs when each appended key is there once) equals ``merge_state``
+    of the pane's rows and the appended ones, bit for bit; with repeated keys as well."""
+    fields = tuple(STATE_FIELDS.values())
+
+    def state(rows):
+        g = np.array([r[0] for r in rows], dtype=np.int64)
+        ts = np.array([r[1] for r in rows], dtype=np.int64)
+        value = np.array([r[2] for r in rows], dtype=np.float64)
+        return partial_state(g, ts, value, fields)[:2]
+
+    if same_keys:  # one appended row per key of the pane, in no particular order
+        held = sorted({g for g, _, _ in base})
+        appended = [(held[-1 - i], ts, v) for i, (_, ts, v) in enumerate(appended[: len(held)])]
+    base_keys, base_columns = state(base)
+    keys, columns = state(appended)
+    shuffled = np.random.default_rng(len(appended)).permutation(len(keys))
+    keys, columns = keys[shuffled], {f: c[shuffled] for f, c in columns.items()}
+    if not same_keys:  # some keys twice: the full merge
+        keys, columns = (
+            np.concatenate((keys, keys)),
+            {f: np.concatenate((c, c)) for f, c in columns.items()},
+        )
+    empty = np.zeros(0, dtype=np.int64)
+    pane = Keyed(base_keys, base_columns, empty, empty)
+    got_keys, got = state_module._merged_into(pane, keys, columns, fields)
+    want_keys, want = merge_state(
+        np.concatenate((base_keys, keys)),
+        {f: np.concatenate((base_columns[f], c)) for f, c in columns.items()},
+        fields,
+    )
+    np.testing.assert_array_equal(got_keys, want_keys)
+    for name, column in want.items():
+        np.testing.assert_array_equal(got[name], column, err_msg=name)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+import itertools
+
 import numpy as np
 import polars as pl
 from hypothesis import given, settings
@@ -213,3 +216,80 @@ def test_the_dense_grid_and_the_sort_count_the_same_buckets(data) -> None:
     for got, want in zip(by_sort, dense, strict=True):
         np.testing.assert_array_equal(got, want)
     assert int(dense[2].sum()) == len(data)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 3), min_size=1, max_size=60),
+    dtype=st.sampled_from([np.int64, np.float64, np.int32, np.bool_]),
+    ufunc=st.sampled_from([np.add, np.minimum, np.maximum]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_folding_short_runs_equals_reduceat_bit_for_bit(lengths, dtype, ufunc, seed) -> None:
+    """Runs of one or two rows are folded element by element: the same values and dtype."""
+    values = (np.random.default_rng(seed).standard_normal(sum(lengths)) * 1e6).astype(dtype)
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    lens = np.array(lengths, dtype=np.int64)
+    got = _kernels.reduce_runs(ufunc, values, starts, lens, int(lens.max()))
+    want = ufunc.reduceat(values, starts)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ids=st.lists(st.integers(-3, 3), max_size=40))
+def test_run_bounds_finds_every_run(ids) -> None:
+    sorted_ids = np.sort(np.array(ids, dtype=np.int64))
+    starts, lengths = _kernels.run_bounds(sorted_ids)
+    runs = [(k, len(list(g))) for k, g in itertools.groupby(sorted_ids.tolist())]
+    assert lengths.tolist() == [n for _, n in runs]
+    assert sorted_ids[starts].tolist() == [k for k, _ in runs]
+    assert starts.dtype == lengths.dtype == np.int64
+
+
+@settings(max_examples=150, deadline=None)
+@given(first=rows, second=rows, same_keys=st.booleans())
+def test_merging_two_states_equals_merge_state_of_both(first, second, same_keys) -> None:
+    """``merge_pair`` (interleaving when the keys are the same) is ``merge_state`` of both."""
+
+    def state(data):
+        g = np.array([r[0] for r in data], dtype=np.int64)
+        ts = np.array([r[1] for r in data], dtype=np.int64)
+        value = np.array([r[2] for r in data], dtype=np.float64)
+        return partial_state(g, ts, value, KERNELS)[:2]
+
+    if same_keys:  # every key of the first state, rows of the second
+        keys = sorted({g for g, _, _ in first})
+        second = [(keys[i % len(keys)], ts, v) for i, (_, ts, v) in enumerate(second)]
+        second += [(k, 3, 1.5) for k in keys]
+    (keys_a, state_a), (keys_b, state_b) = state(first), state(second)
+    got_keys, got = _kernels.merge_pair(keys_a, state_a, keys_b, state_b, KERNELS)
+    want_keys, want = merge_state(
+        np.concatenate((keys_a, keys_b)),
+        {f: np.concatenate((state_a[f], state_b[f])) for f in FIELDS},
+        KERNELS,
+    )
+    np.testing.assert_array_equal(got_keys, want_keys)
+    for name in FIELDS:
+        assert got[name].dtype == want[name].dtype
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+sorted_cells = st.dictionaries(st.integers(0, 300), st.integers(1, 9), max_size=80)
+
+
+@settings(max_examples=150, deadline=None)
+@given(first=sorted_cells, second=sorted_cells)
+def test_merging_two_sorted_cell_sets_sums_equal_cells(first, second) -> None:
+    def arrays(cells):
+        ordered = sorted(cells.items())
+        return (
+            np.array([c for c, _ in ordered], dtype=np.int64),
+            np.array([n for _, n in ordered], dtype=np.int64),
+        )
+
+    cells, counts = _kernels.merge_sorted_cells(*arrays(first), *arrays(second))
+    want = collections.Counter(first) + collections.Counter(second)
+    assert cells.tolist() == sorted(want)
+    assert counts.tolist() == [want[c] for c in sorted(want)]
+    assert cells.dtype == counts.dtype == np.int64
