@@ -10,6 +10,7 @@ message's own bytes. The bytes are ``mqtt5``'s exactly (``tests/unit/broker/test
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from itertools import repeat
 from typing import Final, cast
@@ -18,8 +19,10 @@ from shoal.errors import BrokerError
 
 TOPIC_CACHE: Final = 1_000_000
 """Encoded topics remembered at most (then forgotten and encoded again)."""
+HEADER_TABLES: Final = 64
+"""Tables of fixed headers remembered at most, one per (retain flag, shared head's length)."""
 HEADER_CACHE: Final = 65_536
-"""Fixed headers remembered at most, by (retain, remaining length): per-key results of one
+"""Fixed headers remembered at most per table, by remaining length: per-key results of one
 pipeline have a few hundred sizes."""
 
 
@@ -28,7 +31,9 @@ class Qos0Packets:
 
     def __init__(self) -> None:
         self._topics: dict[str, bytes] = {}
-        self._headers: dict[int, bytes] = {}
+        self._headers: dict[tuple[int, int], dict[int, bytes]] = {}
+        """Fixed headers by (first byte, shared head's length), then by the length of the
+        topic and the message's own bytes."""
 
     def build(self, messages: Sequence[tuple[str, bytes]], *, retain: bool, head: bytes) -> bytes:
         """The packets of ``messages`` (topic, payload after ``head``), back to back.
@@ -55,9 +60,12 @@ class Qos0Packets:
             BrokerError: as ``build``.
         """
         first = 0x31 if retain else 0x30  # PUBLISH, QoS 0, the retain flag
-        cache, headers = self._topics, self._headers
+        cache = self._topics
         if len(cache) > TOPIC_CACHE:  # beyond it by one call's messages at most
             cache.clear()
+        if len(self._headers) > HEADER_TABLES:
+            self._headers.clear()
+        headers = self._headers.setdefault((first, len(head)), {})
         if len(headers) > HEADER_CACHE:
             headers.clear()
         if not topics:
@@ -67,13 +75,14 @@ class Qos0Packets:
         if None in found:
             pairs = zip(topics, found, strict=True)
             encoded = [e if e is not None else self._encode(t) for t, e in pairs]
-        # the remaining length, tagged with the first byte: the fixed header's cache key
-        tag = len(head) << 8 | first
-        sizes = list(map(_tagged, map(len, encoded), map(len, payloads), repeat(tag)))
+        # the remaining length less the shared head's: the fixed header's key in ``headers``
+        sizes = list(map(operator.add, map(len, encoded), map(len, payloads)))
         fixed = list(map(headers.get, sizes))
         if None in fixed:
-            tagged = zip(sizes, fixed, strict=True)
-            fixed = [f if f is not None else self._fixed(s) for s, f in tagged]
+            by_size = zip(sizes, fixed, strict=True)
+            fixed = [
+                f if f is not None else _fixed(headers, first, s, len(head)) for s, f in by_size
+            ]
         parts: list[bytes | None] = [None] * (4 * len(fixed))
         parts[0::4] = fixed
         parts[1::4] = encoded
@@ -94,15 +103,11 @@ class Qos0Packets:
         encoded = self._topics[topic] = len(name).to_bytes(2, "big") + name + b"\x00"
         return encoded
 
-    def _fixed(self, tagged: int) -> bytes:
-        """The fixed header for a ``_tagged`` remaining length, remembered."""
-        fixed = self._headers[tagged] = bytes((tagged & 0xFF, *_varint(tagged >> 8)))
-        return fixed
 
-
-def _tagged(topic: int, payload: int, tag: int) -> int:
-    """A remaining length (topic + payload + ``tag``'s shared head) and the first byte."""
-    return ((topic + payload) << 8) + tag
+def _fixed(headers: dict[int, bytes], first: int, size: int, shared: int) -> bytes:
+    """The fixed header for a remaining length of ``size`` + ``shared``, kept by ``size``."""
+    fixed = headers[size] = bytes((first, *_varint(size + shared)))
+    return fixed
 
 
 def _varint(value: int) -> list[int]:
