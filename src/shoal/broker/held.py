@@ -145,6 +145,8 @@ class HeldSession(SessionBase):
     ) -> None:
         """``publish_many`` of ``zip(topics, payloads)``, as two columns.
 
+        Held, they are kept as given (not copied): the caller hands them over and leaves them.
+
         Raises:
             PayloadTooLargeError: one is larger than the broker's maximum packet size; none
                 was sent.
