@@ -4,7 +4,7 @@
 checkout's ``src`` folder in turn (alternated, each in a fresh process, ``PYTHONPATH=SRC``),
 STEPS steps against an embedded Mosquitto (the ``dev`` profile, 16 MB packet limit): a window
 result of KEYS keys with the default aggregates (random values, rounded as sensors send
-them) encoded as the combiner does it (NDJSON lines rendered ahead, the window message split
+them, in key order as a combiner's window frame is) encoded as the combiner does it (NDJSON lines rendered ahead, the window message split
 to fit, published QoS 1 and awaited), then its retained per-key results held behind a
 barrier as behind the close log, released, and published in slices of 1,000 with the loop
 free in between, as ``CombinerRuntime._publish_keys`` does (the checkout's own
@@ -58,7 +58,7 @@ def frame_of(keys: int, seed: int = 0) -> pl.DataFrame:
             "p95": base * 1.0203,
             "p99": base * 1.0407,
         }
-    ).with_columns(pl.col("stddev").fill_nan(None))
+    ).with_columns(pl.col("stddev").fill_nan(None)).sort("key")  # a combiner's: in key order
 
 
 async def run(keys: int, steps: int) -> list[dict[str, float]]:
