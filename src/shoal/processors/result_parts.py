@@ -182,8 +182,9 @@ def _split_lines(result: WindowResult, budget: int, lines: Sequence[bytes]) -> S
 def _in_key_order(frame: pl.DataFrame) -> bool:
     """Whether sorting by ``key`` would leave every row where it is.
 
-    No null key, and each key above the one before: a combiner's window frame mostly is, and
-    sorting 100,000 rows and gathering their lines cost ~35 ms a step.
+    No null key, and each key above the one before: a combiner's window frame can be (scenario
+    B's, captured from an in-process combiner, was: it depends on the order the keys first
+    arrived in), and sorting 100,000 rows and gathering their lines cost ~35 ms a step.
     """
     keys = frame["key"]
     if keys.null_count():

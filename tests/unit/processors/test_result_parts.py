@@ -135,7 +135,7 @@ def test_a_split_from_encoded_lines_equals_the_split_of_the_frame(
 ) -> None:
     """The combiner splits from the rows it encoded once (``lines``): the same parts, rows
     taken out and bytes, without encoding each part again; rows already in key order (a
-    combiner's frame, mostly) are cut where they are."""
+    combiner's frame can be) are cut where they are."""
     result = _result(keys, seed=keys)
     if in_key_order:
         result = WindowResult(result.window, result.start, result.end, result.frame.sort("key"))
