@@ -113,8 +113,9 @@ def test_retained_messages_reach_later_subscribers_until_cleared(
 
 
 def test_publish_many_sends_retained_qos0_messages_in_order(connect: Open, topics: Topics) -> None:
-    """A window's per-key results in one call: every message, in order, retained; a message
-    over the broker's packet limit refuses the call before anything is sent."""
+    """A window's per-key results in one call (``publish_many``, then ``publish_columns``):
+    every message, in order, retained; a message over the broker's packet limit refuses the
+    call before anything is sent."""
     messages = [(topics.under_root(f"keys/k{i}"), f"{i}".encode()) for i in range(300)]
     sent = [(t, b"result " + p) for t, p in messages]  # each payload after the shared head
 
@@ -122,7 +123,9 @@ def test_publish_many_sends_retained_qos0_messages_in_order(connect: Open, topic
         async with connect("sub") as sub, connect("pub") as pub:
             await sub.subscribe([topics.under_root("keys/#")], qos=1)
             async with _receiving(sub) as queue:
-                pub.publish_many(messages, retain=True, head=b"result ")
+                pub.publish_many(messages[:150], retain=True, head=b"result ")
+                names, payloads = zip(*messages[150:], strict=True)
+                pub.publish_columns(names, payloads, retain=True, head=b"result ")
                 await pub.publish(topics.under_root("keys/fence"), b"fence")
                 live = await _drain(queue)
             limit = pub.max_packet_size
@@ -130,6 +133,8 @@ def test_publish_many_sends_retained_qos0_messages_in_order(connect: Open, topic
                 too_large = [(topics.under_root("keys/big"), b"x" * limit), *messages[:1]]
                 with pytest.raises(PayloadTooLargeError):
                     pub.publish_many(too_large, retain=True)
+                with pytest.raises(PayloadTooLargeError):
+                    pub.publish_columns(*zip(*too_large, strict=True), retain=True)
             async with connect("late") as late:
                 await late.subscribe([topics.under_root("keys/#")])
                 async with _receiving(late) as queue:

@@ -43,8 +43,8 @@ from shoal.broker._paho_glue import tls_context
 from shoal.broker._shared import (
     SUBSCRIBE_ATTEMPTS,
     SessionBase,
+    check_column_sizes,
     check_size,
-    check_sizes,
     check_subscription_id,
     only_packet_id_in_use,
     reply_while_receiving,
@@ -584,8 +584,24 @@ class BatchedSession(SessionBase):
         stacks, one encoding, bulk per-key publishes"). Raises as ``Session.publish_many``
         says.
         """
-        check_sizes(messages, head, self._max_packet_size)
-        data = self._packets.build(messages, retain=retain, head=head)
+        if messages:
+            topics, payloads = zip(*messages, strict=True)
+            self.publish_columns(topics, payloads, retain=retain, head=head)
+
+    def publish_columns(
+        self,
+        topics: Sequence[str],
+        payloads: Sequence[bytes],
+        *,
+        retain: bool = False,
+        head: bytes = b"",
+    ) -> None:
+        """``publish_many`` of ``zip(topics, payloads)``: their packets built column by column.
+
+        Raises as ``Session.publish_columns`` says.
+        """
+        check_column_sizes(topics, payloads, head, self._max_packet_size)
+        data = self._packets.build_columns(topics, payloads, retain=retain, head=head)
         if data:
             self._write_soon(data)
 

@@ -10,15 +10,19 @@ message's own bytes. The bytes are ``mqtt5``'s exactly (``tests/unit/broker/test
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
-from typing import Final
+from itertools import repeat
+from typing import Final, cast
 
 from shoal.errors import BrokerError
 
 TOPIC_CACHE: Final = 1_000_000
 """Encoded topics remembered at most (then forgotten and encoded again)."""
+HEADER_TABLES: Final = 64
+"""Tables of fixed headers remembered at most, one per (retain flag, shared head's length)."""
 HEADER_CACHE: Final = 65_536
-"""Fixed headers remembered at most, by (retain, remaining length): per-key results of one
+"""Fixed headers remembered at most per table, by remaining length: per-key results of one
 pipeline have a few hundred sizes."""
 
 
@@ -27,7 +31,9 @@ class Qos0Packets:
 
     def __init__(self) -> None:
         self._topics: dict[str, bytes] = {}
-        self._headers: dict[int, bytes] = {}
+        self._headers: dict[tuple[int, int], dict[int, bytes]] = {}
+        """Fixed headers by (first byte, shared head's length), then by the length of the
+        topic and the message's own bytes."""
 
     def build(self, messages: Sequence[tuple[str, bytes]], *, retain: bool, head: bytes) -> bytes:
         """The packets of ``messages`` (topic, payload after ``head``), back to back.
@@ -36,29 +42,72 @@ class Qos0Packets:
             BrokerError: a topic is no topic name (empty, a wildcard or NUL in it), which the
                 broker would answer by closing the connection; nothing is built.
         """
+        if not messages:
+            return b""
+        names, payloads = zip(*messages, strict=True)
+        return self.build_columns(names, payloads, retain=retain, head=head)
+
+    def build_columns(
+        self, topics: Sequence[str], payloads: Sequence[bytes], *, retain: bool, head: bytes
+    ) -> bytes:
+        """``build`` of ``zip(topics, payloads)``, column by column.
+
+        Each pass is a ``map`` in C: a loop in Python per message, and a tuple per message
+        for the garbage collector to walk, were most of the cost at 100,000 messages a step
+        (docs/benchmarks.md, branch slpub).
+
+        Raises:
+            BrokerError: as ``build``.
+        """
         first = 0x31 if retain else 0x30  # PUBLISH, QoS 0, the retain flag
-        topics, headers = self._topics, self._headers
-        if len(topics) > TOPIC_CACHE:  # beyond it by one call's messages at most
-            topics.clear()
+        cache = self._topics
+        if len(cache) > TOPIC_CACHE:  # beyond it by one call's messages at most
+            cache.clear()
+        if len(self._headers) > HEADER_TABLES:
+            self._headers.clear()
+        headers = self._headers.setdefault((first, len(head)), {})
         if len(headers) > HEADER_CACHE:
             headers.clear()
-        parts: list[bytes] = []
-        add = parts.extend
-        shared = len(head)
-        for topic, payload in messages:
-            encoded = topics.get(topic)
-            if encoded is None:
-                if not topic or any(c in topic for c in "+#\x00"):
-                    raise BrokerError(f"cannot publish to {topic!r}: not a topic name")
-                name = topic.encode()
-                # topic length, topic, then the property length: no properties
-                encoded = topics[topic] = len(name).to_bytes(2, "big") + name + b"\x00"
-            size = len(encoded) + shared + len(payload)  # the remaining length
-            fixed = headers.get(size << 8 | first)
-            if fixed is None:
-                fixed = headers[size << 8 | first] = bytes((first, *_varint(size)))
-            add((fixed, encoded, head, payload))
-        return b"".join(parts)
+        if not topics:
+            return b""
+        found = list(map(cache.get, topics))
+        encoded = cast("list[bytes]", found)
+        if None in found:
+            pairs = zip(topics, found, strict=True)
+            encoded = [e if e is not None else self._encode(t) for t, e in pairs]
+        # the remaining length less the shared head's: the fixed header's key in ``headers``
+        sizes = list(map(operator.add, map(len, encoded), map(len, payloads)))
+        fixed = list(map(headers.get, sizes))
+        if None in fixed:
+            by_size = zip(sizes, fixed, strict=True)
+            fixed = [
+                f if f is not None else _fixed(headers, first, s, len(head)) for s, f in by_size
+            ]
+        parts: list[bytes | None] = [None] * (4 * len(fixed))
+        parts[0::4] = fixed
+        parts[1::4] = encoded
+        parts[2::4] = repeat(head, len(fixed))
+        parts[3::4] = payloads
+        return b"".join(parts)  # type: ignore[arg-type]
+
+    def _encode(self, topic: str) -> bytes:
+        """The topic as a PUBLISH carries it, remembered.
+
+        Raises:
+            BrokerError: not a topic name.
+        """
+        if not topic or any(c in topic for c in "+#\x00"):
+            raise BrokerError(f"cannot publish to {topic!r}: not a topic name")
+        name = topic.encode()
+        # topic length, topic, then the property length: no properties
+        encoded = self._topics[topic] = len(name).to_bytes(2, "big") + name + b"\x00"
+        return encoded
+
+
+def _fixed(headers: dict[int, bytes], first: int, size: int, shared: int) -> bytes:
+    """The fixed header for a remaining length of ``size`` + ``shared``, kept by ``size``."""
+    fixed = headers[size] = bytes((first, *_varint(size + shared)))
+    return fixed
 
 
 def _varint(value: int) -> list[int]:

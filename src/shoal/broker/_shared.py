@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import operator
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Final, TypeVar
 
@@ -98,6 +99,21 @@ def check_sizes(messages: Sequence[tuple[str, bytes]], head: bytes, limit: int |
             check_size(topic, head + payload, limit)  # raises, with the message
 
 
+def check_column_sizes(
+    topics: Sequence[str], payloads: Sequence[bytes], head: bytes, limit: int | None
+) -> None:
+    """``check_sizes`` of ``zip(topics, payloads)``: the largest first, in C, then find it.
+
+    Raises:
+        PayloadTooLargeError: one does not fit in ``limit`` bytes with the protocol overhead.
+    """
+    if limit is None or not topics:
+        return
+    room = limit - PROTOCOL_OVERHEAD - len(head)
+    if max(map(operator.add, map(len, topics), map(len, payloads))) > room:
+        check_sizes(list(zip(topics, payloads, strict=True)), head, limit)
+
+
 def check_subscription_id(subscription_id: int | None) -> None:
     """Refuse a Subscription Identifier MQTT 5 cannot carry (the broker would disconnect us).
 
@@ -167,6 +183,23 @@ class SessionBase(Session):
                 sent.add_done_callback(ignore_outcome)
             elif (error := sent.exception()) is not None:
                 raise error  # the connection is gone: the rest would fail alike
+
+    def publish_columns(
+        self,
+        topics: Sequence[str],
+        payloads: Sequence[bytes],
+        *,
+        retain: bool = False,
+        head: bytes = b"",
+    ) -> None:
+        """``publish_many`` of ``zip(topics, payloads)`` (``Session.publish_columns``).
+
+        Raises:
+            PayloadTooLargeError: one is larger than the broker's maximum packet size; none
+                was sent.
+            BrokerError: not connected.
+        """
+        self.publish_many(list(zip(topics, payloads, strict=True)), retain=retain, head=head)
 
     def _answer_awaited(self) -> contextlib.AbstractContextManager[None]:
         """Around waiting in line for an answer (a session whose reading may pause reads on)."""

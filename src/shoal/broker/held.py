@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
-from shoal.broker._shared import SessionBase, check_size, check_sizes
+from shoal.broker._shared import SessionBase, check_column_sizes, check_size
 from shoal.broker.session import Message, Session
 
 
@@ -43,7 +43,8 @@ class _HeldMany:
     """QoS 0 messages of one ``publish_many``, held as one: handed over in one call."""
 
     after: int
-    messages: list[tuple[str, bytes]]
+    topics: Sequence[str]
+    payloads: Sequence[bytes]
     retain: bool
     head: bytes
 
@@ -130,17 +131,38 @@ class HeldSession(SessionBase):
                 was sent.
             BrokerError: not connected, or a barrier failed.
         """
+        if messages:
+            topics, payloads = zip(*messages, strict=True)
+            self.publish_columns(topics, payloads, retain=retain, head=head)
+
+    def publish_columns(
+        self,
+        topics: Sequence[str],
+        payloads: Sequence[bytes],
+        *,
+        retain: bool = False,
+        head: bytes = b"",
+    ) -> None:
+        """``publish_many`` of ``zip(topics, payloads)``, as two columns.
+
+        Held, they are kept as given (not copied): the caller hands them over and leaves them.
+
+        Raises:
+            PayloadTooLargeError: one is larger than the broker's maximum packet size; none
+                was sent.
+            BrokerError: not connected, or a barrier failed.
+        """
         if self._failure is None and not self._held and self._released_through == self._barriers:
-            self.inner.publish_many(messages, retain=retain, head=head)
+            self.inner.publish_columns(topics, payloads, retain=retain, head=head)
             return
         # Held as one: a future, a packet and a write per message (``SessionBase``'s way)
         # cost a sliding combiner of 100,000 keys 3-4 % of its main thread, its per-key
         # results being held behind a close-log write at most steps.
-        check_sizes(messages, head, self.inner.max_packet_size)
+        check_column_sizes(topics, payloads, head, self.inner.max_packet_size)
         if self._failure is not None:
             raise self._failure
-        self._held.append(_HeldMany(self._barriers, list(messages), retain, head))
-        self.held_total += len(messages)
+        self._held.append(_HeldMany(self._barriers, topics, payloads, retain, head))
+        self.held_total += len(topics)
 
     def _released(self, barrier: int, done: asyncio.Future[None]) -> None:
         """Barrier number ``barrier`` completed: hand over what waited for it, or fail all.
@@ -162,7 +184,9 @@ class HeldSession(SessionBase):
             if isinstance(held, _HeldMany):
                 # QoS 0, no outcome to hand back: a lost connection fails what follows too
                 with contextlib.suppress(Exception):
-                    self.inner.publish_many(held.messages, retain=held.retain, head=held.head)
+                    self.inner.publish_columns(
+                        held.topics, held.payloads, retain=held.retain, head=held.head
+                    )
                 continue
             try:
                 inner = self.inner.publish_started(held.topic, held.payload, **held.options)

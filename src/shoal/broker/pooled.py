@@ -241,6 +241,25 @@ class OutputsLease(SessionBase):
             raise BrokerError("the outputs lease has ended")
         self.inner.publish_many(messages, retain=retain, head=head)
 
+    def publish_columns(
+        self,
+        topics: Sequence[str],
+        payloads: Sequence[bytes],
+        *,
+        retain: bool = False,
+        head: bytes = b"",
+    ) -> None:
+        """QoS 0 messages on the shared connection, at once, as two columns.
+
+        Raises:
+            PayloadTooLargeError: one is larger than the broker's maximum packet size; none
+                was sent.
+            BrokerError: the lease has ended, or not connected.
+        """
+        if self._ended:
+            raise BrokerError("the outputs lease has ended")
+        self.inner.publish_columns(topics, payloads, retain=retain, head=head)
+
     async def wait_published(self, futures: Sequence[asyncio.Future[None]]) -> None:
         """The connection's wait (its publish timeout)."""
         await self.inner.wait_published(futures)

@@ -160,6 +160,25 @@ class Session(Protocol):
             BrokerError: not connected.
         """
 
+    def publish_columns(
+        self,
+        topics: Sequence[str],
+        payloads: Sequence[bytes],
+        *,
+        retain: bool = False,
+        head: bytes = b"",
+    ) -> None:
+        """``publish_many`` of ``zip(topics, payloads)``, given as two columns.
+
+        A window's per-key results at 100,000 keys: a (topic, payload) tuple per message
+        is a container the garbage collector then walks (docs/benchmarks.md, branch slpub).
+
+        Raises:
+            PayloadTooLargeError: one is larger than the broker's maximum packet size; none
+                was sent.
+            BrokerError: not connected.
+        """
+
     async def publish(
         self,
         topic: str,

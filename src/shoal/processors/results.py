@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import msgpack
+import numpy as np
 import orjson
 import polars as pl
 
@@ -201,6 +202,45 @@ def key_messages(
     return [(key, head + rest) for key, rest in rests]
 
 
+def key_rests(ndjson: bytes) -> list[bytes]:
+    """Each NDJSON line (``ndjson_rows``) without its opening brace and its newline.
+
+    What ``key_payloads`` gives each key after the shared head, one slice per line from the
+    newlines' positions (found in one pass): a third less CPU than splitting the lines and
+    slicing each again, the same bytes.
+    """
+    ends = np.flatnonzero(np.frombuffer(ndjson, dtype=np.uint8) == ord("\n"))
+    if len(ends) == 0:
+        return []
+    starts = np.empty_like(ends)
+    starts[0], starts[1:] = 1, ends[:-1] + 2  # past the newline and the brace
+    return [ndjson[a:b] for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+
+
+def key_columns(
+    result: WindowResult, pipeline: str, emitted_at_ms: int, ndjson: bytes
+) -> tuple[bytes, list[str | None], list[bytes]]:
+    """``key_payloads`` as columns: the shared head, the keys and the rest of each message.
+
+    ``ndjson``: the frame's rows as ``ndjson_rows`` encoded them. For windows whose rows
+    all have the window's end and no retraction (not sessions): a tuple per key is a
+    container the garbage collector walks, and 100,000 of them a step cost more than the
+    rest of building the messages.
+
+    Raises:
+        ValueError: a session's frame (a per-row ``end``, or retractions).
+    """
+    if "end" in result.frame.columns or RETRACTED in result.frame.columns:
+        raise ValueError("key_columns: a session's rows have their own ends")
+    if result.frame.height == 0:
+        return b"", [], []
+    return (
+        _fields(result, pipeline, emitted_at_ms),
+        result.frame["key"].to_list(),
+        key_rests(ndjson),
+    )
+
+
 def key_payloads(
     result: WindowResult,
     pipeline: str,
@@ -216,6 +256,7 @@ def key_payloads(
     at a time cost more than publishing them. ``lines``: the frame's rows already encoded
     (``ndjson_rows``, split into lines), for windows whose rows all have the window's end (not
     sessions). A session's messages (a per-row end) share no head: ``head`` is empty.
+    ``key_columns`` gives the same without a tuple per key.
     """
     if RETRACTED in result.frame.columns:  # its key's session is in another message now
         lines = None  # lines of the rows before the filter
@@ -239,11 +280,25 @@ def key_payloads(
     if "end" in result.frame.columns:  # a session's own end (``split_windows``): per row
         framed = result.frame.select(*head(pl.col("end")), pl.exclude("end"))
         return b"", list(zip(keys, framed.write_ndjson().encode().splitlines(), strict=True))
-    fields = pl.select(*head(pl.lit(result.end))).write_ndjson().encode().rstrip()
-    prefix = fields[:-1] + b","  # the window's fields without their closing brace
+    prefix = _fields(result, pipeline, emitted_at_ms)
     if lines is None:
         lines = ndjson_rows(result).splitlines()
     return prefix, [(key, line[1:]) for key, line in zip(keys, lines, strict=True)]
+
+
+def _fields(result: WindowResult, pipeline: str, emitted_at_ms: int) -> bytes:
+    """A per-key message's beginning: the window's fields, without the closing brace."""
+    fields = [
+        pl.lit(pipeline).alias("pipeline"),
+        pl.lit(result.window).alias("window"),
+        pl.lit(result.start).alias("start"),
+        pl.lit(result.end).alias("end"),
+        pl.lit(result.revision).alias("revision"),
+        *([pl.lit(value=True).alias("correction")] if result.correction else []),
+        pl.lit(emitted_at_ms).alias("emitted_at"),
+    ]
+    line = pl.select(*fields).write_ndjson().encode().rstrip()
+    return line[:-1] + b","
 
 
 def late_message(late: LateRows, pipeline: str, partition: int, at_ms: int) -> bytes:

@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from itertools import compress
 from pathlib import Path
@@ -88,6 +88,7 @@ from shoal.processors.results import (
     Emission,
     WindowResult,
     json_rows,
+    key_columns,
     key_payloads,
     late_message,
     ndjson_rows,
@@ -260,6 +261,33 @@ class _KeyPublications:
         run = _KeyRun()
         self.running.add(run)
         return run
+
+
+def _whole_key_columns(
+    result: WindowResult, pipeline: str, at_ms: int, lines: bytes | None
+) -> tuple[bytes, list[str | None], list[bytes]] | None:
+    """``key_columns`` of the whole window at once, from its rows as encoded (``lines``).
+
+    None when they cannot serve: not encoded, or not one message per row of the frame in
+    order (a session's retractions publish none; a session's rows have their own ends).
+    """
+    if lines is None or RETRACTED in result.frame.columns or "end" in result.frame.columns:
+        return None
+    return key_columns(result, pipeline, at_ms, lines)
+
+
+def _block_columns(
+    whole: tuple[bytes, list[str | None], list[bytes]],
+    span: tuple[int, int],
+    keep: npt.NDArray[np.bool_] | None,
+) -> tuple[bytes, list[str | None], list[bytes]]:
+    """Rows ``span`` of ``whole`` (``_whole_key_columns``), those ``keep`` keeps."""
+    a, b = span
+    head, keys, rests = whole[0], whole[1][a:b], whole[2][a:b]
+    if keep is not None:
+        kept = keep.tolist()
+        keys, rests = list(compress(keys, kept)), list(compress(rests, kept))
+    return head, keys, rests
 
 
 class CombinerRuntime:
@@ -1088,32 +1116,32 @@ class CombinerRuntime:
         name = self.config.spec.name
         try:
             await asyncio.gather(*after, return_exceptions=True)
-            split = None if lines is None else lines.splitlines()
+            whole = _whole_key_columns(result, name, at_ms, lines)
             for block in range(0, result.frame.height, KEY_ENCODE_SLICE):
                 await asyncio.sleep(0)
                 frame = result.frame.slice(block, KEY_ENCODE_SLICE)
-                ready = None if split is None else split[block : block + KEY_ENCODE_SLICE]
                 keep = run.kept(frame)
                 if keep is not None:  # keys a newer queued result has: not published
                     self.key_publications.superseded += len(keep) - int(keep.sum())
                     frame = frame.filter(pl.Series(keep))
-                    ready = None if ready is None else list(compress(ready, keep.tolist()))
                     if frame.height == 0:
                         continue
-                part = replace(result, frame=frame)
-                head, messages = key_payloads(part, name, at_ms, ready)  # a block at a time
-                for offset in range(0, len(messages), KEY_SLICE):
+                if whole is not None:
+                    head, keys, payloads = _block_columns(
+                        whole, (block, block + KEY_ENCODE_SLICE), keep
+                    )
+                else:  # encoded a block at a time
+                    head, messages = key_payloads(replace(result, frame=frame), name, at_ms)
+                    keys = [k for k, _ in messages]
+                    payloads = [p for _, p in messages]
+                topics = self._key_topics_of(name, keys)
+                for offset in range(0, len(keys), KEY_SLICE):
                     await asyncio.sleep(0)
                     if self._outputs is not session and self.config.hosted:
                         return  # the term ended: its outputs are closed
-                    known = self._key_topics.get  # the same keys every step: mostly found
-                    session.publish_many(
-                        [
-                            (known(k) or self._key_topic(name, k), p)
-                            for k, p in messages[offset : offset + KEY_SLICE]
-                        ],
-                        retain=True,
-                        head=head,
+                    end = offset + KEY_SLICE
+                    session.publish_columns(
+                        topics[offset:end], payloads[offset:end], retain=True, head=head
                     )
         except BrokerError as exc:
             log.warning("combiner %s: per-key results interrupted: %s", self.config.client_id, exc)
@@ -1122,6 +1150,13 @@ class CombinerRuntime:
             task = asyncio.current_task()
             if task is not None:
                 self._key_tasks.discard(task)
+
+    def _key_topics_of(self, pipeline: str, keys: Sequence[str | None]) -> list[str]:
+        """``_key_topic`` of each key: looked up in one pass in C (the same keys every step)."""
+        topics = list(map(self._key_topics.get, keys))
+        if None in topics:
+            return [t or self._key_topic(pipeline, k) for k, t in zip(keys, topics, strict=True)]
+        return topics  # type: ignore[return-value]
 
     def _key_topic(self, pipeline: str, key: str | None) -> str:
         """The retained per-key result topic of ``key`` (remembered: the same keys each step)."""
