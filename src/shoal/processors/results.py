@@ -265,20 +265,9 @@ def key_payloads(
     if result.frame.height == 0:
         return b"", []
     keys = result.frame["key"].to_list()
-
-    def head(end: pl.Expr) -> list[pl.Expr]:
-        return [
-            pl.lit(pipeline).alias("pipeline"),
-            pl.lit(result.window).alias("window"),
-            pl.lit(result.start).alias("start"),
-            end.alias("end"),
-            pl.lit(result.revision).alias("revision"),
-            *([pl.lit(value=True).alias("correction")] if result.correction else []),
-            pl.lit(emitted_at_ms).alias("emitted_at"),
-        ]
-
     if "end" in result.frame.columns:  # a session's own end (``split_windows``): per row
-        framed = result.frame.select(*head(pl.col("end")), pl.exclude("end"))
+        head = _head(result, pipeline, emitted_at_ms, pl.col("end"))
+        framed = result.frame.select(*head, pl.exclude("end"))
         return b"", list(zip(keys, framed.write_ndjson().encode().splitlines(), strict=True))
     prefix = _fields(result, pipeline, emitted_at_ms)
     if lines is None:
@@ -288,17 +277,22 @@ def key_payloads(
 
 def _fields(result: WindowResult, pipeline: str, emitted_at_ms: int) -> bytes:
     """A per-key message's beginning: the window's fields, without the closing brace."""
-    fields = [
+    line = pl.select(*_head(result, pipeline, emitted_at_ms, pl.lit(result.end)))
+    encoded = line.write_ndjson().encode().rstrip()
+    return encoded[:-1] + b","
+
+
+def _head(result: WindowResult, pipeline: str, emitted_at_ms: int, end: pl.Expr) -> list[pl.Expr]:
+    """The window's fields that begin every per-key message, in the contract's order."""
+    return [
         pl.lit(pipeline).alias("pipeline"),
         pl.lit(result.window).alias("window"),
         pl.lit(result.start).alias("start"),
-        pl.lit(result.end).alias("end"),
+        end.alias("end"),
         pl.lit(result.revision).alias("revision"),
         *([pl.lit(value=True).alias("correction")] if result.correction else []),
         pl.lit(emitted_at_ms).alias("emitted_at"),
     ]
-    line = pl.select(*fields).write_ndjson().encode().rstrip()
-    return line[:-1] + b","
 
 
 def late_message(late: LateRows, pipeline: str, partition: int, at_ms: int) -> bytes:
