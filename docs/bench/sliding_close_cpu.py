@@ -2,7 +2,8 @@
 
 ``.venv/bin/python docs/bench/sliding_close_cpu.py BASE_SRC [REPEATS]`` makes scenario B's
 partials once (10 gateways of 10,000 sensors at RATE/s, the default pipeline with the
-``sliding-10s-1s`` preset, 16,000-row batches; cached in ``/tmp/slclose-partials-*``),
+``sliding-10s-1s`` preset, 16,000-row batches; cached as ``slclose-partials-*`` in the
+temporary folder),
 then drives a ``Combiner`` core with them, in a fresh process per repeat, alternating
 between ``BASE_SRC`` (a checkout's ``src``, e.g. ``main``'s) and this tree's ``src``: every
 round the gateways' partials, then a tick (closes and ``prepare`` ahead of the next close).
@@ -23,15 +24,28 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import msgpack
+
+from shoal._resources import resource_dir
+from shoal.clock import FakeClock
+from shoal.loadtest.bench_windows import with_window
+from shoal.loadtest.data import SensorField
+from shoal.processors.combine import Combiner
+from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
+from shoal.processors.spec import parse_pipeline
+from shoal.processors.state import PaneState, WindowState
+from shoal.schemas import Encoding, decode_batch, encode_batch
+from shoal.schemas.control import GatewayStatus
 
 GATEWAYS = 10
 SENSORS = 10_000
@@ -44,7 +58,7 @@ OWN_SRC = HERE.parents[2] / "src"
 
 
 def _cache() -> Path:
-    return Path(f"/tmp/slclose-partials-{SENSORS}-{RATE_HZ}-{SECONDS}.pickle")
+    return Path(tempfile.gettempdir()) / f"slclose-partials-{SENSORS}-{RATE_HZ}-{SECONDS}.msgpack"
 
 
 def make_partials() -> None:
@@ -52,9 +66,6 @@ def make_partials() -> None:
     cache = _cache()
     if cache.exists():
         return
-    from shoal.loadtest.data import SensorField
-    from shoal.processors.partials import BatchInfo, PartialBuilder
-    from shoal.schemas import Encoding, decode_batch, encode_batch
 
     spec = _spec()
     fields = [
@@ -75,18 +86,15 @@ def make_partials() -> None:
             info = BatchInfo(field.gateway_id, seq, "s", 0, None, None, 0, 0, "w")
             batch += [p.encode() for p in builder.build_batch(decode_batch(payload), info, 0)]
         rounds.append(batch)
-    cache.write_bytes(pickle.dumps((tick_ms, rounds)))
+    cache.write_bytes(msgpack.packb([tick_ms, rounds]))
 
 
 def _load() -> tuple[int, list[list[bytes]]]:
-    loaded: tuple[int, list[list[bytes]]] = pickle.loads(_cache().read_bytes())
-    return loaded
+    tick_ms, rounds = msgpack.unpackb(_cache().read_bytes())
+    return int(tick_ms), rounds
 
 
 def _spec() -> Any:
-    from shoal._resources import resource_dir
-    from shoal.loadtest.bench_windows import with_window
-    from shoal.processors.spec import parse_pipeline
 
     raw = tomllib.loads((resource_dir("processors") / "default.toml").read_text())
     return parse_pipeline({**with_window(raw, "sliding"), "limits": {"max_future_ms": False}})
@@ -115,12 +123,6 @@ def _timed(owner: type, name: str, totals: dict[str, float], label: str) -> None
 
 def run_once() -> dict[str, Any]:
     """One pass of the combiner over the cached partials: CPU seconds by part, a digest."""
-    from shoal.clock import FakeClock
-    from shoal.processors.combine import Combiner
-    from shoal.processors.partials import Partial
-    from shoal.processors.state import PaneState, WindowState
-    from shoal.schemas.control import GatewayStatus
-
     tick_ms, rounds = _load()
     totals = dict.fromkeys(("assemble", "compact", "take_panes", "combiner"), 0.0)
     _timed(WindowState, "_finish_windows", totals, "assemble")  # prepare's, or close's
@@ -170,7 +172,7 @@ def main(base_src: str, repeats: int) -> None:
             for k in ("assemble", "compact", "take_panes", "combiner")
         }
         close_path = round(medians["assemble"] + medians["compact"] + medians["take_panes"], 4)
-        print(
+        sys.stdout.write(
             json.dumps(
                 {
                     "tree": name,
@@ -182,6 +184,7 @@ def main(base_src: str, repeats: int) -> None:
                     "load": os.getloadavg(),
                 }
             )
+            + "\n"
         )
 
 
@@ -189,6 +192,6 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--make"]:
         make_partials()
     elif sys.argv[1:] == ["--once"]:
-        print(json.dumps(run_once()))
+        sys.stdout.write(json.dumps(run_once()) + "\n")
     else:
         main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5)
