@@ -573,21 +573,6 @@ class BatchedSession(SessionBase):
         self._resume()  # its PUBACK must be read
         return fut
 
-    def publish_many(
-        self, messages: Sequence[tuple[str, bytes]], *, retain: bool = False, head: bytes = b""
-    ) -> None:
-        """Hand QoS 0 messages (topic, payload) to the connection now, in order, in one write.
-
-        A window's per-key results: one ``publish_started`` each cost a future, a packet
-        object and a write request per message, and a combiner of 100,000 keys at a 1 s step
-        publishes 100,000 of them a second (``_packets``; docs/benchmarks.md, "Sliding: two
-        stacks, one encoding, bulk per-key publishes"). Raises as ``Session.publish_many``
-        says.
-        """
-        if messages:
-            topics, payloads = zip(*messages, strict=True)
-            self.publish_columns(topics, payloads, retain=retain, head=head)
-
     def publish_columns(
         self,
         topics: Sequence[str],
@@ -596,9 +581,13 @@ class BatchedSession(SessionBase):
         retain: bool = False,
         head: bytes = b"",
     ) -> None:
-        """``publish_many`` of ``zip(topics, payloads)``: their packets built column by column.
+        """QoS 0 messages ``zip(topics, payloads)`` to the connection now, in order, in one write.
 
-        Raises as ``Session.publish_columns`` says.
+        A window's per-key results: one ``publish_started`` each cost a future, a packet
+        object and a write request per message, and a combiner of 100,000 keys at a 1 s step
+        publishes 100,000 of them a second; their packets are built column by column
+        (``_packets``; docs/benchmarks.md, "Sliding: two stacks, one encoding, bulk per-key
+        publishes"). Raises as ``Session.publish_columns`` says.
         """
         check_column_sizes(topics, payloads, head, self._max_packet_size)
         data = self._packets.build_columns(topics, payloads, retain=retain, head=head)

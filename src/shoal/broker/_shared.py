@@ -169,20 +169,16 @@ class SessionBase(Session):
     ) -> None:
         """Hand QoS 0 messages (topic, payload) to the connection now, in order.
 
-        Here one ``publish_started`` each; ``BatchedSession`` writes them at once.
+        As two columns (``publish_columns``), which each session implements.
 
         Raises:
             PayloadTooLargeError: one is larger than the broker's maximum packet size; none
                 was sent.
             BrokerError: not connected.
         """
-        check_sizes(messages, head, self.max_packet_size)
-        for topic, payload in messages:
-            sent = self.publish_started(topic, head + payload, qos=0, retain=retain)
-            if not sent.done():  # held (``HeldSession``): its outcome comes later
-                sent.add_done_callback(ignore_outcome)
-            elif (error := sent.exception()) is not None:
-                raise error  # the connection is gone: the rest would fail alike
+        if messages:
+            topics, payloads = zip(*messages, strict=True)
+            self.publish_columns(topics, payloads, retain=retain, head=head)
 
     def publish_columns(
         self,
@@ -194,12 +190,20 @@ class SessionBase(Session):
     ) -> None:
         """``publish_many`` of ``zip(topics, payloads)`` (``Session.publish_columns``).
 
+        Here one ``publish_started`` each; ``BatchedSession`` writes them at once.
+
         Raises:
             PayloadTooLargeError: one is larger than the broker's maximum packet size; none
                 was sent.
             BrokerError: not connected.
         """
-        self.publish_many(list(zip(topics, payloads, strict=True)), retain=retain, head=head)
+        check_column_sizes(topics, payloads, head, self.max_packet_size)
+        for topic, payload in zip(topics, payloads, strict=True):
+            sent = self.publish_started(topic, head + payload, qos=0, retain=retain)
+            if not sent.done():  # held (``HeldSession``): its outcome comes later
+                sent.add_done_callback(ignore_outcome)
+            elif (error := sent.exception()) is not None:
+                raise error  # the connection is gone: the rest would fail alike
 
     def _answer_awaited(self) -> contextlib.AbstractContextManager[None]:
         """Around waiting in line for an answer (a session whose reading may pause reads on)."""

@@ -121,20 +121,6 @@ class HeldSession(SessionBase):
         self.held_total += 1
         return outer
 
-    def publish_many(
-        self, messages: Sequence[tuple[str, bytes]], *, retain: bool = False, head: bytes = b""
-    ) -> None:
-        """Hand QoS 0 messages over now (at once), or once the writes started before are done.
-
-        Raises:
-            PayloadTooLargeError: one is larger than the broker's maximum packet size; none
-                was sent.
-            BrokerError: not connected, or a barrier failed.
-        """
-        if messages:
-            topics, payloads = zip(*messages, strict=True)
-            self.publish_columns(topics, payloads, retain=retain, head=head)
-
     def publish_columns(
         self,
         topics: Sequence[str],
@@ -143,7 +129,7 @@ class HeldSession(SessionBase):
         retain: bool = False,
         head: bytes = b"",
     ) -> None:
-        """``publish_many`` of ``zip(topics, payloads)``, as two columns.
+        """QoS 0 messages over now (at once), or once the writes started before are done.
 
         Held, they are kept as given (not copied): the caller hands them over and leaves them.
 

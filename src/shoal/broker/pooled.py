@@ -227,20 +227,6 @@ class OutputsLease(SessionBase):
             started.add_done_callback(self._in_flight.discard)
         return started
 
-    def publish_many(
-        self, messages: Sequence[tuple[str, bytes]], *, retain: bool = False, head: bytes = b""
-    ) -> None:
-        """QoS 0 messages on the shared connection, at once.
-
-        Raises:
-            PayloadTooLargeError: one is larger than the broker's maximum packet size; none
-                was sent.
-            BrokerError: the lease has ended, or not connected.
-        """
-        if self._ended:
-            raise BrokerError("the outputs lease has ended")
-        self.inner.publish_many(messages, retain=retain, head=head)
-
     def publish_columns(
         self,
         topics: Sequence[str],
