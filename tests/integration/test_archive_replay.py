@@ -96,6 +96,7 @@ def test_replay_of_an_archived_live_run_equals_the_live_results(
                 )
             max_end = max(int(b.frame["ts"].max()) for b in batches if b.frame.height) + 4_000
             await pipeline.wait_closed_through(max_end - 4_000)
+            await asyncio.sleep(0.5)  # the last results are published
             await pipeline.stop()
             # Both subscribers hold the same results topic at QoS 1: the archive has caught
             # up once it counts what the collector counts (a loaded machine can take longer
