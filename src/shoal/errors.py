@@ -252,7 +252,8 @@ class StateCapError(ShoalError):
         seq: the batch's seq.
         cells: state cells held when the partial arrived (merged).
         incoming: cells the partial could add at most (its rows and sketch buckets).
-        cap: the configured ``max_state_cells``.
+        cap: the partition's cap: ``max_state_cells``, or its default sized from the memory
+            the combiner may use.
     """
 
     reason = "state_cap_exceeded"

@@ -30,9 +30,11 @@ def register(sub: Any) -> None:
         "deployed with `shoal pipeline deploy` that this member owns (exactly one live "
         "member owns each; a dead member's partitions are taken over by the others, which "
         "must share --state-dir). Open state is capped by the spec's [limits] "
-        "max_state_cells (default 4,000,000 cells; `shoal bench memory` gives the bytes a "
-        "cell costs): a partial that would pass it is refused whole, dead-lettered with "
-        "reason state_cap_exceeded and counted in partials_over_cap.",
+        "max_state_cells (unset: a quarter of the memory the combiner may use, the "
+        "machine's RAM or its container's limit if lower, at 300 bytes a cell; `shoal bench "
+        "memory` gives the bytes a cell costs): a partial that would pass it is refused "
+        "whole, dead-lettered with reason state_cap_exceeded and counted in "
+        "partials_over_cap.",
     )
     parser.add_argument(
         "--pipeline",

@@ -23,12 +23,7 @@ import orjson
 import tomli_w
 
 from shoal.errors import ConfigError
-from shoal.processors.spec import (
-    DEFAULT_MAX_STATE_CELLS,
-    PipelineSpec,
-    inline_function_files,
-    parse_pipeline,
-)
+from shoal.processors.spec import PipelineSpec, inline_function_files, parse_pipeline
 from shoal.processors.windows import WINDOW_KINDS
 from shoal.rules.expressions import RULE_REASONS
 
@@ -105,11 +100,7 @@ def canonical_mapping(spec: PipelineSpec) -> dict[str, Any]:
             "max_past_ms": False if limits.max_past_ms is None else limits.max_past_ms,
             "on_future": limits.on_future,
             # only when set: the hashes of specs that leave it at its default stay as they were
-            **(
-                {}
-                if spec.max_state_cells == DEFAULT_MAX_STATE_CELLS
-                else {"max_state_cells": spec.max_state_cells}
-            ),
+            **({} if spec.max_state_cells is None else {"max_state_cells": spec.max_state_cells}),
         },
         **_rules(spec),
     }

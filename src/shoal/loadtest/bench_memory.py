@@ -149,7 +149,7 @@ def measure(
 
 def _uncapped(spec: PipelineSpec, cells: int) -> PipelineSpec:
     """``spec`` with a state cap above what the figure holds (the cap is not measured here)."""
-    return replace(spec, max_state_cells=max(spec.max_state_cells, 2 * cells))
+    return replace(spec, max_state_cells=max(spec.state_cap(None), 2 * cells))
 
 
 def format_table(figures: list[MemoryFigure], load: tuple[float, float, float]) -> str:

@@ -362,7 +362,7 @@ async def _measure(
         "peak_lag_measurements": peaks.lag_rows,
         # near its cap a combiner refuses partials (docs/guarantees.md, "Bounded memory")
         "peak_state_cells": peaks.state_cells,
-        "max_state_cells": config.spec.max_state_cells,
+        "max_state_cells": peaks.state_cap,
         "lag_at_end_measurements": lag_at_end,
         "sustained": sustained,
         "apply_latency_ms": apply_latency,
@@ -387,15 +387,24 @@ async def _measure(
 
 @dataclass(slots=True)
 class _Peaks:
-    """The highest lag, and state cells of one combiner partition, seen once a second."""
+    """The highest lag, and state cells of one combiner partition, seen once a second.
+
+    ``state_cap``: the partitions' cap as their heartbeats state it (the spec's, or the
+    default sized from the memory the combiner may use); None: no heartbeat said.
+    """
 
     lag_rows: int = 0
     state_cells: int = 0
+    state_cap: int | None = None
 
     def see(self, snap: Snapshot) -> None:
         self.lag_rows = max(self.lag_rows, snap.lag_rows)
         cells = (int(body.get("state_rows", 0)) for body in snap.combiners.values())
         self.state_cells = max(self.state_cells, *cells, 0)
+        bodies = snap.combiners.values()
+        caps = [int(body["max_state_cells"]) for body in bodies if "max_state_cells" in body]
+        if caps:
+            self.state_cap = min(caps)
 
 
 def _show(progress: TextIO | None, elapsed_s: float, snap: Snapshot) -> None:

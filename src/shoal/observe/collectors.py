@@ -221,6 +221,12 @@ def _combiner_families(f: Families, runtime: CombinerRuntime) -> None:
         core.state_cells,
     )
     f.gauge(
+        "shoal_combiner_max_state_cells",
+        "The state cap in force: [limits] max_state_cells, or sized from memory.",
+        at,
+        core.state_cap,
+    )
+    f.gauge(
         "shoal_combiner_kept_windows",
         "Closed windows kept for corrections.",
         at,

@@ -199,19 +199,24 @@ class Combiner:
         max_pending_bytes: int | None = MAX_PENDING_BYTES,
         logged: bool = True,
         spill: Callable[[], Spill[Partial]] | None = None,
+        memory_bytes: int | None = None,
     ) -> None:
         """Build one partition's core.
 
         ``logged``: keep the close log (``close_log``); off for a combiner that never takes a
         snapshot, as entries are only forgotten once a snapshot is durable. ``spill``: makes
         the reorder buffer's overflow store (``progress.Spill``; the runtime's files), one
-        per core; None: the overflow is let go.
+        per core; None: the overflow is let go. ``memory_bytes``: what the process may use,
+        which sizes the state cap when the spec sets none (``PipelineSpec.state_cap``).
         """
         if not 0 <= partition < spec.partitions:
             raise UsageError(f"{spec.name}: partition {partition} outside 0..{spec.partitions - 1}")
         self.spec = spec
         self.partition = partition
         self.clock = clock
+        self.memory_bytes = memory_bytes
+        self.state_cap = spec.state_cap(memory_bytes)
+        """The most open state cells (``max_state_cells``, or sized from ``memory_bytes``)."""
         self.plan = spec.plan()
         self.fingerprint = spec_fingerprint(spec)
         self.tracker: ProgressTracker[Partial] = ProgressTracker(
@@ -337,12 +342,12 @@ class Combiner:
 
     @property
     def state_cells(self) -> int:
-        """Cells of open state that ``max_state_cells`` bounds (unmerged pieces included)."""
+        """Cells of open state that ``state_cap`` bounds (unmerged pieces included)."""
         counts = 0 if self.counts is None else self.counts.held_cells
         return self.state.rows + self.sessions.held_cells() + counts
 
     def _over_cap(self, partial: Partial) -> StateCapError | None:
-        """The error if applying ``partial`` could grow the state beyond ``max_state_cells``.
+        """The error if applying ``partial`` could grow the state beyond ``state_cap``.
 
         The partial's rows and sketch buckets count in full (an upper bound: some may merge
         into cells already held). Past the cap the state is merged first, so the decision
@@ -351,7 +356,7 @@ class Combiner:
         rows, events = partial.rows, partial.events
         if (rows is None and events is None) or partial.batch.status != "ok":
             return None
-        cap = self.spec.max_state_cells
+        cap = self.state_cap
         # count windows: buffered rows, ROWS_PER_CELL to a cell
         incoming = 0 if events is None else -(-len(events) // ROWS_PER_CELL)
         if rows is not None:

@@ -42,7 +42,28 @@ UDAF_WINDOW_KINDS: Final = ("tumbling", "hopping", "sliding")
 MAX_COUNT_ROWS: Final = 1_000_000
 """Largest ``n`` of a count window: a combiner keeps up to ``n - 1`` rows per key and window."""
 DEFAULT_MAX_STATE_CELLS: Final = 4_000_000
-"""Default cap on a combiner partition's open state cells (``PipelineSpec.max_state_cells``)."""
+"""Cap on a combiner partition's open state cells when its spec sets none and the memory it
+may use is not known (``PipelineSpec.state_cap``)."""
+STATE_CELL_BYTES: Final = 300
+"""What a state cell costs a combiner, at the upper end of what was measured (docs/benchmarks.md
+"Memory per key and open window": 180-290 bytes; ~300 during the chaos runs)."""
+STATE_MEMORY_SHARE: Final = 0.25
+"""Share of the memory a combiner may use that its default state cap is sized to (the rest:
+the process itself, transient merge and result frames, buffers; docs/guarantees.md)."""
+MIN_DEFAULT_STATE_CELLS: Final = 100_000
+"""Smallest default state cap (~30 MB of state), however little memory there is."""
+
+
+def default_state_cells(memory_bytes: int | None) -> int:
+    """The state cap of a spec that sets none, for a process that may use ``memory_bytes``.
+
+    A quarter of that memory at ``STATE_CELL_BYTES`` a cell, so that the cap, not the kernel's
+    out-of-memory killer, is what stops a runaway state, on a small gateway as on a large
+    host. None (memory not known): ``DEFAULT_MAX_STATE_CELLS``.
+    """
+    if memory_bytes is None:
+        return DEFAULT_MAX_STATE_CELLS
+    return max(MIN_DEFAULT_STATE_CELLS, int(memory_bytes * STATE_MEMORY_SHARE) // STATE_CELL_BYTES)
 
 
 def default_max_hold_ms(lateness_ms: int, idle_timeout_ms: int) -> int:
@@ -83,7 +104,8 @@ class PipelineSpec:
         max_state_cells: the most state cells (merged (window, key) rows and quantile-sketch
             buckets) one combiner partition holds open; a partial that could grow it beyond
             is refused and dead-lettered (``StateCapError``, docs/guarantees.md
-            "Bounded memory"). Set in ``[limits]``.
+            "Bounded memory"). Set in ``[limits]``; None (not set): sized from the memory
+            the combiner may use (``state_cap``, ``default_state_cells``).
         source: the file the spec came from, if any.
         where: row condition (SQL, ``shoal.rules``); rows it rejects are counted, not kept.
         derive: (column, SQL expression) computed on each batch before ``where``.
@@ -111,7 +133,7 @@ class PipelineSpec:
     sketch_accuracy: float = 0.01
     checkpoint_interval_ms: int = 1_000
     limits: DecodeLimits = field(default_factory=DecodeLimits)
-    max_state_cells: int = DEFAULT_MAX_STATE_CELLS
+    max_state_cells: int | None = None
     source: Path | None = None
     where: str | None = None
     derive: tuple[tuple[str, str], ...] = ()
@@ -146,6 +168,12 @@ class PipelineSpec:
         if self.max_hold_ms is not None:
             return self.max_hold_ms
         return default_max_hold_ms(self.lateness_ms, self.idle_timeout_ms)
+
+    def state_cap(self, memory_bytes: int | None) -> int:
+        """``max_state_cells``, or the default for a combiner that may use ``memory_bytes``."""
+        if self.max_state_cells is not None:
+            return self.max_state_cells
+        return default_state_cells(memory_bytes)
 
     @property
     def needs_last_ts(self) -> bool:
@@ -272,9 +300,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
     accuracy = sketch.number("relative_accuracy", default=0.01, low=1e-4, high=0.2)
     sketch.finish()
     limits_reader = _Reader(reader.table("limits"), f"{where}: [limits]", "limits")
-    max_state_cells = limits_reader.integer(
-        "max_state_cells", default=DEFAULT_MAX_STATE_CELLS, low=1_000, high=2**40
-    )
+    max_state_cells = limits_reader.integer("max_state_cells", default=0, low=1_000, high=2**40)
     limits = _limits(limits_reader)
     rules = _rules(reader, aggregates, functions)
     rules["alerts"] = tuple(
@@ -302,7 +328,7 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
             "checkpoint_interval_ms", default=1_000, low=50, high=60_000
         ),
         limits=limits,
-        max_state_cells=max_state_cells,
+        max_state_cells=max_state_cells or None,
         source=source,
         functions=functions.specs,
         loaded=functions,

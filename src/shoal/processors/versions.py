@@ -232,6 +232,7 @@ class Chain:
             clock,
             logged=old.core.close_log.enabled,
             spill=old.core.spill_factory,
+            memory_bytes=old.core.memory_bytes,
         )
         seen = [not_before_ms]
         seen += [g.watermark_ms for g in old.core.tracker.gateways.values() if g.watermark_ms]
@@ -350,11 +351,13 @@ class Chain:
         *,
         logs: Callable[[int | None], bytes | None] | None = None,
         spill: Callable[[], Spill[Partial]] | None = None,
+        memory_bytes: int | None = None,
     ) -> Chain | None:
         """A chain from ``snapshot`` bytes; None when ``data`` is a single core's snapshot.
 
         ``logs``: each stage's close log by its version (``close_log``): the stages keep
         logs and re-take the closes logged after the snapshot; None: no logs are kept.
+        ``spill``, ``memory_bytes``: as ``Combiner`` takes them.
 
         Raises:
             SchemaError: unreadable, or a stage's spec is no longer valid (``bad_checkpoint``);
@@ -374,7 +377,14 @@ class Chain:
                     f"checkpoint stage v{item.get('version')}: its spec is invalid: {exc}",
                     reason="bad_checkpoint",
                 ) from exc
-            core = Combiner(spec, partition, clock, logged=logs is not None, spill=spill)
+            core = Combiner(
+                spec,
+                partition,
+                clock,
+                logged=logs is not None,
+                spill=spill,
+                memory_bytes=memory_bytes,
+            )
             core.restore(item["core"], None if logs is None else logs(item["version"]))
             stages.append(
                 Stage(item["version"], core, item["from_ms"], item["until_ms"], item["spec"])

@@ -104,6 +104,7 @@ from shoal.runtime._fence import CheckpointLock
 from shoal.runtime._heap import release_free_memory
 from shoal.runtime._heartbeat import heartbeat_payload
 from shoal.runtime._log_writer import LogWriter, shared_writer, write_atomically, write_now
+from shoal.runtime._memory import usable_memory_bytes
 from shoal.runtime._spill import partial_spill
 from shoal.runtime._tasks import pause, supervised
 from shoal.runtime.latency import LatencyHistogram
@@ -177,6 +178,9 @@ class CombinerConfig:
             acknowledged on receipt, bounded by ``intake_bytes`` only.
         host_ticks: the pool member ticks this partition (``CombinerRuntime.tick``, every
             ``tick_ms``), one timer for all the partitions it hosts instead of one each.
+        memory_bytes: what the process may use (the machine's RAM, or its container's limit
+            if lower): it sizes the state cap of a spec that sets no ``max_state_cells``
+            (``PipelineSpec.state_cap``); None: not known, the fixed default.
     """
 
     spec: PipelineSpec
@@ -195,6 +199,7 @@ class CombinerConfig:
     intake_bytes: int = INTAKE_BYTES
     receive_maximum: int | None = None
     host_ticks: bool = False
+    memory_bytes: int | None = field(default_factory=usable_memory_bytes)
 
     @property
     def client_id(self) -> str:
@@ -379,7 +384,12 @@ class CombinerRuntime:
         config = self.config
         doc = canonical_mapping(config.spec) if config.hosted else None
         core = Combiner(
-            config.spec, config.partition, self.clock, logged=self._logged, spill=partial_spill
+            config.spec,
+            config.partition,
+            self.clock,
+            logged=self._logged,
+            spill=partial_spill,
+            memory_bytes=config.memory_bytes,
         )
         return Chain(Stage(config.version, core, spec_doc=doc))
 
@@ -801,7 +811,7 @@ class CombinerRuntime:
                 "%d) after refusing %d at the cap",
                 self.config.client_id,
                 stage.core.state_cells,
-                self.config.spec.max_state_cells,
+                stage.core.state_cap,
                 refused,
             )
 
@@ -1496,7 +1506,7 @@ class CombinerRuntime:
             "spilled_batches": self.core.tracker.spilled,
             "spilled_total": self.core.tracker.spilled_total,
             "state_rows": self.core.state_cells,
-            "max_state_cells": self.config.spec.max_state_cells,
+            "max_state_cells": self.core.state_cap,
             # closed windows held for corrections (each for at most allowed_lateness_ms)
             "kept_windows": self.core.kept_windows(),
             "replaying": self.chain.replaying,
@@ -1568,6 +1578,7 @@ class CombinerRuntime:
                 _parse_canonical,
                 logs=logs,
                 spill=partial_spill,
+                memory_bytes=self.config.memory_bytes,
             )
         if chain is not None:
             self.chain = chain

@@ -5,7 +5,7 @@ from __future__ import annotations
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import FakeClock
 from shoal.observe.collectors import CombinerCollector
-from shoal.processors.spec import parse_pipeline
+from shoal.processors.spec import PipelineSpec, default_state_cells, parse_pipeline
 from shoal.runtime.combiner import CombinerConfig, CombinerRuntime
 from shoal.schemas.control import GatewayStatus
 
@@ -51,3 +51,15 @@ def test_a_partition_reports_the_batches_gateways_announced_and_it_has_not_appli
     assert after["shoal_combiner_gateways_holding"] == 2  # announced, not applied: they hold
     assert after["shoal_combiner_batches_applied_total"] == 0
     assert after["shoal_combiner_apply_latency_seconds_count"] == 0
+
+
+def test_a_partition_reports_its_state_cap_sized_from_the_memory_in_its_config() -> None:
+    raw = {"name": "capped", "windows": [{"size_ms": 1_000}]}
+    broker = BrokerSettings.from_url("mqtt://127.0.0.1:1")
+
+    def cap(spec: PipelineSpec) -> float:
+        config = CombinerConfig(spec, 0, broker, memory_bytes=2**30)
+        return _samples(CombinerRuntime(config, FakeClock()))["shoal_combiner_max_state_cells"]
+
+    assert cap(parse_pipeline(raw)) == default_state_cells(2**30)
+    assert cap(parse_pipeline({**raw, "limits": {"max_state_cells": 5_000}})) == 5_000

@@ -16,7 +16,13 @@ from shoal.errors import ConfigError, StateCapError
 from shoal.processors.combine import Combiner
 from shoal.processors.count import ROWS_PER_CELL
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
-from shoal.processors.spec import DEFAULT_MAX_STATE_CELLS, parse_pipeline
+from shoal.processors.spec import (
+    DEFAULT_MAX_STATE_CELLS,
+    MIN_DEFAULT_STATE_CELLS,
+    STATE_CELL_BYTES,
+    default_state_cells,
+    parse_pipeline,
+)
 from shoal.schemas.control import GatewayStatus
 from shoal.schemas.topics import Topics
 from tests.support.state_cap import (
@@ -30,12 +36,34 @@ from tests.support.state_cap import (
 
 def test_the_cap_is_read_from_limits_with_a_default_and_checked() -> None:
     base = {"name": "c", "windows": [{"kind": "tumbling", "size_ms": 1_000}]}
-    assert parse_pipeline(base).max_state_cells == DEFAULT_MAX_STATE_CELLS
-    assert parse_pipeline({**base, "limits": {"max_state_cells": 5_000}}).max_state_cells == 5_000
+    unset = parse_pipeline(base)
+    assert unset.max_state_cells is None  # sized from memory when the combiner starts
+    assert unset.state_cap(None) == DEFAULT_MAX_STATE_CELLS
+    assert unset.state_cap(8 * 2**30) == default_state_cells(8 * 2**30)
+    fixed = parse_pipeline({**base, "limits": {"max_state_cells": 5_000}})
+    assert fixed.max_state_cells == 5_000
+    assert fixed.state_cap(None) == fixed.state_cap(8 * 2**30) == 5_000
     for bad in (0, 999, -1, "many", 2.5):
         with pytest.raises(ConfigError, match="max_state_cells") as caught:
             parse_pipeline({**base, "limits": {"max_state_cells": bad}})
         assert caught.value.field == "limits.max_state_cells"
+
+
+def test_the_default_cap_is_a_quarter_of_the_memory_at_the_bytes_a_cell_costs() -> None:
+    gib = 2**30
+    assert default_state_cells(4 * gib) == gib // STATE_CELL_BYTES  # ~3.6 M cells at 4 GiB
+    assert default_state_cells(64 * gib) == 16 * gib // STATE_CELL_BYTES  # ~57 M
+    # however small the device, the cap leaves room for a working state
+    assert default_state_cells(64 * 2**20) == MIN_DEFAULT_STATE_CELLS
+    assert default_state_cells(None) == DEFAULT_MAX_STATE_CELLS
+
+
+def test_a_combiner_core_sizes_its_cap_from_the_memory_it_is_given() -> None:
+    spec = parse_pipeline({"name": "c", "windows": [{"kind": "tumbling", "size_ms": 1_000}]})
+    assert Combiner(spec, 0, FakeClock(), memory_bytes=2 * 2**30).state_cap == (
+        default_state_cells(2 * 2**30)
+    )
+    assert Combiner(spec, 0, FakeClock()).state_cap == DEFAULT_MAX_STATE_CELLS
 
 
 Sender = Callable[[int, list[str], int], tuple[int, list[tuple[Partial, StateCapError]]]]
