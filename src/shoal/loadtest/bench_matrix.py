@@ -480,7 +480,8 @@ def _shoal_sustained(record: dict[str, Any]) -> bool:
         and record["unconfirmed_batches"] == 0
         and record["achieved_meas_per_s"] >= SUSTAIN_FRACTION * offered - granularity
         and (record["simulator_meas_per_s"] or 0.0) >= SUSTAIN_FRACTION * offered
-        and record["lag_at_end_measurements"] <= MAX_LAG_SECONDS * offered
+        and record.get("lag_settled_measurements", record["lag_at_end_measurements"])
+        <= MAX_LAG_SECONDS * offered
     )
 
 
