@@ -236,6 +236,34 @@ def test_folding_short_runs_equals_reduceat_bit_for_bit(lengths, dtype, ufunc, s
     np.testing.assert_array_equal(got, want)
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    runs=st.integers(1, 60),
+    length=st.integers(2, _kernels.FOLDED_RUN_ROWS + 2),
+    dtype=st.sampled_from([np.int64, np.float64]),
+    ufunc=st.sampled_from([np.add, np.minimum, np.maximum]),
+    zeros=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_folding_runs_of_one_length_equals_reduceat_bit_for_bit(
+    runs, length, dtype, ufunc, zeros, seed
+) -> None:
+    """Runs all of one length are folded by row position: the same values, bit for bit (float
+    sums in reduceat's order; signed zeros too), and longer runs still go to ``reduceat``."""
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal(runs * length) * 10.0 ** rng.integers(-6, 7, runs * length)
+    if zeros:
+        values = np.where(rng.random(len(values)) < 0.5, 0.0, -0.0)
+    values = values.astype(dtype)
+    starts = np.arange(0, runs * length, length, dtype=np.int64)
+    lens = np.full(runs, length, dtype=np.int64)
+    got = _kernels.reduce_runs(ufunc, values, starts, lens, length)
+    want = ufunc.reduceat(values, starts)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
 @settings(max_examples=100, deadline=None)
 @given(ids=st.lists(st.integers(-3, 3), max_size=40))
 def test_run_bounds_finds_every_run(ids) -> None:
