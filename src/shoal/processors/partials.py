@@ -829,7 +829,7 @@ class PartialBuilder:
                 PartialRows(
                     window=np.full(len(g), index, dtype=np.uint8),
                     start=assigned.starts(g // width) + pane_start,
-                    keys=_names_of(key_names, g % width),
+                    keys=_names_of(key_names, g),
                     fields=state,
                     sketch_row=None if sketch is None else sketch[0],
                     sketch_bucket=None if sketch is None else sketch[1],
@@ -872,13 +872,19 @@ class PartialBuilder:
         ]
 
 
-def _names_of(names: list[str | None], ids: npt.NDArray[np.int64]) -> list[str | None]:
-    """``names[i]`` for each id; the usual batch (every key once, in order) copies the list."""
-    if len(ids) == len(names) and (
-        len(ids) == 0 or (ids[0] == 0 and bool((np.diff(ids) == 1).all()))
+def _names_of(names: list[str | None], groups: npt.NDArray[np.int64]) -> list[str | None]:
+    """The key name of each group (``slot * len(names) + key``, ascending and unique).
+
+    The usual batch has every key once in one slot: its groups are one range of
+    ``len(names)`` ids starting at a multiple of it, told by its ends alone, and the names
+    are the list itself.
+    """
+    width = len(names)
+    if len(groups) == width and (
+        width == 0 or (int(groups[-1]) - int(groups[0]) == width - 1 and groups[0] % width == 0)
     ):
         return list(names)
-    return [names[i] for i in ids.tolist()]
+    return [names[i] for i in (groups % width).tolist()]
 
 
 def concat_rows(parts: list[PartialRows]) -> PartialRows:
