@@ -188,12 +188,82 @@ def gather_runs(starts: Int64Array, lengths: Int64Array) -> Int64Array:
     return offsets + np.arange(total, dtype=np.int64)
 
 
+@dataclass(frozen=True, slots=True)
+class GroupSort:
+    """A batch's rows in group order: what ``partial_state`` computes before its kernels.
+
+    Attributes:
+        groups: the group id of each row, as given.
+        order: a stable order that makes equal ids adjacent (None: they already are).
+        starts: first row of each group in that order.
+        lengths: rows per group.
+        unique: the group ids, ascending.
+
+    A ``GroupSorter`` hands the same ones to later batches, ``frozen``.
+    """
+
+    groups: Int64Array
+    order: Int64Array | None
+    starts: Int64Array
+    lengths: Int64Array
+    unique: Int64Array
+
+    @classmethod
+    def of(cls, groups: Int64Array) -> GroupSort:
+        """Sort ``groups`` (one stable radix sort when the ids are small)."""
+        order = None if _ascending(groups) else _group_order(groups)
+        g = groups if order is None else groups[order]
+        starts, lengths = run_bounds(g)
+        unique = g[starts] if len(starts) else g[:0]
+        return cls(groups, order, starts, lengths, unique)
+
+    def frozen(self) -> GroupSort:
+        """These arrays, read-only (copies where they are views of the caller's ids)."""
+        return GroupSort(
+            _read_only(self.groups),
+            None if self.order is None else _read_only(self.order),
+            _read_only(self.starts),
+            _read_only(self.lengths),
+            _read_only(self.unique),
+        )
+
+
+def _read_only(array: Int64Array) -> Int64Array:
+    """``array``, or a copy of it if it is a view, made read-only."""
+    owned = array if array.base is None else array.copy()
+    owned.flags.writeable = False
+    return owned
+
+
+class GroupSorter:
+    """Remembers the last batch's ``GroupSort`` and reuses it for equal group ids.
+
+    A gateway that reads its sensors in a fixed order sends the same keys in the same order
+    batch after batch (scenario A: 1,000 sensors, 4 rows each): the sort, its gathers and the
+    run bounds (~30 us of a 4,000-row batch) then cost one comparison of the ids. Safe to share
+    between threads: the memo is one immutable object, replaced whole.
+    """
+
+    def __init__(self) -> None:
+        self._last: GroupSort | None = None
+
+    def sort(self, groups: Int64Array) -> GroupSort:
+        """``GroupSort.of(groups)``, or the last one when its ids equal ``groups``."""
+        last = self._last
+        if last is not None and np.array_equal(last.groups, groups):
+            return last
+        self._last = found = GroupSort.of(groups.copy()).frozen()
+        return found
+
+
 def partial_state(
     groups: Int64Array,
     ts: Int64Array,
     value: FloatArray,
     fields: Sequence[FieldKernels],
     bucket: Int64Array | None = None,
+    *,
+    sorter: GroupSorter | None = None,
 ) -> tuple[
     Int64Array, dict[str, npt.NDArray[Any]], tuple[Int64Array, Int64Array, Int64Array] | None
 ]:
@@ -206,15 +276,15 @@ def partial_state(
         fields: state fields to compute, each after the fields it needs
             (``AggregatePlan.fields``).
         bucket: sketch bucket key per row, or None for no sketch.
+        sorter: remembers the sort of earlier batches (None: sort these rows).
 
     Returns:
         (group ids ascending, field arrays aligned with them, sketch) where sketch is
         (group index into the first array, bucket key, count) per non-empty bucket, or None.
+        The group ids may be read-only (shared with later batches through ``sorter``).
     """
-    order = None if _ascending(groups) else _group_order(groups)
-    g = groups if order is None else groups[order]
-    starts, lengths = run_bounds(g)
-    unique = g[starts] if len(starts) else g[:0]
+    sort = GroupSort.of(groups) if sorter is None else sorter.sort(groups)
+    order, starts, lengths, unique = sort.order, sort.starts, sort.lengths, sort.unique
     out: dict[str, npt.NDArray[Any]] = {}
     if len(starts) == 0:
         out = {f.name: np.zeros(0, dtype=f.np_dtype) for f in fields}

@@ -28,7 +28,7 @@ import numpy.typing as npt
 import polars as pl
 
 from shoal.errors import ConfigError, SchemaError
-from shoal.processors._kernels import FieldKernels, partial_state
+from shoal.processors._kernels import FieldKernels, GroupSorter, partial_state
 from shoal.processors._panes import fan_out, fan_out_state
 from shoal.processors.aggregates import LAST_TS, STATE_FIELDS
 from shoal.processors.sessions import SESSION_KIND, SessionRule
@@ -664,6 +664,8 @@ class PartialBuilder:
         )
         self._schema = self.plan.state_schema(AGGS_GROUPS)
         self._by_count = any(w.by_count for w in spec.windows)
+        # Per window: batches of one gateway often repeat their keys' order (``GroupSorter``).
+        self._sorters = [GroupSorter() for _ in spec.windows]
         self.rules = spec.row_rules
 
     def build(
@@ -820,7 +822,12 @@ class PartialBuilder:
                 # Dense group ids (slot-major): small enough for a radix sort in the kernel.
                 groups = assigned.slot * width + rows_key
                 g, state, sketch = partial_state(
-                    groups, rows_ts, rows_value, self._aligned_fields, rows_bucket
+                    groups,
+                    rows_ts,
+                    rows_value,
+                    self._aligned_fields,
+                    rows_bucket,
+                    sorter=self._sorters[index],
                 )
             last = None
             if self._has_sessions:  # 'last': the largest event time of each group's rows

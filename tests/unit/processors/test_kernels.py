@@ -321,3 +321,34 @@ def test_merging_two_sorted_cell_sets_sums_equal_cells(first, second) -> None:
     assert cells.tolist() == sorted(want)
     assert counts.tolist() == [want[c] for c in sorted(want)]
     assert cells.dtype == counts.dtype == np.int64
+
+
+def test_a_group_sorter_reuses_the_sort_of_equal_ids_and_only_those() -> None:
+    """Batches whose ids repeat (a gateway reading its sensors in a fixed order) reuse the last
+    sort; other ids, and ids changed in place by the caller afterwards, are sorted afresh.
+    Either way the state is what ``partial_state`` computes without a sorter."""
+    rng = np.random.default_rng(7)
+    sorter = _kernels.GroupSorter()
+    layout = rng.permutation(50)
+    repeating = np.tile(layout, 4).astype(np.int64)
+    other = rng.integers(0, 60, 200).astype(np.int64)
+    sorts = []
+    for groups in (repeating, repeating.copy(), other, repeating, repeating):
+        ts = np.arange(len(groups), dtype=np.int64)
+        value = rng.standard_normal(len(groups))
+        bucket = LogBuckets(0.01).keys_np(value)
+        got = partial_state(groups, ts, value, KERNELS, bucket, sorter=sorter)
+        want = partial_state(groups, ts, value, KERNELS, bucket)
+        np.testing.assert_array_equal(got[0], want[0])
+        for name in FIELDS:
+            np.testing.assert_array_equal(got[1][name], want[1][name], err_msg=name)
+        for got_part, want_part in zip(got[2], want[2], strict=True):
+            np.testing.assert_array_equal(got_part, want_part)
+        sorts.append(sorter.sort(groups))
+    assert sorts[0] is sorts[1]
+    assert sorts[2] is not sorts[1]
+    assert sorts[3] is not sorts[2]
+    assert sorts[4] is sorts[3]
+    repeating[0] = 59  # the caller's array changed: not the ids the sort was made for
+    assert sorter.sort(repeating) is not sorts[4]
+    assert not sorts[4].lengths.flags.writeable
