@@ -28,7 +28,7 @@ import numpy.typing as npt
 import polars as pl
 
 from shoal.errors import ConfigError, SchemaError
-from shoal.processors._kernels import FieldKernels, partial_state
+from shoal.processors._kernels import FieldKernels, GroupSorter, partial_state
 from shoal.processors._panes import fan_out, fan_out_state
 from shoal.processors.aggregates import LAST_TS, STATE_FIELDS
 from shoal.processors.sessions import SESSION_KIND, SessionRule
@@ -664,6 +664,8 @@ class PartialBuilder:
         )
         self._schema = self.plan.state_schema(AGGS_GROUPS)
         self._by_count = any(w.by_count for w in spec.windows)
+        # Per window: batches of one gateway often repeat their keys' order (``GroupSorter``).
+        self._sorters = [GroupSorter() for _ in spec.windows]
         self.rules = spec.row_rules
 
     def build(
@@ -820,7 +822,12 @@ class PartialBuilder:
                 # Dense group ids (slot-major): small enough for a radix sort in the kernel.
                 groups = assigned.slot * width + rows_key
                 g, state, sketch = partial_state(
-                    groups, rows_ts, rows_value, self._aligned_fields, rows_bucket
+                    groups,
+                    rows_ts,
+                    rows_value,
+                    self._aligned_fields,
+                    rows_bucket,
+                    sorter=self._sorters[index],
                 )
             last = None
             if self._has_sessions:  # 'last': the largest event time of each group's rows
@@ -829,7 +836,7 @@ class PartialBuilder:
                 PartialRows(
                     window=np.full(len(g), index, dtype=np.uint8),
                     start=assigned.starts(g // width) + pane_start,
-                    keys=_names_of(key_names, g % width),
+                    keys=_names_of(key_names, g),
                     fields=state,
                     sketch_row=None if sketch is None else sketch[0],
                     sketch_bucket=None if sketch is None else sketch[1],
@@ -872,13 +879,19 @@ class PartialBuilder:
         ]
 
 
-def _names_of(names: list[str | None], ids: npt.NDArray[np.int64]) -> list[str | None]:
-    """``names[i]`` for each id; the usual batch (every key once, in order) copies the list."""
-    if len(ids) == len(names) and (
-        len(ids) == 0 or (ids[0] == 0 and bool((np.diff(ids) == 1).all()))
+def _names_of(names: list[str | None], groups: npt.NDArray[np.int64]) -> list[str | None]:
+    """The key name of each group (``slot * len(names) + key``, ascending and unique).
+
+    The usual batch has every key once in one slot: its groups are one range of
+    ``len(names)`` ids starting at a multiple of it, told by its ends alone, and the names
+    are the list itself.
+    """
+    width = len(names)
+    if len(groups) == width and (
+        width == 0 or (int(groups[-1]) - int(groups[0]) == width - 1 and groups[0] % width == 0)
     ):
         return list(names)
-    return [names[i] for i in ids.tolist()]
+    return [names[i] for i in (groups % width).tolist()]
 
 
 def concat_rows(parts: list[PartialRows]) -> PartialRows:

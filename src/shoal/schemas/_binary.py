@@ -356,31 +356,48 @@ class _DictionaryCache:
     """Dictionaries already checked, by content: gateways send the same one batch after batch.
 
     Pure memoisation of ``_checked_dictionary`` (only dictionaries that passed are kept), so
-    a hit saves building and checking a series of a thousand strings per batch.
+    a hit saves building and checking a series of a thousand strings per batch. A hit on the
+    newest entry (one gateway's dictionary, batch after batch) is compared with it directly,
+    not hashed, and not moved to the end: that hashed and compared the thousand strings a
+    second time (~14 us).
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._items: OrderedDict[tuple[str, tuple[Any, ...], int, bool], pl.Series] = OrderedDict()
+        self._items: OrderedDict[_CacheKey, tuple[_CacheKey, pl.Series]] = OrderedDict()
+        self._newest: _CacheKey | None = None  # the key object at the end of ``_items``
 
     def get(
         self, field: str, entries: list[Any], max_bytes: int, *, nullable: bool
     ) -> pl.Series | None:
         key = (field, tuple(entries), max_bytes, nullable)
+        newest = self._newest
+        if newest is not None and key == newest:  # no hash of the thousand strings (~9 us)
+            return self._items[newest][1]
         try:
             found = self._items.get(key)
         except TypeError:  # an unhashable entry: not a dictionary we checked
             return None
-        if found is not None:
-            self._items.move_to_end(key)
-        return found
+        if found is None:
+            return None
+        stored, series = found
+        if stored is not self._newest:
+            self._items.move_to_end(stored)
+            self._newest = stored
+        return series
 
     def put(
         self, field: str, entries: list[Any], max_bytes: int, series: pl.Series, *, nullable: bool
     ) -> None:
-        self._items[(field, tuple(entries), max_bytes, nullable)] = series
+        key = (field, tuple(entries), max_bytes, nullable)
+        self._items[key] = (key, series)
+        self._items.move_to_end(key)
+        self._newest = key
         while len(self._items) > self.size:
             self._items.popitem(last=False)
 
+
+_CacheKey = tuple[str, tuple[Any, ...], int, bool]
+"""A checked dictionary's field, entries, string limit and whether it may hold nils."""
 
 _DICTIONARIES: Final = _DictionaryCache(64)

@@ -236,6 +236,34 @@ def test_folding_short_runs_equals_reduceat_bit_for_bit(lengths, dtype, ufunc, s
     np.testing.assert_array_equal(got, want)
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    runs=st.integers(1, 60),
+    length=st.integers(2, _kernels.FOLDED_RUN_ROWS + 2),
+    dtype=st.sampled_from([np.int64, np.float64]),
+    ufunc=st.sampled_from([np.add, np.minimum, np.maximum]),
+    zeros=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_folding_runs_of_one_length_equals_reduceat_bit_for_bit(
+    runs, length, dtype, ufunc, zeros, seed
+) -> None:
+    """Runs all of one length are folded by row position: the same values, bit for bit (float
+    sums in reduceat's order; signed zeros too), and longer runs still go to ``reduceat``."""
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal(runs * length) * 10.0 ** rng.integers(-6, 7, runs * length)
+    if zeros:
+        values = np.where(rng.random(len(values)) < 0.5, 0.0, -0.0)
+    values = values.astype(dtype)
+    starts = np.arange(0, runs * length, length, dtype=np.int64)
+    lens = np.full(runs, length, dtype=np.int64)
+    got = _kernels.reduce_runs(ufunc, values, starts, lens, length)
+    want = ufunc.reduceat(values, starts)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
 @settings(max_examples=100, deadline=None)
 @given(ids=st.lists(st.integers(-3, 3), max_size=40))
 def test_run_bounds_finds_every_run(ids) -> None:
@@ -293,3 +321,34 @@ def test_merging_two_sorted_cell_sets_sums_equal_cells(first, second) -> None:
     assert cells.tolist() == sorted(want)
     assert counts.tolist() == [want[c] for c in sorted(want)]
     assert cells.dtype == counts.dtype == np.int64
+
+
+def test_a_group_sorter_reuses_the_sort_of_equal_ids_and_only_those() -> None:
+    """Batches whose ids repeat (a gateway reading its sensors in a fixed order) reuse the last
+    sort; other ids, and ids changed in place by the caller afterwards, are sorted afresh.
+    Either way the state is what ``partial_state`` computes without a sorter."""
+    rng = np.random.default_rng(7)
+    sorter = _kernels.GroupSorter()
+    layout = rng.permutation(50)
+    repeating = np.tile(layout, 4).astype(np.int64)
+    other = rng.integers(0, 60, 200).astype(np.int64)
+    sorts = []
+    for groups in (repeating, repeating.copy(), other, repeating, repeating):
+        ts = np.arange(len(groups), dtype=np.int64)
+        value = rng.standard_normal(len(groups))
+        bucket = LogBuckets(0.01).keys_np(value)
+        got = partial_state(groups, ts, value, KERNELS, bucket, sorter=sorter)
+        want = partial_state(groups, ts, value, KERNELS, bucket)
+        np.testing.assert_array_equal(got[0], want[0])
+        for name in FIELDS:
+            np.testing.assert_array_equal(got[1][name], want[1][name], err_msg=name)
+        for got_part, want_part in zip(got[2], want[2], strict=True):
+            np.testing.assert_array_equal(got_part, want_part)
+        sorts.append(sorter.sort(groups))
+    assert sorts[0] is sorts[1]
+    assert sorts[2] is not sorts[1]
+    assert sorts[3] is not sorts[2]
+    assert sorts[4] is sorts[3]
+    repeating[0] = 59  # the caller's array changed: not the ids the sort was made for
+    assert sorter.sort(repeating) is not sorts[4]
+    assert not sorts[4].lengths.flags.writeable

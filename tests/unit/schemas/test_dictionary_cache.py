@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgpack
 import numpy as np
+import polars as pl
 import pytest
 
 from shoal.errors import DecodeError, SchemaError
@@ -15,6 +16,7 @@ from shoal.schemas import (
     decode_batch,
     encode_batch,
 )
+from shoal.schemas._binary import _DictionaryCache
 
 
 def payload(dictionary: tuple[str | None, ...], codes: list[int], seq: int = 0) -> bytes:
@@ -55,3 +57,28 @@ def test_unhashable_dictionary_entries_are_a_schema_error() -> None:
         decode_batch(msgpack.packb(good, use_bin_type=True))
     assert info.value.reason == "bad_type"
     assert info.value.field == "sensor_id.dict[0]"
+
+
+def test_the_least_recently_used_dictionary_is_the_one_forgotten() -> None:
+    """A hit keeps a dictionary (the newest one without moving it); the oldest is dropped."""
+    cache = _DictionaryCache(2)
+    series = {name: pl.Series(name, [name]) for name in "abc"}
+
+    def get(name: str) -> pl.Series | None:
+        return cache.get("sensor_id", [name], 64, nullable=False)
+
+    def put(name: str) -> None:
+        cache.put("sensor_id", [name], 64, series[name], nullable=False)
+
+    put("a")
+    put("b")
+    assert get("b") is series["b"]  # the newest: hit, stays newest
+    assert get("a") is series["a"]  # now the newest; "b" the oldest
+    assert get("a") is series["a"]
+    put("c")
+    assert get("b") is None
+    assert get("a") is series["a"]
+    assert get("c") is series["c"]
+    put("b")  # "a" was used before "c"
+    assert get("a") is None
+    assert get("c") is series["c"]
