@@ -339,7 +339,10 @@ def _emit(  # noqa: PLR0917 - private; one call per pipeline of the scenario
 def _temps(s: _Scenario) -> CombinerRuntime:
     spec = TEMPS
     builder = PartialBuilder(spec, WORKER_ID)
-    runtime = CombinerRuntime(CombinerConfig(spec, 0, BrokerSettings()), s.clock)
+    # memory not known: the state cap the heartbeat states is the fixed default, whatever
+    # machine the goldens are generated on
+    config = CombinerConfig(spec, 0, BrokerSettings(), memory_bytes=None)
+    runtime = CombinerRuntime(config, s.clock)
     core = runtime.core
     core.receive_status(_status("gw-01", 4, s.clock.now_ms()))
     seq0, seq1 = _first_window()
@@ -593,7 +596,7 @@ def _control(s: _Scenario) -> None:
         orjson.dumps(request),
     )
     pooled = replace(spec, partitions=2)
-    config = CombinerConfig(pooled, 1, BrokerSettings(), owner="c0", version=2)
+    config = CombinerConfig(pooled, 1, BrokerSettings(), owner="c0", version=2, memory_bytes=None)
     reply = CombinerRuntime(config, s.clock).flush_confirmation(request["id"], 3)
     s.add("control-flushed", "control", TOPICS.control(asker), reply)
 
