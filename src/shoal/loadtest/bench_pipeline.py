@@ -402,14 +402,17 @@ class StepPeaks:
     default sized from the memory the combiner may use); None: no heartbeat said.
     """
 
-    lag_rows: int = 0
     state_cells: int = 0
     state_cap: int | None = None
     lags: list[int] = field(default_factory=list)
 
+    @property
+    def lag_rows(self) -> int:
+        """The highest lag of the once-a-second samples."""
+        return max(self.lags, default=0)
+
     def see(self, snap: Snapshot) -> None:
         """Take one once-a-second snapshot of the monitor."""
-        self.lag_rows = max(self.lag_rows, snap.lag_rows)
         self.lags.append(snap.lag_rows)
         cells = (int(body.get("state_rows", 0)) for body in snap.combiners.values())
         self.state_cells = max(self.state_cells, *cells, 0)
@@ -426,8 +429,8 @@ class StepPeaks:
         level, not by where the last sample fell; a lag that grows to the end still fails
         (its last samples are all high).
         """
-        self.lags.append(at_end)
-        return int(statistics.median(self.lags[-LAG_END_SAMPLES:]))
+        recent = self.lags[max(0, len(self.lags) - LAG_END_SAMPLES + 1) :]
+        return int(statistics.median([*recent, at_end]))
 
 
 def _show(progress: TextIO | None, elapsed_s: float, snap: Snapshot) -> None:

@@ -9,9 +9,10 @@ Reading is split from parsing so that the parsing is tested on the files' texts.
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 from typing import Final
+
+import psutil
 
 CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
 _NO_LIMIT_V1: Final = 1 << 60
@@ -53,12 +54,12 @@ def limit_files(proc_self_cgroup: str, root: Path = CGROUP_ROOT) -> list[Path]:
 
 
 def physical_memory_bytes() -> int | None:
-    """The machine's RAM (``sysconf``); None where it is not known."""
+    """The machine's RAM (psutil); None where it is not known."""
     try:
-        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
+        total = int(psutil.virtual_memory().total)
+    except (OSError, RuntimeError):
         return None
-    return pages * size if pages > 0 and size > 0 else None
+    return total if total > 0 else None
 
 
 def _read(path: Path) -> str | None:

@@ -231,11 +231,6 @@ class _KeyRun:
     """One per-key publication under way: its place in the order results were queued in."""
 
     seq: int
-    owner: _KeyPublications
-
-    def kept(self, frame: pl.DataFrame) -> npt.NDArray[np.bool_] | None:
-        """Which rows of ``frame`` no newer queued result has the key of (None: all)."""
-        return self.owner.kept(self, frame)
 
 
 @dataclass(slots=True)
@@ -275,8 +270,8 @@ class _KeyPublications:
             frame = result.frame
             if RETRACTED in frame.columns:  # a retraction publishes nothing per key
                 frame = frame.filter(pl.col(RETRACTED).is_null())
-            self.latest.update(zip(frame["key"].to_list(), repeat(self.queued)))
-        run = _KeyRun(self.queued, self)
+            self.latest.update(dict.fromkeys(frame["key"].to_list(), self.queued))
+        run = _KeyRun(self.queued)
         self.running.add(run)
         return run
 
@@ -1157,7 +1152,7 @@ class CombinerRuntime:
             for block in range(0, result.frame.height, KEY_ENCODE_SLICE):
                 await asyncio.sleep(0)
                 frame = result.frame.slice(block, KEY_ENCODE_SLICE)
-                keep = run.kept(frame)
+                keep = self.key_publications.kept(run, frame)
                 if keep is not None:  # keys a newer queued result has: not published
                     self.key_publications.superseded += len(keep) - int(keep.sum())
                     frame = frame.filter(pl.Series(keep))
