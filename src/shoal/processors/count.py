@@ -197,6 +197,56 @@ class _Rows:
         return cls(**cols)
 
 
+@dataclass(frozen=True, slots=True)
+class _Final:
+    """A close step's final rows in event order (by key, then ``COUNT_ORDER``) and their batches.
+
+    ``batch`` numbers each row's batch, an index into ``gateways`` and ``seqs``; the batches
+    are numbered in (gateway id, seq) order, so that ordering by number orders by batch
+    (``_row_batches``). Row numbers are not carried: once the rows are in event order,
+    nothing reads them.
+    """
+
+    key: npt.NDArray[np.int32]
+    ts: Int64Array
+    value: npt.NDArray[np.float64]
+    batch: npt.NDArray[np.int32]
+    gateways: Int64Array
+    seqs: Int64Array
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @property
+    def gateway(self) -> Int64Array:
+        """Each row's gateway id."""
+        gateway: Int64Array = self.gateways[self.batch]
+        return gateway
+
+    @property
+    def seq(self) -> Int64Array:
+        """Each row's batch seq."""
+        seq: Int64Array = self.seqs[self.batch]
+        return seq
+
+    @classmethod
+    def of(cls, rows: _Rows) -> _Final:
+        """``rows``, in event order already, with their batches numbered."""
+        if len(rows) == 0:
+            nothing = np.zeros(0, dtype=np.int64)
+            return cls(rows.key, rows.ts, rows.value, np.zeros(0, np.int32), nothing, nothing)
+        pairs = np.stack((rows.gateway.astype(np.int64), rows.seq.astype(np.int64)), axis=1)
+        batches, number = np.unique(pairs, axis=0, return_inverse=True)  # (gateway, seq) order
+        return cls(
+            rows.key,
+            rows.ts,
+            rows.value,
+            number.reshape(-1).astype(np.int32),
+            batches[:, 0].copy(),
+            batches[:, 1].copy(),
+        )
+
+
 def _constant(value: int, n: int, dtype: np.dtype[Any]) -> npt.NDArray[Any]:
     """``n`` times ``value``, read-only, in no memory.
 
@@ -697,31 +747,29 @@ class CountState:
         rank[sorted(range(len(names)), key=names.__getitem__)] = np.arange(len(names))
         return rank
 
-    def _in_event_order(self, chunks: list[_Rows]) -> _Rows:
+    def _in_event_order(self, chunks: list[_Rows]) -> _Final:
         """Buffered chunks as one set of rows sorted by key, then ``COUNT_ORDER``.
 
         Each chunk is one batch's rows (one gateway and seq) in row order, as ``add`` buffers
         them. Concatenated in (gateway name, seq) order, the rows are in (gateway, seq, row)
-        order already, so one stable sort by (key, ts), packed into one int64 with the
-        position as tie-break, gives the order ``_event_order``'s five-key ``lexsort`` does
-        (which it falls back to for chunks of another shape, or spans that do not pack).
-        Row numbers are not carried along on that path (``_by_key_ts``): once the rows are
-        in event order, nothing reads them.
+        order already, so one sort by (key, ts), packed into one int64 with the position as
+        tie-break, gives the order ``_event_order``'s five-key ``lexsort`` does (which it
+        falls back to for chunks of another shape, or spans that do not pack).
         """
         chunks = [c for c in chunks if len(c)]
         rank = self._gateway_ranks()
         batches = [(int(rank[c.gateway[0]]), int(c.seq[0])) for c in chunks]
         if not all(_one_batch(c) for c in chunks) or len(set(batches)) != len(batches):
             rows = _Rows.concat(chunks)
-            return rows.take(self._event_order(rows))
+            return _Final.of(rows.take(self._event_order(rows)))
         by_batch = sorted(range(len(chunks)), key=batches.__getitem__)
         ordered = [chunks[i] for i in by_batch]
-        fast = _by_key_ts(ordered) if ordered else _Rows.empty()
+        fast = _by_key_ts(ordered) if ordered else _Final.of(_Rows.empty())
         if fast is not None:
             return fast
         rows = _Rows.concat(ordered)  # spans that do not pack with the positions
         order = _key_ts_order(rows)
-        return rows if order is None else rows.take(order)
+        return _Final.of(rows if order is None else rows.take(order))
 
     def _event_order(self, rows: _Rows) -> Int64Array:
         """Positions of ``rows`` sorted by key, then ``COUNT_ORDER`` (gateways by name)."""
@@ -738,7 +786,7 @@ class CountState:
         return order
 
     def _fill(
-        self, index: int, final: _Rows, span: tuple[int, int], *, flush: bool
+        self, index: int, final: _Final, span: tuple[int, int], *, flush: bool
     ) -> pl.DataFrame:
         """Fold final rows (sorted by key, in event order) into window ``index``; full windows.
 
@@ -825,7 +873,7 @@ class CountState:
         return frame.select(*result_columns(self.spec, self.plan), *RESULT_EXTRAS)
 
     def _merged(
-        self, held: _Unfinished, final: _Rows, g: _Groups
+        self, held: _Unfinished, final: _Final, g: _Groups
     ) -> tuple[dict[str, npt.NDArray[Any]], tuple[Int64Array, Int64Array] | None]:
         """Each group's state: its new rows', merged with the unfinished window it continues.
 
@@ -922,7 +970,7 @@ class CountState:
             raise SchemaError("count-window checkpoint of another spec", reason="bad_checkpoint")
         self._done = done
         for index, tail in enumerate(rows or []):  # fewer than n rows a key: none finishes
-            self._fill(index, tail.take(self._event_order(tail)), (0, 0), flush=False)
+            self._fill(index, _Final.of(tail.take(self._event_order(tail))), (0, 0), flush=False)
             self._done[index] = done[index]
 
 
@@ -956,7 +1004,7 @@ class _Groups:
         return len(self.keys)
 
 
-def _number(held: _Unfinished, final: _Rows, n: int, *, flush: bool) -> _Groups:
+def _number(held: _Unfinished, final: _Final, n: int, *, flush: bool) -> _Groups:
     """Number final rows (sorted by key, in event order) into windows of ``n`` per key.
 
     A key's rows continue its unfinished window (``held.count`` rows so far); flushing, the
@@ -1052,14 +1100,14 @@ def _key_ts_order(rows: _Rows) -> Int64Array | None:
     return stable
 
 
-def _by_key_ts(chunks: list[_Rows]) -> _Rows | None:
-    """The rows of ``chunks`` (one batch each, not empty) stably sorted by (key, ts).
+def _by_key_ts(chunks: list[_Rows]) -> _Final | None:
+    """The rows of ``chunks`` (one batch each, distinct, not empty) stably sorted by (key, ts).
 
     ``_key_ts_order``'s packed sort, without gathering the columns afterwards: key and ts
     are read back from the sorted int64 itself, the value is gathered by the position in
-    its low bits, gateway and seq from a table of the chunks (a chunk is one batch). Row
-    numbers come back as 0 (nothing reads them in event order). At 500,000 rows a close
-    step, the gathers of six columns in key order cost as much as the sort itself.
+    its low bits, the batch number from the chunks' (a chunk is one batch). At 600,000 rows
+    a close step, gathering the columns in key order cost as much as the sort itself; the
+    packed integers are built in place (each new array is fresh memory to map and zero).
     None when (key, ts offset, position) do not fit 63 bits.
     """
     key = np.concatenate([c.key for c in chunks])
@@ -1070,28 +1118,56 @@ def _by_key_ts(chunks: list[_Rows]) -> _Rows | None:
     if span is None or span[1] + span[2] + bits_pos > 63:
         return None
     low, _, bits_ts = span
-    packed = (((key.astype(np.int64) << bits_ts) | (ts - low)) << bits_pos) | np.arange(
-        n, dtype=np.int64
-    )
+    packed = key.astype(np.int64)
+    packed <<= bits_ts
+    packed += ts  # the low bits are zero: + is |
+    packed -= low
+    packed <<= bits_pos
+    packed |= np.arange(n, dtype=np.int64)
     if n > 1 and not (packed[1:] > packed[:-1]).all():
         packed.sort()
     position = packed & ((1 << bits_pos) - 1)
-    chunk = np.repeat(np.arange(len(chunks), dtype=np.int32), [len(c) for c in chunks])[position]
-    gateways = np.array([int(c.gateway[0]) for c in chunks], dtype=ROW_DTYPES["gateway"])
-    seqs = np.array([int(c.seq[0]) for c in chunks], dtype=ROW_DTYPES["seq"])
-    return _Rows(
-        (packed >> (bits_ts + bits_pos)).astype(ROW_DTYPES["key"]),
-        ((packed >> bits_pos) & ((1 << bits_ts) - 1)) + low,
-        gateways[chunk],
-        seqs[chunk],
-        _constant(0, n, ROW_DTYPES["row"]),
-        np.concatenate([c.value for c in chunks])[position],
-    )
+    value = np.concatenate([c.value for c in chunks])[position]
+    gateways = np.array([int(c.gateway[0]) for c in chunks], dtype=np.int64)
+    seqs = np.array([int(c.seq[0]) for c in chunks], dtype=np.int64)
+    by_batch = np.lexsort((seqs, gateways))  # number the batches in (gateway id, seq) order
+    number = np.empty(len(chunks), dtype=np.int32)
+    number[by_batch] = np.arange(len(chunks), dtype=np.int32)
+    batch = np.repeat(number, [len(c) for c in chunks])[position]
+    packed >>= bits_pos
+    sorted_ts = packed & ((1 << bits_ts) - 1)
+    sorted_ts += low
+    packed >>= bits_ts
+    key = packed.astype(ROW_DTYPES["key"])
+    return _Final(key, sorted_ts, value, batch, gateways[by_batch], seqs[by_batch])
 
 
-def _row_batches(final: _Rows, g: _Groups) -> _Entries:
-    """The distinct (group, gateway, seq) of the new rows (``key``: the group)."""
-    return _distinct(_Entries(g.group.astype(np.int32), final.gateway.astype(np.int64), final.seq))
+DENSE_BATCH_CELLS_PER_ROW: Final = 2
+"""A step's (group, batch) grid up to this many cells a row is marked in a mask, not sorted."""
+
+
+def _row_batches(final: _Final, g: _Groups) -> _Entries:
+    """The distinct (group, gateway, seq) of the new rows (``key``: the group), sorted.
+
+    Each row's (group, batch number) is one integer of a grid ``groups x batches``; a step
+    has some tens of batches, so the grid is marked in a mask of about a byte a row (a sort
+    where it would be larger). Batch numbers follow (gateway id, seq): the cells come out in
+    (group, gateway, seq) order, as ``_distinct`` leaves entries.
+    """
+    width = len(final.gateways)
+    if len(final) == 0:
+        return _Entries.empty()
+    cells = g.group * width
+    cells += final.batch
+    if g.size * width <= DENSE_BATCH_CELLS_PER_ROW * len(final):
+        seen = np.zeros(g.size * width, dtype=bool)
+        seen[cells] = True
+        cells = np.flatnonzero(seen)
+    else:
+        cells = np.unique(cells[np.concatenate(([True], cells[1:] != cells[:-1]))])
+    group = cells // width
+    number = cells - group * width
+    return _Entries(group.astype(np.int32), final.gateways[number], final.seqs[number])
 
 
 def _batch_counts(
