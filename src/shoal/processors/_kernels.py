@@ -264,6 +264,7 @@ def partial_state(
     bucket: Int64Array | None = None,
     *,
     sorter: GroupSorter | None = None,
+    sort: GroupSort | None = None,
 ) -> tuple[
     Int64Array, dict[str, npt.NDArray[Any]], tuple[Int64Array, Int64Array, Int64Array] | None
 ]:
@@ -277,13 +278,16 @@ def partial_state(
             (``AggregatePlan.fields``).
         bucket: sketch bucket key per row, or None for no sketch.
         sorter: remembers the sort of earlier batches (None: sort these rows).
+        sort: the rows' ``GroupSort``, known already (a count window's close step numbers
+            its rows into groups itself); ``sorter`` is not asked then.
 
     Returns:
         (group ids ascending, field arrays aligned with them, sketch) where sketch is
         (group index into the first array, bucket key, count) per non-empty bucket, or None.
         The group ids may be read-only (shared with later batches through ``sorter``).
     """
-    sort = GroupSort.of(groups) if sorter is None else sorter.sort(groups)
+    if sort is None:
+        sort = GroupSort.of(groups) if sorter is None else sorter.sort(groups)
     order, starts, lengths, unique = sort.order, sort.starts, sort.lengths, sort.unique
     out: dict[str, npt.NDArray[Any]] = {}
     if len(starts) == 0:
@@ -355,7 +359,9 @@ def _bucket_counts(
         first = numbers[starts].astype(np.int64, copy=False)
         group = first // width  # one division: integer division is the slow part
         return group, first - group * width + low, counts
-    if len(unique_groups) and unique_groups[0] >= 0 and unique_groups[-1] < 1 << 22:
+    if len(unique_groups) and unique_groups[0] == 0 and unique_groups[-1] == len(lengths) - 1:
+        group_index = groups  # the groups are numbered 0, 1, ... already (count windows)
+    elif len(unique_groups) and unique_groups[0] >= 0 and unique_groups[-1] < 1 << 22:
         lookup = np.empty(int(unique_groups[-1]) + 1, dtype=np.int64)
         lookup[unique_groups] = np.arange(len(unique_groups))
         group_index = lookup[groups]

@@ -46,6 +46,7 @@ import polars as pl
 from shoal.errors import SchemaError
 from shoal.processors._kernels import (
     FieldKernels,
+    GroupSort,
     cell_buckets,
     cell_groups,
     cell_ids,
@@ -883,7 +884,10 @@ class CountState:
         fields = self.plan.fields
         if len(final):
             bucket = self.buckets.keys_np(final.value) if self.plan.needs_sketch else None
-            new, state, sketch = partial_state(g.group, final.ts, final.value, fields, bucket)
+            sort = GroupSort(g.group, None, g.starts, g.lengths, np.arange(len(g.starts)))
+            new, state, sketch = partial_state(
+                g.group, final.ts, final.value, fields, bucket, sort=sort
+            )
         else:  # flushing unfinished windows only
             nothing = np.zeros(0, dtype=np.int64)
             new, state = nothing, {f.name: np.zeros(0, dtype=f.np_dtype) for f in fields}
@@ -983,7 +987,11 @@ class _Groups:
     """
 
     group: Int64Array
-    """Group of each new row."""
+    """Group of each new row (ascending)."""
+    starts: Int64Array
+    """First new row of each group with new rows."""
+    lengths: Int64Array
+    """New rows of each group with new rows."""
     keys: Int64Array
     """Key id of each group."""
     local: Int64Array
@@ -1011,33 +1019,41 @@ def _number(held: _Unfinished, final: _Final, n: int, *, flush: bool) -> _Groups
     unfinished windows of keys without new rows are groups too.
     """
     keys = len(held.count)
-    starts, lengths = run_bounds(final.key)
+    starts, lengths = run_bounds(final.key)  # one run per key
     run_keys = final.key[starts].astype(np.int64)
-    rank = np.arange(len(final), dtype=np.int64) - np.repeat(starts, lengths)
-    local = (np.repeat(held.count[run_keys], lengths) + rank) // n
-    change = np.ones(len(final), dtype=bool)
-    change[1:] = (final.key[1:] != final.key[:-1]) | (local[1:] != local[:-1])
-    first = np.flatnonzero(change)
+    before = held.count[run_keys]  # rows of the key's unfinished window
+    first_local = before // n
+    per_run = (before + lengths - 1) // n - first_local + 1  # windows each run touches
+    run_of = np.repeat(np.arange(len(starts), dtype=np.int64), per_run)  # per group
+    ordinal = np.arange(len(run_of), dtype=np.int64) - np.repeat(
+        np.cumsum(per_run) - per_run, per_run
+    )
+    local = first_local[run_of] + ordinal
+    # a run's first group starts with it; a later one where its window's first row falls
+    first = starts[run_of] + np.where(ordinal == 0, 0, n * local - before[run_of])
     last = np.concatenate((first[1:], [len(final)]))[: len(first)].astype(np.int64) - 1
-    new_keys = final.key[first].astype(np.int64)
+    new_keys = run_keys[run_of]
     touched = np.zeros(keys, dtype=bool)
     touched[run_keys] = True
     extra = np.flatnonzero((held.count > 0) & ~touched) if flush else np.zeros(0, np.int64)
     if flush:
         touched[:] = True
     size = len(first) + len(extra)
-    carried = (local[first] == 0) & (held.count[new_keys] > 0)
+    carried = (local == 0) & (before[run_of] > 0)
     from_held = np.concatenate((np.flatnonzero(carried), np.arange(len(first), size)))
     all_keys = np.concatenate((new_keys, extra))
     held_keys = all_keys[from_held]
-    total = np.concatenate((last - first + 1, np.zeros(len(extra), np.int64)))
+    rows = last - first + 1
+    total = np.concatenate((rows, np.zeros(len(extra), np.int64)))
     total[from_held] += held.count[held_keys]
     first_ts = np.concatenate((final.ts[first], np.zeros(len(extra), np.int64)))
     first_ts[from_held] = held.first_ts[held_keys]
     return _Groups(
-        group=np.cumsum(change) - 1,
+        group=np.repeat(np.arange(len(first), dtype=np.int64), rows),
+        starts=first,
+        lengths=rows,
         keys=all_keys,
-        local=np.concatenate((local[first], np.zeros(len(extra), np.int64))),
+        local=np.concatenate((local, np.zeros(len(extra), np.int64))),
         from_held=from_held,
         touched=touched,
         total=total,
