@@ -369,9 +369,14 @@ def _bucket_counts(
         group_index = np.searchsorted(unique_groups, groups)
     cells = len(unique_groups) * width
     if cells <= 1 << 22:
-        counts = np.bincount(group_index * width + (bucket - low), minlength=cells)
+        numbers = group_index * width
+        numbers += bucket
+        numbers -= low
+        counts = np.bincount(numbers, minlength=cells)
         filled = np.flatnonzero(counts)
-        return filled // width, filled % width + low, counts[filled].astype(np.int64)
+        group, offset = np.divmod(filled, width)  # one division for both
+        offset += low
+        return group, offset, counts[filled].astype(np.int64, copy=False)
     merged, totals = merge_cells(cell_ids(group_index, bucket), np.ones(len(groups), np.int64))
     return cell_groups(merged), cell_buckets(merged), totals
 
