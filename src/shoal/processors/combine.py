@@ -72,6 +72,7 @@ import polars as pl
 
 from shoal.clock import Clock
 from shoal.errors import SchemaError, StateCapError, UsageError
+from shoal.processors._packing import Part, bin_header, parts
 from shoal.processors.close_log import CloseLog, Decision, LogWrite
 from shoal.processors.count import ROWS_PER_CELL, CountState
 from shoal.processors.partials import (
@@ -930,7 +931,7 @@ class Combiner:
         """
         return b"".join(self.snapshot_parts())
 
-    def snapshot_parts(self) -> list[bytes | memoryview]:
+    def snapshot_parts(self) -> list[Part]:
         """``snapshot``'s bytes in pieces, nothing large copied (what the runtime writes).
 
         The same bytes as ``snapshot`` once joined. At 100,000 keys a sliding window's panes
@@ -1088,46 +1089,30 @@ def _partial_bytes(partial: Partial) -> int:
     return 256 + sum(int(a.nbytes) for a in arrays) + 64 * len(rows.keys)
 
 
-def _pack_parts(snapshot: dict[str, Any]) -> list[bytes | memoryview]:
+def _pack_parts(snapshot: dict[str, Any]) -> list[Part]:
     """``msgpack.packb(snapshot, use_bin_type=True)`` in pieces: nothing large copied.
 
-    The map is packed key by key in its order; each value as its packer's own buffer (a
-    count window's buffered rows pack to ~55 MB at 2M measurements/s, and copying them into
-    a ``bytes`` once more cost as much as packing them); ``pane_chunks``' packed key names
-    and pane blobs go in as a bin header followed by the blob itself, which is what
-    ``packb`` writes for them (``tests/unit/processors/test_stacks.py`` holds the two equal).
+    The map is packed key by key in its order; each value in pieces (``_packing.parts``: as
+    its packer's own buffer, a count window's buffered chunks, ``Packed`` once while they
+    stay buffered, by reference); ``pane_chunks``' packed key names and pane blobs go in as
+    a bin header followed by the blob itself, which is what ``packb`` writes for them
+    (``tests/unit/processors/test_sliding.py`` and ``test_count_windows.py`` hold the two
+    equal).
     """
     packer = msgpack.Packer(use_bin_type=True)
-    parts: list[bytes | memoryview] = [packer.pack_map_header(len(snapshot))]
+    pieces: list[Part] = [packer.pack_map_header(len(snapshot))]
     for name, value in snapshot.items():
-        parts.append(packer.pack(name))
+        pieces.append(packer.pack(name))
         if name != "pane_chunks" or value is None:
-            parts.append(_packed(value))
+            pieces += parts(value)
             continue
         keys, panes = value["keys"], value["panes"]
-        parts += [packer.pack_map_header(2), packer.pack("keys")]
-        parts.append(packer.pack_array_header(len(keys)))
+        pieces += [packer.pack_map_header(2), packer.pack("keys")]
+        pieces.append(packer.pack_array_header(len(keys)))
         for chunk in keys:
-            parts += [_bin_header(len(chunk)), chunk]
-        parts += [packer.pack("panes"), packer.pack_array_header(len(panes))]
+            pieces += [bin_header(len(chunk)), chunk]
+        pieces += [packer.pack("panes"), packer.pack_array_header(len(panes))]
         for window, start, blob in panes:
-            parts += [packer.pack_array_header(3), packer.pack(window), packer.pack(start)]
-            parts += [_bin_header(len(blob)), blob]
-    return parts
-
-
-def _packed(value: Any) -> memoryview:
-    """``value`` packed, as the packer's own buffer (it stays alive while it is read)."""
-    packer = msgpack.Packer(use_bin_type=True, autoreset=False)
-    packer.pack(value)
-    buffer: memoryview = packer.getbuffer()
-    return buffer
-
-
-def _bin_header(size: int) -> bytes:
-    """MsgPack's header of a bin of ``size`` bytes (bin 8, 16 or 32, as ``packb`` picks)."""
-    if size < 2**8:
-        return b"\xc4" + size.to_bytes(1, "big")
-    if size < 2**16:
-        return b"\xc5" + size.to_bytes(2, "big")
-    return b"\xc6" + size.to_bytes(4, "big")
+            pieces += [packer.pack_array_header(3), packer.pack(window), packer.pack(start)]
+            pieces += [bin_header(len(blob)), blob]
+    return pieces

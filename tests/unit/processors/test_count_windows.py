@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgpack
 import numpy as np
 import polars as pl
 import pytest
@@ -601,7 +602,7 @@ def test_buffered_rows_pack_compactly_and_round_trip(span: int, top_key: int) ->
         if rows is one:
             ts_bytes = 2 if span < 2**16 else 4 if span < 2**31 else 8
             key_bytes = 2 if top_key < 2**16 else 4
-            size = sum(len(v) for v in packed.values() if isinstance(v, bytes))
+            size = sum(v.nbytes for v in packed.values() if isinstance(v, memoryview))
             assert size == n * (8 + ts_bytes + key_bytes)
 
 
@@ -652,6 +653,45 @@ def test_snapshots_reuse_packed_chunks_and_still_restore_exactly() -> None:
         assert restored.counts._pending_rows == sum(len(c) for c in combiner.counts._pending)
         clock.advance(COUNT_CLOSE_INTERVAL_MS)
     assert reused > 0  # chunks were carried from one snapshot to the next
+    clock.advance(spec.idle_timeout_ms + 1)
+    frames = [c.flush().frame for c in (combiner, restored)]
+    assert frames[0].equals(frames[1])
+
+
+def test_a_snapshot_in_parts_is_the_snapshot_msgpack_packs() -> None:
+    """``snapshot_parts`` joined is what ``msgpack.packb`` makes of the snapshot's content,
+    and the buffered chunks' values go in as the chunks' own columns, not copies.
+
+    The checkpoint file must stay byte for byte the one ``packb`` wrote, which every restore
+    reads; large chunks (values of ``BY_REFERENCE_BYTES`` or more) and small ones (copied),
+    chunks packed by an earlier snapshot and chunks split by a close all take part.
+    """
+    spec = spec_for([{"kind": "count", "n": 50}], lateness_ms=300)
+    batches = make_batches(seed=4, gateways=2, batches_per_gateway=8, rows_per_batch=(0, 1_500))
+    clock = FakeClock()
+    builder, combiner = _announced(spec, batches, clock)
+    order = sorted(range(len(batches)), key=lambda i: (batches[i].seq, batches[i].gateway_id))
+    referenced = 0
+    for index in order:
+        _apply(builder, combiner, batches[index], clock.now_ms())
+        combiner.tick()
+        for _ in range(2):  # the second: chunks kept as packed by the first
+            parts = combiner.snapshot_parts()
+            joined = b"".join(parts)
+            assert joined == msgpack.packb(msgpack.unpackb(joined, raw=False), use_bin_type=True)
+            assert combiner.counts is not None
+            values = [c.value for c in combiner.counts._pending]
+            referenced += sum(
+                any(
+                    isinstance(p, memoryview) and np.shares_memory(np.frombuffer(p, np.uint8), v)
+                    for p in parts
+                )
+                for v in values
+            )
+        clock.advance(COUNT_CLOSE_INTERVAL_MS)
+    assert referenced > 0  # chunks went in by reference
+    restored = Combiner(spec, 0, clock)
+    restored.restore(combiner.snapshot())
     clock.advance(spec.idle_timeout_ms + 1)
     frames = [c.flush().frame for c in (combiner, restored)]
     assert frames[0].equals(frames[1])
