@@ -457,27 +457,29 @@ class Combiner:
         if len(events) == 0:
             return None
         wm_before = self.tracker.watermark(gateway_id)
-        end = events.ts + 1
-        behind = (
-            np.zeros(len(end), dtype=bool)
-            if wm_before is None
-            else end + self.spec.lateness_ms <= wm_before
-        )
-        closed = behind if self.closed_through is None else end <= self.closed_through
-        is_late = behind | closed
+        # Late: its 1 ms window ``[ts, ts + 1)`` ended ``lateness_ms`` or more before the
+        # watermark (behind), or at or before ``closed_through`` (closed): ``ts`` below either.
+        behind_below = None if wm_before is None else wm_before - self.spec.lateness_ms
+        bounds = [b for b in (behind_below, self.closed_through) if b is not None]
+        late_below = max(bounds, default=None)
+        if late_below is None or int(np.minimum.reduce(events.ts)) >= late_below:
+            kept = self.counts.add(events, gateway_id, seq, None)  # none late: the usual case
+            self.counters.rows_applied += kept * len(self.counts.windows)
+            return None
+        is_late = events.ts < late_below
         kept = self.counts.add(events, gateway_id, seq, ~is_late)
         self.counters.rows_applied += kept * len(self.counts.windows)
-        if not is_late.any():
-            return None
         picked = np.flatnonzero(is_late)
+        late_ts = events.ts[picked]
+        behind = np.zeros(len(picked), bool) if behind_below is None else late_ts < behind_below
         keys = [events.keys[k] for k in events.key[picked].tolist()]
         one: dict[str, object] = {
-            "start": events.ts[picked],
-            "end": end[picked],
+            "start": late_ts,
+            "end": late_ts + 1,
             "key": pl.Series(keys, dtype=pl.String),
             "rows": np.ones(len(picked), dtype=np.int64),
             **{c: events.value[picked] for c in ("min", "max", "sum") if c in self._field_names},
-            "reason": np.where(behind[picked], "behind_watermark", "window_closed"),
+            "reason": np.where(behind, "behind_watermark", "window_closed"),
         }
         frame = pl.concat(
             pl.DataFrame(one).select(pl.lit(w.name).alias("window"), pl.all())

@@ -622,25 +622,34 @@ class CountState:
 
     # -- input -------------------------------------------------------------------------------
 
-    def add(self, events: EventRows, gateway_id: str, seq: int, keep: npt.NDArray[np.bool_]) -> int:
-        """Buffer the rows of one batch that ``keep`` marks (on time); how many."""
-        picked = np.flatnonzero(keep)
-        if len(picked) == 0:
+    def add(
+        self, events: EventRows, gateway_id: str, seq: int, keep: npt.NDArray[np.bool_] | None
+    ) -> int:
+        """Buffer the rows of one batch that ``keep`` marks (on time; None: all); how many.
+
+        Every row is on time, usually: then the columns are taken as they are (event times
+        and values not copied, key ids looked up in one pass), not gathered.
+        """
+        if keep is not None and keep.all():
+            keep = None
+        picked = None if keep is None else np.flatnonzero(keep)
+        n = len(events) if picked is None else len(picked)
+        if n == 0:
             return 0
-        keys = self._keys.key_ids(events.keys)[events.key[picked]].astype(np.int32)
+        ids = self._keys.key_ids(events.keys).astype(ROW_DTYPES["key"])
         gateway = self._gateway_ids.setdefault(gateway_id, len(self._gateway_names))
         if gateway == len(self._gateway_names):
             self._gateway_names.append(gateway_id)
-        n = len(picked)
         self._pending_rows += n
+        ts, row, value = events.ts, events.row, events.value
         self._pending.append(
             _Rows(
-                keys,
-                events.ts[picked],
+                ids[events.key if picked is None else events.key[picked]],
+                ts if picked is None else ts[picked],
                 _constant(gateway, n, ROW_DTYPES["gateway"]),
                 _constant(seq, n, ROW_DTYPES["seq"]),
-                events.row[picked].astype(np.int32),
-                events.value[picked],
+                (row if picked is None else row[picked]).astype(ROW_DTYPES["row"]),
+                value if picked is None else value[picked],
             )
         )
         return n

@@ -251,6 +251,55 @@ def test_flush_emits_unfinished_windows_with_fewer_rows() -> None:
     assert combiner.flush().frame["index"].to_list() == [3]
 
 
+def test_late_rows_and_their_reasons_at_the_bounds() -> None:
+    """A row is late as its 1 ms window ``[ts, ts + 1)`` would be: ended ``lateness_ms`` or
+    more before its gateway's watermark (``behind_watermark``, which wins), or at or before
+    ``closed_through`` (``window_closed``). Rows on both sides of both bounds, against that
+    rule row by row; the on-time rows of the batch are buffered, the late ones reported."""
+    spec = spec_for([{"kind": "count", "n": 2}], lateness_ms=1_000, idle_timeout_ms=10_000)
+    clock = FakeClock()
+    combiner = Combiner(spec, 0, clock)
+    builder = PartialBuilder(spec, "w")
+
+    def send(gateway: str, seq: int, rows: list[tuple[str, int, float]]) -> list:
+        info = BatchInfo(gateway, seq, "s", 0, None, None, 0, 0, "w")
+        late = []
+        for p in builder.build(frame_of(rows), info, clock.now_ms()):
+            late += combiner.receive(Partial.decode(p.encode())).late
+        return late
+
+    # announced: the busy gateway always has batches on the way (it holds the watermark)
+    announced = [("quiet", 0), ("busy", 0), ("busy", 99)]
+    batches = [GeneratedBatch(g, seq, frame_of([])) for g, seq in announced]
+    for status in statuses_for(batches, clock.now_ms()):
+        combiner.receive_status(status)
+    send("quiet", 0, [("k", 5_100, 1.0)])
+    send("busy", 0, [("k", 20_000, 1.0)])
+    clock.advance(spec.idle_timeout_ms + 1)  # the quiet gateway no longer holds windows
+    send("busy", 1, [("k", 20_500, 2.0)])
+    combiner.tick()
+    watermark, closed = combiner.tracker.watermark("quiet"), combiner.closed_through
+    assert watermark is not None
+    assert closed is not None
+    assert watermark - spec.lateness_ms < closed  # both reasons can happen
+    times = [watermark - spec.lateness_ms + d for d in (-1, 0)] + [closed + d for d in (-1, 0, 9)]
+    assert combiner.counts is not None
+    buffered = combiner.counts._pending_rows
+    late = send("quiet", 1, [(f"k{i}", ts, float(i)) for i, ts in enumerate(times)])
+
+    def reason(ts: int) -> str | None:
+        if ts + 1 + spec.lateness_ms <= watermark:
+            return "behind_watermark"
+        return "window_closed" if ts + 1 <= closed else None
+
+    expected = [(ts, ts + 1, float(i), reason(ts)) for i, ts in enumerate(times) if reason(ts)]
+    [item] = late
+    got = item.frame.sort("start").select("start", "end", "sum", "reason").rows()
+    assert got == expected
+    assert [r for *_, r in expected] == ["behind_watermark", *["window_closed"] * 2]
+    assert combiner.counts._pending_rows - buffered == len(times) - len(expected)
+
+
 def test_a_restored_combiner_carries_buffered_rows_tails_and_counts() -> None:
     """Snapshot at every step, restore into a fresh combiner, go on: same results."""
     spec = spec_for([{"kind": "count", "n": 5}, {"kind": "count", "n": 9}], lateness_ms=300)
