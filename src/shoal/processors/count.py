@@ -215,11 +215,7 @@ def _narrow(name: str, values: npt.NDArray[Any], base: int, top: int) -> dict[st
     None of them is negative, none above ``top``.
     """
     dtype = np.dtype("<u2" if top < 2**16 else "<i4")
-    narrow = np.empty(len(values), dtype=dtype)
-    if base:  # one pass, no int64 temporary: the difference fits ``dtype``
-        np.subtract(values, base, out=narrow, casting="unsafe")
-    else:
-        narrow[:] = values
+    narrow = (values - base if base else values).astype(dtype)
     return {name: narrow.data.cast("B"), f"{name}_dtype": dtype.str}
 
 
