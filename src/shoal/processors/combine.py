@@ -72,6 +72,7 @@ import polars as pl
 
 from shoal.clock import Clock
 from shoal.errors import SchemaError, StateCapError, UsageError
+from shoal.processors._packing import Part, bin_header, parts
 from shoal.processors.close_log import CloseLog, Decision, LogWrite
 from shoal.processors.count import ROWS_PER_CELL, CountState
 from shoal.processors.partials import (
@@ -456,27 +457,29 @@ class Combiner:
         if len(events) == 0:
             return None
         wm_before = self.tracker.watermark(gateway_id)
-        end = events.ts + 1
-        behind = (
-            np.zeros(len(end), dtype=bool)
-            if wm_before is None
-            else end + self.spec.lateness_ms <= wm_before
-        )
-        closed = behind if self.closed_through is None else end <= self.closed_through
-        is_late = behind | closed
+        # Late: its 1 ms window ``[ts, ts + 1)`` ended ``lateness_ms`` or more before the
+        # watermark (behind), or at or before ``closed_through`` (closed): ``ts`` below either.
+        behind_below = None if wm_before is None else wm_before - self.spec.lateness_ms
+        bounds = [b for b in (behind_below, self.closed_through) if b is not None]
+        late_below = max(bounds, default=None)
+        if late_below is None or int(np.minimum.reduce(events.ts)) >= late_below:
+            kept = self.counts.add(events, gateway_id, seq, None)  # none late: the usual case
+            self.counters.rows_applied += kept * len(self.counts.windows)
+            return None
+        is_late = events.ts < late_below
         kept = self.counts.add(events, gateway_id, seq, ~is_late)
         self.counters.rows_applied += kept * len(self.counts.windows)
-        if not is_late.any():
-            return None
         picked = np.flatnonzero(is_late)
+        late_ts = events.ts[picked]
+        behind = np.zeros(len(picked), bool) if behind_below is None else late_ts < behind_below
         keys = [events.keys[k] for k in events.key[picked].tolist()]
         one: dict[str, object] = {
-            "start": events.ts[picked],
-            "end": end[picked],
+            "start": late_ts,
+            "end": late_ts + 1,
             "key": pl.Series(keys, dtype=pl.String),
             "rows": np.ones(len(picked), dtype=np.int64),
             **{c: events.value[picked] for c in ("min", "max", "sum") if c in self._field_names},
-            "reason": np.where(behind[picked], "behind_watermark", "window_closed"),
+            "reason": np.where(behind, "behind_watermark", "window_closed"),
         }
         frame = pl.concat(
             pl.DataFrame(one).select(pl.lit(w.name).alias("window"), pl.all())
@@ -930,7 +933,7 @@ class Combiner:
         """
         return b"".join(self.snapshot_parts())
 
-    def snapshot_parts(self) -> list[bytes | memoryview]:
+    def snapshot_parts(self) -> list[Part]:
         """``snapshot``'s bytes in pieces, nothing large copied (what the runtime writes).
 
         The same bytes as ``snapshot`` once joined. At 100,000 keys a sliding window's panes
@@ -1088,46 +1091,30 @@ def _partial_bytes(partial: Partial) -> int:
     return 256 + sum(int(a.nbytes) for a in arrays) + 64 * len(rows.keys)
 
 
-def _pack_parts(snapshot: dict[str, Any]) -> list[bytes | memoryview]:
+def _pack_parts(snapshot: dict[str, Any]) -> list[Part]:
     """``msgpack.packb(snapshot, use_bin_type=True)`` in pieces: nothing large copied.
 
-    The map is packed key by key in its order; each value as its packer's own buffer (a
-    count window's buffered rows pack to ~55 MB at 2M measurements/s, and copying them into
-    a ``bytes`` once more cost as much as packing them); ``pane_chunks``' packed key names
-    and pane blobs go in as a bin header followed by the blob itself, which is what
-    ``packb`` writes for them (``tests/unit/processors/test_stacks.py`` holds the two equal).
+    The map is packed key by key in its order; each value in pieces (``_packing.parts``: as
+    its packer's own buffer, a count window's buffered chunks, ``Packed`` once while they
+    stay buffered, by reference); ``pane_chunks``' packed key names and pane blobs go in as
+    a bin header followed by the blob itself, which is what ``packb`` writes for them
+    (``tests/unit/processors/test_sliding.py`` and ``test_count_windows.py`` hold the two
+    equal).
     """
     packer = msgpack.Packer(use_bin_type=True)
-    parts: list[bytes | memoryview] = [packer.pack_map_header(len(snapshot))]
+    pieces: list[Part] = [packer.pack_map_header(len(snapshot))]
     for name, value in snapshot.items():
-        parts.append(packer.pack(name))
+        pieces.append(packer.pack(name))
         if name != "pane_chunks" or value is None:
-            parts.append(_packed(value))
+            pieces += parts(value)
             continue
         keys, panes = value["keys"], value["panes"]
-        parts += [packer.pack_map_header(2), packer.pack("keys")]
-        parts.append(packer.pack_array_header(len(keys)))
+        pieces += [packer.pack_map_header(2), packer.pack("keys")]
+        pieces.append(packer.pack_array_header(len(keys)))
         for chunk in keys:
-            parts += [_bin_header(len(chunk)), chunk]
-        parts += [packer.pack("panes"), packer.pack_array_header(len(panes))]
+            pieces += [bin_header(len(chunk)), chunk]
+        pieces += [packer.pack("panes"), packer.pack_array_header(len(panes))]
         for window, start, blob in panes:
-            parts += [packer.pack_array_header(3), packer.pack(window), packer.pack(start)]
-            parts += [_bin_header(len(blob)), blob]
-    return parts
-
-
-def _packed(value: Any) -> memoryview:
-    """``value`` packed, as the packer's own buffer (it stays alive while it is read)."""
-    packer = msgpack.Packer(use_bin_type=True, autoreset=False)
-    packer.pack(value)
-    buffer: memoryview = packer.getbuffer()
-    return buffer
-
-
-def _bin_header(size: int) -> bytes:
-    """MsgPack's header of a bin of ``size`` bytes (bin 8, 16 or 32, as ``packb`` picks)."""
-    if size < 2**8:
-        return b"\xc4" + size.to_bytes(1, "big")
-    if size < 2**16:
-        return b"\xc5" + size.to_bytes(2, "big")
-    return b"\xc6" + size.to_bytes(4, "big")
+            pieces += [packer.pack_array_header(3), packer.pack(window), packer.pack(start)]
+            pieces += [bin_header(len(blob)), blob]
+    return pieces

@@ -26,7 +26,8 @@ merged state fields, sketch cells (one per bucket it holds; quantiles only) and 
 batches it drew from (``batches`` counts distinct batches, which does not add up) are kept,
 not the rows; of that set only the batches that still have rows buffered, the others are a
 count per key (``_Unfinished._settle``). A checkpoint packs buffered rows at 12 bytes a row,
-each chunk once while it stays buffered (``CountState._packed_pending``). Everything is in
+each chunk once while it stays buffered (``CountState._packed_pending``), and writes them by
+reference (``_packing.Packed``): its values are the chunk's own column. Everything is in
 numpy arrays; nothing loops over rows in Python (keys only when a key list is first seen).
 
 Imports ``partials`` (rows), ``state`` (the results layout), ``aggregates``/``_kernels``/
@@ -56,6 +57,7 @@ from shoal.processors._kernels import (
     partial_state,
     run_bounds,
 )
+from shoal.processors._packing import Packed
 from shoal.processors.aggregates import BATCHES, QUANTILES, AggregatePlan
 from shoal.processors.partials import EventRows
 from shoal.processors.sketch import LogBuckets
@@ -71,8 +73,8 @@ RESULT_EXTRAS: Final = ("index", "first_ts", "last_ts")
 
 ROWS_PER_CELL: Final = 8
 """Buffered rows that count as one state cell (``max_state_cells``): a cell of merged state
-costs ~200-300 bytes (docs/benchmarks.md), a buffered row 24 (``ROW_DTYPES``) plus 12 for
-its packed copy (``CountState._packed_pending``)."""
+costs ~200-300 bytes (docs/benchmarks.md), a buffered row 24 (``ROW_DTYPES``) plus 4 for
+its packed key id and time (``CountState._packed_pending``; its value is packed as it is)."""
 
 ROW_DTYPES: Final[dict[str, np.dtype[Any]]] = {
     "key": np.dtype("<i4"),
@@ -138,35 +140,37 @@ class _Rows:
         """All rows of ``parts``, in order."""
         return _concat_columns(cls, parts)
 
-    def pack(self) -> dict[str, Any]:
-        """Little-endian buffers (checkpoints).
+    def pack(self, span: tuple[int, int] | None = None) -> dict[str, Any]:
+        """Little-endian buffers (checkpoints), as views of arrays that do not change.
 
         A chunk of one batch (one gateway and seq, as ``CountState.add`` buffers them) keeps
         those two as numbers, its key ids and event times (as offsets) in the narrowest of
         uint16 and int32 that holds them, and no row numbers while they increase (only
         their order within the batch counts, ``COUNT_ORDER``: a restore numbers them 0, 1,
         ...): 12 bytes a row at scenario B instead of 36 (the buffered rows are most of a
-        count window's checkpoint). Other chunks pack every column.
+        count window's checkpoint). Other chunks pack every column. ``span``: the smallest
+        and largest ts, if known. The values are the column itself, not a copy (a chunk's
+        columns are never written to).
         """
         n = len(self)
         if n and _constant_column(self.gateway) and _constant_column(self.seq):
-            base = int(self.ts.min())
+            low, high = (int(self.ts.min()), int(self.ts.max())) if span is None else span
             packed: dict[str, Any] = {
                 "gateway": int(self.gateway[0]),
                 "seq": int(self.seq[0]),
-                "value": self.value.tobytes(),
-                **_narrow("key", self.key, int(self.key.max())),
+                "value": _little_endian(self.value, ROW_DTYPES["value"]),
+                **_narrow("key", self.key, 0, int(self.key.max())),
             }
             if n > 1 and not (self.row[1:] > self.row[:-1]).all():
-                packed["row"] = self.row.tobytes()
-            offsets = self.ts - base
-            top = int(offsets.max())
-            if top < 2**31:
-                packed.update(ts_base=base, **_narrow("ts", offsets, top))
+                packed["row"] = _little_endian(self.row, ROW_DTYPES["row"])
+            if high - low < 2**31:
+                packed.update(ts_base=low, **_narrow("ts", self.ts, low, high - low))
             else:
-                packed["ts"] = self.ts.tobytes()
+                packed["ts"] = _little_endian(self.ts, ROW_DTYPES["ts"])
             return packed
-        return {f.name: getattr(self, f.name).tobytes() for f in fields(self)}
+        return {
+            f.name: _little_endian(getattr(self, f.name), ROW_DTYPES[f.name]) for f in fields(self)
+        }
 
     @classmethod
     def unpack(cls, obj: dict[str, Any]) -> _Rows:
@@ -256,10 +260,21 @@ def _constant(value: int, n: int, dtype: np.dtype[Any]) -> npt.NDArray[Any]:
     return np.broadcast_to(np.asarray(value, dtype=dtype), (n,))
 
 
-def _narrow(name: str, values: npt.NDArray[Any], top: int) -> dict[str, Any]:
-    """``values`` (none negative, none above ``top``) as uint16 if they fit, else int32."""
-    dtype = "<u2" if top < 2**16 else "<i4"
-    return {name: values.astype(dtype).tobytes(), f"{name}_dtype": dtype}
+def _narrow(name: str, values: npt.NDArray[Any], base: int, top: int) -> dict[str, Any]:
+    """``values - base`` as uint16 if they fit, else int32 (its buffer: a view, no copy).
+
+    None of them is negative, none above ``top``.
+    """
+    dtype = np.dtype("<u2" if top < 2**16 else "<i4")
+    narrow = (values - base if base else values).astype(dtype)
+    return {name: narrow.data.cast("B"), f"{name}_dtype": dtype.str}
+
+
+def _little_endian(column: npt.NDArray[Any], dtype: np.dtype[Any]) -> memoryview:
+    """``column``'s buffer as ``dtype`` (little-endian), the column itself when it is so."""
+    if column.dtype != dtype or not column.flags.c_contiguous:
+        column = np.ascontiguousarray(column, dtype=dtype)
+    return column.data.cast("B")
 
 
 @dataclass(slots=True)
@@ -616,7 +631,7 @@ class CountState:
         self._spans: dict[int, tuple[_Rows, int, int]] = {}
         # each buffered chunk's packed form, by id (the chunk kept, so the id stays its own):
         # a chunk stays buffered for about lateness_ms, through several checkpoints
-        self._packed: dict[int, tuple[_Rows, dict[str, Any]]] = {}
+        self._packed: dict[int, tuple[_Rows, Packed]] = {}
         self._tails = [_Unfinished(self.plan.fields) for _ in self.windows]
         self._done = [np.zeros(0, dtype=np.int64) for _ in self.windows]
 
@@ -654,25 +669,34 @@ class CountState:
 
     # -- input -------------------------------------------------------------------------------
 
-    def add(self, events: EventRows, gateway_id: str, seq: int, keep: npt.NDArray[np.bool_]) -> int:
-        """Buffer the rows of one batch that ``keep`` marks (on time); how many."""
-        picked = np.flatnonzero(keep)
-        if len(picked) == 0:
+    def add(
+        self, events: EventRows, gateway_id: str, seq: int, keep: npt.NDArray[np.bool_] | None
+    ) -> int:
+        """Buffer the rows of one batch that ``keep`` marks (on time; None: all); how many.
+
+        Every row is on time, usually: then the columns are taken as they are (event times
+        and values not copied, key ids looked up in one pass), not gathered.
+        """
+        if keep is not None and keep.all():
+            keep = None
+        picked = None if keep is None else np.flatnonzero(keep)
+        n = len(events) if picked is None else len(picked)
+        if n == 0:
             return 0
-        keys = self._keys.key_ids(events.keys)[events.key[picked]].astype(np.int32)
+        ids = self._keys.key_ids(events.keys).astype(ROW_DTYPES["key"])
         gateway = self._gateway_ids.setdefault(gateway_id, len(self._gateway_names))
         if gateway == len(self._gateway_names):
             self._gateway_names.append(gateway_id)
-        n = len(picked)
         self._pending_rows += n
+        ts, row, value = events.ts, events.row, events.value
         self._pending.append(
             _Rows(
-                keys,
-                events.ts[picked],
+                ids[events.key if picked is None else events.key[picked]],
+                ts if picked is None else ts[picked],
                 _constant(gateway, n, ROW_DTYPES["gateway"]),
                 _constant(seq, n, ROW_DTYPES["seq"]),
-                events.row[picked].astype(np.int32),
-                events.value[picked],
+                (row if picked is None else row[picked]).astype(ROW_DTYPES["row"]),
+                value if picked is None else value[picked],
             )
         )
         return n
@@ -922,7 +946,9 @@ class CountState:
     def snapshot(self) -> dict[str, Any]:
         """Keys, gateways, buffered rows, unfinished windows' state, finished-window counts.
 
-        For MsgPack; buffers are packed once, by the caller's checkpoint.
+        For ``_packing.parts``: the buffered rows come packed already (``Packed``), their
+        columns by reference (most of a checkpoint: ~55 MB at 2M measurements/s, copied
+        into a packer's buffer at every checkpoint otherwise).
         """
         return {
             "v": COUNT_SNAPSHOT_VERSION,
@@ -933,13 +959,17 @@ class CountState:
             "done": [self._done_counts(i).tobytes() for i in range(len(self.windows))],
         }
 
-    def _packed_pending(self) -> list[dict[str, Any]]:
+    def _packed_pending(self) -> Packed:
         """The buffered chunks packed; each chunk once, while it stays buffered."""
         known = self._packed
         self._packed = {
-            id(c): (c, known[id(c)][1] if id(c) in known else c.pack()) for c in self._pending
+            id(c): (c, known[id(c)][1] if id(c) in known else self._pack(c)) for c in self._pending
         }
-        return [packed for _, packed in self._packed.values()]
+        return Packed.array([packed for _, packed in self._packed.values()])
+
+    def _pack(self, chunk: _Rows) -> Packed:
+        """``chunk`` packed (``_Rows.pack``), its columns by reference."""
+        return Packed.map(chunk.pack(self._span(chunk)))
 
     def restore(self, obj: dict[str, Any] | None) -> None:
         """Replace everything with a ``snapshot`` (None: start empty).

@@ -399,7 +399,12 @@ def _unpack_int(packed: list[Any], n: int | None) -> npt.NDArray[np.int64]:
             expected="an int base and dtype u1, u2, u4 or i8",
             found=f"{type(base).__name__} base, dtype {dtype!r}",
         )
-    return _buffer(data, f"<{dtype}", n).astype(np.int64) + base
+    values = _buffer(data, f"<{dtype}", n)
+    if base == 0:
+        return values.astype(np.int64)
+    # one pass into a new int64 array (astype, then ``+ base``, made two, and a temporary)
+    widened: npt.NDArray[np.int64] = np.add(values, base, dtype=np.int64)
+    return widened
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,7 +416,7 @@ class EventRows:
         key: per row, its key's index in ``keys``.
         ts: per row, its event time.
         row: per row, its index within the whole decoded batch (the last of ``COUNT_ORDER``).
-        value: per row, its value.
+        value: per row, its value (read-only once unpacked: a view of the message's bytes).
     """
 
     keys: list[str | None]
@@ -478,7 +483,7 @@ class EventRows:
             key=key,
             ts=ts,
             row=_unpack_int(obj["row"], len(ts)),
-            value=_buffer(obj["value"], "<f8", len(ts)).astype(np.float64),
+            value=_buffer(obj["value"], "<f8", len(ts)),  # read-only, over the payload's bytes
         )
 
 

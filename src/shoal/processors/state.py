@@ -92,7 +92,7 @@ class KeyIds:
     def __init__(self, names: list[str | None] | None = None) -> None:
         self.names: list[str | None] = []
         self._ids: dict[str | None, int] = {}
-        self._lists: dict[tuple[str | None, ...], npt.NDArray[np.int64]] = {}
+        self._lists: dict[str | tuple[str | None, ...], npt.NDArray[np.int64]] = {}
         self.clear(names)
 
     def __len__(self) -> int:
@@ -127,7 +127,7 @@ class KeyIds:
         """
         # A gateway's partials list the same keys in the same order batch after batch:
         # remember the last few lists (ids only ever grow, so a remembered list stays valid).
-        signature = tuple(keys)
+        signature = _signature(keys)
         known = self._lists.get(signature)
         if known is not None:
             return known
@@ -161,6 +161,24 @@ class KeyIds:
         """The keys of key ids (a ``key`` column)."""
         names = pl.Series("key", self.names, dtype=pl.String)
         return names.gather(pl.Series(ids, dtype=pl.UInt32))
+
+
+def _signature(keys: list[str | None]) -> str | tuple[str | None, ...]:
+    """What identifies a key list, cheap to hash and compare: the keys joined by NUL.
+
+    One string, hashed and compared in one pass each: half the time of a tuple of the keys,
+    whose strings are new objects in every partial (1,000 keys: ~11 us instead of ~20). Two
+    lists join alike only if some key holds a NUL, so when one does (or a key is None, or
+    there is none), the tuple is the signature: it never equals a string.
+    """
+    if not keys:
+        return ()  # not "", which is also the signature of [""]
+    try:
+        joined = "\0".join(keys)  # type: ignore[arg-type]  # a None raises TypeError
+    except TypeError:
+        return tuple(keys)
+    # n keys without a NUL join with n - 1 of them, and split back into the same keys
+    return joined if joined.count("\0") == len(keys) - 1 else tuple(keys)
 
 
 @dataclass(frozen=True, slots=True)

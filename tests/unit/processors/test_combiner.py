@@ -740,3 +740,24 @@ def test_key_ids_are_given_in_the_order_of_first_rows_with_known_keys_looked_up(
     assert ids.names == ["a", "b", "c", None, "d"]
     assert ids.key_ids(["d", "a"]).tolist() == [4, 0]  # all known: no new id
     assert len(ids) == 5
+
+
+def test_remembered_key_lists_are_told_apart_when_they_join_alike() -> None:
+    """Key lists are remembered by their keys joined with NUL; lists that join alike (a key
+    holding a NUL, the empty key, no key, the null key) still get their own ids."""
+    ids = KeyIds()
+    lists: list[list[str | None]] = [
+        ["a\0b"],
+        ["a", "b"],
+        ["a\0", "b"],
+        ["a", "\0b"],
+        [""],
+        [],
+        ["", ""],
+        [None],
+        ["a"],
+    ]
+    for _ in range(2):  # the second time round, every list is a remembered one
+        got = [ids.key_ids(keys).tolist() for keys in lists]
+        assert [[ids.names[i] for i in found] for found in got] == lists
+    assert len(ids) == len({k for keys in lists for k in keys})

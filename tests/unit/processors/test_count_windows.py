@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgpack
 import numpy as np
 import polars as pl
 import pytest
@@ -248,6 +249,55 @@ def test_flush_emits_unfinished_windows_with_fewer_rows() -> None:
     assert late[0].frame["reason"].to_list() == ["window_closed"]
     assert late[0].frame["start"].to_list() == [150]
     assert combiner.flush().frame["index"].to_list() == [3]
+
+
+def test_late_rows_and_their_reasons_at_the_bounds() -> None:
+    """A row is late as its 1 ms window ``[ts, ts + 1)`` would be: ended ``lateness_ms`` or
+    more before its gateway's watermark (``behind_watermark``, which wins), or at or before
+    ``closed_through`` (``window_closed``). Rows on both sides of both bounds, against that
+    rule row by row; the on-time rows of the batch are buffered, the late ones reported."""
+    spec = spec_for([{"kind": "count", "n": 2}], lateness_ms=1_000, idle_timeout_ms=10_000)
+    clock = FakeClock()
+    combiner = Combiner(spec, 0, clock)
+    builder = PartialBuilder(spec, "w")
+
+    def send(gateway: str, seq: int, rows: list[tuple[str, int, float]]) -> list:
+        info = BatchInfo(gateway, seq, "s", 0, None, None, 0, 0, "w")
+        late = []
+        for p in builder.build(frame_of(rows), info, clock.now_ms()):
+            late += combiner.receive(Partial.decode(p.encode())).late
+        return late
+
+    # announced: the busy gateway always has batches on the way (it holds the watermark)
+    announced = [("quiet", 0), ("busy", 0), ("busy", 99)]
+    batches = [GeneratedBatch(g, seq, frame_of([])) for g, seq in announced]
+    for status in statuses_for(batches, clock.now_ms()):
+        combiner.receive_status(status)
+    send("quiet", 0, [("k", 5_100, 1.0)])
+    send("busy", 0, [("k", 20_000, 1.0)])
+    clock.advance(spec.idle_timeout_ms + 1)  # the quiet gateway no longer holds windows
+    send("busy", 1, [("k", 20_500, 2.0)])
+    combiner.tick()
+    watermark, closed = combiner.tracker.watermark("quiet"), combiner.closed_through
+    assert watermark is not None
+    assert closed is not None
+    assert watermark - spec.lateness_ms < closed  # both reasons can happen
+    times = [watermark - spec.lateness_ms + d for d in (-1, 0)] + [closed + d for d in (-1, 0, 9)]
+    assert combiner.counts is not None
+    buffered = combiner.counts._pending_rows
+    late = send("quiet", 1, [(f"k{i}", ts, float(i)) for i, ts in enumerate(times)])
+
+    def reason(ts: int) -> str | None:
+        if ts + 1 + spec.lateness_ms <= watermark:
+            return "behind_watermark"
+        return "window_closed" if ts + 1 <= closed else None
+
+    expected = [(ts, ts + 1, float(i), reason(ts)) for i, ts in enumerate(times) if reason(ts)]
+    [item] = late
+    got = item.frame.sort("start").select("start", "end", "sum", "reason").rows()
+    assert got == expected
+    assert [r for *_, r in expected] == ["behind_watermark", *["window_closed"] * 2]
+    assert combiner.counts._pending_rows - buffered == len(times) - len(expected)
 
 
 def test_a_restored_combiner_carries_buffered_rows_tails_and_counts() -> None:
@@ -601,7 +651,7 @@ def test_buffered_rows_pack_compactly_and_round_trip(span: int, top_key: int) ->
         if rows is one:
             ts_bytes = 2 if span < 2**16 else 4 if span < 2**31 else 8
             key_bytes = 2 if top_key < 2**16 else 4
-            size = sum(len(v) for v in packed.values() if isinstance(v, bytes))
+            size = sum(v.nbytes for v in packed.values() if isinstance(v, memoryview))
             assert size == n * (8 + ts_bytes + key_bytes)
 
 
@@ -652,6 +702,45 @@ def test_snapshots_reuse_packed_chunks_and_still_restore_exactly() -> None:
         assert restored.counts._pending_rows == sum(len(c) for c in combiner.counts._pending)
         clock.advance(COUNT_CLOSE_INTERVAL_MS)
     assert reused > 0  # chunks were carried from one snapshot to the next
+    clock.advance(spec.idle_timeout_ms + 1)
+    frames = [c.flush().frame for c in (combiner, restored)]
+    assert frames[0].equals(frames[1])
+
+
+def test_a_snapshot_in_parts_is_the_snapshot_msgpack_packs() -> None:
+    """``snapshot_parts`` joined is what ``msgpack.packb`` makes of the snapshot's content,
+    and the buffered chunks' values go in as the chunks' own columns, not copies.
+
+    The checkpoint file must stay byte for byte the one ``packb`` wrote, which every restore
+    reads; large chunks (values of ``BY_REFERENCE_BYTES`` or more) and small ones (copied),
+    chunks packed by an earlier snapshot and chunks split by a close all take part.
+    """
+    spec = spec_for([{"kind": "count", "n": 50}], lateness_ms=300)
+    batches = make_batches(seed=4, gateways=2, batches_per_gateway=8, rows_per_batch=(0, 1_500))
+    clock = FakeClock()
+    builder, combiner = _announced(spec, batches, clock)
+    order = sorted(range(len(batches)), key=lambda i: (batches[i].seq, batches[i].gateway_id))
+    referenced = 0
+    for index in order:
+        _apply(builder, combiner, batches[index], clock.now_ms())
+        combiner.tick()
+        for _ in range(2):  # the second: chunks kept as packed by the first
+            parts = combiner.snapshot_parts()
+            joined = b"".join(parts)
+            assert joined == msgpack.packb(msgpack.unpackb(joined, raw=False), use_bin_type=True)
+            assert combiner.counts is not None
+            values = [c.value for c in combiner.counts._pending]
+            referenced += sum(
+                any(
+                    isinstance(p, memoryview) and np.shares_memory(np.frombuffer(p, np.uint8), v)
+                    for p in parts
+                )
+                for v in values
+            )
+        clock.advance(COUNT_CLOSE_INTERVAL_MS)
+    assert referenced > 0  # chunks went in by reference
+    restored = Combiner(spec, 0, clock)
+    restored.restore(combiner.snapshot())
     clock.advance(spec.idle_timeout_ms + 1)
     frames = [c.flush().frame for c in (combiner, restored)]
     assert frames[0].equals(frames[1])
