@@ -17,19 +17,20 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgpack
+import polars as pl
 
 from shoal._resources import resource_dir
 from shoal.clock import FakeClock
 from shoal.loadtest.bench_windows import with_window
 from shoal.loadtest.data import SensorField
 from shoal.processors.combine import Combiner
-from shoal.processors.partials import BatchInfo, PartialBuilder
+from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.spec import parse_pipeline
 from shoal.schemas import Encoding, decode_batch, encode_batch
 from shoal.schemas.control import GatewayStatus
@@ -98,6 +99,26 @@ class Scenario:
             status = GatewayStatus(f"gw{g:02d}", "s", 0, 0, 0, 0, None, 0, 0, START_MS)
             combiner.receive_status(status)
         return combiner, clock
+
+    def closed_frames(self, totals: dict[str, float]) -> Iterator[pl.DataFrame]:
+        """Drive a fresh combiner over the cached partials; every non-empty closed frame.
+
+        Round by round: the round's partials (decoded beforehand, not timed), then a tick
+        after the round's span of the clock. The CPU seconds of ``receive`` and ``tick`` go
+        to ``totals["combiner"]``.
+        """
+        tick_ms, rounds = self.load()
+        combiner, clock = self.combiner()
+        for batch in rounds:
+            decoded = [Partial.decode(p) for p in batch]
+            began = time.process_time()
+            for partial in decoded:
+                combiner.receive(partial)
+            clock.advance(tick_ms)
+            closed = combiner.tick().closed
+            totals["combiner"] += time.process_time() - began
+            if closed is not None and not closed.empty:
+                yield closed.frame
 
 
 _DEPTH = [0]  # shared by the timers: a CPU second counts for the outermost timed call only

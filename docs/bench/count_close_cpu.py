@@ -30,7 +30,6 @@ from typing import Any
 from _close_harness import Scenario, alternate, timed
 
 from shoal.processors.count import CountState
-from shoal.processors.partials import Partial
 
 SCENARIO = Scenario("cntclose", "count", sensors=1_000, rate_hz=250, seconds=8)
 PARTS = ("order", "fill", "finalise", "combiner")
@@ -39,7 +38,6 @@ HERE = Path(__file__).resolve()
 
 def run_once() -> dict[str, Any]:
     """One pass of the combiner over the cached partials: CPU seconds by part, a digest."""
-    tick_ms, rounds = SCENARIO.load()
     totals = dict.fromkeys(PARTS, 0.0)
     timed(CountState, "_in_event_order", totals, "order")
     timed(CountState, "_fill", totals, "fill")
@@ -55,20 +53,11 @@ def run_once() -> dict[str, Any]:
             finalise["calls"] += 1
 
     CountState.finalise = timed_finalise  # type: ignore[method-assign]
-    combiner, clock = SCENARIO.combiner()
     digest, results = hashlib.sha256(), 0
-    for batch in rounds:
-        decoded = [Partial.decode(p) for p in batch]
-        began = time.process_time()
-        for partial in decoded:
-            combiner.receive(partial)
-        clock.advance(tick_ms)
-        closed = combiner.tick().closed
-        totals["combiner"] += time.process_time() - began
-        if closed is not None and not closed.empty:
-            frame = closed.frame.sort("window", "key", "index")
-            digest.update(frame.hash_rows(seed=0).to_numpy().tobytes())  # values, not layout
-            results += frame.height
+    for closed in SCENARIO.closed_frames(totals):
+        frame = closed.sort("window", "key", "index")
+        digest.update(frame.hash_rows(seed=0).to_numpy().tobytes())  # values, not layout
+        results += frame.height
     totals["finalise"] = finalise["cpu_s"]
     steps = int(finalise["calls"])
     per_step = {k: v / max(steps, 1) for k, v in totals.items()}

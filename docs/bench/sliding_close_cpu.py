@@ -24,13 +24,11 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from _close_harness import Scenario, alternate, timed
 
-from shoal.processors.partials import Partial
 from shoal.processors.state import PaneState, WindowState
 
 SCENARIO = Scenario("slclose", "sliding", sensors=10_000, rate_hz=2.3, seconds=20)
@@ -40,26 +38,16 @@ HERE = Path(__file__).resolve()
 
 def run_once() -> dict[str, Any]:
     """One pass of the combiner over the cached partials: CPU seconds by part, a digest."""
-    tick_ms, rounds = SCENARIO.load()
     totals = dict.fromkeys(PARTS, 0.0)
     timed(WindowState, "_finish_windows", totals, "assemble")  # prepare's, or close's
     timed(WindowState, "take_panes", totals, "take_panes")
     timed(PaneState, "compact", totals, "compact")  # inside ``assemble``: counted there
-    combiner, clock = SCENARIO.combiner()
     digest, steps, results = hashlib.sha256(), 0, 0
-    for batch in rounds:
-        decoded = [Partial.decode(p) for p in batch]
-        began = time.process_time()
-        for partial in decoded:
-            combiner.receive(partial)
-        clock.advance(tick_ms)
-        closed = combiner.tick().closed
-        totals["combiner"] += time.process_time() - began
-        if closed is not None and not closed.empty:
-            frame = closed.frame.sort("window", "start", "key")
-            digest.update(frame.hash_rows(seed=0).to_numpy().tobytes())  # values, not layout
-            steps += frame.select("start").n_unique()
-            results += frame.height
+    for closed in SCENARIO.closed_frames(totals):
+        frame = closed.sort("window", "start", "key")
+        digest.update(frame.hash_rows(seed=0).to_numpy().tobytes())  # values, not layout
+        steps += frame.select("start").n_unique()
+        results += frame.height
     per_step = {k: v / max(steps, 1) for k, v in totals.items()}
     return {"steps": steps, "results": results, "digest": digest.hexdigest()[:16], **per_step}
 
