@@ -1055,9 +1055,7 @@ def _number(held: _Unfinished, final: _Final, n: int, *, flush: bool) -> _Groups
     first_local = before // n
     per_run = (before + lengths - 1) // n - first_local + 1  # windows each run touches
     run_of = np.repeat(np.arange(len(starts), dtype=np.int64), per_run)  # per group
-    ordinal = np.arange(len(run_of), dtype=np.int64) - np.repeat(
-        np.cumsum(per_run) - per_run, per_run
-    )
+    ordinal = gather_runs(np.zeros(len(per_run), dtype=np.int64), per_run)  # 0.. in each run
     local = first_local[run_of] + ordinal
     # a run's first group starts with it; a later one where its window's first row falls
     first = starts[run_of] + np.where(ordinal == 0, 0, n * local - before[run_of])
