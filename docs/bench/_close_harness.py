@@ -180,3 +180,20 @@ def alternate(
             "load": os.getloadavg(),
         }
         sys.stdout.write(json.dumps(report) + "\n")
+
+
+def main(
+    script: Path,
+    scenario: Scenario,
+    run_once: Callable[[], dict[str, Any]],
+    parts: Sequence[str],
+    extra: Callable[[dict[str, float]], dict[str, float]] | None = None,
+) -> None:
+    """A harness's command line: ``--make``, ``--once``, or ``BASE_SRC [REPEATS]`` (5)."""
+    args = sys.argv[1:]
+    if args == ["--make"]:
+        scenario.make_partials()
+    elif args == ["--once"]:
+        sys.stdout.write(json.dumps(run_once()) + "\n")
+    else:
+        alternate(script, args[0], int(args[1]) if len(args) > 1 else 5, parts, extra)

@@ -14,20 +14,19 @@ unfinished windows, results), ``finalise`` (the whole close step, both of those 
 and ``combiner``, the whole combiner (``receive`` + ``tick``, partials already decoded).
 Prints per tree the median of the repeats per close step, and a digest of every published
 frame so that both trees' results can be compared (equal digests: identical results).
-Figures: docs/benchmarks.md, "Count windows: the close step (session 10)".
+Figures: docs/benchmarks.md, "Count windows at 10,000 keys, session 10: the close step, then
+the bar".
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _close_harness import Scenario, alternate, timed
+from _close_harness import Scenario, main, timed
 
 from shoal.processors.count import CountState
 
@@ -65,9 +64,4 @@ def run_once() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--make"]:
-        SCENARIO.make_partials()
-    elif sys.argv[1:] == ["--once"]:
-        sys.stdout.write(json.dumps(run_once()) + "\n")
-    else:
-        alternate(HERE, sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 5, PARTS)
+    main(HERE, SCENARIO, run_once, PARTS)

@@ -22,12 +22,10 @@ Figures: docs/benchmarks.md, "Sliding close path at 100,000 keys (branch slclose
 from __future__ import annotations
 
 import hashlib
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
-from _close_harness import Scenario, alternate, timed
+from _close_harness import Scenario, main, timed
 
 from shoal.processors.state import PaneState, WindowState
 
@@ -61,10 +59,4 @@ def _close_path(medians: dict[str, float]) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--make"]:
-        SCENARIO.make_partials()
-    elif sys.argv[1:] == ["--once"]:
-        sys.stdout.write(json.dumps(run_once()) + "\n")
-    else:
-        repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-        alternate(HERE, sys.argv[1], repeats, PARTS, _close_path)
+    main(HERE, SCENARIO, run_once, PARTS, _close_path)
