@@ -1470,7 +1470,12 @@ class CombinerRuntime:
         spec = self.config.spec
         now = self.clock.now_ms()
         futures = []
-        for gateway_id, seq in confirmable.items():
+        # A gateway whose very first batch is the one missing has nothing confirmable yet,
+        # and must still hear of the gap (seq -1): else it learns of it only from its stall
+        # timer, whose backoff grows, and a share member that drops what it is dealt can
+        # keep the gap open for minutes.
+        for gateway_id in [*confirmable, *(g for g in missing if g not in confirmable)]:
+            seq = confirmable.get(gateway_id, -1)
             gap = missing.get(gateway_id, ())
             if self._confirmed.get(gateway_id) == (seq, gap):
                 continue

@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 
 from shoal.broker import Message
-from shoal.broker.memory import MemoryBroker
+from shoal.broker.memory import MemoryBroker, MemorySession
 from shoal.broker.settings import BrokerSettings
 from shoal.clock import FakeClock
 from shoal.processors.partials import BatchInfo, PartialBuilder
@@ -18,6 +18,7 @@ from shoal.runtime.combiner import CombinerConfig, CombinerRuntime
 from shoal.runtime.scaler import Scaler, ScalerConfig
 from shoal.runtime.worker import Worker, WorkerConfig
 from shoal.schemas import FRAME_SCHEMA
+from shoal.schemas.control import Confirm, GatewayStatus
 from shoal.schemas.topics import Topics
 
 SPEC = parse_pipeline({"name": "p", "windows": [{"kind": "tumbling", "size_ms": 1000}]})
@@ -109,3 +110,48 @@ def test_an_idle_partition_skips_its_periodic_checkpoints(tmp_path: Path) -> Non
     assert idle_skipped >= 5
     assert after_message == 2  # the message made one due, then idle again
     assert at_stop == 3
+
+
+def test_a_missing_first_batch_is_reported_before_anything_is_confirmable() -> None:
+    """Seq 0 lost, 1 and 2 held: the confirmation names the gap with seq -1 (nothing applied
+    yet). Without it the gateway learned of the gap only from its stall timer, whose backoff
+    grows: a share member without read access kept a first batch away for 40 s in CI."""
+    spec = replace(SPEC, checkpoint_interval_ms=50)
+    memory = MemoryBroker()
+    topics = Topics()
+    config = CombinerConfig(spec, 0, memory.settings)
+    runtime = CombinerRuntime(config, FakeClock(START), session_factory=memory.session_factory)
+    row = {"sensor_id": ["a"], "ts": [START], "value": [1.0], "name": ["t"], "type": ["t"]}
+    frame = pl.DataFrame({**row, "unit": ["C"]}, schema=FRAME_SCHEMA)
+
+    def partial(seq: int) -> bytes:
+        info = BatchInfo("gw", seq, "s", 1, START, START, START, START, "w")
+        (built,) = PartialBuilder(spec, "w").build(frame, info, START)
+        return built.encode()
+
+    status = GatewayStatus("gw", "s", 3, 0, 3, 3, START, 0, 3, START)
+
+    async def next_confirm(probe: MemorySession) -> Confirm:
+        async with asyncio.timeout(5):
+            async for message in probe.messages():
+                return Confirm.from_json(message.payload)
+        raise AssertionError("no confirmation")
+
+    async def scenario() -> tuple[Confirm, Confirm]:
+        task = asyncio.create_task(runtime.run())
+        await asyncio.sleep(0.3)  # subscribed
+        async with memory.session(memory.settings, "probe") as probe:
+            await probe.subscribe([topics.confirm("gw", spec.name, 0)])
+            await probe.publish(topics.gateway_status("gw"), status.to_json())
+            for seq in (1, 2):
+                await probe.publish(topics.partials(spec.name, 0), partial(seq))
+            gap = await next_confirm(probe)
+            await probe.publish(topics.partials(spec.name, 0), partial(0))
+            filled = await next_confirm(probe)
+        runtime.stop()
+        await task
+        return gap, filled
+
+    gap, filled = asyncio.run(scenario())
+    assert (gap.seq, gap.missing) == (-1, (0,))
+    assert (filled.seq, filled.missing) == (2, ())
