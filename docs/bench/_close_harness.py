@@ -50,10 +50,14 @@ class Scenario:
     sensors: int
     rate_hz: float
     seconds: int
+    batch: int = BATCH  # rows per gateway batch; a round lasts as long as one takes to fill
 
     @property
     def cache(self) -> Path:
-        name = f"{self.cache_name}-partials-{self.sensors}-{self.rate_hz}-{self.seconds}.msgpack"
+        name = f"{self.cache_name}-partials-{self.sensors}-{self.rate_hz}-{self.seconds}"
+        if self.batch != BATCH:
+            name += f"-{self.batch}"
+        name += ".msgpack"
         return Path(tempfile.gettempdir()) / name
 
     def spec(self) -> Any:
@@ -70,7 +74,7 @@ class Scenario:
             for g in range(GATEWAYS)
         ]
         builder = PartialBuilder(self.spec(), "w")
-        tick_ms = int(BATCH / (self.sensors * self.rate_hz) * 1000)
+        tick_ms = int(self.batch / (self.sensors * self.rate_hz) * 1000)
         now = START_MS
         rounds: list[list[bytes]] = []
         for seq in range(int(self.seconds * 1000 / tick_ms)):
@@ -100,21 +104,33 @@ class Scenario:
             combiner.receive_status(status)
         return combiner, clock
 
-    def closed_frames(self, totals: dict[str, float]) -> Iterator[pl.DataFrame]:
+    def closed_frames(
+        self, totals: dict[str, float], *, close_each: bool = False
+    ) -> Iterator[pl.DataFrame]:
         """Drive a fresh combiner over the cached partials; every non-empty closed frame.
 
         Round by round: the round's partials (decoded beforehand, not timed), then a tick
         after the round's span of the clock. The CPU seconds of ``receive`` and ``tick`` go
-        to ``totals["combiner"]``.
+        to ``totals["combiner"]``. ``close_each``: also ``close_ready`` after every partial,
+        as the runtime does after each message (the clock advanced by an equal share of the
+        round before each).
         """
         tick_ms, rounds = self.load()
         combiner, clock = self.combiner()
         for batch in rounds:
             decoded = [Partial.decode(p) for p in batch]
             began = time.process_time()
+            share = tick_ms // (len(decoded) + 1) if close_each else 0
             for partial in decoded:
                 combiner.receive(partial)
-            clock.advance(tick_ms)
+                if close_each:
+                    clock.advance(share)
+                    closed = combiner.close_ready(clock.now_ms())
+                    if closed is not None and not closed.empty:
+                        totals["combiner"] += time.process_time() - began
+                        yield closed.frame
+                        began = time.process_time()
+            clock.advance(tick_ms - share * len(decoded))
             closed = combiner.tick().closed
             totals["combiner"] += time.process_time() - began
             if closed is not None and not closed.empty:

@@ -59,6 +59,8 @@ NOT_PUBLISHED: Final = np.iinfo(np.int64).min
 """``_Entries.pub`` of an entry whose session has not been published under its start."""
 COMPACT_PIECES: Final = 2_000_000
 """Pending pieces (plus their sketch cells) that trigger a merge between closes."""
+MAX_SESSION_CHUNKS: Final = 16
+"""Chunks of merged sessions a window holds at most before they become one."""
 _EVER: Final = 2**62
 
 
@@ -97,7 +99,37 @@ class _Entries:
         )
 
 
+class _Reach:
+    """Which sessions pieces could join: of a key with pieces, less than a gap from them.
+
+    A superset (a key's pieces are taken as one span from their first to their last): a
+    session outside it is further than ``gap_ms`` from every piece of its key, and from
+    every session that one could join (sessions of a key are a gap apart), so a merge leaves
+    it as it is.
+    """
+
+    def __init__(self, pieces: _Entries, gap_ms: int) -> None:
+        size = int(pieces.key.max(initial=-1)) + 1
+        self.first = np.full(size, _EVER, dtype=np.int64)
+        self.last = np.full(size, -_EVER, dtype=np.int64)
+        np.minimum.at(self.first, pieces.key, pieces.first - gap_ms)
+        np.maximum.at(self.last, pieces.key, pieces.last + gap_ms)
+
+    def of(self, sessions: _Entries) -> npt.NDArray[np.bool_]:
+        """Per session, whether a piece could join it."""
+        if len(self.first) == 0:
+            return np.zeros(len(sessions), dtype=np.bool_)
+        key = np.minimum(sessions.key, len(self.first) - 1)  # keys without pieces: masked
+        return (
+            (sessions.key < len(self.first))
+            & (sessions.last > self.first[key])
+            & (sessions.first < self.last[key])
+        )
+
+
 def _concat(chunks: list[_Entries]) -> _Entries:
+    if len(chunks) == 1:
+        return chunks[0]
     offsets = np.cumsum([0, *(len(c) for c in chunks[:-1])])
     return _Entries(
         np.concatenate([c.key for c in chunks]),
@@ -143,8 +175,10 @@ class SessionState:
             rule = session_rule(window)
             if rule is not None:
                 self.rules[index] = rule
+        # Per window: chunks of merged sessions (the first ``_held``; no session of one could
+        # join a session of another), then chunks of pieces as partials brought them.
         self._chunks: dict[int, list[_Entries]] = {w: [] for w in self.rules}
-        self._merged: dict[int, bool] = dict.fromkeys(self.rules, True)
+        self._held: dict[int, int] = dict.fromkeys(self.rules, 0)
         self._pending = 0
         self._reset_corrections()
 
@@ -207,7 +241,6 @@ class SessionState:
                     else pub[taken],
                 )
             )
-            self._merged[window] = False
             self._pending += len(taken) + len(cells)
         if self._pending >= COMPACT_PIECES:
             self.compact()
@@ -219,12 +252,50 @@ class SessionState:
         self._pending = 0
 
     def _merge(self, window: int) -> _Entries | None:
-        chunks = self._chunks[window]
+        """The window's sessions as one chunk, one entry each (None: none held)."""
+        chunks = self._settle(window)
         if not chunks:
             return None
-        if self._merged[window]:
-            return chunks[0]
-        entries = _concat(chunks)
+        if len(chunks) > 1:
+            self._keep(window, [_concat(chunks)])
+        return self._chunks[window][0]
+
+    def _settle(self, window: int) -> list[_Entries]:
+        """Merge the window's pieces into its sessions; the chunks of sessions.
+
+        Only the sessions that a piece could join are merged again, into a new chunk with the
+        pieces; the rest stay in their chunks as they are. Merging and copying every session
+        held at every close cost the combiner its time at 100,000 keys, where a close takes
+        only the few sessions that end (docs/benchmarks.md, "Session windows at 100,000
+        keys, session 11"). When most sessions are touched, or chunks pile up, all become one chunk.
+        """
+        chunks, held = self._chunks[window], self._held[window]
+        if held == len(chunks):
+            return chunks
+        sessions, pieces = chunks[:held], _concat(chunks[held:])
+        near = _Reach(pieces, self.rules[window].gap_ms)
+        touched = [near.of(c) for c in sessions]
+        count = sum(int(t.sum()) for t in touched)
+        if 2 * count >= sum(len(c) for c in sessions) or len(sessions) >= MAX_SESSION_CHUNKS:
+            kept = [self._merge_pieces(window, _concat(chunks))]
+        else:
+            joining = [c.take(t) for c, t in zip(sessions, touched, strict=True) if t.any()]
+            kept = [
+                c if not t.any() else c.take(~t)
+                for c, t in zip(sessions, touched, strict=True)
+                if not t.all()
+            ]
+            kept.append(self._merge_pieces(window, _concat([*joining, pieces])))
+        self._keep(window, kept)
+        return kept
+
+    def _keep(self, window: int, sessions: list[_Entries]) -> None:
+        """Hold ``sessions`` (chunks of merged sessions) as the window's whole state."""
+        self._chunks[window] = sessions
+        self._held[window] = len(sessions)
+
+    def _merge_pieces(self, window: int, entries: _Entries) -> _Entries:
+        """Sessions of ``entries`` (pieces, and sessions of the same keys): one entry each."""
         sessions = self.rules[window].merge_intervals(entries.key, entries.first, entries.last)
         labels, fields = merge_state(sessions.label, entries.fields, self.plan.fields)
         del labels  # 0 .. len(sessions) - 1: session i is label i
@@ -239,12 +310,9 @@ class SessionState:
             self._note_changes(window, entries, sessions, published)
             same = published & (entries.pub == sessions.first_ts[sessions.label])
             pub[sessions.label[same]] = entries.pub[same]
-        merged = _Entries(
+        return _Entries(
             sessions.key, sessions.first_ts, sessions.last_ts, fields, cells, counts, pub
         )
-        self._chunks[window] = [merged]
-        self._merged[window] = True
-        return merged
 
     def _note_changes(
         self,
@@ -287,14 +355,28 @@ class SessionState:
             reach = min((int(c.last.min()) for c in chunks if len(c)), default=None)
             if reach is None or reach + 2 * rule.gap_ms > threshold:
                 continue  # merging only makes ``last`` larger: nothing can close
-            entries = self._merge(window)
-            assert entries is not None
-            closable = entries.last + 2 * rule.gap_ms <= threshold
-            closable &= ~np.isin(entries.first, entries.first[~closable])
-            if not closable.any():
+            held = self._settle(window)
+            ends = [c.last + 2 * rule.gap_ms <= threshold for c in held]
+            if not any(e.any() for e in ends):
                 continue
-            frames.append(self._finish(window, rule, entries.take(closable)))
-            self._chunks[window] = [entries.take(~closable)]
+            # A session waits while an open one has its start: only those starting before
+            # the last closable one can.
+            latest = max(
+                int(c.first[e].max(initial=-_EVER)) for c, e in zip(held, ends, strict=True)
+            )
+            waits = np.concatenate(
+                [c.first[~e & (c.first <= latest)] for c, e in zip(held, ends, strict=True)]
+            )
+            if len(waits):
+                for c, e in zip(held, ends, strict=True):
+                    candidates = np.flatnonzero(e)
+                    e[candidates[np.isin(c.first[candidates], waits)]] = False
+            pairs = list(zip(held, ends, strict=True))
+            done = [c if e.all() else c.take(e) for c, e in pairs if e.any()]
+            if not done:
+                continue
+            frames.append(self._finish(window, rule, _concat(done)))
+            self._keep(window, [c if not e.any() else c.take(~e) for c, e in pairs if not e.all()])
         if not frames:
             return None
         return frames[0] if len(frames) == 1 else pl.concat(frames)
@@ -397,7 +479,7 @@ class SessionState:
         """Forget published sessions closed at or before ``through`` (and their counts)."""
         gone = (entries.pub != NOT_PUBLISHED) & (entries.last + 2 * rule.gap_ms <= through)
         if gone.any():
-            self._chunks[window] = [entries.take(~gone)]
+            self._keep(window, [entries.take(~gone)])
             entries = self._chunks[window][0]
         held = set(entries.first.tolist())
         for w, start in [k for k in self.published if k[0] == window]:
@@ -499,7 +581,7 @@ class SessionState:
     def restore(self, rows: PartialRows | None, corrections: dict[str, Any] | None = None) -> None:
         """Replace the sessions with a snapshot's rows (after the key registry's restore)."""
         self._chunks = {w: [] for w in self.rules}
-        self._merged = dict.fromkeys(self.rules, True)
+        self._held = dict.fromkeys(self.rules, 0)
         self._pending = 0
         self._reset_corrections()
         if corrections is not None:
