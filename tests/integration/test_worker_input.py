@@ -164,17 +164,16 @@ def test_per_key_results_are_retained(broker: EmbeddedBroker, topics: Topics, tm
     assert np.isclose(latest["b"]["p95"], 2.0, rtol=0.01)
 
 
-LATEST = parse_pipeline(
-    {
-        "name": "latest",
-        "windows": [{"kind": "tumbling", "size_ms": 1_000}],
-        "aggregates": ["count", "max"],
-        "lateness_ms": 0,
-        "idle_timeout_ms": 500,
-        "checkpoint_interval_ms": 100,
-        "limits": {"max_future_ms": False},
-    }
-)
+LATEST_SPEC: dict[str, Any] = {
+    "name": "latest",
+    "windows": [{"kind": "tumbling", "size_ms": 1_000}],
+    "aggregates": ["count", "max"],
+    "lateness_ms": 0,
+    "idle_timeout_ms": 500,
+    "checkpoint_interval_ms": 100,
+    "limits": {"max_future_ms": False},
+}
+LATEST = parse_pipeline(LATEST_SPEC)
 
 
 def test_only_the_newest_queued_result_of_a_key_is_published(
@@ -212,3 +211,47 @@ def test_only_the_newest_queued_result_of_a_key_is_published(
     assert (latest["c"]["start"], latest["c"]["max"]) == (t0 + 3_000, 3.0)
     # a and b: every window but the newest was superseded; c never was
     assert superseded == 2 * (windows - 1)
+
+
+SESSIONS = parse_pipeline(
+    {
+        **LATEST_SPEC,
+        "name": "visits",
+        "windows": [{"kind": "session", "gap_ms": 1_000, "name": "visit"}],
+    }
+)
+
+
+def test_a_close_of_many_sessions_retains_each_keys_latest_session(
+    broker: EmbeddedBroker, topics: Topics, tmp_path
+) -> None:
+    """One close ends 31 session messages (30 keys, each its own start, and key a twice):
+    their per-key results go out together after the window messages. Every key's retained
+    message is its session's, with its own start and end, and key a keeps its later one."""
+    t0, keys = 1_000_000, 30
+    rows = [(f"k{i:02d}", t0 + i * 37, float(i)) for i in range(keys)]
+    rows += [("a", t0 + 5, 100.0), ("a", t0 + 3_000, 200.0)]
+    spanning = pl.DataFrame(rows, schema=["sensor_id", "ts", "value"], orient="row")
+    later = pl.DataFrame({"sensor_id": ["z"], "ts": [t0 + 20_000], "value": [0.0]})
+    batches = [
+        encode_batch(frame, gateway_id="gw", seq=seq, sent_at_ms=0, encoding=Encoding.JSON_ROWS)
+        for seq, frame in enumerate([spanning, later])
+    ]
+
+    async def scenario() -> dict[str, dict[str, Any]]:
+        await per_key_run(broker, topics, tmp_path, SESSIONS, batches, t0 + 10_000)
+        return await retained_keys(broker, topics, SESSIONS.name, keys + 1)
+
+    latest = asyncio.run(asyncio.wait_for(scenario(), 60))
+    for i in range(keys):
+        body = latest[f"k{i:02d}"]
+        start = t0 + i * 37
+        assert (body["start"], body["end"], body["count"], body["max"]) == (
+            start,
+            start + 1_000,
+            1,
+            float(i),
+        )
+        assert (body["pipeline"], body["window"], body["revision"]) == ("visits", "visit", 1)
+    assert (latest["a"]["start"], latest["a"]["max"]) == (t0 + 3_000, 200.0)
+    assert "z" not in latest  # its session is still open

@@ -92,6 +92,8 @@ from shoal.processors.results import (
     key_payloads,
     late_message,
     ndjson_rows,
+    session_keys,
+    session_lines,
     split_windows,
     window_json,
     window_msgpack,
@@ -898,7 +900,6 @@ class CombinerRuntime:
             self._publish_alerts(session, stage)
             return
         spec = stage.core.spec
-        topics = self.config.topics
         started = self.clock.now_ms()
         since = self.clock.monotonic() if since is None else since
         log.info(
@@ -915,54 +916,44 @@ class CombinerRuntime:
             started,
             stage.version,
         )
-        rendered = {}
-        if self._rendered is not None and self._rendered[0] is closed.frame:
-            rendered = self._rendered[1]
-        self._rendered = None
+        rendered = self._rendered_for(closed)
+        # The per-key results of the sessions closed, published together once every window
+        # message of the close is acknowledged (a task and an encoding per message cost the
+        # combiner more than the close); not with corrections, nor for a message whose keys
+        # were refused.
+        together = (
+            self.config.per_key_results
+            and not closed.revisions
+            and len(closed.sessions) == 1
+            and RETRACTED not in closed.frame.columns
+        )
+        together_futures: list[asyncio.Future[None]] = []
+        apart: set[tuple[str, int]] = set()
         for whole in split_windows(closed.frame, closed.revisions, closed.sessions):
             result = whole
             # the rows encoded once, for the window message and the per-key messages
             ahead = rendered.get((result.window, result.start))
             lines, array = (None, None) if ahead is None else ahead
-            window_futures: list[asyncio.Future[None]] = []
             refused: set[str | None] = set()
-            for index, encoding in enumerate(spec.output_encodings):
-                # The same message on every name of the computation (aliases share it).
-                names = self.result_names
-                here = [
-                    topics.results(n) if index == 0 else topics.results_encoded(n, encoding)
-                    for n in names
-                ]
-                encoding_since = self.clock.monotonic()
-                rows = None
-                if encoding == "json":
-                    if lines is None:
-                        lines = ndjson_rows(result)
-                    rows = json_rows(result, lines) if array is None else array
-                for payload, content_type in self._window_payloads(
-                    session, result, ctx, encoding, rows=rows, refused=refused, lines=lines
-                ):
-                    if log.isEnabledFor(logging.DEBUG):
-                        log.debug(
-                            "combiner %s: window %s/%d: %s, %d bytes in %.1f ms, "
-                            "%.1f ms into close",
-                            self.config.client_id,
-                            result.window,
-                            result.start,
-                            encoding,
-                            len(payload),
-                            (self.clock.monotonic() - encoding_since) * 1000.0,
-                            (self.clock.monotonic() - since) * 1000.0,
-                        )
-                    for topic in here:
-                        future = self._publish_result(session, topic, payload, content_type, result)
-                        if future is not None:
-                            window_futures.append(future)
+            window_futures, lines = self._publish_window(
+                session,
+                result,
+                ctx,
+                encodings=spec.output_encodings,
+                ahead=(lines, array),
+                refused=refused,
+                since=since,
+            )
             if refused:  # the per-key messages would not fit either
                 result = replace(result, frame=_without_keys(result.frame, refused))
                 lines = None
             self._unacked.extend(window_futures)
             self._track_result_latency(window_futures, since)
+            if together and result.window in closed.sessions:
+                together_futures.extend(window_futures)
+                if not refused:
+                    continue
+                apart.add((result.window, result.start))
             if self.config.per_key_results:
                 # A latest-value cache for dashboards, published in the background so the
                 # window message's PUBACK (and the next partials) are not held up by
@@ -975,7 +966,100 @@ class CombinerRuntime:
                         )
                     )
                 )
+        if together:
+            self._publish_session_keys(session, closed, started, together_futures, apart)
         self._publish_alerts(session, stage)
+
+    def _rendered_for(self, closed: ClosedWindows) -> dict[tuple[str, int], _Rendered]:
+        """The rows of ``closed``'s messages already encoded, by (window, start) (maybe none)."""
+        rendered: dict[tuple[str, int], _Rendered] = {}
+        if self._rendered is not None and self._rendered[0] is closed.frame:
+            rendered = self._rendered[1]  # ahead of the close
+        elif closed.sessions:
+            # Session windows close many messages at once (each start is one): encoded at once.
+            rendered = {
+                k: (v, None) for k, v in session_lines(closed.frame, closed.sessions).items()
+            }
+        self._rendered = None
+        return rendered
+
+    def _publish_window(
+        self,
+        session: Session,
+        result: WindowResult,
+        ctx: Emission,
+        *,
+        encodings: Sequence[str],
+        ahead: tuple[bytes | None, bytes | None],
+        refused: set[str | None],
+        since: float,
+    ) -> tuple[list[asyncio.Future[None]], bytes | None]:
+        """Start publishing one window's message(s) in each of ``encodings``, on every name.
+
+        ``ahead``: its rows already encoded (NDJSON lines, JSON array), if they are. Keys no
+        message can carry go to ``refused``. Returns the publications started and the rows as
+        NDJSON (if JSON encoded them).
+        """
+        lines, array = ahead
+        topics = self.config.topics
+        futures: list[asyncio.Future[None]] = []
+        for index, encoding in enumerate(encodings):
+            # The same message on every name of the computation (aliases share it).
+            here = [
+                topics.results(n) if index == 0 else topics.results_encoded(n, encoding)
+                for n in self.result_names
+            ]
+            encoding_since = self.clock.monotonic()
+            rows = None
+            if encoding == "json":
+                if lines is None:
+                    lines = ndjson_rows(result)
+                rows = json_rows(result, lines) if array is None else array
+            for payload, content_type in self._window_payloads(
+                session, result, ctx, encoding, rows=rows, refused=refused, lines=lines
+            ):
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug(
+                        "combiner %s: window %s/%d: %s, %d bytes in %.1f ms, %.1f ms into close",
+                        self.config.client_id,
+                        result.window,
+                        result.start,
+                        encoding,
+                        len(payload),
+                        (self.clock.monotonic() - encoding_since) * 1000.0,
+                        (self.clock.monotonic() - since) * 1000.0,
+                    )
+                for topic in here:
+                    future = self._publish_result(session, topic, payload, content_type, result)
+                    if future is not None:
+                        futures.append(future)
+        return futures, lines
+
+    def _publish_session_keys(
+        self,
+        session: Session,
+        closed: ClosedWindows,
+        at_ms: int,
+        after: list[asyncio.Future[None]],
+        apart: set[tuple[str, int]],
+    ) -> None:
+        """The per-key results of a close's sessions in one publication (see ``_emit``).
+
+        ``apart``: messages whose keys were published on their own (refused keys).
+        """
+        frame = closed.frame
+        if apart:
+            message = pl.concat_str(
+                pl.col("window"), pl.col("start").cast(pl.String), separator="\0"
+            )
+            frame = frame.filter(~message.is_in([f"{w}\0{s}" for w, s in apart]))
+        result = session_keys(frame, closed.sessions)
+        if result is None:
+            return
+        run = self.key_publications.start(result)
+        self._key_tasks.add(
+            asyncio.create_task(self._publish_keys(session, result, at_ms, after, run=run))
+        )
 
     def _publish_alerts(self, session: Session, stage: Stage) -> None:
         """Publish the alert transitions of the windows just closed (retained, QoS 1).
