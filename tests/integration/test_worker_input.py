@@ -111,8 +111,12 @@ async def per_key_run(
     spec: PipelineSpec,
     batches: list[bytes],
     closed_through: int,
+    pause_s: float = 0.0,
 ) -> int:
-    """Run ``batches`` through a pipeline with per-key results; per-key results superseded."""
+    """Run ``batches`` through a pipeline with per-key results; per-key results superseded.
+
+    ``pause_s``: between two batches (so that each close is published before the next).
+    """
     pipeline = InProcessPipeline(spec, broker.settings, topics, workers=1, state_dir=tmp_path)
     for combiner in pipeline.combiners:
         object.__setattr__(combiner.config, "per_key_results", True)
@@ -123,6 +127,7 @@ async def per_key_run(
         await session.publish(topics.gateway_status("gw"), status.to_json(), retain=True)
         for payload in batches:
             await session.publish(topics.ingest("s", "gw"), payload)
+            await asyncio.sleep(pause_s)
         await pipeline.wait_closed_through(closed_through)
     await asyncio.sleep(0.5)
     superseded = sum(c.key_publications.superseded for c in pipeline.combiners)
@@ -255,3 +260,47 @@ def test_a_close_of_many_sessions_retains_each_keys_latest_session(
         assert (body["pipeline"], body["window"], body["revision"]) == ("visits", "visit", 1)
     assert (latest["a"]["start"], latest["a"]["max"]) == (t0 + 3_000, 200.0)
     assert "z" not in latest  # its session is still open
+
+
+def test_per_key_results_of_a_sliding_window_follow_key_results_every_ms(
+    broker: EmbeddedBroker, topics: Topics, tmp_path
+) -> None:
+    """A 5-s sliding window stepping 1 s with key_results_every_ms = 5 s: windows of key a
+    close one a batch, and a's per-key result is published only for the two that end on a
+    multiple of 5 s (without the setting, for each of them)."""
+    t0 = 1_000_000
+    spec = parse_pipeline(
+        {
+            **LATEST_SPEC,
+            "name": "steps",
+            "windows": [{"kind": "sliding", "size_ms": 5_000, "step_ms": 1_000, "name": "s"}],
+            "key_results_every_ms": 5_000,
+        }
+    )
+    frames = [
+        pl.DataFrame({"sensor_id": ["a"], "ts": [t0 + 100 + 1_000 * i], "value": [1.0]})
+        for i in range(12)
+    ]
+    frames.append(pl.DataFrame({"sensor_id": ["z"], "ts": [t0 + 30_000], "value": [0.0]}))
+    batches = [
+        encode_batch(frame, gateway_id="gw", seq=seq, sent_at_ms=0, encoding=Encoding.JSON_ROWS)
+        for seq, frame in enumerate(frames)
+    ]
+    seen: list[tuple[int, int]] = []
+
+    async def scenario() -> None:
+        async with AsyncSession(broker.settings, unique_client_id("dash")) as dash:
+            await dash.subscribe([topics.result_keys(spec.name)])
+
+            async def read() -> None:
+                async for message in dash.messages():
+                    body = orjson.loads(message.payload)
+                    seen.append((body["start"], body["end"]))
+
+            reader = asyncio.create_task(read())
+            await per_key_run(broker, topics, tmp_path, spec, batches, t0 + 20_000, 0.2)
+            await asyncio.sleep(0.5)
+            reader.cancel()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert sorted(seen) == [(t0, t0 + 5_000), (t0 + 5_000, t0 + 10_000)]

@@ -89,6 +89,8 @@ def canonical_mapping(spec: PipelineSpec) -> dict[str, Any]:
         "partitions": spec.partitions,
         "output_encodings": list(spec.output_encodings),
         "checkpoint_interval_ms": spec.checkpoint_interval_ms,
+        # only when set: the hashes of specs that leave it at its default stay as they were
+        **({"key_results_every_ms": e} if (e := spec.key_results_every_ms) else {}),
         "sketch": {"relative_accuracy": spec.sketch_accuracy},
         "limits": {
             "max_payload_bytes": limits.max_payload_bytes,

@@ -335,6 +335,7 @@ async def _measure(
         "sensors": config.sensors,
         "windows": [window.kind for window in config.spec.windows],
         "window_preset": config.window_kind,
+        "key_results_every_ms": config.spec.key_results_every_ms,
         "rate_per_sensor": config.rate,
         "batch": config.batch,
         "encoding": config.encoding,

@@ -98,6 +98,9 @@ class PipelineSpec:
             ``hold_bound_ms``.
         partitions: combiner partitions (keys are spread over them by a stable hash).
         output_encodings: encodings of the per-window result message (first = main topic).
+        key_results_every_ms: publish a time window's retained per-key results only for the
+            first window ending at or after each multiple of this (``key_results_due``); 0
+            (the default): every window. Window messages go out for every window either way.
         sketch_accuracy: relative error bound of quantile estimates.
         checkpoint_interval_ms: how often combiners persist state and confirm.
         limits: decode limits applied by workers.
@@ -130,6 +133,7 @@ class PipelineSpec:
     max_hold_ms: int | None = None
     partitions: int = 1
     output_encodings: tuple[OutputEncoding, ...] = ("json",)
+    key_results_every_ms: int = 0
     sketch_accuracy: float = 0.01
     checkpoint_interval_ms: int = 1_000
     limits: DecodeLimits = field(default_factory=DecodeLimits)
@@ -168,6 +172,21 @@ class PipelineSpec:
         if self.max_hold_ms is not None:
             return self.max_hold_ms
         return default_max_hold_ms(self.lateness_ms, self.idle_timeout_ms)
+
+    def key_results_due(self, window: str, end: int) -> bool:
+        """Whether the retained per-key results of ``window``'s window ending at ``end`` go out.
+
+        With ``key_results_every_ms`` (E): a time window's when it is the first of its
+        window to end at or after a multiple of E (one lies in ``(end - slide, end]``), so a
+        sliding window stepping 1 s with E = 10 s refreshes each key's retained result every
+        10 s, decided by event time alone (the same after any restart). Session and count
+        windows end off any grid: always, as without E.
+        """
+        every = self.key_results_every_ms
+        spec = next((w for w in self.windows if w.name == window), None)
+        if not every or spec is None or spec.gap_ms is not None or spec.by_count:
+            return True
+        return end // every > (end - spec.slide_ms) // every
 
     def state_cap(self, memory_bytes: int | None) -> int:
         """``max_state_cells``, or the default for a combiner that may use ``memory_bytes``."""
@@ -323,6 +342,9 @@ def parse_pipeline(raw: Mapping[str, Any], *, source: Path | None = None) -> Pip
         max_hold_ms=reader.integer("max_hold_ms", default=0, low=0, high=86_400_000) or None,
         partitions=reader.integer("partitions", default=1, low=1, high=64),
         output_encodings=tuple(encodings),  # type: ignore[arg-type]
+        key_results_every_ms=reader.integer(
+            "key_results_every_ms", default=0, low=0, high=86_400_000
+        ),
         sketch_accuracy=accuracy,
         checkpoint_interval_ms=reader.integer(
             "checkpoint_interval_ms", default=1_000, low=50, high=60_000

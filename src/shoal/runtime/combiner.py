@@ -954,7 +954,7 @@ class CombinerRuntime:
                 if not refused:
                     continue
                 apart.add((result.window, result.start))
-            if self.config.per_key_results:
+            if self.config.per_key_results and spec.key_results_due(result.window, result.end):
                 # A latest-value cache for dashboards, published in the background so the
                 # window message's PUBACK (and the next partials) are not held up by
                 # thousands of small publishes.

@@ -67,6 +67,16 @@ def test_the_canonical_form_keeps_the_state_cap() -> None:
     assert canonicalize(raw).spec_hash != default.spec_hash
 
 
+def test_the_canonical_form_keeps_the_per_key_cadence_only_when_set() -> None:
+    raw = {"name": "p", "windows": [{"size_ms": 1_000}], "key_results_every_ms": 10_000}
+    spec = parse_pipeline(raw)
+    assert canonical_mapping(spec)["key_results_every_ms"] == 10_000
+    assert parse_pipeline(canonical_mapping(spec)) == spec
+    plain = {k: v for k, v in raw.items() if k != "key_results_every_ms"}
+    assert "key_results_every_ms" not in canonical_mapping(parse_pipeline(plain))
+    assert canonicalize(raw).spec_hash != canonicalize(plain).spec_hash
+
+
 def test_the_hash_leaves_the_name_out_and_sees_every_setting() -> None:
     one, two = canonicalize_toml(SPEC), canonicalize_toml(SAME_ELSEWHERE)
     changed = canonicalize_toml(CHANGED)

@@ -10,7 +10,7 @@ import pytest
 from shoal._resources import resource_dir
 from shoal.errors import ConfigError
 from shoal.loadtest.bench_kinds import compare_kinds, format_comparison, parse_kinds
-from shoal.loadtest.bench_windows import WINDOW_PRESETS, write_variant
+from shoal.loadtest.bench_windows import SPEC_PRESETS, WINDOW_PRESETS, write_variant
 from shoal.processors.spec import load_pipeline
 
 
@@ -30,6 +30,10 @@ def test_variant_has_one_window_of_the_kind_and_the_rest_unchanged(
     assert variant.aggregate_names == original.aggregate_names
     assert variant.lateness_ms == original.lateness_ms
     assert variant.limits == original.limits
+    # per-key results every 10 s for the kinds whose rows land in ten windows, else as before
+    every = SPEC_PRESETS.get(kind, {}).get("key_results_every_ms", 0)
+    assert variant.key_results_every_ms == every
+    assert every == (10_000 if kind in ("hopping", "sliding") else 0)
 
 
 def test_unknown_kind_names_the_presets(tmp_path: Path) -> None:

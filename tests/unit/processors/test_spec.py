@@ -421,3 +421,45 @@ def test_session_settings_are_checked(
     with pytest.raises(ConfigError, match=message) as caught:
         parse_pipeline(with_(windows=[window], **settings))
     assert caught.value.field == field
+
+
+def _cadence_spec(every: int) -> Any:
+    return parse_pipeline(
+        {
+            "name": "p",
+            "windows": [
+                {"kind": "tumbling", "size_ms": 10_000, "name": "t"},
+                {"kind": "sliding", "size_ms": 10_000, "step_ms": 1_000, "name": "s1"},
+                {"kind": "hopping", "size_ms": 9_000, "slide_ms": 3_000, "name": "h3"},
+                {"kind": "session", "gap_ms": 1_000, "name": "v"},
+            ],
+            "key_results_every_ms": every,
+        }
+    )
+
+
+def test_per_key_results_follow_their_cadence_by_window_end() -> None:
+    """The first window ending at or after each multiple of key_results_every_ms publishes
+    its per-key results; session windows (ends off any grid) always do; 0: every window."""
+    spec = _cadence_spec(10_000)
+    ends = range(1_000, 31_000, 1_000)
+    due = {w: [e for e in ends if spec.key_results_due(w, e)] for w in ("t", "s1", "v")}
+    assert due["s1"] == [10_000, 20_000, 30_000]
+    assert due["v"] == list(ends)
+    assert [e for e in range(10_000, 40_000, 10_000) if spec.key_results_due("t", e)] == [
+        10_000,
+        20_000,
+        30_000,
+    ]
+    # a step that misses the multiples: the first end after each (12 s after 10, 21 after 20)
+    assert [e for e in range(3_000, 31_000, 3_000) if spec.key_results_due("h3", e)] == [
+        12_000,
+        21_000,
+        30_000,
+    ]
+    assert all(_cadence_spec(0).key_results_due("s1", e) for e in ends)
+
+
+def test_a_negative_key_results_cadence_is_refused() -> None:
+    with pytest.raises(ConfigError, match="key_results_every_ms"):
+        _cadence_spec(-1)
