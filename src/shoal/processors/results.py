@@ -104,7 +104,7 @@ def split_windows(
             part = part.drop(RETRACTED)  # present only in messages holding a retraction
         if name in sessions:
             end = int(part["end"].max())  # type: ignore[arg-type]
-            frame = part.drop("window", "start").select("key", "end", pl.exclude("key", "end"))
+            frame = session_layout(part.drop("window", "start"))
         else:
             end, frame = int(part["end"][0]), part.drop("window", "start", "end")
         out.append(WindowResult(name, begin, end, frame, revision))
@@ -172,6 +172,14 @@ def session_layout(closed: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+def _session_rows(closed: pl.DataFrame, sessions: Collection[str]) -> pl.DataFrame | None:
+    """The rows of ``closed``'s session windows (None: none, or retractions among them)."""
+    if not sessions or RETRACTED in closed.columns:
+        return None
+    rows = closed.filter(pl.col("window").is_in(list(sessions)))
+    return rows if rows.height else None
+
+
 def session_keys(closed: pl.DataFrame, sessions: Collection[str]) -> WindowResult | None:
     """The per-key rows of every session message of a close, as one result to publish.
 
@@ -180,10 +188,8 @@ def session_keys(closed: pl.DataFrame, sessions: Collection[str]) -> WindowResul
     one retained. None when the close has no session rows, or has retractions or
     corrections (those are published message by message).
     """
-    if not sessions or RETRACTED in closed.columns:
-        return None
-    rows = closed.filter(pl.col("window").is_in(list(sessions)))
-    if rows.height == 0:
+    rows = _session_rows(closed, sessions)
+    if rows is None:
         return None
     frame = session_layout(rows)
     return WindowResult(
@@ -202,11 +208,9 @@ def session_lines(closed: pl.DataFrame, sessions: Collection[str]) -> dict[tuple
     row its own session, a close holds hundreds of messages, and encoding each apart cost
     more than the close.
     """
-    if not sessions or RETRACTED in closed.columns:
-        return {}
-    rows = closed.filter(pl.col("window").is_in(list(sessions)))
-    runs = window_runs(rows)
-    if not runs or len(runs) < 2:
+    rows = _session_rows(closed, sessions)
+    runs = None if rows is None else window_runs(rows)
+    if rows is None or runs is None or len(runs) < 2:
         return {}
     ndjson = session_layout(rows).drop("window", "start").write_ndjson().encode()
     newlines = np.flatnonzero(np.frombuffer(ndjson, dtype=np.uint8) == ord("\n"))
@@ -370,14 +374,7 @@ def key_payloads(
         return b"", []
     keys = result.frame["key"].to_list()
     if "start" in result.frame.columns:  # several sessions' messages (``session_keys``)
-        head = [
-            pl.lit(pipeline).alias("pipeline"),
-            pl.col("window"),
-            pl.col("start"),
-            pl.col("end"),
-            pl.lit(result.revision).alias("revision"),
-            pl.lit(emitted_at_ms).alias("emitted_at"),
-        ]
+        head = _head(result, pipeline, emitted_at_ms, pl.col("end"), each_row=True)
         framed = result.frame.select(*head, pl.exclude("window", "start", "end"))
         return b"", list(zip(keys, framed.write_ndjson().encode().splitlines(), strict=True))
     if "end" in result.frame.columns:  # a session's own end (``split_windows``): per row
@@ -397,12 +394,22 @@ def _fields(result: WindowResult, pipeline: str, emitted_at_ms: int) -> bytes:
     return encoded[:-1] + b","
 
 
-def _head(result: WindowResult, pipeline: str, emitted_at_ms: int, end: pl.Expr) -> list[pl.Expr]:
-    """The window's fields that begin every per-key message, in the contract's order."""
+def _head(
+    result: WindowResult,
+    pipeline: str,
+    emitted_at_ms: int,
+    end: pl.Expr,
+    *,
+    each_row: bool = False,
+) -> list[pl.Expr]:
+    """The window's fields that begin every per-key message, in the contract's order.
+
+    ``each_row``: the frame has each row's ``window`` and ``start`` (``session_keys``).
+    """
     return [
         pl.lit(pipeline).alias("pipeline"),
-        pl.lit(result.window).alias("window"),
-        pl.lit(result.start).alias("start"),
+        pl.col("window") if each_row else pl.lit(result.window).alias("window"),
+        pl.col("start") if each_row else pl.lit(result.start).alias("start"),
         end.alias("end"),
         pl.lit(result.revision).alias("revision"),
         *([pl.lit(value=True).alias("correction")] if result.correction else []),
