@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Final, Self
+from typing import TYPE_CHECKING, Final, Self
 
 from shoal.broker._mochi import MochiProcess, mochi_binary, mochi_config, write_mochi_config
 from shoal.broker._mosquitto import MosquittoProcess, mosquitto_binary
@@ -35,9 +35,11 @@ from shoal.broker.profiles import (
     ws_listener,
 )
 from shoal.broker.settings import BrokerSettings, TlsSettings
-from shoal.broker.websocket import WebSocketBridge, mosquitto_has_websockets, server_tls
 from shoal.errors import BrokerError, ConfigError
 from shoal.schemas.topics import Topics
+
+if TYPE_CHECKING:
+    from shoal.broker.websocket import WebSocketBridge
 
 _START_ATTEMPTS: Final = 3
 MOCHI_STORE_LOAD_S: Final = 60.0
@@ -389,6 +391,10 @@ class EmbeddedBroker:
             values.update(tls_values(self.tls, self._tls_port, self.tls_bind))
         config = override(fill(template, values, source), self.overrides)
         if self.websockets:
+            # Only a broker that serves WebSockets loads the websockets library (~6 MB of
+            # every process that imports shoal.broker: workers and combiners never need it).
+            from shoal.broker.websocket import mosquitto_has_websockets  # noqa: PLC0415
+
             if self._ws_port is None:
                 self._ws_port = free_port(self.settings_host)
             # Mosquitto's own listener only where no role check is needed (no ACL).
@@ -415,6 +421,8 @@ class EmbeddedBroker:
         if not self.websockets or self._native_ws or self._bridge is not None:
             return
         assert self._ws_port is not None  # chosen by _render
+        from shoal.broker.websocket import WebSocketBridge, server_tls  # noqa: PLC0415
+
         secure = self._secure_ws
         tls = self.tls if secure else None
         self._bridge = WebSocketBridge(

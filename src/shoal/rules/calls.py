@@ -20,15 +20,15 @@ from __future__ import annotations
 import inspect
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import polars as pl
-import sqlglot
-from sqlglot import exp
-from sqlglot.errors import SqlglotError
 
 from shoal.errors import ConfigError
 from shoal.rules.functions import Udf
+
+if TYPE_CHECKING:
+    from sqlglot import exp
 
 HIDDEN_PREFIX: Final = "__SHOAL_UDF_"
 """Hidden columns holding UDF results; dropped after the row stage."""
@@ -91,6 +91,21 @@ def is_hidden(column: str) -> bool:
     return column.startswith(HIDDEN_PREFIX)
 
 
+def _parsed(text: str) -> exp.Expr | None:
+    """The parse tree of ``text`` (sqlglot), None if it cannot parse it.
+
+    sqlglot is imported here, on the first expression parsed: it holds ~16 MB in a process,
+    and most workers and every combiner of a pipeline without rules never parse one.
+    """
+    import sqlglot  # noqa: PLC0415
+    from sqlglot.errors import SqlglotError  # noqa: PLC0415
+
+    try:
+        return sqlglot.parse_one(text)
+    except SqlglotError:
+        return None
+
+
 def rewrite(
     text: str, field: str, udfs: Mapping[str, Udf], udafs: Collection[str], first: int
 ) -> Rewritten:
@@ -105,10 +120,11 @@ def rewrite(
     names = set(udfs) | set(udafs)
     if not names or not any(name in text.lower() for name in names):
         return Rewritten(text)
-    try:
-        tree = sqlglot.parse_one(text)
-    except SqlglotError:
+    tree = _parsed(text)
+    if tree is None:
         return Rewritten(text)
+    from sqlglot import exp  # noqa: PLC0415 - loaded by _parsed
+
     found = [
         node for node in tree.find_all(exp.Func) if _check_call(node, text, field, udfs, udafs)
     ]
@@ -139,10 +155,11 @@ def across_rows(text: str) -> str | None:
     Polars spreads an aggregate compared with a column (``value > avg(value)``) to every
     row, so running the expression on sample rows cannot see it; its parse tree can.
     """
-    try:
-        tree = sqlglot.parse_one(text)
-    except SqlglotError:
+    tree = _parsed(text)
+    if tree is None:
         return None
+    from sqlglot import exp  # noqa: PLC0415 - loaded by _parsed
+
     found = tree.find(exp.AggFunc, exp.Window)
     return None if found is None else found.sql()
 
@@ -151,6 +168,8 @@ def _check_call(
     node: exp.Func, text: str, field: str, udfs: Mapping[str, Udf], udafs: Collection[str]
 ) -> bool:
     """Whether ``node`` calls a UDF (checked: arity, not inside an aggregate or OVER)."""
+    from sqlglot import exp  # noqa: PLC0415 - a node's module, loaded with it
+
     if not isinstance(node, exp.Anonymous):
         shadowed = sorted({n.lower() for n in type(node).sql_names()} & (set(udfs) | set(udafs)))
         if shadowed:
