@@ -12,8 +12,9 @@ import asyncio
 
 import pytest
 
-from shoal.broker import AsyncSession
+from shoal.broker import AsyncSession, BatchedSession, default_intake_session_factory
 from shoal.broker.embedded import EmbeddedBroker
+from shoal.broker.session import Session, SessionFactory
 
 pytestmark = pytest.mark.broker
 
@@ -67,3 +68,64 @@ def test_without_a_bound_the_queue_holds_the_broker_backlog(broker: EmbeddedBrok
     assert taken == MESSAGES
     assert pauses == 0
     assert most > 4 * LIMIT  # what the bound prevents: the backlog in the consumer's memory
+
+
+def _waiting_bytes(session: Session) -> int:
+    """Received payload bytes not taken yet (each implementation counts them its own way)."""
+    if isinstance(session, AsyncSession):
+        return session._gate.buffered
+    assert isinstance(session, BatchedSession)
+    return session._waiting_bytes
+
+
+async def _resume(broker: EmbeddedBroker, factory: SessionFactory) -> tuple[int, int]:
+    """(messages taken, most bytes waiting) of a session resumed onto a backlog.
+
+    What a combiner partition does after a restart: its persistent session returns to the
+    partials queued meanwhile and subscribes again beside its message loop; the SUBACK comes
+    after the backlog, so the loop must take messages for it to arrive.
+    """
+    settings = broker.settings
+    async with factory(settings, "resumed", clean_start=False, session_expiry_s=60) as first:
+        await first.subscribe(["bulk"], qos=1)
+    async with AsyncSession(settings, "bulk-publisher") as publisher:
+        await publisher.wait_published(
+            [
+                publisher.publish_started("bulk", bytes([i % 251]) * MESSAGE_BYTES)
+                for i in range(MESSAGES)
+            ]
+        )
+    most = taken = 0
+    async with factory(
+        settings, "resumed", clean_start=False, session_expiry_s=60, max_buffered_bytes=LIMIT
+    ) as intake:
+        subscribed = asyncio.ensure_future(intake.subscribe(["bulk"], qos=1))
+        async for message in intake.messages():
+            assert message.payload == bytes([taken % 251]) * MESSAGE_BYTES  # in order, whole
+            taken += 1
+            most = max(most, _waiting_bytes(intake))
+            await asyncio.sleep(0.01)  # a consumer slower than its input
+            if taken == MESSAGES:
+                break
+        await asyncio.wait_for(subscribed, 30)
+    return taken, most
+
+
+def test_a_resumed_combiner_intake_holds_its_bound_while_it_subscribes(
+    broker: EmbeddedBroker,
+) -> None:
+    # The factory a combiner's intake comes from (``CombinerRuntime``'s default).
+    taken, most = asyncio.run(_resume(broker, default_intake_session_factory()))
+    assert taken == MESSAGES
+    assert most <= LIMIT + 4 * MESSAGE_BYTES
+
+
+def test_an_async_session_reads_the_whole_backlog_while_its_subscribe_waits(
+    broker: EmbeddedBroker,
+) -> None:
+    # Why the combiner's intake is not an ``AsyncSession``: its gate opens while a request
+    # waits (a caller may await it in line, taking no message meanwhile), so the backlog in
+    # front of the SUBACK is read into memory whatever the bound.
+    taken, most = asyncio.run(_resume(broker, AsyncSession))
+    assert taken == MESSAGES
+    assert most > 4 * LIMIT

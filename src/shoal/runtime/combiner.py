@@ -56,7 +56,7 @@ import orjson
 import polars as pl
 
 from shoal._futures import ignore_outcome
-from shoal.broker import default_output_session_factory, default_session_factory
+from shoal.broker import default_intake_session_factory, default_output_session_factory
 from shoal.broker.held import HeldSession
 from shoal.broker.pooled import PooledOutputs
 from shoal.broker.session import Message, Session, SessionFactory
@@ -322,7 +322,9 @@ def _block_columns(
 class CombinerRuntime:
     """Runs one combiner partition until ``stop`` (see the module docstring).
 
-    ``session_factory`` opens its intake session (default: ``default_session_factory()``),
+    ``session_factory`` opens its intake session (default: ``default_intake_session_factory()``,
+    whose read bound holds while the SUBSCRIBE of a resumed session waits beside the message
+    loop: see ``_open_session``),
     ``output_session_factory`` the one it publishes on (default: ``session_factory`` when
     given, else ``default_output_session_factory()``). ``shared_outputs``: a hosted
     partition publishes on its pool member's one connection instead, through a lease that
@@ -347,7 +349,7 @@ class CombinerRuntime:
         self.config = config
         self._shared_outputs = shared_outputs
         self.clock = clock or SystemClock()
-        self._connect = session_factory or default_session_factory()
+        self._connect = session_factory or default_intake_session_factory()
         self._log_writer = log_writer or shared_writer()
         self._log_written: asyncio.Future[None] | None = None
         """The last close-log write submitted (they complete in order)."""
@@ -513,6 +515,13 @@ class CombinerRuntime:
         broker has already written to it, so a checkpoint would wait for its results'
         PUBACKs as long as the backlog takes to apply (Mosquitto 2.0.11 writes a
         subscriber's whole queue at once, see docs/guarantees.md "Overload").
+
+        The bound holds while the SUBSCRIBE of a resumed session waits for its SUBACK, which
+        the broker writes after the backlog: the loop takes messages beside it
+        (``_subscribe``). That is why the default intake is a ``BatchedSession``: an
+        ``AsyncSession`` reads on while any request waits (its caller might await it in line)
+        and so took a restarted partition's whole backlog into memory
+        (``tests/integration/test_intake_bound.py``).
         """
         return self._connect(
             self.config.broker,
