@@ -510,7 +510,12 @@ def ratios(shoal: dict[str, Any], baseline: dict[str, Any]) -> dict[str, float |
 
 
 def targets(document: dict[str, Any]) -> dict[str, Any]:
-    """The issue's two targets, from a matrix document."""
+    """The targets of the performance issue (20), from a matrix document.
+
+    Per core against one Waitress thread >= 20x; at scenario A 25/s, batch 4,000, p99 of
+    publish -> partials out <= 0.2x and of publish -> applied (shoal's t_rr) <= 0.35x the
+    baseline's t_rr p99 (the first issue's targets were >= 10x and t_rr <= 0.2x).
+    """
     out: dict[str, Any] = {}
     searches = document.get("max_sustained") or {}
     base, ours = searches.get("baseline_one"), searches.get("shoal_one")
@@ -524,7 +529,7 @@ def targets(document: dict[str, Any]) -> dict[str, Any]:
             "raw_ratio": round(
                 ours["max_sustained_meas_per_s"] / max(base["max_sustained_meas_per_s"], 1e-9), 2
             ),
-            "target": ">= 10",
+            "target": ">= 20",
         }
     scenario, rate, batch = TARGET_CELL
     for cell in document.get("cells", []):
@@ -532,12 +537,25 @@ def targets(document: dict[str, Any]) -> dict[str, Any]:
             continue
         base_run = cell["baseline"]
         ours_run = next((s for s in cell["shoal"] if s["variant"] == Variant().label), None)
-        if base_run and ours_run and base_run["t_rr_ms"] and ours_run["t_rr_ms"]:
+        if not (base_run and ours_run and base_run["t_rr_ms"]):
+            continue
+        base_p99 = base_run["t_rr_ms"]["p99"]
+        # shoal's t_rr is publish -> applied at the combiner; publish -> partials out is the
+        # baseline's request -> reply (its reply carries the batch's aggregates).
+        to_partial = ours_run["run"].get("publish_to_partial_ms")
+        if to_partial and to_partial.get("p99") is not None:
+            out["p99_publish_to_partial_at_A_4000"] = {
+                "shoal_ms": to_partial["p99"],
+                "baseline_ms": base_p99,
+                "ratio": round(to_partial["p99"] / base_p99, 3),
+                "target": "<= 0.2",
+            }
+        if ours_run["t_rr_ms"]:
             out["p99_t_rr_at_A_4000"] = {
                 "shoal_ms": ours_run["t_rr_ms"]["p99"],
-                "baseline_ms": base_run["t_rr_ms"]["p99"],
-                "ratio": round(ours_run["t_rr_ms"]["p99"] / base_run["t_rr_ms"]["p99"], 3),
-                "target": "<= 0.2",
+                "baseline_ms": base_p99,
+                "ratio": round(ours_run["t_rr_ms"]["p99"] / base_p99, 3),
+                "target": "<= 0.35",
             }
     return out
 

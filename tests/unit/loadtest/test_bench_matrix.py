@@ -70,6 +70,7 @@ def _fake_shoal(config: PipelineBenchConfig, _progress: object) -> dict[str, Any
         "batches_published": 10,
         "apply_latency_ms": _latency(10.0),
         "worker_handle_ms": _latency(2.0),
+        "publish_to_partial_ms": _latency(4.0),
         "bytes_per_meas": 12.7,
         "components": [
             {"name": n, "rss_mb": 50.0} for n in ("broker", "combiner-0", "worker-0", "simulator")
@@ -156,6 +157,11 @@ def test_the_document_has_every_part_and_the_targets(document: dict[str, Any]) -
         throughput["shoal_per_core"] / throughput["baseline_per_core"], rel=1e-2
     )
     assert document["targets"]["p99_t_rr_at_A_4000"]["ratio"] == pytest.approx(0.1)
+    assert document["targets"]["p99_t_rr_at_A_4000"]["target"] == "<= 0.35"
+    # publish -> partials out against the baseline's request -> reply: 6 ms / 150 ms
+    to_partial = document["targets"]["p99_publish_to_partial_at_A_4000"]
+    assert to_partial["ratio"] == pytest.approx(0.04)
+    assert to_partial["target"] == "<= 0.2"
     codecs = {(r["codec"], r["attributes"]) for r in document["encodings"]}
     assert ("binary-columnar+zstd", 10) in codecs
     assert ("baseline: JSON rows + pandas", 1) in codecs
@@ -167,6 +173,7 @@ def test_markdown_has_every_table(document: dict[str, Any]) -> None:
         assert heading in text
     assert "| A | 25 | 4,000 | baseline |" in text
     assert "binary-columnar+zstd" in text
+    assert "| 6.0 ms vs 150.0 ms | 0.04x | <= 0.2 |" in text  # publish -> partials out
 
 
 def test_plots_are_written(document: dict[str, Any], tmp_path: Path) -> None:
