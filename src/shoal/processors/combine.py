@@ -104,6 +104,13 @@ COUNT_CLOSE_ROWS: Final = 1_000_000
 """Rows applied to count windows after which a close step is due whatever the clock says:
 the buffer stays bounded where the clock stands still (``archive.replay``), and at 4M
 rows/s this is the interval's worth anyway."""
+STEP_MERGE_ROWS: Final = 1 << 16
+"""Unmerged state rows past which a step merges (``WindowState.tidy``) between the partials
+it applies, not only between messages as the runtime does: a gap closing behind hundreds of
+early partials (a partition restored during an overload) releases them in one step, and
+unmerged they grew the state by their whole size before one merge sorted all of it, the
+peak of a restored combiner in ``shoal bench chaos`` (docs/benchmarks.md, "Memory at rest,
+and a restarted combiner")."""
 MAX_PENDING_BYTES: Final = 32 * 2**20
 """Memory for partials that arrived ahead of a missing batch, and again for those held while
 logged closes are re-taken; beyond it the reorder buffer's newest go to its ``Spill`` if it
@@ -340,6 +347,8 @@ class Combiner:
         step.sealed_at_ms.append(partial.batch.sent_at_ms)
         if late is not None:
             step.late.append(late)
+        if self.state.pending_rows >= STEP_MERGE_ROWS:
+            self.state.tidy()
 
     @property
     def state_cells(self) -> int:

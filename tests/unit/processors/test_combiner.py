@@ -15,7 +15,13 @@ from polars.testing import assert_frame_equal
 
 from shoal.clock import FakeClock
 from shoal.errors import SchemaError, UsageError
-from shoal.processors.combine import Combiner, CombinerCounters, LateRows, Step
+from shoal.processors.combine import (
+    STEP_MERGE_ROWS,
+    Combiner,
+    CombinerCounters,
+    LateRows,
+    Step,
+)
 from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
 from shoal.processors.progress import DISCOVERY_GRACE_MS
 from shoal.processors.spec import PipelineSpec, parse_pipeline
@@ -761,3 +767,38 @@ def test_remembered_key_lists_are_told_apart_when_they_join_alike() -> None:
         got = [ids.key_ids(keys).tolist() for keys in lists]
         assert [[ids.names[i] for i in found] for found in got] == lists
     assert len(ids) == len({k for keys in lists for k in keys})
+
+
+def test_a_run_released_at_once_is_merged_as_it_is_applied() -> None:
+    # A gap at seq 0 holds 39 early partials of 4,000 keys; when seq 0 comes they are all
+    # applied in one step. Merged as they go (STEP_MERGE_ROWS), the unmerged rows never reach
+    # the run's size (156,000 rows), and the window is the same as applied one by one.
+    keys = [f"k{i:05d}" for i in range(4_000)]
+
+    def rows(seq: int) -> list[tuple[str, int, float]]:
+        return [(k, 10 + seq, float(seq * 7 + i % 13)) for i, k in enumerate(keys)]
+
+    held, direct = Harness(), Harness()
+    for h in (held, direct):
+        h.announce("g")
+    for seq in range(1, 40):
+        assert held.send("g", seq, rows(seq)).applied == 0
+    most = 0
+    combiner = held.combiner
+    apply_into = combiner._apply_into
+
+    def watched(step: Step, partial: Partial, now: int) -> None:
+        nonlocal most
+        apply_into(step, partial, now)
+        most = max(most, combiner.state.pending_rows)
+
+    combiner._apply_into = watched  # type: ignore[method-assign]
+    assert held.send("g", 0, rows(0)).applied == 40
+    assert most <= STEP_MERGE_ROWS + len(keys)
+    for seq in range(40):
+        direct.send("g", seq, rows(seq))
+    for h in (held, direct):
+        h.send("g", 40, [("k00000", 5_000, 0.0)])
+        h.tick()
+    assert held.results().height == len(keys)
+    assert_frame_equal(held.results(), direct.results())
