@@ -315,16 +315,23 @@ class Combiner:
         return self._apply_all(self.tracker.note_status(status, now), now)
 
     def _apply_all(self, ready: list[tuple[int, Partial]], now: int) -> Step:
+        """Apply ``ready`` and then the rest of the run it began, a piece at a time.
+
+        A run that waited in the reorder buffer's spill comes back in pieces of about its
+        memory bound (``ProgressTracker.release``), each applied before the next is read.
+        """
         step = Step()
-        if self._replay:
-            for _, partial in ready:
-                self._held.setdefault(partial.batch.gateway_id, deque()).append(partial)
-                self.held_weight += _partial_bytes(partial)
-            self._bound_held()
-            self._run_replay(step, now)
-        else:
-            for _, partial in ready:
-                self._apply_into(step, partial, now)
+        while ready:
+            if self._replay:
+                for _, partial in ready:
+                    self._held.setdefault(partial.batch.gateway_id, deque()).append(partial)
+                    self.held_weight += _partial_bytes(partial)
+                self._bound_held()
+                self._run_replay(step, now)
+            else:
+                for _, partial in ready:
+                    self._apply_into(step, partial, now)
+            ready = [(seq, partial) for _, seq, partial in self.tracker.release()]
         gateways = self.tracker.gateways.values()
         self.counters.duplicate_batches = sum(g.duplicates for g in gateways)
         self.counters.deferred_batches = sum(g.deferred for g in gateways)

@@ -189,6 +189,8 @@ class ProgressTracker(Generic[T]):
         )
         self.gateways: dict[str, GatewayProgress[T]] = {}
         self._bounded_at_ms: int | None = None
+        self._cut: set[str] = set()
+        """Gateways whose run ``_drain`` cut short: ``release`` goes on with them."""
 
     def reset(self) -> None:
         """Forget every gateway and everything pending (before restoring a checkpoint)."""
@@ -197,6 +199,7 @@ class ProgressTracker(Generic[T]):
         self.gateways = {}
         self._weights = {}
         self.pending_weight = 0
+        self._cut = set()
 
     @property
     def spilled(self) -> int:
@@ -316,13 +319,42 @@ class ProgressTracker(Generic[T]):
                 ready.extend((progress.gateway_id, s, item) for s, item in self._drain(progress))
         return ready
 
+    def release(self) -> list[tuple[str, int, T]]:
+        """(gateway, seq, item) of early arrivals whose turn came but were not returned yet.
+
+        What one call returns reads back from the spill at most about ``max_pending_weight``
+        per gateway (``_drain``); a caller applies what it got, then calls again until
+        nothing comes, so a long run that waited in the spill is never in memory whole.
+        """
+        ready: list[tuple[str, int, T]] = []
+        cut, self._cut = self._cut, set()
+        for gateway_id in sorted(cut):
+            progress = self.gateways.get(gateway_id)
+            if progress is not None:
+                ready.extend((gateway_id, s, item) for s, item in self._drain(progress))
+        return ready
+
     def _drain(self, progress: GatewayProgress[T]) -> list[tuple[int, T]]:
+        """The gateway's run of arrivals from its next seq on, taken out in seq order.
+
+        It stops before a spilled arrival once those read back in this call weigh
+        ``max_pending_weight``: the rest stays where it is, next in line, for ``release``.
+        """
         ready: list[tuple[int, T]] = []
         if progress.next_seq is None:
             return ready
+        read_back = 0
+        limit = self.max_pending_weight
         while progress.next_seq in progress.pending:
             seq = progress.next_seq
-            ready.append((seq, self._take(progress, seq)))
+            spilled = isinstance(progress.pending[seq], Spilled)
+            if spilled and limit is not None and read_back >= limit:
+                self._cut.add(progress.gateway_id)
+                break
+            item = self._take(progress, seq)
+            if spilled:
+                read_back += self._weigh(item)
+            ready.append((seq, item))
             progress.next_seq = seq + 1
         return ready
 

@@ -543,6 +543,14 @@ def test_with_redelivery_every_seq_is_released_exactly_once_in_order(
     assert t.pending_weight == 0
 
 
+def _run(t: ProgressTracker[str], ready: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """``ready`` and the rest of its run, released piece by piece as the combiner does."""
+    out = list(ready)
+    while more := t.release():
+        out += [(seq, item) for _, seq, item in more]
+    return out
+
+
 def _resent_until_released(
     t: ProgressTracker[str], order: list[int], rounds: int
 ) -> list[tuple[int, str]]:
@@ -551,7 +559,7 @@ def _resent_until_released(
     for _ in range(rounds):
         for seq in order:
             if seq >= t.gateways["a"].next_seq:  # the gateway re-sends what is unconfirmed
-                released += t.offer("a", seq, f"{seq:03d}" * 2, T0)
+                released += _run(t, t.offer("a", seq, f"{seq:03d}" * 2, T0))
         if len(released) == 30:
             break
     return released
@@ -578,9 +586,14 @@ def test_early_arrivals_beyond_memory_go_to_the_spill_and_come_back_in_order(
     assert progress.deferred == 4
     assert len(list(tmp_path.glob("shoal-spill-*/*"))) == 10
     assert t.gaps(10) == {"a": (0,)}  # spilled early arrivals are not gaps
-    # The slow batch arrives: everything drains in seq order, with the items it was given.
+    # The slow batch arrives: everything drains in seq order, with the items it was given,
+    # what waited in the spill read back at most about the memory bound at a time: 0-5 from
+    # memory and 6-10 from the spill (50 units) first, then 11-15.
     ready = t.offer("a", 0, items[0], T0)
-    assert ready == [(seq, items[seq]) for seq in range(16)]
+    assert ready == [(seq, items[seq]) for seq in range(11)]
+    assert t.spilled == 5
+    assert t.release() == [("a", seq, items[seq]) for seq in range(11, 16)]
+    assert t.release() == []
     assert (t.spilled, spill.bytes, t.pending_weight) == (0, 0, 0)
     assert list(tmp_path.glob("shoal-spill-*/*")) == []
 

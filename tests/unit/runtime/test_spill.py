@@ -89,3 +89,24 @@ def test_a_combiner_applies_spilled_partials_as_it_applies_those_kept_in_memory(
     assert none_spilled == 0
     assert count == 5
     assert spilled == held
+
+
+def test_a_run_that_waited_in_files_is_read_back_a_piece_at_a_time() -> None:
+    # Five early partials all in files (memory for none): when the slow batch comes, one
+    # receive applies all six, each spilled one read back only after the one before it was
+    # applied, never the whole run at once.
+    h = Harness(make_spec())
+    h.combiner = combiner = Combiner(h.spec, 0, h.clock, max_pending_bytes=1, spill=partial_spill)
+    h.announce("gw")
+    for seq in range(1, 6):
+        h.send("gw", seq, [("k", 5_000 + 300 * seq, float(seq))])
+    assert combiner.tracker.spilled == 5
+    events: list[str] = []
+    spill = combiner.tracker.spill
+    assert spill is not None
+    take, apply_into = spill.take, combiner._apply_into
+    spill.take = lambda key: (events.append("read"), take(key))[1]  # type: ignore[method-assign]
+    combiner._apply_into = lambda *a: (events.append("apply"), apply_into(*a))[1]  # type: ignore[method-assign]
+    assert h.send("gw", 0, [("k", 5_050, -1.0)]).applied == 6
+    # The first piece: batch 0 and the first spilled one (read back: the bound is reached).
+    assert events == ["read", "apply", "apply"] + ["read", "apply"] * 4
