@@ -173,8 +173,11 @@ def quick_plan() -> MatrixPlan:
         extra,
         duration_s=8.0,
         warmup_s=3.0,
+        # shoal starts at 4 M meas/s (400/s x 10,000 sensors): from 1 M its five steps were all
+        # spent doubling (100 -> 1,600, 8.05 M sustained, docs/bench/s12-matrix-quick.md) and
+        # none was left to bisect; a slower machine halves down from here instead.
         max_search=MaxPlan(
-            shoal_start_rate=100.0, baseline_start_rate=16.0, max_steps=5, duration_s=8.0
+            shoal_start_rate=400.0, baseline_start_rate=16.0, max_steps=5, duration_s=8.0
         ),
         study_repeats=3,
     )
