@@ -338,7 +338,8 @@ class ProgressTracker(Generic[T]):
         """The gateway's run of arrivals from its next seq on, taken out in seq order.
 
         It stops before a spilled arrival once those read back in this call weigh
-        ``max_pending_weight``: the rest stays where it is, next in line, for ``release``.
+        ``max_pending_weight`` (after one, whatever the bound: a run always moves): the rest
+        stays where it is, next in line, for ``release``.
         """
         ready: list[tuple[int, T]] = []
         if progress.next_seq is None:
@@ -348,7 +349,7 @@ class ProgressTracker(Generic[T]):
         while progress.next_seq in progress.pending:
             seq = progress.next_seq
             spilled = isinstance(progress.pending[seq], Spilled)
-            if spilled and limit is not None and read_back >= limit:
+            if spilled and limit is not None and 0 < read_back >= limit:  # one at least
                 self._cut.add(progress.gateway_id)
                 break
             item = self._take(progress, seq)

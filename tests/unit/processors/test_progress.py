@@ -633,3 +633,19 @@ def test_with_a_spill_every_seq_is_released_exactly_once_in_order_with_its_item(
     assert released == [(seq, f"{seq:03d}" * 2) for seq in range(30)]
     assert (t.pending_weight, t.spilled, spill.bytes) == (0, 0, 0)
     spill.close()
+
+
+def test_with_no_memory_for_early_arrivals_a_spilled_run_still_moves_one_at_a_time(
+    tmp_path: Path,
+) -> None:
+    spill = text_spill(tmp_path, max_bytes=1_000)
+    t = bounded(limit=0, spill=spill)
+    for seq in range(1, 4):
+        assert t.offer("a", seq, f"x{seq}", T0) == []
+    assert t.spilled == 3
+    # Batch 0 (its turn at once) and one read back; then one read back per call.
+    assert t.offer("a", 0, "x0", T0) == [(0, "x0"), (1, "x1")]
+    assert t.release() == [("a", 2, "x2")]
+    assert t.release() == [("a", 3, "x3")]
+    assert t.release() == []
+    assert (t.spilled, spill.bytes) == (0, 0)
