@@ -21,7 +21,7 @@ import contextlib
 import math
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Final, Self, TypeVar
 
 import aiomqtt
 import paho.mqtt.client as paho
@@ -369,6 +369,12 @@ def _message(msg: aiomqtt.Message, payload: bytes) -> Message:
     )
 
 
+STALL_S: Final = 0.5
+"""How long the read gate stays closed while one of our requests waits and no message is
+taken: then its caller is taken to await the answer in line (nobody will take a message
+before it comes), and the socket is read past the bound until the answer is in."""
+
+
 class _ReadGate:
     """Stops reading the socket while too much received waits to be taken.
 
@@ -377,11 +383,15 @@ class _ReadGate:
     message), ``taken`` when ``messages`` takes one. At a bound the socket's reader is
     removed; it is read again, by ``_read`` (what aiomqtt's own reader does), once the
     consumer has taken enough: the bytes waiting down to half ``max_bytes`` and fewer than
-    ``max_messages`` messages. While paused, answers to our own requests wait too, so the
-    socket is read regardless while a request is awaited in line (``asking``: ``publish``,
-    ``subscribe``, ``unsubscribe``) and once the iteration of ``messages`` has ended
-    (``open``: a last checkpoint waits for its PUBACKs). A consumer that awaits PUBACKs of
-    ``publish_started`` must do so in another task than the one taking messages.
+    ``max_messages`` messages. While paused, answers to our own requests wait too: while a
+    request waits (``asking``: ``publish``, ``subscribe``, ``unsubscribe``) and no message
+    has been taken for ``STALL_S``, its caller awaits it in line and nobody will take one,
+    so the socket is read past the bound until the answer is in; a request awaited beside a
+    consumer that keeps taking messages (a resumed session's SUBSCRIBE, whose SUBACK comes
+    after the backlog; a scale-down's UNSUBSCRIBE) leaves the bound in force. The socket is
+    also read once the iteration of ``messages`` has ended (``open``: a last checkpoint
+    waits for its PUBACKs). A consumer that awaits PUBACKs of ``publish_started`` must do so
+    in another task than the one taking messages.
 
     Known overshoot: paho's ``loop_read`` reads up to as many packets as it has messages in
     flight both ways, so one read can bring that many past the bound before the reader is
@@ -401,6 +411,11 @@ class _ReadGate:
         self.failed: Callable[[Exception], None] | None = None
         """Told of a read error (the connection is broken)."""
         self._asking = 0
+        self._taken = 0
+        """Messages taken so far (whether a consumer takes any while a request waits)."""
+        self._in_line = False
+        """A request waits and no message was taken for ``STALL_S``: read past the bound."""
+        self._watch: asyncio.TimerHandle | None = None
 
     def queued(self, client: paho.Client, size: int) -> None:
         self.buffered += size
@@ -410,6 +425,8 @@ class _ReadGate:
     def taken(self, client: paho.Client, size: int) -> None:
         self.buffered = max(0, self.buffered - size)
         self.waiting = max(0, self.waiting - 1)
+        self._taken += 1
+        self._in_line = False  # somebody takes messages: nobody waits in line
         self._check(client)
 
     @contextlib.contextmanager
@@ -421,6 +438,8 @@ class _ReadGate:
             yield
         finally:
             self._asking -= 1
+            if not self._asking:
+                self._in_line = False
             self._check(client)
 
     def open(self, client: paho.Client) -> None:
@@ -442,8 +461,9 @@ class _ReadGate:
     def _check(self, client: paho.Client) -> None:
         if self.loop is None:
             return
+        reads_on = self._asking > 0 and self._in_line
         if self.paused_fd is None:
-            if self._asking or not self._full():
+            if reads_on or not self._full():
                 return
             sock = client.socket()
             if sock is None:
@@ -451,12 +471,22 @@ class _ReadGate:
             self.paused_fd = sock.fileno()
             self.loop.remove_reader(self.paused_fd)
             self.pauses += 1
-        elif self._asking or self._room():
+        elif reads_on or self._room():
             fd, self.paused_fd = self.paused_fd, None
             sock = client.socket()
             if sock is None or sock.fileno() != fd:
                 return  # the connection is gone: aiomqtt's iterator reports it
             self.loop.add_reader(fd, self._read, client)
+            return
+        if self._asking and self._watch is None:  # paused while a request waits: watch
+            self._watch = self.loop.call_later(STALL_S, self._stalled, client, self._taken)
+
+    def _stalled(self, client: paho.Client, taken: int) -> None:
+        """``STALL_S`` after a request began waiting behind the closed gate."""
+        self._watch = None
+        if self._asking and self._taken == taken:
+            self._in_line = True  # nobody took a message meanwhile: its caller waits in line
+        self._check(client)
 
     def _read(self, client: paho.Client) -> None:
         try:

@@ -518,10 +518,10 @@ class CombinerRuntime:
 
         The bound holds while the SUBSCRIBE of a resumed session waits for its SUBACK, which
         the broker writes after the backlog: the loop takes messages beside it
-        (``_subscribe``). That is why the default intake is a ``BatchedSession``: an
-        ``AsyncSession`` reads on while any request waits (its caller might await it in line)
-        and so took a restarted partition's whole backlog into memory
-        (``tests/integration/test_intake_bound.py``).
+        (``_subscribe``; ``tests/integration/test_intake_bound.py``). The default intake is
+        a ``BatchedSession``, as a hosted partition's is. (Until session 12 it was an
+        ``AsyncSession``, whose gate then read on while any request waited, and a partition
+        restarted during an overload took its whole backlog into memory.)
         """
         return self._connect(
             self.config.broker,
