@@ -62,27 +62,23 @@ def _targets(targets: dict[str, Any]) -> str:
                 throughput["target"],
             ]
         )
-    to_partial = targets.get("p99_publish_to_partial_at_A_4000")
-    if to_partial:
-        rows.append(
-            [
-                "p99 publish -> partials out (vs the baseline's t_rr), scenario A, 25/s per "
-                "sensor, batch 4,000",
-                f"{_n(to_partial['shoal_ms'], 1)} ms vs {_n(to_partial['baseline_ms'], 1)} ms",
-                _x(to_partial["ratio"]),
-                to_partial["target"],
-            ]
-        )
-    latency = targets.get("p99_t_rr_at_A_4000")
-    if latency:
-        rows.append(
-            [
-                "p99 t_rr (shoal: publish -> applied), scenario A, 25/s per sensor, batch 4,000",
-                f"{_n(latency['shoal_ms'], 1)} ms vs {_n(latency['baseline_ms'], 1)} ms",
-                _x(latency["ratio"]),
-                latency["target"],
-            ]
-        )
+    for key, what in (
+        (
+            "p99_publish_to_partial_at_A_4000",
+            "p99 publish -> partials out (vs the baseline's t_rr)",
+        ),
+        ("p99_t_rr_at_A_4000", "p99 t_rr (shoal: publish -> applied)"),
+    ):
+        latency = targets.get(key)
+        if latency:
+            rows.append(
+                [
+                    f"{what}, scenario A, 25/s per sensor, batch 4,000",
+                    f"{_n(latency['shoal_ms'], 1)} ms vs {_n(latency['baseline_ms'], 1)} ms",
+                    _x(latency["ratio"]),
+                    latency["target"],
+                ]
+            )
     if not rows:
         return ""
     return "### Targets\n\n" + _table(["what", "shoal vs baseline", "ratio", "target"], rows)

@@ -209,8 +209,10 @@ def session_lines(closed: pl.DataFrame, sessions: Collection[str]) -> dict[tuple
     more than the close.
     """
     rows = _session_rows(closed, sessions)
-    runs = None if rows is None else window_runs(rows)
-    if rows is None or runs is None or len(runs) < 2:
+    if rows is None:
+        return {}
+    runs = window_runs(rows)
+    if runs is None or len(runs) < 2:
         return {}
     ndjson = session_layout(rows).drop("window", "start").write_ndjson().encode()
     newlines = np.flatnonzero(np.frombuffer(ndjson, dtype=np.uint8) == ord("\n"))
