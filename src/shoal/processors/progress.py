@@ -327,6 +327,8 @@ class ProgressTracker(Generic[T]):
         nothing comes, so a long run that waited in the spill is never in memory whole.
         """
         ready: list[tuple[str, int, T]] = []
+        if not self._cut:  # the usual case, after every step: nothing cut short
+            return ready
         cut, self._cut = self._cut, set()
         for gateway_id in sorted(cut):
             progress = self.gateways.get(gateway_id)
