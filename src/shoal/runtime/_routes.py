@@ -23,8 +23,13 @@ class Routes(Protocol):
     async def leave(self, session: Session) -> None:
         """Unsubscribe from every input (draining: the broker routes nothing new to us)."""
 
-    async def route(self, session: Session, message: Message) -> list[asyncio.Future[None]]:
-        """Handle one delivery; the PUBACK futures to wait for before acknowledging it."""
+    async def route(
+        self, session: Session, message: Message, out: Session
+    ) -> list[asyncio.Future[None]]:
+        """Handle one delivery; the PUBACK futures (on ``out``) to wait for before acking it.
+
+        ``session`` is the worker's input (subscriptions); outputs are published on ``out``.
+        """
 
     def marker_back(self, token: str) -> bool:
         """A marker the routes sent to the worker's control topic came back (True: theirs)."""
@@ -47,9 +52,14 @@ class PinnedRoutes:
         """Leave it."""
         await session.unsubscribe(self.handler.filters)
 
-    async def route(self, session: Session, message: Message) -> list[asyncio.Future[None]]:
+    async def route(
+        self,
+        session: Session,  # noqa: ARG002 - subscribes nothing at run time
+        message: Message,
+        out: Session,
+    ) -> list[asyncio.Future[None]]:
         """Every delivery is the pipeline's."""
-        return self.handler.handle(session, message)
+        return self.handler.handle(out, message)
 
     def marker_back(self, token: str) -> bool:  # noqa: ARG002 - sends no markers of its own
         """None are ours."""

@@ -141,13 +141,18 @@ class PoolRoutes:
         if filters:
             await session.unsubscribe(filters)
 
-    async def route(self, session: Session, message: Message) -> list[asyncio.Future[None]]:
-        """A batch to the handlers its subscription identifiers name; a document applied."""
+    async def route(
+        self, session: Session, message: Message, out: Session
+    ) -> list[asyncio.Future[None]]:
+        """A batch to the handlers its subscription identifiers name; a document applied.
+
+        Partials go out on ``out``; subscriptions change on ``session``.
+        """
         handlers = [h for i in message.subscription_ids for h in self._handlers.get(i, ())]
         if len(handlers) > 1:  # versions of one pipeline may read different inputs
             handlers = [h for h in handlers if h.reads(message.topic)]
         if handlers:
-            return [f for h in handlers for f in h.handle(session, message)]
+            return [f for h in handlers for f in h.handle(out, message)]
         if topic_matches(self.topics.pool_combiners(), message.topic):
             await self._on_announcement(session, message)
             return []
