@@ -111,12 +111,13 @@ early partials (a partition restored during an overload) releases them in one st
 unmerged they grew the state by their whole size before one merge sorted all of it, the
 peak of a restored combiner in ``shoal bench chaos`` (docs/benchmarks.md, "Memory at rest,
 and a restarted combiner")."""
-MAX_PENDING_BYTES: Final = 32 * 2**20
+MAX_PENDING_BYTES: Final = 8 * 2**20
 """Memory for partials that arrived ahead of a missing batch, and again for those held while
 logged closes are re-taken; beyond it the reorder buffer's newest go to its ``Spill`` if it
 has one (the runtime's files, ``runtime._spill``) and, beyond that, are let go (their gateways
-send them again, see ``progress``); held ones are let go. 32 MiB: a chaos run's reorder buffer
-peaked at 15 MB (issue 20)."""
+send them again, see ``progress``); held ones are let go. 8 MiB: with 32 MiB a combiner
+under ``shoal bench chaos`` peaked ~40 MB higher, and 8 MiB brought no more re-sends
+(docs/benchmarks.md, "The combiner's allowances")."""
 
 
 @dataclass

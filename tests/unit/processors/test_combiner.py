@@ -16,6 +16,7 @@ from polars.testing import assert_frame_equal
 from shoal.clock import FakeClock
 from shoal.errors import SchemaError, UsageError
 from shoal.processors.combine import (
+    MAX_PENDING_BYTES,
     STEP_MERGE_ROWS,
     Combiner,
     CombinerCounters,
@@ -55,11 +56,17 @@ def status(gateway_id: str, first: int, next_seq: int) -> GatewayStatus:
 class Harness:
     """One combiner partition fed through a builder, checking every close as it happens."""
 
-    def __init__(self, spec: PipelineSpec = SPEC, partition: int = 0) -> None:
+    def __init__(
+        self,
+        spec: PipelineSpec = SPEC,
+        partition: int = 0,
+        *,
+        max_pending_bytes: int | None = MAX_PENDING_BYTES,
+    ) -> None:
         self.spec = spec
         self.clock = FakeClock()
         self.builder = PartialBuilder(spec, "w1")
-        self.combiner = Combiner(spec, partition, self.clock)
+        self.combiner = Combiner(spec, partition, self.clock, max_pending_bytes=max_pending_bytes)
         self.emitted: list[pl.DataFrame] = []
         self.late: list[LateRows] = []
 
@@ -778,7 +785,8 @@ def test_a_run_released_at_once_is_merged_as_it_is_applied() -> None:
     def rows(seq: int) -> list[tuple[str, int, float]]:
         return [(k, 10 + seq, float(seq * 7 + i % 13)) for i, k in enumerate(keys)]
 
-    held, direct = Harness(), Harness()
+    # The whole run waits in memory (no bound: this core has no files to spill to).
+    held, direct = Harness(max_pending_bytes=None), Harness()
     for h in (held, direct):
         h.announce("g")
     for seq in range(1, 40):
