@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 import msgpack
@@ -774,6 +775,34 @@ def test_remembered_key_lists_are_told_apart_when_they_join_alike() -> None:
         got = [ids.key_ids(keys).tolist() for keys in lists]
         assert [[ids.names[i] for i in found] for found in got] == lists
     assert len(ids) == len({k for keys in lists for k in keys})
+
+
+def test_a_released_run_lets_go_of_each_partial_once_it_is_applied() -> None:
+    # The run behind a gap that closes may be the reorder buffer's whole memory bound: each
+    # partial is dropped as it is applied, so what is merged can be freed before the run
+    # ends (docs/bench/combiner_gap_memory.py: a 5-s gap's peak 143 -> 126 MB).
+    keys = [f"k{i:05d}" for i in range(4_000)]
+    held = Harness(max_pending_bytes=None)
+    held.announce("g")
+    first = held.partial("g", 1, [(k, 11, 1.0) for k in keys])
+    alive = weakref.ref(first.rows.start) if first.rows is not None else None
+    assert alive is not None
+    assert held.combiner.receive(first).applied == 0
+    del first
+    for seq in range(2, 40):
+        assert held.send("g", seq, [(k, 10 + seq, float(seq)) for k in keys]).applied == 0
+    combiner = held.combiner
+    apply_into = combiner._apply_into
+    seen: list[bool] = []
+
+    def watched(step: Step, partial: Partial, now: int) -> None:
+        seen.append(alive() is not None)
+        apply_into(step, partial, now)
+
+    combiner._apply_into = watched  # type: ignore[method-assign]
+    assert held.send("g", 0, [(k, 10, 0.0) for k in keys]).applied == 40
+    assert seen[1] is True  # the first early partial is being applied next
+    assert seen[-1] is False  # applied, merged and let go before the run's end
 
 
 def test_a_run_released_at_once_is_merged_as_it_is_applied() -> None:
