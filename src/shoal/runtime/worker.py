@@ -45,11 +45,11 @@ from shoal.runtime.latency import LatencyHistogram
 from shoal.runtime.pool import PoolRoutes
 from shoal.schemas.topics import Topics
 
-__all__ = ["OUTPUT_SUFFIX", "Worker", "WorkerConfig", "WorkerCounters"]
+__all__ = ["Worker", "WorkerConfig", "WorkerCounters"]
 
 log = logging.getLogger(__name__)
 
-OUTPUT_SUFFIX: Final = "-out"
+_OUTPUT_SUFFIX: Final = "-out"
 """The client id of a worker's output session: its own id with this suffix."""
 
 
@@ -168,7 +168,7 @@ class Worker:
                     orjson.dumps({"component": "worker", "id": self.worker_id, "state": "gone"}),
                 ),
             )
-            out = self._connect(self.config.broker, f"{self.worker_id}{OUTPUT_SUFFIX}")
+            out = self._connect(self.config.broker, f"{self.worker_id}{_OUTPUT_SUFFIX}")
             try:
                 async with session, out:
                     # Mosquitto does not restore $share subscriptions: subscribe on every connect.
