@@ -296,8 +296,10 @@ class Combiner:
             return Step()
         now = self.clock.now_ms()
         self._note_life(partial.batch.gateway_id, now)
-        ready = self.tracker.offer(partial.batch.gateway_id, partial.batch.seq, partial, now)
-        return self._apply_all(ready, now)
+        # Not kept in a local: ``_apply_all`` lets go of a long run as it is applied.
+        return self._apply_all(
+            self.tracker.offer(partial.batch.gateway_id, partial.batch.seq, partial, now), now
+        )
 
     def _fits(self, rows: PartialRows) -> bool:
         """Whether a partial's rows have this pipeline's state layout."""
@@ -330,12 +332,11 @@ class Combiner:
                 self._bound_held()
                 self._run_replay(step, now)
             else:
-                # Taken out of the run as they are applied (the caller's list emptied too):
-                # what is merged can be freed while the rest of a long run (a gap that
-                # closed) waits its turn (a 5-s gap's peak 143 -> 126 MB,
-                # docs/bench/combiner_gap_memory.py).
+                # Taken out of the run as they are applied: what is merged can be freed
+                # while the rest of a long run (a gap that closed) waits its turn (a 5-s
+                # gap's peak 143 -> 126 MB, docs/bench/combiner_gap_memory.py).
                 run = deque(partial for _, partial in ready)
-                ready.clear()  # the caller's reference too
+                ready = []
                 while run:
                     self._apply_into(step, run.popleft(), now)
             ready = [(seq, partial) for _, seq, partial in self.tracker.release()]

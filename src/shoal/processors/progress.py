@@ -351,7 +351,7 @@ class ProgressTracker(Generic[T]):
         while progress.next_seq in progress.pending:
             seq = progress.next_seq
             spilled = isinstance(progress.pending[seq], Spilled)
-            if spilled and limit is not None and 0 < read_back >= limit:  # one at least
+            if spilled and limit is not None and read_back > 0 and read_back >= limit:
                 self._cut.add(progress.gateway_id)
                 break
             item = self._take(progress, seq)
