@@ -187,17 +187,23 @@ def test_only_the_newest_queued_result_of_a_key_is_published(
     """Per-key results are a latest-value cache: a newer result of a key supersedes a queued one.
 
     Fifty one-second windows close in one step (one batch spans them, the next moves the
-    watermark past them all). Each key's retained message must be its newest window's, a key
-    that only an early window has must still get that window's value, and every older row of
-    a key that a newer window has is counted as superseded instead of being published first.
+    watermark past them all: with a lateness longer than the span, the first closes none of
+    them, whenever the second arrives). Each key's retained message must be its newest
+    window's, a key that only an early window has must still get that window's value, and
+    every older row of a key that a newer window has is counted as superseded instead of
+    being published first.
     """
     t0, windows = 1_000_000, 50
+    lateness_ms = (windows + 10) * 1_000
+    spec = parse_pipeline({**LATEST_SPEC, "lateness_ms": lateness_ms})
     # keys a and b in every window (value = window index), c in window 3 only
     rows = [("a", t0 + w * 1_000 + 10, float(w)) for w in range(windows)]
     rows += [("b", t0 + w * 1_000 + 20, float(w)) for w in range(windows)]
     rows.append(("c", t0 + 3 * 1_000 + 30, 3.0))
     spanning = pl.DataFrame(rows, schema=["sensor_id", "ts", "value"], orient="row")
-    later = pl.DataFrame({"sensor_id": ["a"], "ts": [t0 + (windows + 5) * 1_000], "value": [0.0]})
+    later = pl.DataFrame(
+        {"sensor_id": ["a"], "ts": [t0 + (windows + 5) * 1_000 + lateness_ms], "value": [0.0]}
+    )
     batches = [
         encode_batch(frame, gateway_id="gw", seq=seq, sent_at_ms=0, encoding=Encoding.JSON_ROWS)
         for seq, frame in enumerate([spanning, later])
@@ -205,9 +211,9 @@ def test_only_the_newest_queued_result_of_a_key_is_published(
 
     async def scenario() -> tuple[int, dict[str, dict[str, Any]]]:
         superseded = await per_key_run(
-            broker, topics, tmp_path, LATEST, batches, t0 + windows * 1_000
+            broker, topics, tmp_path, spec, batches, t0 + windows * 1_000
         )
-        return superseded, await retained_keys(broker, topics, LATEST.name, 3)
+        return superseded, await retained_keys(broker, topics, spec.name, 3)
 
     superseded, latest = asyncio.run(asyncio.wait_for(scenario(), 60))
     last_start = t0 + (windows - 1) * 1_000
