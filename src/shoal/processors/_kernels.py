@@ -464,28 +464,18 @@ def merge_sorted_cells(
     return merged.take(kept), summed.take(kept)
 
 
-DENSE_GRID_LIMIT: Final = 1 << 24
-"""Largest (group, bucket) grid counted with ``bincount`` instead of a sort (128 MiB)."""
-DENSE_GRID_PER_CELL: Final = 16
-"""A grid larger than this many times the cells is sorted instead: ``bincount`` and the scan
-for filled cells cost the whole grid, a sort about ``log n`` per cell (a sliding window's pane
-of 100,000 keys with a few cells each has a grid of millions)."""
-
-
-def merge_cells(
-    cells: Int64Array, counts: Int64Array, key_bits: int | None = None
-) -> tuple[Int64Array, Int64Array]:
+def merge_cells(cells: Int64Array, counts: Int64Array) -> tuple[Int64Array, Int64Array]:
     """Sum counts of equal cell ids; returns sorted unique cells and their counts.
 
-    With ``key_bits`` (a group is ``slot << key_bits | key``, both dense), the cells are
-    counted on a dense (slot, key, bucket) grid with one ``bincount``: linear time, no sort.
-    Sparse or huge grids fall back to sorting.
+    One stable sort (timsort: linear on the concatenated sorted runs a combiner merges, each
+    partial's cells and a merged base being sorted already), then one ``reduceat``. A dense
+    (slot, key, bucket) grid counted with ``bincount`` was tried here: faster only on cells
+    in no order, and on a combiner's cells twice as slow and 2-4 times the memory (the grid
+    is slots x keys x bucket width, mostly empty; a 47 MB step of a restored combiner's
+    peak in ``shoal bench chaos``; docs/benchmarks.md, "The combiner's sketch cells merged
+    by sorting and inserting").
     """
-    if key_bits is not None and len(cells):
-        dense = _merge_cells_dense(cells, counts, key_bits)
-        if dense is not None:
-            return dense
-    order = np.argsort(cells, kind="stable")  # timsort: fast on concatenated sorted runs
+    order = np.argsort(cells, kind="stable")
     c = cells[order]
     starts, lengths = run_bounds(c)
     if len(starts) == 0:
@@ -497,7 +487,12 @@ def merge_cells(
 def add_cells(
     cells: Int64Array, counts: Int64Array, new_cells: Int64Array, new_counts: Int64Array
 ) -> tuple[Int64Array, Int64Array]:
-    """Merge a few cells into a large sorted, unique set: sorted inserts, no full re-sort."""
+    """Merge cells into a sorted, unique set: sorted inserts, no re-sort of the set.
+
+    The new cells are merged among themselves (``merge_cells``), then each is added to its
+    equal in the set or inserted at its place: time and memory about the set's size plus the
+    new cells', fewer or more of them alike.
+    """
     extra, extra_counts = merge_cells(new_cells, new_counts)
     at = np.searchsorted(cells, extra)
     found = at < len(cells)
@@ -509,33 +504,6 @@ def add_cells(
         np.insert(cells, at[missing], extra[missing]),
         np.insert(counts, at[missing], extra_counts[missing]),
     )
-
-
-def _merge_cells_dense(
-    cells: Int64Array, counts: Int64Array, key_bits: int
-) -> tuple[Int64Array, Int64Array] | None:
-    bucket = cells & ((1 << BUCKET_BITS) - 1)
-    group = cells >> BUCKET_BITS
-    slot = group >> key_bits
-    key = group & ((1 << key_bits) - 1)
-    low, high = int(bucket.min()), int(bucket.max())
-    width = high - low + 1
-    keys = int(key.max()) + 1
-    present = np.zeros(int(slot.max()) + 1, dtype=bool)
-    present[slot] = True
-    slots = np.flatnonzero(present)
-    size = len(slots) * keys * width
-    if size > DENSE_GRID_LIMIT or size > DENSE_GRID_PER_CELL * len(cells):
-        return None
-    rank = np.cumsum(present) - 1
-    flat = (rank[slot] * keys + key) * width + (bucket - low)
-    grid = np.bincount(flat, weights=counts, minlength=size)
-    filled = np.flatnonzero(grid)
-    cell_slot = slots[filled // (keys * width)]
-    cell_key = (filled // width) % keys
-    merged = (((cell_slot << key_bits) | cell_key) << BUCKET_BITS) | (filled % width + low)
-    # Counts are integers far below 2**53, so the float sums are exact.
-    return merged, grid[filled].astype(np.int64)
 
 
 def cell_ids(groups: Int64Array, buckets: Int64Array) -> Int64Array:

@@ -409,8 +409,11 @@ class WindowState:
     def compact(self) -> None:
         """Merge all pending state into one sorted set of arrays (the form ``close`` needs).
 
-        Sketch cells merge incrementally (sorted insert) when little is pending next to an
-        already merged base, which keeps the merge before a window closes short.
+        Sketch cells pending next to an already merged base are merged among themselves and
+        inserted into it (``add_cells``), however many: the base is never sorted again, and
+        the merge allocates about the base's size (the old base and the new one), not a
+        multiple of everything held (docs/benchmarks.md, "The combiner's sketch cells merged
+        by sorting and inserting").
         """
         if self.panes is not None:
             self.panes.compact()
@@ -437,17 +440,16 @@ class WindowState:
             self._groups_merged = True
         if self._cells:
             if self._cells_merged and len(self._cells) > 1:
-                pending = np.concatenate(self._cells[1:])
-                if len(pending) * 4 < len(self._cells[0]):
-                    cells, counts = add_cells(
-                        self._cells[0], self._counts[0], pending, np.concatenate(self._counts[1:])
-                    )
-                    self._cells, self._counts = [cells], [counts]
-                    self._pending_rows = 0
-                    return
-            cells, counts = merge_cells(
-                np.concatenate(self._cells), np.concatenate(self._counts), KEY_BITS
-            )
+                cells, counts = add_cells(
+                    self._cells[0],
+                    self._counts[0],
+                    np.concatenate(self._cells[1:]),
+                    np.concatenate(self._counts[1:]),
+                )
+                self._cells, self._counts = [cells], [counts]
+                self._pending_rows = 0
+                return
+            cells, counts = merge_cells(np.concatenate(self._cells), np.concatenate(self._counts))
             self._cells, self._counts = [cells], [counts]
             self._cells_merged = True
         self._pending_rows = 0
@@ -560,7 +562,7 @@ class WindowState:
         if own:  # rows expanded into the windows' own slots: merge them with the panes'
             groups, columns = merge_state(groups, columns, self.plan.fields)
             if len(cells):
-                cells, counts = merge_cells(cells, counts, KEY_BITS)
+                cells, counts = merge_cells(cells, counts)
         # else each window's panes are merged already, and in slot order they are sorted
         return self._finish(groups, columns, cells, counts)
 
@@ -759,7 +761,7 @@ class WindowState:
             if cells_from == {0} and self._cells_merged:
                 done_cells, done_counts = cells[0], cells[1]["count"]
             else:
-                done_cells, done_counts = merge_cells(cells[0], cells[1]["count"], KEY_BITS)
+                done_cells, done_counts = merge_cells(cells[0], cells[1]["count"])
         result = self._finish(done_groups, done, done_cells, done_counts)
         self._release(closing)
         return ClosedWindows(result)
@@ -1080,11 +1082,10 @@ class PaneState:
         new_cells = np.concatenate([p.cells for p in parts])
         if len(new_cells):
             new_counts = np.concatenate([p.counts for p in parts])
-            if len(cells) and len(new_cells) * 4 < len(cells):
+            if len(cells):
                 cells, counts = add_cells(cells, counts, new_cells, new_counts)
             else:
-                both = np.concatenate((cells, new_cells))
-                cells, counts = merge_cells(both, np.concatenate((counts, new_counts)), KEY_BITS)
+                cells, counts = merge_cells(new_cells, new_counts)
         return Keyed(keys, columns, cells, counts)
 
     def drop(self, through_ms: int) -> int:

@@ -154,31 +154,11 @@ def test_sketch_kernels_match_the_polars_reference(data, quantiles) -> None:
 
 @settings(max_examples=100, deadline=None)
 @given(
-    cells=st.lists(
-        st.tuples(st.integers(0, 3), st.integers(0, 40), st.integers(-300, 300), st.integers(1, 5)),
-        min_size=1,
-        max_size=200,
-    )
-)
-def test_dense_cell_merge_equals_the_sorting_merge(cells) -> None:
-    key_bits = 24
-    ids = np.array(
-        [cell_ids(np.array([(s << key_bits) | k]), np.array([b]))[0] for s, k, b, _ in cells],
-        dtype=np.int64,
-    )
-    counts = np.array([c for *_, c in cells], dtype=np.int64)
-    sorted_cells, sorted_counts = merge_cells(ids, counts)
-    dense_cells, dense_counts = merge_cells(ids, counts, key_bits)
-    np.testing.assert_array_equal(dense_cells, sorted_cells)
-    np.testing.assert_array_equal(dense_counts, sorted_counts)
-
-
-@settings(max_examples=100, deadline=None)
-@given(
     base=st.lists(st.tuples(st.integers(0, 500), st.integers(1, 9)), max_size=120),
-    extra=st.lists(st.tuples(st.integers(0, 500), st.integers(1, 9)), min_size=1, max_size=40),
+    extra=st.lists(st.tuples(st.integers(0, 500), st.integers(1, 9)), min_size=1, max_size=200),
 )
 def test_incremental_cell_merge_equals_a_full_merge(base, extra) -> None:
+    """Fewer or more new cells than the set holds (a compaction inserts them either way)."""
     cells = np.array([c for c, _ in base], dtype=np.int64)
     counts = np.array([n for _, n in base], dtype=np.int64)
     merged, merged_counts = merge_cells(cells, counts)

@@ -111,7 +111,7 @@ def fan_way(state: WindowState, windows: list[tuple[int, int]]) -> pl.DataFrame:
         state.plan.fields,
     )
     cells, counts = merge_cells(
-        np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]), KEY_BITS
+        np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts])
     )
     return state._finish(groups, columns, cells, counts)
 
