@@ -491,9 +491,11 @@ def add_cells(
 
     The new cells are merged among themselves (``merge_cells``), then each is added to its
     equal in the set or inserted at its place: time and memory about the set's size plus the
-    new cells', fewer or more of them alike.
+    new cells', fewer or more of them alike. An empty set gives the new cells merged.
     """
     extra, extra_counts = merge_cells(new_cells, new_counts)
+    if len(cells) == 0:
+        return extra, extra_counts
     at = np.searchsorted(cells, extra)
     found = at < len(cells)
     found[found] = cells[at[found]] == extra[found]

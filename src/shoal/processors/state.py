@@ -438,18 +438,15 @@ class WindowState:
                 merged_groups, merged = merge_state(groups, columns, self.plan.fields)
             self._groups, self._columns = [merged_groups], [merged]
             self._groups_merged = True
-        if self._cells:
-            if self._cells_merged and len(self._cells) > 1:
-                cells, counts = add_cells(
-                    self._cells[0],
-                    self._counts[0],
-                    np.concatenate(self._cells[1:]),
-                    np.concatenate(self._counts[1:]),
-                )
-                self._cells, self._counts = [cells], [counts]
-                self._pending_rows = 0
-                return
-            cells, counts = merge_cells(np.concatenate(self._cells), np.concatenate(self._counts))
+        base = 1 if self._cells_merged else 0  # the merged base's chunk, if there is one
+        if len(self._cells) > base:
+            empty = np.empty(0, dtype=np.int64)
+            cells, counts = add_cells(
+                self._cells[0] if base else empty,
+                self._counts[0] if base else empty,
+                np.concatenate(self._cells[base:]),
+                np.concatenate(self._counts[base:]),
+            )
             self._cells, self._counts = [cells], [counts]
             self._cells_merged = True
         self._pending_rows = 0
@@ -1082,10 +1079,7 @@ class PaneState:
         new_cells = np.concatenate([p.cells for p in parts])
         if len(new_cells):
             new_counts = np.concatenate([p.counts for p in parts])
-            if len(cells):
-                cells, counts = add_cells(cells, counts, new_cells, new_counts)
-            else:
-                cells, counts = merge_cells(new_cells, new_counts)
+            cells, counts = add_cells(cells, counts, new_cells, new_counts)
         return Keyed(keys, columns, cells, counts)
 
     def drop(self, through_ms: int) -> int:
