@@ -1,8 +1,9 @@
 """A live pipeline for tests: in-process workers and combiners on a broker.
 
 The broker is Mosquitto (``AsyncSession``, the default) or, given ``MemoryBroker.session_factory``,
-the in-memory one. On Mosquitto, combiners publish on the session they publish on in
-production (``default_output_session_factory``).
+the in-memory one. On Mosquitto, workers read and publish on the session they use in
+production (``default_worker_session_factory``) and combiners publish on theirs
+(``default_output_session_factory``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ from typing import Any
 import orjson
 import polars as pl
 
-from shoal.broker import AsyncSession, default_output_session_factory
+from shoal.broker import (
+    AsyncSession,
+    default_output_session_factory,
+    default_worker_session_factory,
+)
 from shoal.broker.session import Message, SessionFactory, unique_client_id
 from shoal.broker.settings import BrokerSettings
 from shoal.errors import BrokerError
@@ -148,10 +153,14 @@ class InProcessPipeline:
         session_factory: SessionFactory = AsyncSession,
     ) -> None:
         self.spec = spec
+        # the sessions each component runs on in production, unless the test asks for others
+        worker_sessions = (
+            default_worker_session_factory() if session_factory is AsyncSession else session_factory
+        )
         self.workers = [
             Worker(
                 WorkerConfig(spec, settings, topics, worker_id=f"{topics.root}-w{i}"),
-                session_factory=session_factory,
+                session_factory=worker_sessions,
             )
             for i in range(workers)
         ]

@@ -87,6 +87,7 @@ class AsyncSession(SessionBase):
         publish_timeout_s: float = 30.0,
         max_buffered_bytes: int | None = None,
         max_buffered_messages: int | None = None,
+        read_bytes: int | None = None,  # paho reads whole packets: nothing to size
     ) -> None:
         self.settings = settings
         self.client_id = client_id

@@ -72,7 +72,7 @@ a pool combiner hosts a thousand partition intakes with a bound of 2 messages ea
 256 KiB read would take every partial the broker had written to the socket into the process
 (Mosquitto sends past the Receive Maximum once a client acknowledges) before the bound stops
 the next read. In 4 KiB reads the rest stays in the kernel's socket buffer; a larger packet
-takes several reads."""
+takes several reads (a worker, holding one session, reads larger pieces: ``read_bytes``)."""
 _reads = threading.local()
 
 
@@ -151,7 +151,9 @@ class BatchedSession(SessionBase):
 
     See ``shoal.broker.session.SessionFactory`` for the arguments; ``max_buffered_bytes``
     None means ``DEFAULT_BUFFERED_BYTES`` here; ``max_buffered_messages`` (None: no bound)
-    pauses reading past that many messages waiting, as the bytes bound does.
+    pauses reading past that many messages waiting, as the bytes bound does; ``read_bytes``
+    None means ``READ_BYTES`` (also its most), or ``BOUNDED_READ_BYTES`` for a session
+    bounded in messages.
     """
 
     def __init__(
@@ -167,6 +169,7 @@ class BatchedSession(SessionBase):
         publish_timeout_s: float = 30.0,
         max_buffered_bytes: int | None = None,
         max_buffered_messages: int | None = None,
+        read_bytes: int | None = None,
     ) -> None:
         self.settings = settings
         self.client_id = client_id
@@ -178,6 +181,8 @@ class BatchedSession(SessionBase):
         self._publish_timeout_s = publish_timeout_s
         self._limit = max_buffered_bytes or DEFAULT_BUFFERED_BYTES
         self._message_limit = max_buffered_messages
+        default = READ_BYTES if max_buffered_messages is None else BOUNDED_READ_BYTES
+        self._read_bytes = min(read_bytes or default, READ_BYTES)  # the read buffer's size
         self._conn: _Connection | None = None
         self._connack: asyncio.Future[mqtt5.ConnAckPacket] | None = None
         self._max_packet_size: int | None = None
@@ -213,9 +218,8 @@ class BatchedSession(SessionBase):
         self._connack = loop.create_future()
         try:
             async with asyncio.timeout(_CONNECT_TIMEOUT_S):
-                read_bytes = READ_BYTES if self._message_limit is None else BOUNDED_READ_BYTES
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self, read_bytes),
+                    lambda: _Connection(self, self._read_bytes),
                     settings.host,
                     settings.port,
                     ssl=context,

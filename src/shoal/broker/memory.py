@@ -60,6 +60,7 @@ class MemoryBroker:
         publish_timeout_s: float = 30.0,
         max_buffered_bytes: int | None = None,  # noqa: ARG002 - nothing waits in process here
         max_buffered_messages: int | None = None,  # noqa: ARG002 - likewise
+        read_bytes: int | None = None,  # noqa: ARG002 - no socket
     ) -> MemorySession:
         """A new, unconnected session (the arguments of ``SessionFactory``).
 

@@ -258,6 +258,11 @@ class SessionFactory(Protocol):
             so a backlog waits in the broker, not in memory. For a caller that iterates
             ``messages`` once and keeps taking them (awaiting PUBACKs of
             ``publish_started`` in other tasks, or in line through ``publish``).
+        read_bytes: what one read of the socket takes at most, for a session that reads
+            in chunks (``BatchedSession``; paho reads whole packets); None: the session's
+            own choice. A session bounded in messages may hold one read past its bound:
+            small reads for a process that holds hundreds of such sessions, larger ones
+            where a message is large (a worker's batches).
     """
 
     def __call__(
@@ -273,6 +278,7 @@ class SessionFactory(Protocol):
         publish_timeout_s: float = 30.0,
         max_buffered_bytes: int | None = None,
         max_buffered_messages: int | None = None,
+        read_bytes: int | None = None,
     ) -> Session:
         """A new, unconnected session."""
 
