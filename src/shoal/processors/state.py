@@ -285,21 +285,30 @@ class WindowState:
         """Append a partial's state rows (``keep``: which rows to take; sketch follows)."""
         if len(rows) == 0:
             return
-        taken = np.arange(len(rows)) if keep is None else np.flatnonzero(keep)
+        if keep is not None and not keep.all():
+            self._add_some(rows, np.flatnonzero(keep))
+            return
+        # Every row, the usual case: the partial's own arrays, no gathers (read-only ones
+        # from its message; merging only ever reads pending chunks).
+        slots = self._slot_ids(rows.window.astype(np.int64), rows.start)
+        groups = (slots << KEY_BITS) | self.keys.key_ids(rows.keys)
+        self._pend(slots, groups, {f: rows.fields[f] for f in self._fields})
+        if rows.sketch_row is not None and self.plan.needs_sketch:
+            assert rows.sketch_bucket is not None
+            assert rows.sketch_count is not None
+            self._cells.append(cell_ids(groups[rows.sketch_row], rows.sketch_bucket))
+            self._counts.append(rows.sketch_count)
+            self._pending_rows += len(rows.sketch_row)
+        if self._pending_rows >= COMPACT_ROWS:
+            self.compact()
+
+    def _add_some(self, rows: PartialRows, taken: npt.NDArray[np.int64]) -> None:
+        """``add`` of the rows ``taken`` only (sketch cells follow their rows)."""
         if len(taken) == 0:
             return
         slots = self._slot_ids(rows.window[taken].astype(np.int64), rows.start[taken])
-        if self._prepared is not None and np.isin(slots, self._prepared.slots).any():
-            self._prepared = None  # a late row for a prepared window: finalise it again
-            self._prepared_lost = True
-        everything = len(taken) == len(rows)  # the usual case: no copy of the key list
-        keys = self.keys.key_ids(
-            rows.keys if everything else [rows.keys[i] for i in taken.tolist()]
-        )
-        groups = (slots << KEY_BITS) | keys
-        self._groups.append(groups)
-        self._columns.append({f: rows.fields[f][taken] for f in self._fields})
-        self._pending_rows += len(taken)
+        groups = (slots << KEY_BITS) | self.keys.key_ids([rows.keys[i] for i in taken.tolist()])
+        self._pend(slots, groups, {f: rows.fields[f][taken] for f in self._fields})
         if rows.sketch_row is not None and self.plan.needs_sketch:
             assert rows.sketch_bucket is not None
             assert rows.sketch_count is not None
@@ -312,6 +321,20 @@ class WindowState:
             self._pending_rows += int(used.sum())
         if self._pending_rows >= COMPACT_ROWS:
             self.compact()
+
+    def _pend(
+        self,
+        slots: npt.NDArray[np.int64],
+        groups: npt.NDArray[np.int64],
+        columns: dict[str, npt.NDArray[Any]],
+    ) -> None:
+        """Keep state rows (their slots, group ids and columns) until the next merge."""
+        if self._prepared is not None and np.isin(slots, self._prepared.slots).any():
+            self._prepared = None  # a late row for a prepared window: finalise it again
+            self._prepared_lost = True
+        self._groups.append(groups)
+        self._columns.append(columns)
+        self._pending_rows += len(groups)
 
     def take_panes(
         self, rows: PartialRows, on_time: Callable[[npt.NDArray[np.int64]], bool]
@@ -375,7 +398,10 @@ class WindowState:
     ) -> npt.NDArray[np.int64]:
         # (window, start) packed into one int64: start < 2**55 ms (the contract caps ts at 2**53).
         pairs = (window << 55) | (start + 2**54)
-        unique, inverse = np.unique(pairs, return_inverse=True)
+        if len(pairs) and (pairs == pairs[0]).all():  # one window: a batch of a few ms
+            unique, inverse = pairs[:1], np.zeros(len(pairs), dtype=np.intp)
+        else:
+            unique, inverse = np.unique(pairs, return_inverse=True)
         ids = np.empty(len(unique), dtype=np.int64)
         for i, packed in enumerate(unique.tolist()):
             w, s = packed >> 55, (packed & (2**55 - 1)) - 2**54
