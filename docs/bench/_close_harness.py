@@ -185,7 +185,7 @@ def alternate(
             runs[name].append(json.loads(out))
     for name, records in runs.items():
         first = records[0]
-        medians = {k: round(statistics.median(r[k] for r in records), 4) for k in parts}
+        medians = {k: round(statistics.median(r[k] for r in records), 7) for k in parts}
         report = {
             "tree": name,
             "steps": first["steps"],

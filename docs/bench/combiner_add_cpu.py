@@ -1,76 +1,45 @@
-"""A combiner's CPU per partial taken in (``WindowState.add``), at scenario B, in one process.
+"""CPU per partial a combiner takes into its state (``WindowState.add``), at scenario B, two trees.
 
-Run from the repository root (docs/benchmarks.md, "The combiner takes a partial as it
-comes")::
-
-    python docs/bench/combiner_add_cpu.py [ROUNDS]
-
-200 partials of the default pipeline, built the way workers build them (10 gateways of
-1,000 sensors at 600/s, 16,000-row binary batches: each partial 1,000 state rows and about
-4,700 sketch cells), encoded and decoded as they travel, go into a fresh ``WindowState``
-per round, merged between messages as the runtime does (``tidy``). Prints the best round's
-mean time of ``add`` per partial, in microseconds, as one JSON line. Run another checkout
-with ``PYTHONPATH=<checkout>/src`` to compare, alternating.
+``.venv/bin/python docs/bench/combiner_add_cpu.py BASE_SRC [REPEATS]`` makes scenario B's
+partials once (10 gateways of 1,000 sensors at 25/s, the default pipeline's 10-s tumbling
+window, 16,000-row batches: each partial 1,000 state rows and about 4,700 sketch cells;
+cached as ``combadd-partials-*`` in the temporary folder), then drives a ``Combiner`` core
+with them (``_close_harness``), in a fresh process per repeat, alternating between
+``BASE_SRC`` (a checkout's ``src``) and this tree's. Each process times, in CPU seconds
+(``time.process_time``), ``add`` (``WindowState.add``) and ``combiner`` (``receive`` +
+``tick``, partials already decoded), per partial; prints per tree the medians and a digest
+of every closed window's rows (equal digests: identical results). Figures:
+docs/benchmarks.md, "The combiner takes a partial as it comes".
 """
 
 from __future__ import annotations
 
-import json
-import sys
-import time
+import hashlib
+from pathlib import Path
+from typing import Any
 
-from shoal._cli.common import spec_path
-from shoal.loadtest.data import SensorField
-from shoal.processors.partials import BatchInfo, Partial, PartialBuilder
-from shoal.processors.spec import load_pipeline
+from _close_harness import GATEWAYS, Scenario, main, timed
+
 from shoal.processors.state import WindowState
-from shoal.schemas import Encoding, decode_batch, encode_batch
 
-START_MS = 1_700_000_000_000
-ROWS = 16_000
-
-
-def _partials() -> list[Partial]:
-    spec = load_pipeline(spec_path("default"))
-    builder = PartialBuilder(spec, "w")
-    binary = Encoding.parse("binary")
-    now = START_MS + 30
-    out = []
-    for g in range(10):
-        gateway = f"gw{g:02d}"
-        field = SensorField(gateway, 1_000, 600.0, START_MS, seed=g)
-        for seq in range(20):
-            block = field.take(START_MS + 27 * (seq + 1)).slice(0, ROWS)
-            payload = encode_batch(
-                block, gateway_id=gateway, seq=seq, sent_at_ms=now, encoding=binary
-            )
-            decoded = decode_batch(
-                payload, content_type=binary.content_type, limits=spec.limits, now_ms=now
-            )
-            info = BatchInfo(gateway, seq, "w", decoded.rows, None, None, now, now, "w")
-            out += [Partial.decode(p.encode()) for p in builder.build_batch(decoded, info, now)]
-    return out
+SCENARIO = Scenario("combadd", "tumbling", sensors=1_000, rate_hz=25.0, seconds=21)
+PARTS = ("add", "combiner")
+HERE = Path(__file__).resolve()
 
 
-def main() -> None:
-    """Measure and print one JSON line."""
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    spec = load_pipeline(spec_path("default"))
-    partials = _partials()
-    best = float("inf")
-    for _ in range(rounds):
-        state = WindowState(spec, spec.plan())
-        spent = 0.0
-        for partial in partials:
-            assert partial.rows is not None
-            started = time.perf_counter()
-            state.add(partial.rows)
-            spent += time.perf_counter() - started
-            state.tidy()
-        best = min(best, spent / len(partials))
-    record = {"partials": len(partials), "add_us": round(best * 1e6, 1)}
-    sys.stdout.write(json.dumps(record) + "\n")
+def run_once() -> dict[str, Any]:
+    """One pass of the combiner over the cached partials: CPU seconds per partial, a digest."""
+    totals = dict.fromkeys(PARTS, 0.0)
+    timed(WindowState, "add", totals, "add")
+    digest, results = hashlib.sha256(), 0
+    for closed in SCENARIO.closed_frames(totals):
+        frame = closed.sort("window", "key")
+        digest.update(frame.hash_rows(seed=0).to_numpy().tobytes())  # values, not layout
+        results += frame.height
+    partials = GATEWAYS * len(SCENARIO.load()[1])  # one partial per gateway and round
+    per_partial = {k: v / partials for k, v in totals.items()}
+    return {"steps": partials, "results": results, "digest": digest.hexdigest()[:16], **per_partial}
 
 
 if __name__ == "__main__":
-    main()
+    main(HERE, SCENARIO, run_once, PARTS)

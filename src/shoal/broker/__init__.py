@@ -52,10 +52,10 @@ def default_worker_session_factory() -> SessionFactory:
     """The ``Session`` a worker reads batches and publishes partials on: ``BatchedSession``.
 
     paho copied a 16,000-row batch (187 KB) four times while parsing its PUBLISH and built
-    ``Properties`` for each, and aiomqtt queued it once more: on ``BatchedSession`` a worker
-    of ``shoal bench pipeline`` at 6 M meas/s used 17 % less CPU, and publish -> partials
-    out p99 fell from 44-47 to 24-28 ms (docs/benchmarks.md, "The worker on
-    ``BatchedSession``"). Read in ``WORKER_READ_BYTES`` pieces (``Worker``).
+    ``Properties`` for each, and aiomqtt queued it once more: on ``BatchedSession`` the two
+    workers of ``shoal bench pipeline`` at 6 M meas/s used 65-67.5 % of a core instead of
+    76-78 %, and publish -> partials out p99 fell from 49-61 to 38-39 ms (docs/benchmarks.md,
+    "The worker on ``BatchedSession``"). Read in ``WORKER_READ_BYTES`` pieces (``Worker``).
     """
     return BatchedSession
 

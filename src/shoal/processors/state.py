@@ -282,17 +282,24 @@ class WindowState:
     # -- input -------------------------------------------------------------------------------
 
     def add(self, rows: PartialRows, keep: npt.NDArray[np.bool_] | None = None) -> None:
-        """Append a partial's state rows (``keep``: which rows to take; sketch follows)."""
+        """Append a partial's state rows (``keep``: which rows to take; sketch follows).
+
+        The rows' own arrays are kept until the next merge, not copied (read-only ones from
+        the partial's message; merging only reads pending chunks). Rows not kept (late ones,
+        those of session windows) are left out first (``PartialRows.take``).
+        """
+        if keep is not None and not keep.all():
+            rows = rows.take(np.flatnonzero(keep))
         if len(rows) == 0:
             return
-        if keep is not None and not keep.all():
-            self._add_some(rows, np.flatnonzero(keep))
-            return
-        # Every row, the usual case: the partial's own arrays, no gathers (read-only ones
-        # from its message; merging only ever reads pending chunks).
         slots = self._slot_ids(rows.window.astype(np.int64), rows.start)
+        if self._prepared is not None and np.isin(slots, self._prepared.slots).any():
+            self._prepared = None  # a late row for a prepared window: finalise it again
+            self._prepared_lost = True
         groups = (slots << KEY_BITS) | self.keys.key_ids(rows.keys)
-        self._pend(slots, groups, {f: rows.fields[f] for f in self._fields})
+        self._groups.append(groups)
+        self._columns.append({f: rows.fields[f] for f in self._fields})
+        self._pending_rows += len(groups)
         if rows.sketch_row is not None and self.plan.needs_sketch:
             assert rows.sketch_bucket is not None
             assert rows.sketch_count is not None
@@ -301,40 +308,6 @@ class WindowState:
             self._pending_rows += len(rows.sketch_row)
         if self._pending_rows >= COMPACT_ROWS:
             self.compact()
-
-    def _add_some(self, rows: PartialRows, taken: npt.NDArray[np.int64]) -> None:
-        """``add`` of the rows ``taken`` only (sketch cells follow their rows)."""
-        if len(taken) == 0:
-            return
-        slots = self._slot_ids(rows.window[taken].astype(np.int64), rows.start[taken])
-        groups = (slots << KEY_BITS) | self.keys.key_ids([rows.keys[i] for i in taken.tolist()])
-        self._pend(slots, groups, {f: rows.fields[f][taken] for f in self._fields})
-        if rows.sketch_row is not None and self.plan.needs_sketch:
-            assert rows.sketch_bucket is not None
-            assert rows.sketch_count is not None
-            group_of_row = np.full(len(rows), -1, dtype=np.int64)
-            group_of_row[taken] = groups
-            sketch_groups = group_of_row[rows.sketch_row]
-            used = sketch_groups >= 0
-            self._cells.append(cell_ids(sketch_groups[used], rows.sketch_bucket[used]))
-            self._counts.append(rows.sketch_count[used])
-            self._pending_rows += int(used.sum())
-        if self._pending_rows >= COMPACT_ROWS:
-            self.compact()
-
-    def _pend(
-        self,
-        slots: npt.NDArray[np.int64],
-        groups: npt.NDArray[np.int64],
-        columns: dict[str, npt.NDArray[Any]],
-    ) -> None:
-        """Keep state rows (their slots, group ids and columns) until the next merge."""
-        if self._prepared is not None and np.isin(slots, self._prepared.slots).any():
-            self._prepared = None  # a late row for a prepared window: finalise it again
-            self._prepared_lost = True
-        self._groups.append(groups)
-        self._columns.append(columns)
-        self._pending_rows += len(groups)
 
     def take_panes(
         self, rows: PartialRows, on_time: Callable[[npt.NDArray[np.int64]], bool]
